@@ -1,0 +1,298 @@
+"""The control-file protocol between hpcsched (daemon, ``hpcsched resize``) and a running job.
+
+Specified in ``docs/control-protocol.md``; this module is its only implementation, used by both
+sides. Three files live in the job directory (see :mod:`hpcsched.jobdir`):
+
+* ``control.json`` -- written only by hpcsched. Asks the job for a configuration: generation
+  (only grows), nodes, workers per node, global/local batch size, gradient-accumulation steps,
+  learning-rate scale, and the action (``continue``, ``checkpoint-and-shrink``,
+  ``checkpoint-and-requeue``).
+* ``ack.json`` -- written only by the job (the launcher or rank 0, never both at once): the
+  last generation it has seen and what it did about it (``checkpointed``, ``applied``,
+  ``rejected``).
+* ``progress.json`` -- written only by rank 0, every few seconds: where training is.
+
+Every write is atomic: a temporary file in the same directory, ``fsync``, then ``rename``
+(POSIX rename is atomic within a file system), so a reader sees the old file or the new one,
+never half of one. A malformed file, a file of another schema version, or one that names
+another job raises :class:`ProtocolError`; callers report it and do not act on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+CONTROL_SCHEMA = "hpcsched.control/1"
+ACK_SCHEMA = "hpcsched.ack/1"
+PROGRESS_SCHEMA = "hpcsched.progress/1"
+
+ACTIONS = ("continue", "checkpoint-and-shrink", "checkpoint-and-requeue")
+ACK_STATES = ("applied", "checkpointed", "rejected")
+
+
+class ProtocolError(ValueError):
+    """A control, acknowledgement or progress file that must not be acted on."""
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (temporary file + fsync + rename)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(obj, fh, indent=1, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    try:
+        raw = Path(path).read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ProtocolError(f"{path}: cannot read: {exc.strerror}") from exc
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _check_fields(path: Path, obj: dict[str, Any], cls: type, schema: str, job_uid: str | None):
+    got = obj.get("schema")
+    if got != schema:
+        raise ProtocolError(f"{path}: schema {got!r} is not {schema!r}; refusing to act on it")
+    if job_uid is not None and obj.get("job_uid") != job_uid:
+        raise ProtocolError(
+            f"{path}: written for job {obj.get('job_uid')!r}, not this job ({job_uid}); ignoring it"
+        )
+    out = {}
+    for f in fields(cls):
+        if f.name == "schema":
+            continue
+        if f.name not in obj:
+            if f.default is not MISSING:
+                continue
+            raise ProtocolError(f"{path}: missing field {f.name!r}")
+        out[f.name] = obj[f.name]
+    return out
+
+
+def _expect(path: Path, name: str, value: Any, typ: type | tuple, minimum: float | None = None):
+    ok = isinstance(value, typ) and not (typ in (int, float, (int, float)) and isinstance(value, bool))
+    if not ok:
+        want = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+        raise ProtocolError(f"{path}: field {name!r} must be {want}, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ProtocolError(f"{path}: field {name!r} must be >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Control:
+    """One request from hpcsched to a job (``control.json``).
+
+    Attributes:
+        job_uid: the job directory's id (assigned by ``hpcsub``); guards against foreign files.
+        generation: >= 1, strictly greater than every earlier generation for this job.
+        action: ``continue`` (same nodes: change batch size at the next step boundary, or no
+            change), ``checkpoint-and-shrink`` (checkpoint, release nodes from inside the job,
+            relaunch on fewer nodes), ``checkpoint-and-requeue`` (checkpoint and wait to be
+            requeued at a new size by hpcsched).
+        nodes: nodes the job should run on.
+        workers_per_node: workers (GPU slots) per node.
+        global_batch_size, local_batch_size, accumulation_steps: samples; see
+            :class:`hpcsched.batching.BatchConfig`.
+        lr_scale: factor applied to the base learning rate (dimensionless).
+        issued_at: Unix time (seconds) of the request.
+        issued_by: who wrote it (free text, e.g. ``hpcsched resize``).
+        reason: why (free text, shown by ``hpcsched status``).
+    """
+
+    job_uid: str
+    generation: int
+    action: str
+    nodes: int
+    workers_per_node: int
+    global_batch_size: int
+    local_batch_size: int
+    accumulation_steps: int
+    lr_scale: float
+    issued_at: float
+    issued_by: str = ""
+    reason: str = ""
+    schema: str = CONTROL_SCHEMA
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.workers_per_node
+
+    def validate(self, path: Path | str = "control.json") -> "Control":
+        path = Path(path)
+        _expect(path, "job_uid", self.job_uid, str)
+        _expect(path, "generation", self.generation, int, 1)
+        if self.action not in ACTIONS:
+            raise ProtocolError(f"{path}: action {self.action!r} is not one of {', '.join(ACTIONS)}")
+        for name in ("nodes", "workers_per_node", "global_batch_size", "local_batch_size",
+                     "accumulation_steps"):
+            _expect(path, name, getattr(self, name), int, 1)
+        _expect(path, "lr_scale", self.lr_scale, (int, float))
+        if not self.lr_scale > 0:
+            raise ProtocolError(f"{path}: field 'lr_scale' must be > 0, got {self.lr_scale!r}")
+        _expect(path, "issued_at", self.issued_at, (int, float))
+        if self.global_batch_size != self.world_size * self.local_batch_size * self.accumulation_steps:
+            raise ProtocolError(
+                f"{path}: global_batch_size {self.global_batch_size} != nodes {self.nodes} x "
+                f"workers_per_node {self.workers_per_node} x local_batch_size "
+                f"{self.local_batch_size} x accumulation_steps {self.accumulation_steps}"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class Ack:
+    """The job's answer to a generation (``ack.json``).
+
+    Attributes:
+        job_uid: as in :class:`Control`.
+        generation: the generation answered (0 = the submitted configuration).
+        state: ``checkpointed`` (a consistent checkpoint is on disk and the workers have stopped
+            for a resize), ``applied`` (the first step at this generation's configuration is
+            about to run), ``rejected`` (the job cannot apply it; see ``message``).
+        world_size, nodes, global_batch_size, local_batch_size, accumulation_steps: what is
+            really in force (may differ from the request, e.g. when Slurm gave fewer nodes).
+        step: optimizer steps completed so far.
+        time: Unix time (seconds) of the acknowledgement.
+        checkpoint: path of the checkpoint written for this generation, if any.
+        message: free text.
+    """
+
+    job_uid: str
+    generation: int
+    state: str
+    world_size: int
+    nodes: int
+    global_batch_size: int
+    local_batch_size: int
+    accumulation_steps: int
+    step: int
+    time: float
+    checkpoint: str = ""
+    message: str = ""
+    schema: str = ACK_SCHEMA
+
+    def validate(self, path: Path | str = "ack.json") -> "Ack":
+        path = Path(path)
+        _expect(path, "generation", self.generation, int, 0)
+        if self.state not in ACK_STATES:
+            raise ProtocolError(f"{path}: state {self.state!r} is not one of {', '.join(ACK_STATES)}")
+        for name in ("world_size", "nodes", "global_batch_size", "local_batch_size",
+                     "accumulation_steps"):
+            _expect(path, name, getattr(self, name), int, 1)
+        _expect(path, "step", self.step, int, 0)
+        _expect(path, "time", self.time, (int, float))
+        return self
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where training is (``progress.json``), written by rank 0 every few seconds.
+
+    Attributes:
+        generation: configuration in force. step: optimizer steps done. epoch: current epoch
+        (0-based). samples_processed: samples trained on since the job began (all epochs, all
+        ranks; work lost to a crash is not counted). epoch_position: samples done in this
+        epoch. throughput: samples/s over the last reporting interval. world_size,
+        global_batch_size: in force. time: Unix seconds. finished: training loop ended.
+    """
+
+    job_uid: str
+    generation: int
+    step: int
+    epoch: int
+    samples_processed: int
+    epoch_position: int
+    throughput: float
+    world_size: int
+    global_batch_size: int
+    time: float
+    finished: bool = False
+    schema: str = PROGRESS_SCHEMA
+
+
+def write_control(path: Path, control: Control) -> None:
+    """Validate and atomically write ``control``.
+
+    Raises:
+        ProtocolError: ``control`` is invalid, or its generation does not exceed the one on disk.
+    """
+    control.validate(path)
+    try:
+        current = read_control(path, control.job_uid)
+    except ProtocolError:
+        current = None  # a broken file is replaced, never trusted
+    if current is not None and control.generation <= current.generation:
+        raise ProtocolError(
+            f"{path}: generation {control.generation} does not exceed the current "
+            f"{current.generation}; generations only grow"
+        )
+    write_json_atomic(path, asdict(control))
+
+
+def read_control(path: Path, job_uid: str | None = None) -> Control | None:
+    """Read ``control.json``; ``None`` if absent.
+
+    Raises:
+        ProtocolError: malformed, wrong schema, wrong job, or invalid values.
+    """
+    obj = _load(path)
+    if obj is None:
+        return None
+    return Control(**_check_fields(path, obj, Control, CONTROL_SCHEMA, job_uid)).validate(path)
+
+
+def write_ack(path: Path, ack: Ack) -> None:
+    """Validate and atomically write ``ack``."""
+    ack.validate(path)
+    write_json_atomic(path, asdict(ack))
+
+
+def read_ack(path: Path, job_uid: str | None = None) -> Ack | None:
+    """Read ``ack.json``; ``None`` if absent. Raises :class:`ProtocolError` if malformed."""
+    obj = _load(path)
+    if obj is None:
+        return None
+    return Ack(**_check_fields(path, obj, Ack, ACK_SCHEMA, job_uid)).validate(path)
+
+
+def write_progress(path: Path, progress: Progress) -> None:
+    write_json_atomic(path, asdict(progress))
+
+
+def read_progress(path: Path, job_uid: str | None = None) -> Progress | None:
+    """Read ``progress.json``; ``None`` if absent. Raises :class:`ProtocolError` if malformed."""
+    obj = _load(path)
+    if obj is None:
+        return None
+    return Progress(**_check_fields(path, obj, Progress, PROGRESS_SCHEMA, job_uid))
+
+
+def now() -> float:
+    """Unix time in seconds (one place to read the wall clock for protocol timestamps)."""
+    return time.time()

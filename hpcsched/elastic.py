@@ -1,0 +1,573 @@
+"""The elastic training API: what a training script uses to be resized by hpcsched.
+
+A script written against this module gets, at every optimizer step, the indices of the samples
+this rank must process (one list per gradient-accumulation micro-batch), the learning-rate
+factor in force, and a training loop that stops cleanly when hpcsched asks for a checkpoint.
+It runs unchanged under ``hpcsub`` (elastic), ``torchrun`` or plain ``python`` (not elastic)::
+
+    from hpcsched.elastic import ElasticJob
+
+    job = ElasticJob(dataset_size=len(X), epochs=10, batch_size=128, seed=0)
+    job.register(model=model, optimizer=opt, scheduler=sched)   # restores the last checkpoint
+    for step in job.steps():
+        for g in opt.param_groups:
+            g["lr"] = base_lr * step.lr_scale
+        opt.zero_grad()
+        for idx in step.micro_batches:                            # this rank's samples
+            loss = F.cross_entropy(model(X[idx]), y[idx], reduction="sum") / step.global_samples
+            loss.backward()
+        job.reduce_gradients(model)                               # sum over ranks = global mean
+        opt.step()
+        job.log(loss=...)                                         # optional, into the metrics
+    job.close()
+
+Guarantees (``docs/control-protocol.md``):
+
+* **Exact data position.** Each epoch visits a seeded permutation of ``range(dataset_size)``.
+  The state is ``(epoch, position)``: the next global batch is
+  ``perm[position : position + global_batch]``, cut into micro-batches and then across ranks
+  (``numpy.array_split``, so a short last batch is spread evenly). Changing the world size or the
+  batch size changes only how the *next* samples are cut, so every sample of every epoch is
+  processed exactly once whatever the resizes.
+* **Resize at step boundaries.** At the start of each step rank 0 checks ``control.json`` (one
+  ``stat``), and broadcasts what it found, so every rank applies a new generation at the same
+  step: same world size -> new local batch size / accumulation steps / lr scale in place;
+  a checkpoint-and-shrink or checkpoint-and-requeue -> a consistent checkpoint, an ``ack.json``
+  saying ``checkpointed``, and :meth:`ElasticJob.steps` returns. The launcher does the rest.
+* **Checkpoints** hold model, optimizer, LR scheduler, data position and RNG state (torch,
+  numpy, python), written atomically by rank 0 (temporary file, fsync, rename, then the
+  ``latest`` pointer).
+
+Gradient averaging is explicit (:meth:`ElasticJob.reduce_gradients`): each rank backpropagates
+``sum(loss) / global_samples`` and the gradients are summed across ranks, which gives the exact
+mean over the global batch even when ranks hold different numbers of samples.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from . import control as ctl
+from .batching import BatchConfig, split_global_batch
+
+log = logging.getLogger("hpcsched.elastic")
+
+CHECKPOINT_FORMAT = "hpcsched.checkpoint/1"
+_ACTION_CODE = {"continue": 0, "checkpoint-and-shrink": 1, "checkpoint-and-requeue": 2}
+_CODE_ACTION = {v: k for k, v in _ACTION_CODE.items()}
+
+
+def _env_int(name: str, default: int | None = None) -> int | None:
+    v = os.environ.get(name)
+    return int(v) if v not in (None, "") else default
+
+
+def epoch_permutation(dataset_size: int, epoch: int, seed: int) -> np.ndarray:
+    """The order in which ``epoch`` visits the data set (same on every rank, every launch)."""
+    return np.random.default_rng([seed, epoch]).permutation(dataset_size)
+
+
+def rank_micro_batches(
+    perm: np.ndarray, position: int, cfg: BatchConfig, rank: int
+) -> tuple[list[list[int]], int, int]:
+    """Cut the next global batch of ``perm`` (starting at ``position``) for ``rank``.
+
+    Returns ``(micro_batches, global_samples, consumed)``: this rank's index lists (one per
+    accumulation micro-batch, possibly empty), the number of samples the step processes over all
+    ranks, and how far the position advances (== global_samples).
+    """
+    take = min(cfg.global_batch_size, len(perm) - position)
+    chunk = perm[position : position + take]
+    per_micro = cfg.world_size * cfg.local_batch_size
+    micro: list[list[int]] = []
+    for a in range(cfg.accumulation_steps):
+        sub = chunk[a * per_micro : (a + 1) * per_micro]
+        if len(sub) == 0:
+            break
+        micro.append(np.array_split(sub, cfg.world_size)[rank].tolist())
+    return micro, take, take
+
+
+@dataclass
+class Step:
+    """One optimizer step as seen by one rank.
+
+    Attributes:
+        step: optimizer steps completed before this one (0-based index, global).
+        epoch: 0-based epoch this step belongs to.
+        micro_batches: this rank's sample indices, one list per accumulation micro-batch
+            (a list may be empty at the end of an epoch).
+        global_samples: samples in this step over all ranks (divide the summed loss by it).
+        local_batch_size, accumulation_steps, world_size: the configuration in force.
+        lr_scale: factor for the base learning rate (see :mod:`hpcsched.batching`).
+        generation: control generation in force.
+    """
+
+    step: int
+    epoch: int
+    micro_batches: list[list[int]]
+    global_samples: int
+    local_batch_size: int
+    accumulation_steps: int
+    world_size: int
+    lr_scale: float
+    generation: int
+
+    @property
+    def indices(self) -> list[int]:
+        """All of this rank's indices for the step."""
+        return [i for mb in self.micro_batches for i in mb]
+
+
+@dataclass
+class _State:
+    epoch: int = 0
+    position: int = 0
+    step: int = 0
+    samples_processed: int = 0
+
+
+@dataclass
+class _Registered:
+    model: Any = None
+    optimizer: Any = None
+    scheduler: Any = None
+    extra: dict = field(default_factory=dict)
+
+
+class ElasticJob:
+    """An elastic data-parallel training job (one instance per rank).
+
+    Args:
+        dataset_size: number of samples in the training set.
+        epochs: epochs to train; :meth:`steps` ends after the last one.
+        batch_size: global batch size when not run by hpcsched (under ``hpcsub`` the launcher's
+            configuration wins). Samples.
+        seed: seeds the per-epoch permutation (not the model's initialisation).
+        backend: torch.distributed backend; default ``nccl`` with CUDA, else ``gloo``.
+        init_timeout: seconds to wait for all ranks to join.
+
+    Environment (set by the launcher; see ``docs/control-protocol.md``): ``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` (torch.distributed), and
+    ``HPCSCHED_*`` (job directory, generation, batch configuration, checkpoint settings).
+
+    Raises:
+        ValueError: ``dataset_size`` or ``epochs`` < 1.
+    """
+
+    def __init__(
+        self,
+        dataset_size: int,
+        epochs: int,
+        batch_size: int = 32,
+        seed: int = 0,
+        backend: str | None = None,
+        init_timeout: float = 300.0,
+    ):
+        import torch  # imported here so hpcsched's CLI never pays for it
+
+        if dataset_size < 1 or epochs < 1:
+            raise ValueError("dataset_size and epochs must be >= 1")
+        self._torch = torch
+        self.dataset_size = dataset_size
+        self.epochs = epochs
+        self.seed = seed
+        self.rank = _env_int("RANK", 0)
+        self.world_size = _env_int("WORLD_SIZE", 1)
+        self.local_rank = _env_int("LOCAL_RANK", 0)
+        self.nodes = _env_int("HPCSCHED_NODES", 1)
+        self.launch = _env_int("HPCSCHED_LAUNCH", 0)
+        self.generation = _env_int("HPCSCHED_GENERATION", 0)
+        job_dir = os.environ.get("HPCSCHED_JOB_DIR")
+        self.job_dir = Path(job_dir) if job_dir else None
+        self.job_uid = self.job_dir.name if self.job_dir else ""
+        local = _env_int("HPCSCHED_LOCAL_BATCH_SIZE")
+        if local is not None:
+            self.batch = BatchConfig(self.world_size, local, _env_int("HPCSCHED_ACCUMULATION_STEPS", 1))
+            self.lr_scale = float(os.environ.get("HPCSCHED_LR_SCALE", "1"))
+        else:
+            self.batch = split_global_batch(max(batch_size, self.world_size), self.world_size)
+            self.lr_scale = 1.0
+        ckpt = os.environ.get("HPCSCHED_CHECKPOINT_DIR") or (
+            str(self.job_dir / "checkpoints") if self.job_dir else ""
+        )
+        self.checkpoint_dir = Path(ckpt) if ckpt else None
+        self.checkpoint_interval = float(os.environ.get("HPCSCHED_CHECKPOINT_INTERVAL", "0") or 0)
+        self.record_samples = os.environ.get("HPCSCHED_RECORD_SAMPLES") == "1"
+        self.stopped_for: str | None = None  # action that ended steps() early, if any
+        self.state = _State()
+        self._reg = _Registered()
+        self._control_sig: tuple | None = None
+        self._last_checkpoint = time.monotonic()
+        self._last_progress = 0.0
+        self._progress_mark = (time.monotonic(), 0)
+        self._pending_log: dict[str, Any] = {}
+        self._metrics_fh = None
+        self._applied_acked = False
+        self.device = self._select_device()
+        self._dist = None
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+                dist.init_process_group(
+                    backend, init_method="env://", rank=self.rank, world_size=self.world_size,
+                    timeout=timedelta(seconds=init_timeout),
+                )
+            self._dist = dist
+        if self.job_dir is not None:
+            (self.job_dir / "metrics").mkdir(exist_ok=True)
+            path = self.job_dir / "metrics" / f"launch-{self.launch}-rank-{self.rank}.jsonl"
+            self._metrics_fh = open(path, "a", buffering=1)
+        self._device_identity = self._identify_device()
+
+    # ----------------------------------------------------------------- devices
+    def _select_device(self):
+        torch = self._torch
+        if torch.cuda.is_available():
+            torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _identify_device(self) -> dict:
+        """Who am I, physically: node, local index, GPU UUID where CUDA is present."""
+        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        ident = {"node": node, "local_rank": self.local_rank}
+        visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
+        if visible:
+            ident["gpu_index"] = visible[self.local_rank % len(visible)]
+        if self.device.type == "cuda":
+            props = self._torch.cuda.get_device_properties(self.device)
+            ident["gpu_uuid"] = str(getattr(props, "uuid", ""))
+            ident["gpu_name"] = props.name
+        return ident
+
+    # ------------------------------------------------------------ registration
+    def register(self, model=None, optimizer=None, scheduler=None, **extra_state) -> bool:
+        """Give the objects to checkpoint; restores them from the latest checkpoint if any.
+
+        ``extra_state`` values must be picklable by ``torch.save`` (tensors, numbers, dicts).
+        Returns True when a checkpoint was restored.
+        """
+        self._reg = _Registered(model, optimizer, scheduler, dict(extra_state))
+        return self._restore()
+
+    @property
+    def extra_state(self) -> dict:
+        """The ``extra_state`` passed to :meth:`register`, as restored from a checkpoint."""
+        return self._reg.extra
+
+    # ------------------------------------------------------------------- loop
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch.global_batch_size
+
+    def steps(self) -> Iterator[Step]:
+        """Yield one :class:`Step` per optimizer step until training ends or hpcsched asks
+        for a checkpoint (then :attr:`stopped_for` names the action)."""
+        while self.state.epoch < self.epochs:
+            if not self._step_boundary():
+                return
+            perm = epoch_permutation(self.dataset_size, self.state.epoch, self.seed)
+            micro, global_samples, consumed = rank_micro_batches(
+                perm, self.state.position, self.batch, self.rank
+            )
+            step = Step(
+                step=self.state.step, epoch=self.state.epoch, micro_batches=micro,
+                global_samples=global_samples, local_batch_size=self.batch.local_batch_size,
+                accumulation_steps=self.batch.accumulation_steps, world_size=self.world_size,
+                lr_scale=self.lr_scale, generation=self.generation,
+            )
+            t0 = time.perf_counter()
+            yield step
+            self._after_step(step, consumed, time.perf_counter() - t0)
+        self._write_progress(finished=True)
+
+    def log(self, **values: float) -> None:
+        """Attach values (e.g. ``loss=0.3``) to this rank's metrics record of the current step."""
+        self._pending_log.update({k: float(v) for k, v in values.items()})
+
+    def reduce_gradients(self, model) -> None:
+        """Sum the gradients of ``model`` (a module or an iterable of parameters) over all ranks.
+
+        Each rank must have backpropagated ``sum(loss over its samples) / step.global_samples``;
+        the sum over ranks is then the mean over the global batch. Missing gradients (a rank
+        with no samples this step) count as zero.
+        """
+        if self._dist is None:
+            return
+        torch = self._torch
+        params = [p for p in (model.parameters() if hasattr(model, "parameters") else model)
+                  if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self._dist.all_reduce(flat)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
+            offset += n
+
+    def close(self) -> None:
+        """Flush metrics and leave the process group."""
+        if self._metrics_fh is not None:
+            self._metrics_fh.close()
+            self._metrics_fh = None
+        if self._dist is not None and self._dist.is_initialized():
+            self._dist.destroy_process_group()
+            self._dist = None
+
+    # --------------------------------------------------------- step boundary
+    def _read_control_if_changed(self) -> ctl.Control | None:
+        """Rank 0: the control file if it changed since the last look and is valid."""
+        if self.job_dir is None:
+            return None
+        path = self.job_dir / "control.json"
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        sig = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if sig == self._control_sig:
+            return None
+        self._control_sig = sig
+        try:
+            return ctl.read_control(path, self.job_uid)
+        except ctl.ProtocolError as exc:
+            log.warning("ignoring control file: %s", exc)
+            return None
+
+    def _step_boundary(self) -> bool:
+        """Collective: agree on any new generation and on checkpoints. False = stop."""
+        torch = self._torch
+        msg = [0] * 9  # gen, action, nodes, workers/node, local, accum, lr*1e9, checkpoint, world
+        if self.rank == 0:
+            c = self._read_control_if_changed()
+            if c is not None and c.generation > self.generation:
+                msg[:7] = [c.generation, _ACTION_CODE[c.action], c.nodes, c.workers_per_node,
+                           c.local_batch_size, c.accumulation_steps, round(c.lr_scale * 1e9)]
+                msg[8] = c.world_size
+            due = self.checkpoint_interval > 0 and (
+                time.monotonic() - self._last_checkpoint >= self.checkpoint_interval)
+            msg[7] = int(due)
+        if self._dist is not None:
+            t = torch.tensor(msg, dtype=torch.int64)
+            self._dist.broadcast(t, src=0)
+            msg = t.tolist()
+        gen, code, nodes, wpn, local, accum, lr_e9, due, world = msg
+        if not self._applied_acked:
+            self._ack("applied", self.generation)
+            self._applied_acked = True
+        if gen > self.generation:
+            action = _CODE_ACTION[code]
+            if action == "continue" and world == self.world_size:
+                self.generation = gen
+                self.batch = BatchConfig(self.world_size, local, accum)
+                self.lr_scale = lr_e9 / 1e9
+                log.info("generation %d: local batch %d x %d accumulation -> global %d",
+                         gen, local, accum, self.batch.global_batch_size)
+                self._ack("applied", gen)
+            elif action == "continue":
+                self.generation = gen  # never act twice on it
+                self._ack("rejected", gen, message=(
+                    f"'continue' asks for world size {world} but the job runs {self.world_size} "
+                    "workers; a world-size change needs checkpoint-and-shrink or -requeue"))
+            else:
+                path = self.checkpoint()
+                self.stopped_for = action
+                self._ack("checkpointed", gen, checkpoint=str(path or ""))
+                self._write_progress()
+                return False
+        elif due:
+            self.checkpoint()
+        return True
+
+    def _after_step(self, step: Step, consumed: int, seconds: float) -> None:
+        st = self.state
+        st.position += consumed
+        st.samples_processed += consumed
+        st.step += 1
+        if st.position >= self.dataset_size:
+            st.epoch += 1
+            st.position = 0
+        if self._metrics_fh is not None:
+            rec = {
+                "t": time.time(), "launch": self.launch, "generation": step.generation,
+                "step": step.step, "epoch": step.epoch, "rank": self.rank,
+                "world_size": self.world_size, "nodes": self.nodes,
+                "local_batch_size": step.local_batch_size,
+                "accumulation_steps": step.accumulation_steps,
+                "global_batch_size": self.batch.global_batch_size,
+                "global_samples": step.global_samples,
+                "samples": sum(len(m) for m in step.micro_batches),
+                "step_time": seconds, "device": self._device_identity,
+                **self._pending_log,
+            }
+            if self.record_samples:
+                rec["indices"] = step.indices
+            self._metrics_fh.write(ctl_json(rec) + "\n")
+        self._pending_log = {}
+        if self.rank == 0 and time.monotonic() - self._last_progress >= 2.0:
+            self._write_progress()
+
+    # ----------------------------------------------------------- checkpoints
+    def checkpoint(self) -> Path | None:
+        """Collective: write a consistent checkpoint (rank 0 writes; all ranks wait for it).
+
+        Returns the checkpoint path (None when no checkpoint directory is configured).
+        """
+        path = None
+        if self.checkpoint_dir is not None and self.rank == 0:
+            path = self._save()
+        if self._dist is not None:
+            self._dist.barrier()
+        self._last_checkpoint = time.monotonic()
+        if path is None and self.checkpoint_dir is not None:
+            path = self._latest_path()
+        return path
+
+    def _state_dict(self) -> dict:
+        torch = self._torch
+        np_state = np.random.get_state()
+        reg = self._reg
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "time": time.time(),
+            "generation": self.generation,
+            "world_size": self.world_size,
+            "batch": {"local_batch_size": self.batch.local_batch_size,
+                      "accumulation_steps": self.batch.accumulation_steps,
+                      "global_batch_size": self.batch.global_batch_size,
+                      "lr_scale": self.lr_scale},
+            "data": {"epoch": self.state.epoch, "position": self.state.position,
+                     "step": self.state.step, "samples_processed": self.state.samples_processed,
+                     "seed": self.seed, "dataset_size": self.dataset_size},
+            "model": reg.model.state_dict() if reg.model is not None else None,
+            "optimizer": reg.optimizer.state_dict() if reg.optimizer is not None else None,
+            "scheduler": reg.scheduler.state_dict() if reg.scheduler is not None else None,
+            "extra": reg.extra,
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)),
+                          int(np_state[2]), int(np_state[3]), float(np_state[4])],
+                "python": random.getstate(),
+            },
+        }
+
+    def _save(self) -> Path:
+        torch = self._torch
+        d = self.checkpoint_dir
+        d.mkdir(parents=True, exist_ok=True)
+        final = d / f"step-{self.state.step:09d}.pt"
+        tmp = d / f".{final.name}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as fh:
+            torch.save(self._state_dict(), fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        ctl.write_json_atomic(d / "latest.json", {"path": final.name, "step": self.state.step,
+                                                  "time": time.time()})
+        for old in sorted(d.glob("step-*.pt"))[:-2]:  # keep the last two
+            old.unlink(missing_ok=True)
+        log.info("checkpoint %s (epoch %d, position %d)", final, self.state.epoch,
+                 self.state.position)
+        return final
+
+    def _latest_path(self) -> Path | None:
+        if self.checkpoint_dir is None:
+            return None
+        try:
+            meta = ctl._load(self.checkpoint_dir / "latest.json")
+        except ctl.ProtocolError as exc:
+            log.warning("%s", exc)
+            return None
+        if not meta or "path" not in meta:
+            return None
+        return self.checkpoint_dir / meta["path"]
+
+    def _restore(self) -> bool:
+        path = self._latest_path()
+        if path is None or not path.exists():
+            return False
+        torch = self._torch
+        ck = torch.load(path, map_location="cpu", weights_only=True)
+        if ck.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"{path}: not an hpcsched checkpoint")
+        data = ck["data"]
+        if data["dataset_size"] != self.dataset_size or data["seed"] != self.seed:
+            raise ValueError(
+                f"{path}: written for dataset_size={data['dataset_size']} seed={data['seed']}, "
+                f"this run has dataset_size={self.dataset_size} seed={self.seed}")
+        reg = self._reg
+        if reg.model is not None and ck["model"] is not None:
+            reg.model.load_state_dict(ck["model"])
+        if reg.optimizer is not None and ck["optimizer"] is not None:
+            reg.optimizer.load_state_dict(ck["optimizer"])
+        if reg.scheduler is not None and ck["scheduler"] is not None:
+            reg.scheduler.load_state_dict(ck["scheduler"])
+        reg.extra.update(ck.get("extra") or {})
+        self.state = _State(data["epoch"], data["position"], data["step"],
+                            data["samples_processed"])
+        rng = ck["rng"]
+        torch.set_rng_state(rng["torch"])
+        n = rng["numpy"]
+        np.random.set_state((n[0], n[1].numpy().astype(np.uint32), n[2], n[3], n[4]))
+        random.setstate(_tuples(rng["python"]))
+        if self.job_dir is None:  # standalone: keep the checkpoint's batch configuration
+            b = ck["batch"]
+            self.batch = split_global_batch(b["global_batch_size"], self.world_size)
+        log.info("restored %s: epoch %d position %d step %d", path, self.state.epoch,
+                 self.state.position, self.state.step)
+        return True
+
+    # ------------------------------------------------------------- protocol
+    def _ack(self, state: str, generation: int, checkpoint: str = "", message: str = "") -> None:
+        if self.rank != 0 or self.job_dir is None:
+            return
+        ctl.write_ack(self.job_dir / "ack.json", ctl.Ack(
+            job_uid=self.job_uid, generation=generation, state=state,
+            world_size=self.world_size, nodes=self.nodes,
+            global_batch_size=self.batch.global_batch_size,
+            local_batch_size=self.batch.local_batch_size,
+            accumulation_steps=self.batch.accumulation_steps, step=self.state.step,
+            time=time.time(), checkpoint=checkpoint, message=message,
+        ))
+
+    def _write_progress(self, finished: bool = False) -> None:
+        if self.rank != 0 or self.job_dir is None:
+            return
+        now = time.monotonic()
+        t0, s0 = self._progress_mark
+        rate = (self.state.samples_processed - s0) / (now - t0) if now > t0 else 0.0
+        self._progress_mark = (now, self.state.samples_processed)
+        self._last_progress = now
+        ctl.write_progress(self.job_dir / "progress.json", ctl.Progress(
+            job_uid=self.job_uid, generation=self.generation, step=self.state.step,
+            epoch=self.state.epoch, samples_processed=self.state.samples_processed,
+            epoch_position=self.state.position, throughput=rate, world_size=self.world_size,
+            global_batch_size=self.batch.global_batch_size, time=time.time(), finished=finished,
+        ))
+
+
+def _tuples(x):
+    """torch.load gives lists back where random.getstate() had tuples."""
+    if isinstance(x, list):
+        return tuple(_tuples(v) for v in x)
+    return x
+
+
+def ctl_json(obj: dict) -> str:
+    import json
+
+    return json.dumps(obj, separators=(",", ":"))

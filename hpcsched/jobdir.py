@@ -1,0 +1,217 @@
+"""Per-job directories on the shared file system, and the job's spec (``spec.json``).
+
+Layout under the control directory (``$HPCSCHED_CONTROL_DIR``, default ``~/.hpcsched/jobs``;
+it must be on a file system that the login node and every compute node see)::
+
+    <control_dir>/<job_uid>/          one directory per submission (job_uid from hpcsub)
+        spec.json                     the job's spec and limits (hpcsub, written once)
+        job.sbatch                    the rendered batch script that was submitted
+        slurm_job_id                  the Slurm job id (hpcsub, after sbatch answered)
+        control.json, ack.json,       the control protocol (see hpcsched.control)
+        progress.json
+        launcher.json                 launcher state: launches, current size (launcher)
+        metrics/launch-<L>-rank-<R>.jsonl   per-rank step records (workers, append-only)
+        checkpoints/                  default checkpoint directory
+        resize.lock                   held by whoever is resizing the job
+    <control_dir>/by-id/<slurm_job_id> -> ../<job_uid>   lookup by Slurm job id
+
+The job id is not known until ``sbatch`` answers, so the directory is keyed by a uid chosen
+before submission and linked from ``by-id/`` afterwards (by hpcsub, and again by the launcher in
+case hpcsub died in between).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import uuid
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from .control import ProtocolError, write_json_atomic
+
+SPEC_SCHEMA = "hpcsched.spec/1"
+ENV_CONTROL_DIR = "HPCSCHED_CONTROL_DIR"
+
+
+class JobNotFound(LookupError):
+    """No hpcsched job directory for this Slurm job id."""
+
+
+def control_dir() -> Path:
+    """The control directory: ``$HPCSCHED_CONTROL_DIR`` or ``~/.hpcsched/jobs``."""
+    return Path(os.environ.get(ENV_CONTROL_DIR) or Path.home() / ".hpcsched" / "jobs")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a job was submitted with and the limits hpcsched must respect.
+
+    Sizes: ``workers_per_node`` is the number of workers (GPU slots) on each node; node
+    limits are in nodes; batch sizes in samples (global = across all workers per optimizer
+    step); ``max_local_batch_size`` is the per-GPU limit. ``checkpoint_interval`` in seconds
+    (0 = only when hpcsched asks).
+    """
+
+    job_uid: str
+    script: str
+    script_args: tuple[str, ...]
+    python: str
+    submit_dir: str
+    sbatch_args: tuple[str, ...]
+    nodes: int
+    workers_per_node: int
+    min_nodes: int
+    max_nodes: int
+    batch_size: int
+    min_batch_size: int
+    max_batch_size: int
+    max_local_batch_size: int | None
+    lr_scaling: str
+    checkpoint_dir: str
+    checkpoint_interval: float = 0.0
+    record_samples: bool = False
+    user: str = ""
+    created_at: float = 0.0
+    schema: str = SPEC_SCHEMA
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def min_gpus(self) -> int:
+        return self.min_nodes * self.workers_per_node
+
+    @property
+    def max_gpus(self) -> int:
+        return self.max_nodes * self.workers_per_node
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["script_args"] = list(self.script_args)
+        d["sbatch_args"] = list(self.sbatch_args)
+        return d
+
+    @classmethod
+    def from_json(cls, obj: dict, path: Path | str = "spec.json") -> "JobSpec":
+        if not isinstance(obj, dict) or obj.get("schema") != SPEC_SCHEMA:
+            raise ProtocolError(f"{path}: not an hpcsched job spec (schema {SPEC_SCHEMA})")
+        known = {f for f in cls.__dataclass_fields__}
+        try:
+            kwargs = {k: v for k, v in obj.items() if k in known}
+            kwargs["script_args"] = tuple(kwargs.get("script_args", ()))
+            kwargs["sbatch_args"] = tuple(kwargs.get("sbatch_args", ()))
+            return cls(**kwargs)
+        except TypeError as exc:
+            raise ProtocolError(f"{path}: {exc}") from exc
+
+
+class JobDir:
+    """Paths and small helpers for one job's directory."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+
+    @classmethod
+    def create(cls, root: Path | None = None) -> "JobDir":
+        root = Path(root) if root is not None else control_dir()
+        (root / "by-id").mkdir(parents=True, exist_ok=True)
+        uid = uuid.uuid4().hex[:12]
+        path = root / uid
+        path.mkdir(mode=0o755)
+        (path / "metrics").mkdir()
+        return cls(path)
+
+    @classmethod
+    def for_job(cls, job_id: str | int, root: Path | None = None) -> "JobDir":
+        """The directory of Slurm job ``job_id``.
+
+        Raises:
+            JobNotFound: the job was not submitted through hpcsub (or under another control dir).
+        """
+        root = Path(root) if root is not None else control_dir()
+        link = root / "by-id" / str(job_id)
+        if not link.exists():
+            raise JobNotFound(
+                f"job {job_id} is not an hpcsched job (no {link}; was it submitted with hpcsub, "
+                f"with the same {ENV_CONTROL_DIR}?)"
+            )
+        return cls(link.resolve())
+
+    @staticmethod
+    def known_job_ids(root: Path | None = None) -> list[str]:
+        """Slurm job ids with a job directory, in ascending numeric order."""
+        root = Path(root) if root is not None else control_dir()
+        by_id = root / "by-id"
+        if not by_id.is_dir():
+            return []
+        ids = [p.name for p in by_id.iterdir() if p.name.isdigit()]
+        return sorted(ids, key=int)
+
+    @property
+    def uid(self) -> str:
+        return self.path.name
+
+    spec_path = property(lambda self: self.path / "spec.json")
+    control_path = property(lambda self: self.path / "control.json")
+    ack_path = property(lambda self: self.path / "ack.json")
+    progress_path = property(lambda self: self.path / "progress.json")
+    launcher_path = property(lambda self: self.path / "launcher.json")
+    metrics_dir = property(lambda self: self.path / "metrics")
+    script_path = property(lambda self: self.path / "job.sbatch")
+
+    def write_spec(self, spec: JobSpec) -> None:
+        write_json_atomic(self.spec_path, spec.to_json())
+
+    def read_spec(self) -> JobSpec:
+        try:
+            obj = json.loads(self.spec_path.read_text())
+        except FileNotFoundError as exc:
+            raise ProtocolError(f"{self.spec_path}: missing") from exc
+        except json.JSONDecodeError as exc:
+            raise ProtocolError(f"{self.spec_path}: not valid JSON ({exc.msg})") from exc
+        return JobSpec.from_json(obj, self.spec_path)
+
+    def link_job_id(self, job_id: str | int) -> None:
+        """Record the Slurm job id and create ``by-id/<job_id>`` (idempotent, race-safe)."""
+        (self.path / "slurm_job_id").write_text(f"{job_id}\n")
+        link = self.path.parent / "by-id" / str(job_id)
+        link.parent.mkdir(exist_ok=True)
+        target = Path("..") / self.uid
+        try:
+            os.symlink(target, link)
+        except FileExistsError:
+            if os.readlink(link) != str(target):
+                tmp = link.with_name(f".{link.name}.{os.getpid()}")
+                os.symlink(target, tmp)
+                os.replace(tmp, link)
+
+    @property
+    def slurm_job_id(self) -> str | None:
+        try:
+            return (self.path / "slurm_job_id").read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def read_launcher_state(self) -> dict:
+        try:
+            return json.loads(self.launcher_path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+    @contextmanager
+    def resize_lock(self, blocking: bool = False) -> Iterator[None]:
+        """Exclusive lock so two actuators never resize one job at once.
+
+        Raises:
+            BlockingIOError: held by another process and ``blocking`` is false.
+        """
+        fd = os.open(self.path / "resize.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            yield
+        finally:
+            os.close(fd)

@@ -1,0 +1,397 @@
+"""The resize actuator: change a running or pending hpcsched job's batch size and node count.
+
+``hpcsched resize JOBID [--nodes N | --gpus N] [--batch-size B]`` calls :func:`resize`, and so
+does the daemon. Planning (:func:`plan_resize`) is a pure function of the job's spec, its Slurm
+state and the control generation in force; applying a plan follows the protocol of
+``shared/DESIGN.md`` ("Resizing on Slurm"), measured on Slurm 22.05
+(``shared/slurm-22.05-notes.md`` §3):
+
+* **batch size only** (same nodes): write a new control generation; the workers switch local
+  batch size / accumulation / learning-rate scale at their next step boundary. No restart.
+* **shrink** (fewer nodes): control generation with ``checkpoint-and-shrink``; the job
+  checkpoints, acknowledges, and its launcher runs ``scontrol update NumNodes=`` from inside the
+  job and relaunches on what remains. No requeue.
+* **grow** (more nodes; Slurm 22.05 cannot grow a GRES job in place): control generation with
+  ``checkpoint-and-requeue``; once the job acknowledges its checkpoint, ``scontrol requeue``;
+  once it is PENDING, ``scontrol update NumNodes=<n> StartTime=now`` (without ``StartTime=now``
+  a requeued job waits 121 s; an update sent while the job is still COMPLETING is lost). It
+  resumes from the checkpoint at the new size.
+* **pending** job: ``scontrol update NumNodes=<n>`` before it starts, plus a control generation so
+  the launcher starts with the new batch configuration.
+
+A job that does not acknowledge within the timeout gets a further ``continue`` generation at its
+current size, so a late acknowledgement never triggers a stale resize.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+
+import click
+
+from . import control as ctl
+from . import slurm
+from .batching import BatchConfig, BatchSizeError, fit_batch, lr_scale
+from .jobdir import JobDir, JobNotFound, JobSpec
+
+log = logging.getLogger("hpcsched.resize")
+
+
+class ResizeRefused(ValueError):
+    """The request breaks the job's limits or cannot apply in the job's state (``str`` = reason)."""
+
+
+class ResizeFailed(RuntimeError):
+    """The resize was attempted and did not complete (``str`` = what happened)."""
+
+
+@dataclass(frozen=True)
+class Current:
+    """What the job is running with now (from Slurm and the control/ack files)."""
+
+    state: str                 # Slurm job state
+    nodes: int
+    global_batch_size: int
+    generation: int            # highest generation written or acknowledged
+
+
+@dataclass(frozen=True)
+class ResizePlan:
+    """A resize to apply. ``kind``: ``noop``, ``batch``, ``shrink``, ``grow`` or ``pending``."""
+
+    kind: str
+    nodes: int
+    from_nodes: int
+    batch: BatchConfig
+    from_global_batch_size: int
+    lr_scale: float
+    generation: int
+
+    def describe(self, spec: JobSpec) -> str:
+        wpn = spec.workers_per_node
+        parts = []
+        if self.nodes != self.from_nodes:
+            parts.append(f"{self.from_nodes} -> {self.nodes} node(s) "
+                         f"({self.from_nodes * wpn} -> {self.nodes * wpn} GPUs)")
+        if self.batch.global_batch_size != self.from_global_batch_size:
+            parts.append(f"global batch {self.from_global_batch_size} -> "
+                         f"{self.batch.global_batch_size}")
+        else:
+            parts.append(f"global batch {self.batch.global_batch_size}")
+        parts.append(f"local {self.batch.local_batch_size} x {self.batch.accumulation_steps} "
+                     f"accumulation, lr x{self.lr_scale:.3g}")
+        return f"{self.kind}: " + ", ".join(parts)
+
+
+def plan_resize(spec: JobSpec, current: Current, nodes: int | None = None,
+                batch_size: int | None = None) -> ResizePlan:
+    """Decide how to move the job to ``nodes`` nodes and global batch ``batch_size`` (pure).
+
+    ``None`` keeps the current value. A node change keeps the global batch size (refitted to
+    the new world size, with gradient accumulation above the per-GPU limit).
+
+    Raises:
+        ResizeRefused: outside ``[min_nodes, max_nodes]`` or ``[min_batch_size,
+            max_batch_size]``, or the job is in a state that cannot be resized.
+    """
+    if current.state not in ("RUNNING", "PENDING"):
+        raise ResizeRefused(f"the job is {current.state}; only RUNNING or PENDING jobs can be resized")
+    target_nodes = current.nodes if nodes is None else nodes
+    if not spec.min_nodes <= target_nodes <= spec.max_nodes:
+        raise ResizeRefused(
+            f"{target_nodes} node(s) is outside the job's limits [{spec.min_nodes}, "
+            f"{spec.max_nodes}] nodes ([{spec.min_gpus}, {spec.max_gpus}] GPUs)")
+    if batch_size is not None and not spec.min_batch_size <= batch_size <= spec.max_batch_size:
+        raise ResizeRefused(
+            f"global batch size {batch_size} is outside the job's limits "
+            f"[{spec.min_batch_size}, {spec.max_batch_size}]")
+    world = target_nodes * spec.workers_per_node
+    want = current.global_batch_size if batch_size is None else batch_size
+    try:
+        batch = fit_batch(want, world, min_global=spec.min_batch_size,
+                          max_global=spec.max_batch_size,
+                          max_local_batch_size=spec.max_local_batch_size)
+    except BatchSizeError as exc:
+        raise ResizeRefused(str(exc)) from None
+    if batch_size is not None and batch.global_batch_size != batch_size:
+        raise ResizeRefused(
+            f"global batch size {batch_size} cannot be cut evenly over {world} GPUs "
+            f"(nearest: {batch.global_batch_size})")
+    if current.state == "PENDING":
+        kind = "pending"
+    elif target_nodes < current.nodes:
+        kind = "shrink"
+    elif target_nodes > current.nodes:
+        kind = "grow"
+    elif batch.global_batch_size != current.global_batch_size:
+        kind = "batch"
+    else:
+        kind = "noop"
+    return ResizePlan(kind, target_nodes, current.nodes, batch, current.global_batch_size,
+                      lr_scale(spec.lr_scaling, batch.global_batch_size, spec.batch_size),
+                      current.generation + 1)
+
+
+@dataclass
+class ResizeResult:
+    """What happened, with Unix timestamps (seconds) of each phase for the benchmark."""
+
+    job_id: str
+    plan: ResizePlan
+    started: float
+    checkpointed: float | None = None
+    requeued: float | None = None
+    applied: float | None = None
+    ack: ctl.Ack | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.applied is None else self.applied - self.started
+
+
+def current_of(jd: JobDir, spec: JobSpec, info: slurm.JobInfo) -> Current:
+    """The job's :class:`Current` from Slurm's view and the control/ack files."""
+    control = _read(ctl.read_control, jd.control_path, jd.uid)
+    ack = _read(ctl.read_ack, jd.ack_path, jd.uid)
+    generation = max(control.generation if control else 0, ack.generation if ack else 0)
+    if ack is not None and ack.state == "applied":
+        gbs = ack.global_batch_size
+    elif control is not None:
+        gbs = control.global_batch_size
+    else:
+        gbs = spec.batch_size
+    if info.state == "PENDING":
+        nodes = control.nodes if control is not None else (info.node_count or spec.nodes)
+    else:
+        nodes = info.node_count
+    return Current(info.state, nodes, gbs, generation)
+
+
+def _read(fn, path, uid):
+    try:
+        return fn(path, uid)
+    except ctl.ProtocolError as exc:
+        log.warning("%s", exc)
+        return None
+
+
+class Actuator:
+    """Applies :class:`ResizePlan` s through control files and Slurm.
+
+    Args:
+        ack_timeout: seconds to wait for the job to acknowledge a generation.
+        start_timeout: seconds to wait for a requeued job to run again.
+        poll: seconds between polls of files and Slurm.
+    """
+
+    def __init__(self, ack_timeout: float = 180.0, start_timeout: float = 300.0, poll: float = 0.2):
+        self.ack_timeout = ack_timeout
+        self.start_timeout = start_timeout
+        self.poll = poll
+
+    def resize(self, job_id: str, nodes: int | None = None, batch_size: int | None = None,
+               reason: str = "", issued_by: str = "hpcsched resize", wait: bool = True) -> ResizeResult:
+        """Plan and apply a resize of Slurm job ``job_id``.
+
+        Raises:
+            JobNotFound: not an hpcsched job.
+            ResizeRefused: the job's limits or state forbid it (nothing changed).
+            ResizeFailed: the job did not follow through (it keeps running at its old size).
+            slurm.SlurmError: Slurm refused or did not answer.
+        """
+        jd = JobDir.for_job(job_id)
+        spec = jd.read_spec()
+        try:
+            lock = jd.resize_lock()
+            lock.__enter__()
+        except BlockingIOError:
+            raise ResizeRefused(f"job {job_id} is being resized by another process") from None
+        try:
+            info = slurm.job_info(job_id)
+            if info is None:
+                raise ResizeRefused(f"Slurm no longer knows job {job_id}")
+            plan = plan_resize(spec, current_of(jd, spec, info), nodes, batch_size)
+            result = ResizeResult(str(job_id), plan, time.time())
+            log.info("job %s: %s (%s)", job_id, plan.describe(spec), reason or "no reason given")
+            if plan.kind == "noop":
+                return result
+            getattr(self, f"_apply_{plan.kind}")(jd, spec, plan, result, reason, issued_by, wait)
+            return result
+        finally:
+            lock.__exit__(None, None, None)
+
+    # ------------------------------------------------------------- mechanism
+    def _control(self, jd: JobDir, spec: JobSpec, plan: ResizePlan, action: str, reason: str,
+                 issued_by: str, nodes: int | None = None, generation: int | None = None,
+                 batch: BatchConfig | None = None, scale: float | None = None) -> ctl.Control:
+        batch = batch or plan.batch
+        c = ctl.Control(
+            job_uid=jd.uid, generation=generation or plan.generation, action=action,
+            nodes=nodes or plan.nodes, workers_per_node=spec.workers_per_node,
+            global_batch_size=batch.global_batch_size,
+            local_batch_size=batch.local_batch_size,
+            accumulation_steps=batch.accumulation_steps,
+            lr_scale=plan.lr_scale if scale is None else scale, issued_at=time.time(),
+            issued_by=issued_by, reason=reason,
+        )
+        ctl.write_control(jd.control_path, c)
+        return c
+
+    def _wait_ack(self, jd: JobDir, job_id: str, generation: int, states: tuple[str, ...],
+                  timeout: float) -> ctl.Ack:
+        deadline = time.monotonic() + timeout
+        last_check = 0.0
+        while True:
+            ack = _read(ctl.read_ack, jd.ack_path, jd.uid)
+            if ack is not None and ack.generation >= generation:
+                if ack.state == "rejected":
+                    raise ResizeFailed(f"job {job_id} rejected generation {generation}: {ack.message}")
+                if ack.state in states and ack.generation == generation:
+                    return ack
+            now = time.monotonic()
+            if now - last_check > 2.0:  # make sure the job is still there
+                last_check = now
+                info = slurm.job_info(job_id)
+                if info is None or info.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
+                                                  "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"):
+                    raise ResizeFailed(
+                        f"job {job_id} ended ({info.state if info else 'gone'}) before it "
+                        f"acknowledged generation {generation}")
+            if now > deadline:
+                raise TimeoutError(f"job {job_id} did not acknowledge generation {generation} "
+                                   f"within {timeout:.0f} s (does the script use hpcsched.elastic?)")
+            time.sleep(self.poll)
+
+    def _cancel_generation(self, jd: JobDir, spec: JobSpec, plan: ResizePlan, why: str) -> None:
+        """Supersede an unanswered generation with a 'stay as you are' one."""
+        try:
+            ack = _read(ctl.read_ack, jd.ack_path, jd.uid)
+            batch = (BatchConfig(ack.world_size, ack.local_batch_size, ack.accumulation_steps)
+                     if ack else None)
+            c = ctl.read_control(jd.control_path, jd.uid)
+            self._control(jd, spec, plan, "continue", f"cancelled: {why}", "hpcsched resize",
+                          nodes=plan.from_nodes, generation=c.generation + 1,
+                          batch=batch or plan.batch,
+                          scale=lr_scale(spec.lr_scaling, (batch or plan.batch).global_batch_size,
+                                         spec.batch_size))
+        except (ctl.ProtocolError, AttributeError) as exc:
+            log.error("could not write the cancelling generation: %s", exc)
+
+    def _await(self, jd, spec, plan, job_id, states, result, timeout=None) -> ctl.Ack:
+        try:
+            return self._wait_ack(jd, job_id, plan.generation, states, timeout or self.ack_timeout)
+        except TimeoutError as exc:
+            self._cancel_generation(jd, spec, plan, str(exc))
+            raise ResizeFailed(str(exc)) from None
+
+    def _apply_batch(self, jd, spec, plan, result, reason, issued_by, wait):
+        self._control(jd, spec, plan, "continue", reason, issued_by)
+        if wait:
+            result.ack = self._await(jd, spec, plan, result.job_id, ("applied",), result)
+            result.applied = result.ack.time
+
+    def _apply_shrink(self, jd, spec, plan, result, reason, issued_by, wait):
+        self._control(jd, spec, plan, "checkpoint-and-shrink", reason, issued_by)
+        if not wait:
+            return
+        ack = self._await(jd, spec, plan, result.job_id, ("checkpointed", "applied"), result)
+        result.checkpointed = ack.time
+        if ack.state == "checkpointed":
+            ack = self._wait_ack(jd, result.job_id, plan.generation, ("applied",), self.ack_timeout)
+        result.ack, result.applied = ack, ack.time
+
+    def _apply_grow(self, jd, spec, plan, result, reason, issued_by, wait):
+        job_id = result.job_id
+        self._control(jd, spec, plan, "checkpoint-and-requeue", reason, issued_by)
+        ack = self._await(jd, spec, plan, job_id, ("checkpointed",), result)
+        result.checkpointed = ack.time
+        slurm.requeue(job_id)
+        result.requeued = time.time()
+        self._wait_state(job_id, ("PENDING",), self.start_timeout)
+        slurm.update_job(job_id, NumNodes=plan.nodes)
+        slurm.update_job(job_id, StartTime="now")
+        if not wait:
+            return
+        ack = self._wait_ack(jd, job_id, plan.generation, ("applied",), self.start_timeout)
+        result.ack, result.applied = ack, ack.time
+        if ack.nodes != plan.nodes:
+            result.notes.append(f"Slurm started the job on {ack.nodes} node(s), not {plan.nodes}")
+
+    def _apply_pending(self, jd, spec, plan, result, reason, issued_by, wait):
+        if plan.nodes != plan.from_nodes:
+            try:
+                slurm.update_job(result.job_id, NumNodes=plan.nodes)
+            except slurm.SlurmError as exc:
+                raise ResizeFailed(f"job {result.job_id} could not be resized while pending: {exc}"
+                                   " (it may just have started; run the resize again)") from None
+        self._control(jd, spec, plan, "continue", reason, issued_by)
+        result.applied = time.time()
+
+    def _wait_state(self, job_id: str, states: tuple[str, ...], timeout: float) -> slurm.JobInfo:
+        deadline = time.monotonic() + timeout
+        while True:
+            info = slurm.job_info(job_id)
+            if info is not None and info.state in states:
+                return info
+            if time.monotonic() > deadline:
+                raise ResizeFailed(f"job {job_id} did not reach {'/'.join(states)} within "
+                                   f"{timeout:.0f} s (state {info.state if info else 'gone'})")
+            time.sleep(self.poll)
+
+
+def resize(job_id: str, nodes: int | None = None, batch_size: int | None = None,
+           **kwargs) -> ResizeResult:
+    """Convenience wrapper around :meth:`Actuator.resize` with default timeouts."""
+    return Actuator().resize(job_id, nodes=nodes, batch_size=batch_size, **kwargs)
+
+
+@click.command("resize")
+@click.argument("job_id")
+@click.option("--nodes", type=click.IntRange(min=1), help="Target node count.")
+@click.option("--gpus", type=click.IntRange(min=1),
+              help="Target GPU count (a multiple of the job's GPUs per node).")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Target global batch size (samples).")
+@click.option("--reason", default="", help="Recorded with the request and shown by status.")
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="Wait until the job runs at the new size.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=180.0, show_default=True,
+              help="Seconds to wait for each step of the job's acknowledgement.")
+def resize_command(job_id, nodes, gpus, batch_size, reason, wait, timeout):
+    """Resize hpcsched job JOB_ID: batch size in place, shrink in place, grow by requeue."""
+    if nodes is not None and gpus is not None:
+        raise click.UsageError("give --nodes or --gpus, not both")
+    if nodes is None and gpus is None and batch_size is None:
+        raise click.UsageError("nothing to do: give --nodes, --gpus and/or --batch-size")
+    try:
+        jd = JobDir.for_job(job_id)
+        spec = jd.read_spec()
+        if gpus is not None:
+            if gpus % spec.workers_per_node:
+                raise ResizeRefused(f"--gpus {gpus} is not a multiple of the job's "
+                                    f"{spec.workers_per_node} GPUs per node")
+            nodes = gpus // spec.workers_per_node
+        result = Actuator(ack_timeout=timeout, start_timeout=max(timeout, 300.0)).resize(
+            job_id, nodes=nodes, batch_size=batch_size, reason=reason, wait=wait)
+    except (JobNotFound, ResizeRefused, ctl.ProtocolError) as exc:
+        click.echo(f"hpcsched resize: refused: {exc}", err=True)
+        sys.exit(2)
+    except (ResizeFailed, slurm.SlurmError) as exc:
+        click.echo(f"hpcsched resize: failed: {exc}", err=True)
+        sys.exit(1)
+    plan = result.plan
+    line = f"job {job_id}: {plan.describe(spec)}"
+    if plan.kind == "noop":
+        line += " (nothing to change)"
+    elif result.seconds is not None:
+        line += f"; generation {plan.generation} in force after {result.seconds:.1f} s"
+        if result.checkpointed:
+            line += f" (checkpoint after {result.checkpointed - result.started:.1f} s)"
+    elif not wait:
+        line += f"; generation {plan.generation} requested"
+    click.echo(line)
+    for note in result.notes:
+        click.echo(f"  note: {note}")

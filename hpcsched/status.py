@@ -1,0 +1,165 @@
+"""``hpcsched status``: the hpcsched jobs, as Slurm and their own files describe them.
+
+One ``squeue --json`` call whatever the number of jobs; everything else comes from the job
+directories (:mod:`hpcsched.jobdir`). A job whose files are damaged is still listed, with the
+problem in its ``problems`` field, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import click
+
+from . import control as ctl
+from . import slurm
+from .jobdir import JobDir, control_dir
+
+
+@dataclass
+class JobStatus:
+    """One row of ``hpcsched status`` (sizes in nodes / GPUs, batch sizes in samples)."""
+
+    job_id: str
+    name: str = ""
+    user: str = ""
+    state: str = "UNKNOWN"          # Slurm state, or GONE once Slurm has forgotten the job
+    nodelist: str = ""
+    nodes: int = 0
+    gpus: int = 0
+    global_batch_size: int | None = None
+    target_nodes: int | None = None
+    target_global_batch_size: int | None = None
+    generation: int = 0             # acknowledged
+    target_generation: int = 0      # requested
+    ack_state: str = ""
+    samples_processed: int = 0
+    epoch: int = 0
+    step: int = 0
+    throughput: float = 0.0         # samples/s
+    restarts: int = 0
+    launches: int = 0
+    phase: str = ""                 # launcher phase
+    last_reason: str = ""
+    job_dir: str = ""
+    problems: list[str] = field(default_factory=list)
+
+
+def collect(job_ids: list[str] | None = None) -> tuple[list[JobStatus], str | None]:
+    """Status of the given (default: all known) hpcsched jobs and Slurm's error, if any."""
+    ids = job_ids or JobDir.known_job_ids()
+    slurm_error = None
+    try:
+        queue = slurm.squeue()
+    except slurm.SlurmError as exc:
+        queue, slurm_error = {}, str(exc)
+    rows = []
+    for job_id in ids:
+        row = JobStatus(job_id=job_id)
+        try:
+            jd = JobDir.for_job(job_id)
+        except LookupError as exc:
+            row.problems.append(str(exc))
+            rows.append(row)
+            continue
+        row.job_dir = str(jd.path)
+        try:
+            spec = jd.read_spec()
+            wpn = spec.workers_per_node
+            row.name = spec.script.rsplit("/", 1)[-1]
+            row.user = spec.user
+        except ctl.ProtocolError as exc:
+            row.problems.append(str(exc))
+            spec, wpn = None, 1
+        info = queue.get(job_id)
+        if info is not None:
+            row.state, row.nodelist, row.nodes = info.state, info.nodes, info.node_count
+            row.gpus = info.node_count * (info.gpus_per_node or wpn)
+            row.restarts, row.name, row.user = info.restarts, info.name or row.name, info.user or row.user
+        elif slurm_error is None:
+            row.state = "GONE"
+        launcher = jd.read_launcher_state()
+        row.launches = int(launcher.get("launches", 0))
+        row.phase = str(launcher.get("phase", ""))
+        for reader, path, apply in (
+            (ctl.read_ack, jd.ack_path, _apply_ack),
+            (ctl.read_control, jd.control_path, _apply_control),
+            (ctl.read_progress, jd.progress_path, _apply_progress),
+        ):
+            try:
+                obj = reader(path, jd.uid)
+            except ctl.ProtocolError as exc:
+                row.problems.append(str(exc))
+                continue
+            except TypeError as exc:
+                row.problems.append(f"{path}: {exc}")
+                continue
+            if obj is not None:
+                apply(row, obj)
+        if row.global_batch_size is None and spec is not None:
+            row.global_batch_size = spec.batch_size
+        rows.append(row)
+    return rows, slurm_error
+
+
+def _apply_ack(row: JobStatus, a: ctl.Ack) -> None:
+    row.generation, row.ack_state = a.generation, a.state
+    if a.state == "applied":
+        row.global_batch_size = a.global_batch_size
+
+
+def _apply_control(row: JobStatus, c: ctl.Control) -> None:
+    row.target_generation = c.generation
+    row.target_nodes, row.target_global_batch_size = c.nodes, c.global_batch_size
+    row.last_reason = c.reason
+
+
+def _apply_progress(row: JobStatus, p: ctl.Progress) -> None:
+    row.samples_processed, row.epoch, row.step = p.samples_processed, p.epoch, p.step
+    row.throughput = p.throughput if not p.finished else 0.0
+
+
+@click.command("status")
+@click.argument("job_ids", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def status_command(job_ids, as_json):
+    """Show hpcsched jobs (all known, or JOB_IDS): Slurm state, size, batch size, progress."""
+    rows, slurm_error = collect(list(job_ids) or None)
+    if as_json:
+        click.echo(json.dumps({"time": time.time(), "control_dir": str(control_dir()),
+                               "slurm_error": slurm_error, "jobs": [asdict(r) for r in rows]},
+                              indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if slurm_error:
+        console.print(f"[yellow]Slurm did not answer: {slurm_error} (showing the jobs' own files)")
+    if not rows:
+        console.print(f"no hpcsched jobs under {control_dir()}")
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("JOBID", "NAME", "STATE", "NODELIST", "GPUS", "BATCH", "GEN", "EPOCH",
+                "SAMPLES", "SAMPLES/S", "RESTARTS", "LAST REQUEST"):
+        table.add_column(col, justify="right" if col in ("GPUS", "BATCH", "GEN", "EPOCH", "SAMPLES",
+                                                         "SAMPLES/S", "RESTARTS") else "left")
+    for r in rows:
+        batch = str(r.global_batch_size or "-")
+        if r.target_global_batch_size and r.target_global_batch_size != r.global_batch_size:
+            batch += f"->{r.target_global_batch_size}"
+        gpus = str(r.gpus or "-")
+        gen = f"{r.generation}" + (f"/{r.target_generation}" if r.target_generation > r.generation else "")
+        table.add_row(r.job_id, r.name, r.state + (f" ({r.phase})" if r.phase and r.state == "RUNNING" and r.phase != "running" else ""),
+                      r.nodelist or "-", gpus, batch, gen, str(r.epoch), str(r.samples_processed),
+                      f"{r.throughput:.0f}" if r.throughput else "-", str(r.restarts),
+                      r.last_reason or "-")
+    console.print(table)
+    for r in rows:
+        for p in r.problems:
+            console.print(f"[red]job {r.job_id}: {p}")
+    if slurm_error:
+        sys.exit(1)

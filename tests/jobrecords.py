@@ -1,0 +1,61 @@
+"""Reading a job's own records (metrics written by hpcsched.elastic) to verify a run.
+
+Used by the end-to-end tests: every sample of every epoch processed exactly once, the
+configuration in force per generation, the loss curve.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+
+
+def load_records(job_dir: Path) -> list[dict]:
+    recs = []
+    for f in sorted((Path(job_dir) / "metrics").glob("launch-*-rank-*.jsonl")):
+        for line in f.read_text().splitlines():
+            if line.strip():
+                recs.append(json.loads(line))
+    return recs
+
+
+def check_exactly_once(recs: list[dict], dataset_size: int, epochs: int) -> None:
+    """Every sample of every epoch in exactly one step record of one rank, and no step twice."""
+    per_step = Counter((r["step"], r["rank"]) for r in recs)
+    dup = [k for k, n in per_step.items() if n > 1]
+    assert not dup, f"steps recorded more than once (work redone): {dup[:5]}"
+    by_epoch: dict[int, list[int]] = defaultdict(list)
+    for r in recs:
+        assert "indices" in r, "run without --hpcsched-record-samples"
+        by_epoch[r["epoch"]].extend(r["indices"])
+    assert sorted(by_epoch) == list(range(epochs)), f"epochs seen: {sorted(by_epoch)}"
+    for e, idx in by_epoch.items():
+        c = Counter(idx)
+        missing = set(range(dataset_size)) - set(c)
+        twice = [i for i, n in c.items() if n > 1]
+        assert not missing and not twice, (
+            f"epoch {e}: {len(missing)} samples never processed, {len(twice)} processed twice")
+        assert len(idx) == dataset_size
+
+
+def generations(recs: list[dict]) -> dict[int, dict]:
+    """Per generation: the (world size, global batch, local batch, accumulation) in force."""
+    out: dict[int, set] = defaultdict(set)
+    for r in recs:
+        out[r["generation"]].add((r["world_size"], r["global_batch_size"], r["local_batch_size"],
+                                  r["accumulation_steps"]))
+    for g, s in out.items():
+        assert len(s) == 1, f"generation {g} ran with several configurations: {s}"
+    return {g: dict(zip(("world_size", "global_batch_size", "local_batch_size",
+                         "accumulation_steps"), next(iter(s)))) for g, s in sorted(out.items())}
+
+
+def mean_loss_by_step(recs: list[dict]) -> list[float]:
+    """Sample-weighted mean loss per step (over ranks), in step order."""
+    tot: dict[int, list[float]] = defaultdict(lambda: [0.0, 0])
+    for r in recs:
+        if "loss" in r and r["samples"]:
+            tot[r["step"]][0] += r["loss"] * r["samples"]
+            tot[r["step"]][1] += r["samples"]
+    return [s / n for _, (s, n) in sorted(tot.items())]

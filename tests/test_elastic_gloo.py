@@ -1,0 +1,126 @@
+"""The elastic API with real torch.distributed (gloo on CPU) processes, no Slurm.
+
+Two workers train the digits example; mid-run hpcsched's control file changes the batch size
+(in place, no restart), then asks for checkpoint-and-shrink; the job is relaunched with one
+worker from that checkpoint and finishes. Checked from the job's own records.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcsched import control as ctl
+from hpcsched.jobdir import JobDir
+
+from .jobrecords import check_exactly_once, generations, load_records, mean_loss_by_step
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "jobscripts" / "examples" / "digits_mlp.py"
+DIGITS = 1797
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(jd: JobDir, world: int, generation: int, local: int, accum: int, launch: int,
+            epochs: int):
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
+                   HPCSCHED_JOB_DIR=str(jd.path), HPCSCHED_LAUNCH=str(launch),
+                   HPCSCHED_GENERATION=str(generation), HPCSCHED_NODES="1",
+                   HPCSCHED_LOCAL_BATCH_SIZE=str(local), HPCSCHED_ACCUMULATION_STEPS=str(accum),
+                   HPCSCHED_LR_SCALE="1.0", HPCSCHED_RECORD_SAMPLES="1")
+        procs.append(subprocess.Popen(
+            [sys.executable, str(EXAMPLE), "--epochs", str(epochs), "--min-step-time", "0.01"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def _wait_ack(jd, generation, state, procs, timeout=90):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        a = ctl.read_ack(jd.ack_path, jd.uid)
+        if a is not None and a.generation == generation and a.state == state:
+            return a
+        if all(p.poll() is not None for p in procs):
+            out = "".join(p.stdout.read() for p in procs)
+            pytest.fail(f"workers exited before ack {generation}/{state}:\n{out[-3000:]}")
+        time.sleep(0.05)
+    pytest.fail(f"no ack {generation}/{state} within {timeout} s")
+
+
+def _control(jd, generation, action, world, local, accum):
+    ctl.write_control(jd.control_path, ctl.Control(
+        job_uid=jd.uid, generation=generation, action=action, nodes=1, workers_per_node=world,
+        global_batch_size=world * local * accum, local_batch_size=local,
+        accumulation_steps=accum, lr_scale=1.0, issued_at=time.time(), reason="test"))
+
+
+def _join(procs, timeout=120):
+    outs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=timeout)
+        outs.append(out)
+        assert p.returncode == 0, out[-3000:]
+    return outs
+
+
+@pytest.mark.slow
+def test_batch_change_in_place_then_shrink_from_checkpoint(tmp_path):
+    jd = JobDir.create(tmp_path)
+    epochs = 4
+    procs = _launch(jd, world=2, generation=0, local=16, accum=1, launch=1, epochs=epochs)
+    _wait_ack(jd, 0, "applied", procs)
+    _control(jd, 1, "continue", world=2, local=8, accum=2)          # same global batch, new split
+    a1 = _wait_ack(jd, 1, "applied", procs)
+    assert (a1.local_batch_size, a1.accumulation_steps, a1.global_batch_size) == (8, 2, 32)
+    _control(jd, 2, "continue", world=2, local=24, accum=1)         # batch size 32 -> 48
+    _wait_ack(jd, 2, "applied", procs)
+    time.sleep(1.0)
+    _control(jd, 3, "checkpoint-and-shrink", world=1, local=48, accum=1)
+    a3 = _wait_ack(jd, 3, "checkpointed", procs)
+    assert Path(a3.checkpoint).is_file()
+    _join(procs)
+    assert all(p.returncode == 0 for p in procs)
+
+    procs = _launch(jd, world=1, generation=3, local=48, accum=1, launch=2, epochs=epochs)
+    _wait_ack(jd, 3, "applied", procs)
+    out = _join(procs)[0]
+    assert '"final_loss"' in out
+
+    recs = load_records(jd.path)
+    check_exactly_once(recs, DIGITS, epochs)
+    gens = generations(recs)
+    assert gens[0] == dict(world_size=2, global_batch_size=32, local_batch_size=16, accumulation_steps=1)
+    assert gens[1] == dict(world_size=2, global_batch_size=32, local_batch_size=8, accumulation_steps=2)
+    assert gens[2] == dict(world_size=2, global_batch_size=48, local_batch_size=24, accumulation_steps=1)
+    assert gens[3] == dict(world_size=1, global_batch_size=48, local_batch_size=48, accumulation_steps=1)
+    # the batch changes happened without a restart: generations 0-2 all ran in launch 1
+    assert {r["launch"] for r in recs if r["generation"] in (0, 1, 2)} == {1}
+    assert {r["launch"] for r in recs if r["generation"] == 3} == {2}
+    losses = mean_loss_by_step(recs)
+    assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10 * 0.5
+
+
+def test_malformed_control_file_is_ignored_by_a_running_job(tmp_path):
+    """A garbage control.json mid-run: the job logs it, keeps training, acts on nothing."""
+    jd = JobDir.create(tmp_path)
+    procs = _launch(jd, world=1, generation=0, local=64, accum=1, launch=1, epochs=2)
+    _wait_ack(jd, 0, "applied", procs)
+    jd.control_path.write_text('{"schema": "hpcsched.control/1", "generation": "lots"')
+    out = _join(procs)[0]
+    assert "ignoring control file" in out and "not valid JSON" in out
+    assert '"final_loss"' in out
+    a = ctl.read_ack(jd.ack_path, jd.uid)
+    assert (a.generation, a.state) == (0, "applied")
