@@ -187,6 +187,7 @@ class ElasticJob:
         self.local_rank = _env_int("LOCAL_RANK", 0)
         self.nodes = _env_int("HPCSCHED_NODES", 1)
         self.launch = _env_int("HPCSCHED_LAUNCH", 0)
+        self.restart = _env_int("SLURM_RESTART_COUNT", 0)  # Slurm requeues so far
         self.generation = _env_int("HPCSCHED_GENERATION", 0)
         job_dir = os.environ.get("HPCSCHED_JOB_DIR")
         self.job_dir = Path(job_dir) if job_dir else None
@@ -320,10 +321,22 @@ class ElasticJob:
             offset += n
 
     def close(self) -> None:
-        """Flush metrics and leave the process group."""
+        """Flush metrics and leave the process group.
+
+        After :meth:`steps` stopped for a resize (:attr:`stopped_for` set) the checkpoint is on
+        disk and the launcher is waiting for this process to end, so ``close`` ends it at once
+        with status 0 (``os._exit``): interpreter teardown with torch loaded takes seconds,
+        and every second here is resize time. Do any cleanup of your own before calling it.
+        """
         if self._metrics_fh is not None:
             self._metrics_fh.close()
             self._metrics_fh = None
+        if self.stopped_for is not None:
+            import sys
+
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         if self._dist is not None and self._dist.is_initialized():
             self._dist.destroy_process_group()
             self._dist = None
@@ -403,7 +416,8 @@ class ElasticJob:
             st.position = 0
         if self._metrics_fh is not None:
             rec = {
-                "t": time.time(), "launch": self.launch, "generation": step.generation,
+                "t": time.time(), "launch": self.launch, "restart": self.restart,
+                "generation": step.generation,
                 "step": step.step, "epoch": step.epoch, "rank": self.rank,
                 "world_size": self.world_size, "nodes": self.nodes,
                 "local_batch_size": step.local_batch_size,

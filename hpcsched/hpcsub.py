@@ -181,7 +181,9 @@ def build_spec(argv: Sequence[str], job_uid: str, job_dir: Path) -> tuple[JobSpe
 
     min_nodes, max_nodes = node_limit("min", 1), node_limit("max", nodes)
     if min_nodes > max_nodes:
-        raise UsageError(f"minimum size {min_nodes} node(s) exceeds maximum {max_nodes}")
+        hint = "" if "max-nodes" in opts or "max-gpus" in opts else (
+            " (the maximum defaults to the submitted node count; raise it with --hpcsched-max-nodes)")
+        raise UsageError(f"minimum size {min_nodes} node(s) exceeds maximum {max_nodes}{hint}")
     if not min_nodes <= nodes <= max_nodes:
         raise UsageError(f"the job asks for {nodes} node(s), outside hpcsched's limits "
                          f"[{min_nodes}, {max_nodes}]")

@@ -143,6 +143,9 @@ class Launcher:
                 return 1
             rc = self._launch(cfg, nodes)
             ack = self._read_ack()
+            if ack is not None and ack.state == "checkpointed":
+                log.info("workers exited %.2f s after the checkpoint for generation %d",
+                         time.time() - ack.time, ack.generation)
             pending = self._read_control()
             if not (ack and ack.state == "checkpointed" and ack.generation > cfg.generation
                     and pending is not None and pending.generation == ack.generation):

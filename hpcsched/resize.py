@@ -25,6 +25,7 @@ current size, so a late acknowledgement never triggers a stale resize.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -311,9 +312,16 @@ class Actuator:
         result.checkpointed = ack.time
         slurm.requeue(job_id)
         result.requeued = time.time()
-        self._wait_state(job_id, ("PENDING",), self.start_timeout)
-        slurm.update_job(job_id, NumNodes=plan.nodes)
-        slurm.update_job(job_id, StartTime="now")
+        try:
+            self._wait_state(job_id, ("PENDING",), self.start_timeout)
+            resize_pending_job(job_id, plan.nodes, spec.workers_per_node)
+        except slurm.SlurmError as exc:
+            # the job is requeued either way: it must not sit out the 121 s hold
+            result.notes.append(f"could not resize the requeued job ({exc}); it resumes at "
+                                f"{plan.from_nodes} node(s)")
+            log.error("job %s: %s", job_id, result.notes[-1])
+        finally:
+            slurm.update_job(job_id, StartTime="now")
         if not wait:
             return
         ack = self._wait_ack(jd, job_id, plan.generation, ("applied",), self.start_timeout)
@@ -324,7 +332,7 @@ class Actuator:
     def _apply_pending(self, jd, spec, plan, result, reason, issued_by, wait):
         if plan.nodes != plan.from_nodes:
             try:
-                slurm.update_job(result.job_id, NumNodes=plan.nodes)
+                resize_pending_job(result.job_id, plan.nodes, spec.workers_per_node)
             except slurm.SlurmError as exc:
                 raise ResizeFailed(f"job {result.job_id} could not be resized while pending: {exc}"
                                    " (it may just have started; run the resize again)") from None
@@ -341,6 +349,16 @@ class Actuator:
                 raise ResizeFailed(f"job {job_id} did not reach {'/'.join(states)} within "
                                    f"{timeout:.0f} s (state {info.state if info else 'gone'})")
             time.sleep(self.poll)
+
+
+def resize_pending_job(job_id: str, nodes: int, workers_per_node: int) -> None:
+    """Set a PENDING job's size: ``scontrol update NumNodes=<n>-<n> NumTasks=<n * wpn>``.
+
+    Measured on Slurm 22.05: ``NumNodes=3`` alone is refused ("Node count specification
+    invalid") for a job submitted with ``-N 2``, whose node range is 2-2; the range form sets
+    both bounds. ``NumTasks`` must follow, or ``--ntasks-per-node`` no longer fits.
+    """
+    slurm.update_job(job_id, NumNodes=f"{nodes}-{nodes}", NumTasks=nodes * workers_per_node)
 
 
 def resize(job_id: str, nodes: int | None = None, batch_size: int | None = None,
@@ -360,7 +378,9 @@ def resize(job_id: str, nodes: int | None = None, batch_size: int | None = None,
               help="Wait until the job runs at the new size.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=180.0, show_default=True,
               help="Seconds to wait for each step of the job's acknowledgement.")
-def resize_command(job_id, nodes, gpus, batch_size, reason, wait, timeout):
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the result as JSON (plan and Unix timestamps of each phase).")
+def resize_command(job_id, nodes, gpus, batch_size, reason, wait, timeout, as_json):
     """Resize hpcsched job JOB_ID: batch size in place, shrink in place, grow by requeue."""
     if nodes is not None and gpus is not None:
         raise click.UsageError("give --nodes or --gpus, not both")
@@ -383,6 +403,17 @@ def resize_command(job_id, nodes, gpus, batch_size, reason, wait, timeout):
         click.echo(f"hpcsched resize: failed: {exc}", err=True)
         sys.exit(1)
     plan = result.plan
+    if as_json:
+        click.echo(json.dumps({
+            "job_id": result.job_id, "kind": plan.kind, "generation": plan.generation,
+            "nodes": plan.nodes, "from_nodes": plan.from_nodes,
+            "global_batch_size": plan.batch.global_batch_size,
+            "local_batch_size": plan.batch.local_batch_size,
+            "accumulation_steps": plan.batch.accumulation_steps, "lr_scale": plan.lr_scale,
+            "started": result.started, "checkpointed": result.checkpointed,
+            "requeued": result.requeued, "applied": result.applied, "seconds": result.seconds,
+            "notes": result.notes}))
+        return
     line = f"job {job_id}: {plan.describe(spec)}"
     if plan.kind == "noop":
         line += " (nothing to change)"

@@ -140,14 +140,12 @@ def squeue(timeout: float = DEFAULT_TIMEOUT) -> dict[str, JobInfo]:
 
 
 def job_info(job_id: str | int, timeout: float = DEFAULT_TIMEOUT) -> JobInfo | None:
-    """One job, or ``None`` once Slurm has forgotten it (after MinJobAge)."""
-    try:
-        out = run(["squeue", "--json", "--jobs", str(job_id)], timeout=timeout)
-    except SlurmError as exc:
-        if "Invalid job id" in str(exc):
-            return None
-        raise
-    return parse_squeue_json(out).get(str(job_id))
+    """One job (finished ones too, until MinJobAge), or ``None`` once Slurm has forgotten it.
+
+    Slurm 22.05's ``squeue --json`` ignores ``--jobs`` and ``--states`` and always returns every
+    job it knows, finished ones included (measured), so this filters by itself.
+    """
+    return squeue(timeout=timeout).get(str(job_id))
 
 
 def update_job(job_id: str | int, timeout: float = DEFAULT_TIMEOUT, **fields: object) -> None:

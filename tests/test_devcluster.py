@@ -1,0 +1,277 @@
+"""Tests for hpcsched.devcluster.
+
+Pure tests (config rendering, root check, install errors, zombie handling, down/status when down)
+run anywhere. Tests marked ``slurm`` start the real dev cluster as root when it is not up, in
+``$HPCSCHED_DEVCLUSTER_DIR`` or ``/var/lib/hpcsched/devcluster``, and leave it up: other test
+modules share it, so nothing here ever calls ``down`` on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+
+from hpcsched import devcluster as dc
+
+from .conftest import wait_for
+
+STATE = dc.default_state_dir()
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the dev cluster runs Slurm daemons as root")
+
+
+def _conf_values(text: str) -> dict[str, list[str]]:
+    """``Key=Value`` lines of a Slurm config file, by key (node lines keep the whole line)."""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            key, _, value = line.partition("=")
+            out.setdefault(key, []).append(value)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure tests
+# ---------------------------------------------------------------------------------------------
+
+
+def test_render_configs_nodes_ports_and_settings(tmp_path):
+    files = dc.render_configs(tmp_path, nodes=3, gpus=2, cpus=6)
+    assert set(files) == {"slurm.conf", "gres.conf", "cgroup.conf", "slurmdbd.conf"}
+    conf = files["slurm.conf"]
+    nodes = [line for line in conf.splitlines() if line.startswith("NodeName=")]
+    assert nodes == [
+        f"NodeName=n{k} NodeHostname=n{k} NodeAddr=127.0.0.{k} Port={17000 + k} CPUs=6 RealMemory=16000 "
+        "Gres=gpu:2 State=UNKNOWN"
+        for k in (1, 2, 3)
+    ]
+    assert "PartitionName=gpu Nodes=n[1-3] Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO\n" in conf
+    v = {k: vals[0] for k, vals in _conf_values(conf).items()}
+    expected = {
+        "ClusterName": "lab", "SlurmctldHost": "localhost(127.0.0.1)",
+        "SlurmctldPort": "16817", "SlurmdPort": "16818", "AccountingStoragePort": "16819",
+        "AccountingStorageType": "accounting_storage/slurmdbd", "AccountingStorageTRES": "gres/gpu",
+        "MinJobAge": "300", "KillWait": "5", "JobRequeue": "1", "ReturnToService": "2",
+        "SchedulerParameters": "permit_job_expansion", "SlurmdParameters": "config_overrides",
+        "SelectType": "select/cons_tres", "SelectTypeParameters": "CR_Core",
+        "JobAcctGatherType": "jobacct_gather/linux", "ProctrackType": "proctrack/linuxproc",
+        "TaskPlugin": "task/none", "JobCompType": "jobcomp/filetxt", "GresTypes": "gpu",
+        "StateSaveLocation": f"{tmp_path}/state", "SlurmdPidFile": f"{tmp_path}/run/slurmd-%n.pid",
+        "SlurmctldPidFile": f"{tmp_path}/run/slurmctld.pid", "JobCompLoc": f"{tmp_path}/log/jobcomp.txt",
+    }
+    assert {k: v.get(k) for k in expected} == expected
+    assert "AuthInfo" not in v
+
+    assert f"NodeName=n[1-3] Name=gpu File={tmp_path}/dev/gpu[0-1]\n" in files["gres.conf"]
+    assert "AutoDetect=off" in files["gres.conf"]
+
+    db = {k: vals[0] for k, vals in _conf_values(files["slurmdbd.conf"]).items()}
+    assert db["DbdPort"] == "16819" and db["StoragePort"] == "16820"
+    assert db["StorageType"] == "accounting_storage/mysql" and db["StorageLoc"] == "slurm_acct_db"
+    assert db["PidFile"] == f"{tmp_path}/run/slurmdbd.pid"
+
+
+def test_render_configs_single_node_and_no_gpus(tmp_path):
+    one = dc.render_configs(tmp_path, nodes=1, gpus=1, cpus=2)
+    assert "PartitionName=gpu Nodes=n1 " in one["slurm.conf"]
+    assert f"NodeName=n1 Name=gpu File={tmp_path}/dev/gpu0\n" in one["gres.conf"]
+    none = dc.render_configs(tmp_path, nodes=2, gpus=0, cpus=2)
+    assert "Gres=" not in none["slurm.conf"]
+    assert "Name=gpu" not in none["gres.conf"]
+
+
+@pytest.mark.parametrize("geometry", [(0, 4, 8), (255, 4, 8), (4, -1, 8), (4, 4, 0)])
+def test_render_configs_rejects_bad_geometry(tmp_path, geometry):
+    with pytest.raises(dc.DevClusterError, match="must be between"):
+        dc.render_configs(tmp_path, *geometry)
+
+
+def test_state_dir_slurm_conf_cannot_hold_is_refused(tmp_path):
+    with pytest.raises(dc.DevClusterError, match="slurm.conf cannot hold"):
+        dc.render_configs(tmp_path / "with space")
+
+
+def test_slurm_env_points_at_state_dir(tmp_path):
+    assert dc.slurm_env(tmp_path) == {"SLURM_CONF": f"{tmp_path}/etc/slurm.conf"}
+
+
+def test_default_state_dir_honours_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("HPCSCHED_DEVCLUSTER_DIR", str(tmp_path))
+    assert dc.default_state_dir() == tmp_path
+    monkeypatch.delenv("HPCSCHED_DEVCLUSTER_DIR")
+    assert dc.default_state_dir() == Path("/var/lib/hpcsched/devcluster")
+
+
+def test_up_requires_root(monkeypatch, tmp_path):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    state = tmp_path / "state"
+    with pytest.raises(dc.DevClusterError, match="must run as root"):
+        dc.up(state)
+    assert not state.exists()  # refused before touching anything
+
+    result = CliRunner().invoke(dc.devcluster, ["up", "--state-dir", str(state)])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "must run as root" in lines[0]
+
+
+def test_no_install_with_missing_binary_is_a_clear_error(monkeypatch):
+    real_bin = dc._bin
+    monkeypatch.setattr(dc, "_bin", lambda name: None if name == "slurmdbd" else real_bin(name))
+    with pytest.raises(dc.DevClusterError, match=r"missing slurmdbd and --no-install given"):
+        dc._ensure_installed(install=False)
+
+
+def test_failed_install_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(dc, "_bin", lambda name: "/usr/bin/apt-get" if name == "apt-get" else None)
+    calls = []
+
+    def fake_run(args, **kwargs):
+        calls.append(args)
+        raise dc.DevClusterError("`apt-get update` failed (exit 100): E: could not resolve deb.debian.org")
+
+    monkeypatch.setattr(dc, "_run", fake_run)
+    with pytest.raises(dc.DevClusterError, match=r"^installing slurm-wlm munge slurmdbd mariadb-server failed: "):
+        dc._ensure_installed(install=True)
+    assert calls == [["/usr/bin/apt-get", "update"]]
+
+
+def test_zombie_counts_as_dead():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 10
+        while dc._proc_state(child.pid)[1] != "Z":  # exited, not yet reaped: a zombie
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not dc._alive(child.pid)
+    finally:
+        child.wait()
+    assert dc._alive(os.getpid())
+    assert not dc._alive(os.getpid(), comm="slurmctld")  # a reused PID is not our daemon
+
+
+def test_down_and_status_when_down(tmp_path):
+    state = tmp_path / "never-started"
+    assert dc.down(state) is False
+    assert dc.is_up(state) is False
+    runner = CliRunner()
+    assert runner.invoke(dc.devcluster, ["down", "--state-dir", str(state)]).exit_code == 0
+    result = runner.invoke(dc.devcluster, ["status", "--json", "--state-dir", str(state)])
+    assert result.exit_code == 3
+    st = json.loads(result.stdout)
+    assert st["up"] is False and st["nodes"] == [] and st["geometry"] is None
+    assert runner.invoke(dc.devcluster, ["status", "--state-dir", str(state)]).exit_code == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Against the real cluster (left up at the end)
+# ---------------------------------------------------------------------------------------------
+
+
+def _slurm(env: dict[str, str], *args: str, timeout: float = 10) -> str:
+    return subprocess.run(list(args), env=env, capture_output=True, text=True, timeout=timeout,
+                          check=True).stdout
+
+
+@pytest.fixture(scope="module")
+def cluster(devcluster):
+    """The shared dev cluster (session fixture in conftest.py: started if down, stopped at the
+    end only if this session started it)."""
+    return SimpleNamespace(conf=devcluster, env=dict(os.environ, **dc.slurm_env(STATE)))
+
+
+def _pids() -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted((STATE / "run").glob("*.pid"))}
+
+
+@pytest.mark.slurm
+@needs_root
+def test_up_is_idempotent(cluster):
+    before = _pids()
+    t0 = time.monotonic()
+    assert dc.up(STATE) == cluster.conf
+    assert time.monotonic() - t0 < 5
+    assert _pids() == before
+    assert dc.is_up(STATE)
+
+    result = CliRunner().invoke(dc.devcluster, ["up", "--state-dir", str(STATE)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"export SLURM_CONF={cluster.conf}\n"
+    assert "already up" in result.stderr
+    assert _pids() == before
+
+
+@pytest.mark.slurm
+@needs_root
+def test_up_with_other_geometry_is_refused(cluster):
+    before = _pids()
+    with pytest.raises(dc.DevClusterError, match="already up with 4 nodes x 4 GPUs.*devcluster down"):
+        dc.up(STATE, nodes=3)
+    assert _pids() == before and dc.is_up(STATE)
+
+
+@pytest.mark.slurm
+@needs_root
+def test_status_reports_four_idle_gpu_nodes(cluster):
+    def all_idle():
+        st = dc.status(STATE)
+        return st if [n["state"] for n in st["nodes"]] == ["idle"] * 4 else None
+
+    st = wait_for(all_idle, 60, "4 idle nodes")  # jobs of other test modules may still be finishing
+    assert st["up"] and st["error"] is None
+    assert st["geometry"] == {"nodes": 4, "gpus": 4, "cpus": 8}
+    assert [(n["name"], n["gres"], n["cpus"]) for n in st["nodes"]] == [(f"n{k}", "gpu:4", 8) for k in (1, 2, 3, 4)]
+    daemons = {d["name"]: d for d in st["daemons"]}
+    for name in ("mariadb", "slurmdbd", "slurmctld", "slurmd-n1", "slurmd-n2", "slurmd-n3", "slurmd-n4", "munged"):
+        assert daemons[name]["running"], name
+
+    result = CliRunner().invoke(dc.devcluster, ["status", "--json", "--state-dir", str(STATE)])
+    assert result.exit_code == 0
+    assert [n["name"] for n in json.loads(result.stdout)["nodes"]] == ["n1", "n2", "n3", "n4"]
+
+
+@pytest.fixture(scope="module")
+def gpu_job(cluster, tmp_path_factory):
+    """A 2-node, 4-GPU-per-node batch job, run to completion."""
+    out_dir = tmp_path_factory.mktemp("devcluster-job")
+    job_id = _slurm(
+        cluster.env, "sbatch", "--parsable", "-N2", "--gres=gpu:4", f"--chdir={out_dir}",
+        f"--output={out_dir}/job-%j.out", "--wrap", "echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES",
+    ).strip().split(";")[0]
+
+    def finished():
+        state = _slurm(cluster.env, "squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T", timeout=5).strip()
+        return state if state in {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"} else None
+
+    state = wait_for(finished, 60, f"job {job_id} to finish")  # the first job after start takes ~3 s
+    return SimpleNamespace(id=job_id, state=state, output=out_dir / f"job-{job_id}.out")
+
+
+@pytest.mark.slurm
+@needs_root
+def test_gpu_job_runs_on_two_nodes(gpu_job):
+    assert gpu_job.state == "COMPLETED"
+    assert re.fullmatch(r"n[1-4] 0,1,2,3\n", gpu_job.output.read_text())
+
+
+@pytest.mark.slurm
+@needs_root
+def test_sacct_records_the_job(cluster, gpu_job):
+    def accounted():
+        line = _slurm(cluster.env, "sacct", "-j", gpu_job.id, "-X", "-n", "-P", "-o", "State,NNodes,AllocTRES").strip()
+        return line if line.startswith("COMPLETED|") else None  # slurmdbd is written asynchronously
+
+    state, nnodes, tres = wait_for(accounted, 30, f"sacct to show job {gpu_job.id} COMPLETED").split("|")
+    assert nnodes == "2"
+    assert "gres/gpu=8" in tres.split(",")

@@ -1,0 +1,100 @@
+"""End to end on the real dev cluster: hpcsub -> batch-size change -> shrink -> grow -> done.
+
+The job's own records (``--hpcsched-record-samples``) prove that every sample of every epoch was
+processed exactly once, which configuration was in force after each generation, that the loss
+fell, and that the shrink happened in place (same Slurm run, no requeue) while the grow requeued.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hpcsched import control as ctl
+from hpcsched import slurm
+from hpcsched.jobdir import JobDir
+
+from .conftest import EXAMPLE, cli, wait_for
+from .jobrecords import check_exactly_once, generations, load_records, mean_loss_by_step
+
+DIGITS = 1797
+EPOCHS = 60
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def _ack(jd: JobDir, generation: int, state: str = "applied"):
+    a = ctl.read_ack(jd.ack_path, jd.uid)
+    return a if a is not None and a.generation == generation and a.state == state else None
+
+
+def test_submit_batch_change_shrink_grow_finish(devcluster, control_dir, tmp_path, slurm_jobs):
+    out = cli("hpcsub", "-N", "2", "--gres=gpu:2", f"--output={tmp_path}/slurm-%j.out",
+              "--hpcsched-min-nodes", "1", "--hpcsched-max-nodes", "3",
+              "--hpcsched-batch-size", "64", "--hpcsched-min-batch-size", "32",
+              "--hpcsched-max-batch-size", "192", "--hpcsched-record-samples",
+              str(EXAMPLE), "--epochs", str(EPOCHS), "--min-step-time", "0.02", cwd=tmp_path)
+    assert out.stdout.startswith("Submitted batch job "), out.stdout
+    job_id = out.stdout.split()[-1]
+    slurm_jobs.append(job_id)
+    jd = JobDir.for_job(job_id)
+    log = tmp_path / f"slurm-{job_id}.out"
+
+    def job_log():
+        return log.read_text() if log.exists() else "(no output yet)"
+
+    wait_for(lambda: _ack(jd, 0), 120, f"job {job_id} to start training\n{job_log()}")
+    assert slurm.job_info(job_id).node_count == 2
+
+    # 1. batch size only: in place, at the next step boundary
+    r = cli("hpcsched", "resize", job_id, "--batch-size", "128", "--reason", "test: batch")
+    assert "generation 1 in force" in r.stdout, r.stdout
+    a1 = _ack(jd, 1)
+    assert (a1.world_size, a1.global_batch_size, a1.local_batch_size) == (4, 128, 32)
+
+    # 2. shrink to 1 node: in place, no requeue
+    r = cli("hpcsched", "resize", job_id, "--nodes", "1", "--reason", "test: shrink")
+    assert "generation 2 in force" in r.stdout, r.stdout
+    info = slurm.job_info(job_id)
+    assert (info.state, info.node_count, info.restarts) == ("RUNNING", 1, 0)
+    assert (_ack(jd, 2).world_size, _ack(jd, 2).global_batch_size) == (2, 128)
+
+    # 3. grow to 3 nodes: checkpoint, requeue, resume at the new size
+    r = cli("hpcsched", "resize", job_id, "--gpus", "6", "--reason", "test: grow")
+    assert "generation 3 in force" in r.stdout, r.stdout
+    info = slurm.job_info(job_id)
+    assert (info.state, info.node_count, info.restarts) == ("RUNNING", 3, 1)
+    assert _ack(jd, 3).world_size == 6
+
+    status = json.loads(cli("hpcsched", "status", "--json").stdout)
+    (row,) = [j for j in status["jobs"] if j["job_id"] == job_id]
+    assert (row["generation"], row["gpus"], row["last_reason"]) == (3, 6, "test: grow")
+
+    final = wait_for(lambda: (i := slurm.job_info(job_id)) and i.state in
+                     ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") and i, 300,
+                     f"job {job_id} to finish\n{job_log()}", interval=0.5)
+    assert final.state == "COMPLETED", job_log()
+    assert '"final_loss"' in job_log()
+
+    recs = load_records(jd.path)
+    check_exactly_once(recs, DIGITS, EPOCHS)
+    gens = generations(recs)
+    assert gens == {
+        0: dict(world_size=4, global_batch_size=64, local_batch_size=16, accumulation_steps=1),
+        1: dict(world_size=4, global_batch_size=128, local_batch_size=32, accumulation_steps=1),
+        2: dict(world_size=2, global_batch_size=128, local_batch_size=64, accumulation_steps=1),
+        3: dict(world_size=6, global_batch_size=126, local_batch_size=21, accumulation_steps=1),
+    }
+    runs = {g: {(r["launch"], r["restart"]) for r in recs if r["generation"] == g} for g in gens}
+    assert runs[0] == runs[1] == {(1, 0)}, "the batch-size change restarted the workers"
+    assert runs[2] == {(2, 0)}, "the shrink requeued the job"
+    assert runs[3] == {(3, 1)}, "the grow did not go through a requeue"
+    nodes_seen = {r["device"]["node"] for r in recs if r["generation"] == 3}
+    assert len(nodes_seen) == 3
+    losses = mean_loss_by_step(recs)
+    assert sum(losses[-20:]) / 20 < 0.25 * sum(losses[:20]) / 20
+
+    status = json.loads(cli("hpcsched", "status", "--json", job_id).stdout)
+    (row,) = status["jobs"]
+    assert row["state"] == "COMPLETED" and row["samples_processed"] == DIGITS * EPOCHS
