@@ -49,7 +49,11 @@ CHANGES = (  # kind, hpcsched resize arguments, naive resubmission (nodes, globa
 
 
 def sh(*args, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, check=True, **kw)
+    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, **kw)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(map(str, args))} -> exit {proc.returncode}: "
+                         f"{proc.stderr.strip()}")
+    return proc
 
 
 def wait(pred, timeout: float, what: str):

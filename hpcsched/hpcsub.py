@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 from . import __version__
 from .batching import LR_RULES
 from .jobdir import JobDir, JobSpec, control_dir
-from .sbatch_args import UsageError, geometry, read_directives, split_argv
+from .sbatch_args import UsageError, geometry, quote_directive_word, read_directives, split_argv
 
 TEMPLATE_NAME = "hpcsched-job.sbatch"
 
@@ -234,7 +234,7 @@ def render(spec: JobSpec, job_dir: Path, directives: Sequence[str], defaults: Se
            argv: Sequence[str]) -> str:
     """The batch script for ``spec`` from the template."""
     def lines(opts):
-        return "\n".join(f"#SBATCH {shlex.quote(o)}" for o in opts) or "#   (none)"
+        return "\n".join(f"#SBATCH {quote_directive_word(o)}" for o in opts) or "#   (none)"
     return Template(template_path().read_text()).substitute(
         version=__version__,
         date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
