@@ -49,6 +49,8 @@ import logging
 import os
 import random
 import socket
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -220,18 +222,31 @@ class ElasticJob:
         if self.world_size > 1:
             import torch.distributed as dist
 
+            self._backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+            self._timeout = timedelta(seconds=init_timeout)
             if not dist.is_initialized():
-                backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-                dist.init_process_group(
-                    backend, init_method="env://", rank=self.rank, world_size=self.world_size,
-                    timeout=timedelta(seconds=init_timeout),
+                # One TCPStore for the life of this launch (rank 0 hosts it); each process
+                # group formed on it gets its own key prefix, so the survivors of an in-place
+                # shrink can form a smaller group without a new port.
+                self._store = dist.TCPStore(
+                    os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                    int(os.environ.get("MASTER_PORT", "29500")),
+                    is_master=self.rank == 0, timeout=self._timeout, wait_for_workers=False,
                 )
+                self._form_group(dist)
             self._dist = dist
         if self.job_dir is not None:
             (self.job_dir / "metrics").mkdir(exist_ok=True)
             path = self.job_dir / "metrics" / f"launch-{self.launch}-rank-{self.rank}.jsonl"
             self._metrics_fh = open(path, "a", buffering=1)
         self._device_identity = self._identify_device()
+
+    def _form_group(self, dist) -> None:
+        """Join the process group of the current generation and world size."""
+        dist.init_process_group(
+            self._backend, store=dist.PrefixStore(f"hpcsched/g{self.generation}/", self._store),
+            rank=self.rank, world_size=self.world_size, timeout=self._timeout,
+        )
 
     # ----------------------------------------------------------------- devices
     def _select_device(self):
@@ -332,8 +347,6 @@ class ElasticJob:
             self._metrics_fh.close()
             self._metrics_fh = None
         if self.stopped_for is not None:
-            import sys
-
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
@@ -398,12 +411,69 @@ class ElasticJob:
                     "workers; a world-size change needs checkpoint-and-shrink or -requeue"))
             else:
                 path = self.checkpoint()
-                self.stopped_for = action
                 self._ack("checkpointed", gen, checkpoint=str(path or ""))
+                if action == "checkpoint-and-shrink" and self._can_shrink_in_place(nodes, wpn):
+                    return self._shrink_in_place(gen, nodes, local, accum, lr_e9 / 1e9)
+                self.stopped_for = action
                 self._write_progress()
                 return False
         elif due:
             self.checkpoint()
+        return True
+
+    def _can_shrink_in_place(self, nodes: int, workers_per_node: int) -> bool:
+        return (self._dist is not None and self.job_dir is not None
+                and os.environ.get("HPCSCHED_INPLACE_SHRINK") == "1"
+                and workers_per_node == _env_int("HPCSCHED_WORKERS_PER_NODE", 0)
+                and 1 <= nodes < self.nodes)
+
+    def _shrink_in_place(self, gen: int, nodes: int, local: int, accum: int, scale: float) -> bool:
+        """Release nodes without restarting the workers that stay (cf. Amoeba/EDL, Wu et al.,
+        arXiv:1909.11985): ranks on the released nodes exit, the others keep their state.
+
+        Ranks are laid out block-wise (rank // workers_per_node = node index in the allocation)
+        and ``scontrol update NumNodes=n`` on a running job keeps the first ``n`` nodes of the
+        allocation (Slurm 22.05, measured), so ranks ``< n * workers_per_node`` stay. Leavers
+        exit (status 0) before the update, since Slurm SIGKILLs tasks on released nodes; rank 0
+        then runs the update from inside the job, in the job directory (where Slurm writes
+        ``slurm_job_<id>_resize.sh`` for the launcher), and the survivors form a new process
+        group. A checkpoint was written first, so any failure here is recoverable.
+        """
+        new_world = nodes * _env_int("HPCSCHED_WORKERS_PER_NODE", 1)
+        left_dir = self.job_dir / "left"
+        if self.rank >= new_world:
+            left_dir.mkdir(exist_ok=True)
+            if self._metrics_fh is not None:
+                self._metrics_fh.close()
+            (left_dir / f"g{gen}-rank-{self.rank}").touch()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        self._dist.destroy_process_group()
+        message = f"shrunk in place to {nodes} node(s); workers not restarted"
+        if self.rank == 0:
+            expected = {f"g{gen}-rank-{r}" for r in range(new_world, self.world_size)}
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if left_dir.is_dir() and expected <= {p.name for p in left_dir.iterdir()}:
+                    break
+                time.sleep(0.01)
+            time.sleep(0.1)  # let the leavers' processes finish exiting
+            job_id = os.environ.get("SLURM_JOB_ID", "")
+            try:
+                subprocess.run(["scontrol", "update", f"JobId={job_id}", f"NumNodes={nodes}"],
+                               cwd=self.job_dir, check=True, capture_output=True, text=True,
+                               timeout=60)
+            except (subprocess.SubprocessError, OSError) as exc:
+                err = getattr(exc, "stderr", "") or str(exc)
+                message = f"workers shrunk to {new_world} but Slurm kept the nodes: {err.strip()}"
+                log.error("%s", message)
+        self.world_size, self.nodes, self.generation = new_world, nodes, gen
+        self.batch = BatchConfig(new_world, local, accum)
+        self.lr_scale = scale
+        self._form_group(self._dist)
+        log.info("generation %d: %s", gen, message)
+        self._ack("applied", gen, message=message)
         return True
 
     def _after_step(self, step: Step, consumed: int, seconds: float) -> None:

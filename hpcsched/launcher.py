@@ -127,12 +127,18 @@ class Launcher:
         return slurm.hostnames(self.env.get("SLURM_JOB_NODELIST", ""))
 
     # ------------------------------------------------------------------ run
+    def _forget_resize_scripts(self) -> None:
+        for suffix in ("sh", "csh"):
+            (self.jd.path / f"slurm_job_{self.job_id}_resize.{suffix}").unlink(missing_ok=True)
+
     def run(self) -> int:
         self.jd.link_job_id(self.job_id)
+        self._forget_resize_scripts()  # left by an earlier run of this job: stale after a requeue
         restarts = self.env.get("SLURM_RESTART_COUNT", "0")
         log.info("job %s (%s) starting: restart %s, nodes %s", self.job_id, self.jd.uid,
                  restarts, self.env.get("SLURM_JOB_NODELIST"))
         while True:
+            self._adopt_resize_script()
             nodes = self._nodes()
             control = self._read_control()
             try:
@@ -181,7 +187,9 @@ class Launcher:
             "HPCSCHED_CHECKPOINT_INTERVAL": str(self.spec.checkpoint_interval),
             "HPCSCHED_RECORD_SAMPLES": "1" if self.spec.record_samples else "0",
             "HPCSCHED_PYTHON": self.spec.python,
+            "HPCSCHED_INPLACE_SHRINK": "1",
         })
+        env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: one worker per GPU, not per core
         if master.startswith("127."):
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback-only dev cluster
         cmd = [
@@ -198,27 +206,42 @@ class Launcher:
         proc = subprocess.Popen(cmd, env=env, cwd=self.spec.submit_dir or None)
         return proc.wait()
 
-    def _shrink(self, nodes: int) -> None:
-        """Release nodes from inside the job and adopt Slurm's resize environment."""
-        log.info("shrinking job %s to %d node(s)", self.job_id, nodes)
-        self._save_state("resizing", target_nodes=nodes)
-        script = self.jd.path / f"slurm_job_{self.job_id}_resize.sh"
-        script.unlink(missing_ok=True)
-        subprocess.run(["scontrol", "update", f"JobId={self.job_id}", f"NumNodes={nodes}"],
-                       cwd=self.jd.path, env=self.env, check=True, timeout=60)
+    @property
+    def _resize_script(self) -> Path:
+        return self.jd.path / f"slurm_job_{self.job_id}_resize.sh"
+
+    def _adopt_resize_script(self) -> None:
+        """Apply the environment of a resize made since the last look (by us, or in place by
+        the workers' rank 0), so the next srun sees the allocation the job really has."""
         try:
-            setv, unset = slurm.parse_resize_script(script.read_text())
+            st = self._resize_script.stat()
         except FileNotFoundError:
-            log.warning("Slurm wrote no resize script; reading the allocation from squeue")
-            info = slurm.job_info(self.job_id)
-            setv = {"SLURM_JOB_NODELIST": info.nodes, "SLURM_NODELIST": info.nodes,
-                    "SLURM_JOB_NUM_NODES": str(info.node_count), "SLURM_NNODES": str(info.node_count)}
-            unset = ["SLURM_NTASKS", "SLURM_NPROCS", "SLURM_TASKS_PER_NODE"]
+            return
+        if st.st_mtime_ns == getattr(self, "_resize_seen", None):
+            return
+        self._resize_seen = st.st_mtime_ns
+        setv, unset = slurm.parse_resize_script(self._resize_script.read_text())
         for k in unset:
             self.env.pop(k, None)
         self.env.update(setv)
         self.resizes += 1
-        log.info("now on %s", self.env.get("SLURM_JOB_NODELIST"))
+        log.info("allocation is now %s", self.env.get("SLURM_JOB_NODELIST"))
+
+    def _shrink(self, nodes: int) -> None:
+        """Release nodes from inside the job; the next launch adopts Slurm's resize script."""
+        log.info("shrinking job %s to %d node(s)", self.job_id, nodes)
+        self._save_state("resizing", target_nodes=nodes)
+        self._forget_resize_scripts()
+        subprocess.run(["scontrol", "update", f"JobId={self.job_id}", f"NumNodes={nodes}"],
+                       cwd=self.jd.path, env=self.env, check=True, timeout=60)
+        if not self._resize_script.exists():
+            log.warning("Slurm wrote no resize script; reading the allocation from squeue")
+            info = slurm.job_info(self.job_id)
+            for k in ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_TASKS_PER_NODE"):
+                self.env.pop(k, None)
+            self.env.update({"SLURM_JOB_NODELIST": info.nodes, "SLURM_NODELIST": info.nodes,
+                             "SLURM_JOB_NUM_NODES": str(info.node_count),
+                             "SLURM_NNODES": str(info.node_count)})
 
     def _wait_for_requeue(self, pending: ctl.Control, cfg: LaunchConfig) -> None:
         log.info("checkpointed for generation %d; waiting up to %.0f s to be requeued at %d "

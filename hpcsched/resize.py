@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -379,10 +380,16 @@ def release_requeued_job(job_id: str, requeued_at: float) -> None:
     time that merely passes waits for the next periodic scheduling pass (13 s measured).
     """
     slurm.update_job(job_id, StartTime=f"now+{REQUEUE_START_DELAY_S}")
-    delay = requeued_at + REQUEUE_START_DELAY_S + 0.2 - time.time()
+    # slurmd revokes the credential within the second the requeue reached it; a new
+    # credential dated at least one whole second later is valid
+    delay = math.floor(requeued_at) + REQUEUE_START_DELAY_S + 0.05 - time.time()
     if delay > 0:
         time.sleep(delay)
-    slurm.update_job(job_id, StartTime="now")
+    try:
+        slurm.update_job(job_id, StartTime="now")
+    except slurm.SlurmError as exc:
+        if "no longer pending" not in str(exc):  # already started: nothing left to do
+            raise
 
 
 def resize(job_id: str, nodes: int | None = None, batch_size: int | None = None,

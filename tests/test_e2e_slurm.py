@@ -2,7 +2,8 @@
 
 The job's own records (``--hpcsched-record-samples``) prove that every sample of every epoch was
 processed exactly once, which configuration was in force after each generation, that the loss
-fell, and that the shrink happened in place (same Slurm run, no requeue) while the grow requeued.
+fell, and that the shrink happened in place (same Slurm run and the same worker processes, on
+the first node only) while the grow requeued.
 """
 
 from __future__ import annotations
@@ -88,8 +89,10 @@ def test_submit_batch_change_shrink_grow_finish(devcluster, control_dir, tmp_pat
     }
     runs = {g: {(r["launch"], r["restart"]) for r in recs if r["generation"] == g} for g in gens}
     assert runs[0] == runs[1] == {(1, 0)}, "the batch-size change restarted the workers"
-    assert runs[2] == {(2, 0)}, "the shrink requeued the job"
-    assert runs[3] == {(3, 1)}, "the grow did not go through a requeue"
+    assert runs[2] == {(1, 0)}, "the shrink restarted the workers or requeued the job"
+    assert runs[3] == {(2, 1)}, "the grow did not go through a requeue"
+    assert {r["device"]["node"] for r in recs if r["generation"] == 2} == {"n1"}
+    assert {r["rank"] for r in recs if r["generation"] == 2} == {0, 1}
     nodes_seen = {r["device"]["node"] for r in recs if r["generation"] == 3}
     assert len(nodes_seen) == 3
     losses = mean_loss_by_step(recs)

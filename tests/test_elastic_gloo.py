@@ -31,7 +31,7 @@ def _free_port() -> int:
 
 
 def _launch(jd: JobDir, world: int, generation: int, local: int, accum: int, launch: int,
-            epochs: int):
+            epochs: int, **extra_env: str):
     port = _free_port()
     procs = []
     for rank in range(world):
@@ -41,6 +41,7 @@ def _launch(jd: JobDir, world: int, generation: int, local: int, accum: int, lau
                    HPCSCHED_GENERATION=str(generation), HPCSCHED_NODES="1",
                    HPCSCHED_LOCAL_BATCH_SIZE=str(local), HPCSCHED_ACCUMULATION_STEPS=str(accum),
                    HPCSCHED_LR_SCALE="1.0", HPCSCHED_RECORD_SAMPLES="1")
+        env.update(extra_env)
         procs.append(subprocess.Popen(
             [sys.executable, str(EXAMPLE), "--epochs", str(epochs), "--min-step-time", "0.01"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -60,9 +61,10 @@ def _wait_ack(jd, generation, state, procs, timeout=90):
     pytest.fail(f"no ack {generation}/{state} within {timeout} s")
 
 
-def _control(jd, generation, action, world, local, accum):
+def _control(jd, generation, action, world, local, accum, nodes=1):
     ctl.write_control(jd.control_path, ctl.Control(
-        job_uid=jd.uid, generation=generation, action=action, nodes=1, workers_per_node=world,
+        job_uid=jd.uid, generation=generation, action=action, nodes=nodes,
+        workers_per_node=world // nodes,
         global_batch_size=world * local * accum, local_batch_size=local,
         accumulation_steps=accum, lr_scale=1.0, issued_at=time.time(), reason="test"))
 
@@ -124,3 +126,29 @@ def test_malformed_control_file_is_ignored_by_a_running_job(tmp_path):
     assert '"final_loss"' in out
     a = ctl.read_ack(jd.ack_path, jd.uid)
     assert (a.generation, a.state) == (0, "applied")
+
+
+@pytest.mark.slow
+def test_in_place_shrink_keeps_the_surviving_workers(tmp_path):
+    """Two 'nodes' of two workers each; shrinking to one node lets ranks 2-3 leave while ranks
+    0-1 keep their processes and state, form a new group, and train on. No Slurm here, so rank
+    0's scontrol update fails: the job must say so and carry on at the smaller size."""
+    jd = JobDir.create(tmp_path)
+    epochs = 3
+    procs = _launch(jd, world=4, generation=0, local=8, accum=1, launch=1, epochs=epochs,
+                    HPCSCHED_NODES="2", HPCSCHED_WORKERS_PER_NODE="2", HPCSCHED_INPLACE_SHRINK="1",
+                    SLURM_JOB_ID="0")
+    _wait_ack(jd, 0, "applied", procs)
+    _control(jd, 1, "checkpoint-and-shrink", world=2, local=16, accum=1, nodes=1)
+    a = _wait_ack(jd, 1, "applied", procs)
+    assert (a.world_size, a.nodes, a.global_batch_size) == (2, 1, 32)
+    assert "Slurm kept the nodes" in a.message
+    out = _join(procs)
+    assert '"final_loss"' in out[0]
+    assert sorted(p.name for p in (jd.path / "left").iterdir()) == ["g1-rank-2", "g1-rank-3"]
+    recs = load_records(jd.path)
+    check_exactly_once(recs, DIGITS, epochs)
+    assert {r["launch"] for r in recs} == {1}
+    assert {r["rank"] for r in recs if r["generation"] == 1} == {0, 1}
+    assert generations(recs)[1] == dict(world_size=2, global_batch_size=32, local_batch_size=16,
+                                        accumulation_steps=1)
