@@ -107,7 +107,9 @@ def run_hpcsched(job_id: str, jd: JobDir, kind: str, args: list[str]) -> dict:
         rec["checkpoint_seconds"] = res["checkpointed"] - t0
         rec["after_checkpoint_seconds"] = res["applied"] - res["checkpointed"]
     if kind == "batch":
-        rec["steps_in_flight"] = steps_in_flight(jd, t0, res["generation"])
+        # counted from the moment the control file was written, not from the CLI's start-up
+        issued = ctl.read_control(jd.control_path, jd.uid).issued_at
+        rec["steps_in_flight"] = steps_in_flight(jd, issued, res["generation"])
     return rec
 
 

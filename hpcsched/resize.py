@@ -199,7 +199,7 @@ class Actuator:
         poll: seconds between polls of files and Slurm.
     """
 
-    def __init__(self, ack_timeout: float = 180.0, start_timeout: float = 300.0, poll: float = 0.2):
+    def __init__(self, ack_timeout: float = 180.0, start_timeout: float = 300.0, poll: float = 0.05):
         self.ack_timeout = ack_timeout
         self.start_timeout = start_timeout
         self.poll = poll
@@ -225,6 +225,11 @@ class Actuator:
             info = slurm.job_info(job_id)
             if info is None:
                 raise ResizeRefused(f"Slurm no longer knows job {job_id}")
+            if info.state == "RUNNING" and not jd.ack_path.exists():
+                raise ResizeRefused(
+                    f"job {job_id} has not reported to hpcsched yet: it is still starting, or "
+                    "its script does not use hpcsched.elastic (then it runs, but cannot be "
+                    "resized in place)")
             plan = plan_resize(spec, current_of(jd, spec, info), nodes, batch_size)
             result = ResizeResult(str(job_id), plan, time.time())
             log.info("job %s: %s (%s)", job_id, plan.describe(spec), reason or "no reason given")

@@ -101,3 +101,28 @@ def test_submit_batch_change_shrink_grow_finish(devcluster, control_dir, tmp_pat
     status = json.loads(cli("hpcsched", "status", "--json", job_id).stdout)
     (row,) = status["jobs"]
     assert row["state"] == "COMPLETED" and row["samples_processed"] == DIGITS * EPOCHS
+
+
+def test_unmodified_torch_distributed_script_runs_and_is_not_resized(devcluster, control_dir,
+                                                                     tmp_path, slurm_jobs):
+    """A script that reads only the torch.distributed environment runs under hpcsub (one
+    process per GPU slot over 2 nodes); hpcsched refuses to resize it, with the reason."""
+    script = EXAMPLE.parent / "plain_ddp.py"
+    out = cli("hpcsub", "--parsable", "-N", "2", "--gres=gpu:2", f"--output={tmp_path}/o-%j.out",
+              "--hpcsched-max-nodes", "3", str(script), cwd=tmp_path)
+    job_id = out.stdout.strip()
+    slurm_jobs.append(job_id)
+    running = wait_for(lambda: (i := slurm.job_info(job_id)) and i.state != "PENDING" and i, 60,
+                       "the job to start")
+    if running.state == "RUNNING":
+        r = cli("hpcsched", "resize", job_id, "--batch-size", "64", check=False)
+        assert r.returncode == 2 and "does not use hpcsched.elastic" in r.stderr, r.stderr
+    final = wait_for(lambda: (i := slurm.job_info(job_id)) and i.state not in
+                     ("PENDING", "RUNNING", "COMPLETING") and i, 120, "the job to finish",
+                     interval=0.5)
+    text = (tmp_path / f"o-{job_id}.out").read_text()
+    assert final.state == "COMPLETED", text
+    lines = [ln for ln in text.splitlines() if ln.startswith("rank ")]
+    assert sorted(ln.split()[1] for ln in lines) == ["0/4", "1/4", "2/4", "3/4"], text
+    assert all("in_sync=True" in ln for ln in lines)
+    assert {ln.split()[2] for ln in lines} == {"node=n1", "node=n2"}
