@@ -157,6 +157,7 @@ class ResizeResult:
     requeued: float | None = None
     applied: float | None = None
     ack: ctl.Ack | None = None
+    released: bool = False       # a requeued job was given its new size and start time
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -190,13 +191,41 @@ def _read(fn, path, uid):
         return None
 
 
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+         "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+
+
+@dataclass(frozen=True)
+class Action:
+    """A resize in flight: what it takes to resume it after a crash (the daemon journals it).
+
+    ``restarts_at_plan`` is Slurm's restart count of the job when the action was planned: a grow
+    requeues the job only while the count is unchanged, so a resumed action never requeues twice.
+    """
+
+    job_id: str
+    kind: str
+    generation: int
+    nodes: int
+    batch_size: int
+    restarts_at_plan: int
+    reason: str = ""
+    issued_by: str = "hpcsched resize"
+
+
 class Actuator:
-    """Applies :class:`ResizePlan` s through control files and Slurm.
+    """Applies resizes through control files and Slurm, in idempotent steps.
+
+    :meth:`start` writes the request; :meth:`step` looks at the job (control file, ack, Slurm
+    state) and takes the next action the resize needs, if any; :meth:`drive` steps until the
+    job runs at the new size. Each step is safe to repeat, and takes its decisions from the
+    observed state alone, so a process killed at any point (the daemon) resumes an
+    :class:`Action` by calling :meth:`drive` again: nothing is done twice.
 
     Args:
-        ack_timeout: seconds to wait for the job to acknowledge a generation.
+        ack_timeout: seconds to wait for the job to checkpoint or apply a generation.
         start_timeout: seconds to wait for a requeued job to run again.
-        poll: seconds between polls of files and Slurm.
+        poll: seconds between looks at the job.
     """
 
     def __init__(self, ack_timeout: float = 180.0, start_timeout: float = 300.0, poll: float = 0.05):
@@ -206,7 +235,7 @@ class Actuator:
 
     def resize(self, job_id: str, nodes: int | None = None, batch_size: int | None = None,
                reason: str = "", issued_by: str = "hpcsched resize", wait: bool = True) -> ResizeResult:
-        """Plan and apply a resize of Slurm job ``job_id``.
+        """Plan and apply a resize of Slurm job ``job_id`` (what ``hpcsched resize`` does).
 
         Raises:
             JobNotFound: not an hpcsched job.
@@ -223,147 +252,175 @@ class Actuator:
             raise ResizeRefused(f"job {job_id} is being resized by another process") from None
         try:
             info = slurm.job_info(job_id)
-            if info is None:
-                raise ResizeRefused(f"Slurm no longer knows job {job_id}")
-            if info.state == "RUNNING" and not jd.ack_path.exists():
-                raise ResizeRefused(
-                    f"job {job_id} has not reported to hpcsched yet: it is still starting, or "
-                    "its script does not use hpcsched.elastic (then it runs, but cannot be "
-                    "resized in place)")
-            plan = plan_resize(spec, current_of(jd, spec, info), nodes, batch_size)
+            plan = self.plan(jd, spec, info, nodes, batch_size)
             result = ResizeResult(str(job_id), plan, time.time())
             log.info("job %s: %s (%s)", job_id, plan.describe(spec), reason or "no reason given")
             if plan.kind == "noop":
                 return result
-            getattr(self, f"_apply_{plan.kind}")(jd, spec, plan, result, reason, issued_by, wait)
+            action = Action(str(job_id), plan.kind, plan.generation, plan.nodes,
+                            plan.batch.global_batch_size, info.restarts, reason, issued_by)
+            self.start(action, jd, spec)
+            if wait or plan.kind == "grow":  # a grow needs us until the job is requeued
+                self.drive(action, jd, spec, result, until_requeued=not wait)
+            elif plan.kind == "pending":
+                result.applied = time.time()
             return result
         finally:
             lock.__exit__(None, None, None)
 
-    # ------------------------------------------------------------- mechanism
-    def _control(self, jd: JobDir, spec: JobSpec, plan: ResizePlan, action: str, reason: str,
-                 issued_by: str, nodes: int | None = None, generation: int | None = None,
-                 batch: BatchConfig | None = None, scale: float | None = None) -> ctl.Control:
-        batch = batch or plan.batch
-        c = ctl.Control(
-            job_uid=jd.uid, generation=generation or plan.generation, action=action,
-            nodes=nodes or plan.nodes, workers_per_node=spec.workers_per_node,
-            global_batch_size=batch.global_batch_size,
-            local_batch_size=batch.local_batch_size,
-            accumulation_steps=batch.accumulation_steps,
-            lr_scale=plan.lr_scale if scale is None else scale, issued_at=time.time(),
-            issued_by=issued_by, reason=reason,
-        )
-        ctl.write_control(jd.control_path, c)
-        return c
+    @staticmethod
+    def plan(jd: JobDir, spec: JobSpec, info: slurm.JobInfo | None, nodes: int | None,
+             batch_size: int | None) -> ResizePlan:
+        """:func:`plan_resize` for a job as it is now.
 
-    def _wait_ack(self, jd: JobDir, job_id: str, generation: int, states: tuple[str, ...],
-                  timeout: float) -> ctl.Ack:
-        deadline = time.monotonic() + timeout
-        last_check = 0.0
+        Raises:
+            ResizeRefused: see :func:`plan_resize`; also when Slurm has forgotten the job or a
+                running job has never reported (its script does not use hpcsched.elastic).
+        """
+        if info is None:
+            raise ResizeRefused(f"Slurm no longer knows job {jd.slurm_job_id}")
+        if info.state == "RUNNING" and not jd.ack_path.exists():
+            raise ResizeRefused(
+                f"job {info.job_id} has not reported to hpcsched yet: it is still starting, or "
+                "its script does not use hpcsched.elastic (then it runs, but cannot be "
+                "resized in place)")
+        return plan_resize(spec, current_of(jd, spec, info), nodes, batch_size)
+
+    # ------------------------------------------------------------------ steps
+    def start(self, action: Action, jd: JobDir, spec: JobSpec) -> None:
+        """Write the request for ``action`` unless it is already written (idempotent).
+
+        Raises:
+            ResizeFailed: a newer generation has already been written for the job.
+            slurm.SlurmError: a pending job's size could not be set.
+        """
+        control = _read(ctl.read_control, jd.control_path, jd.uid)
+        if control is not None and control.generation > action.generation:
+            raise ResizeFailed(f"job {action.job_id}: generation {action.generation} was "
+                               f"superseded by {control.generation}")
+        if control is not None and control.generation == action.generation:
+            return
+        if action.kind == "pending":
+            info = slurm.job_info(action.job_id)
+            if info is not None and info.state == "PENDING" and info.node_count != action.nodes:
+                try:
+                    resize_pending_job(action.job_id, action.nodes, spec.workers_per_node)
+                except slurm.SlurmError as exc:
+                    raise ResizeFailed(f"job {action.job_id} could not be resized while "
+                                       f"pending: {exc} (it may just have started)") from None
+        kind_action = {"batch": "continue", "pending": "continue",
+                       "shrink": "checkpoint-and-shrink", "grow": "checkpoint-and-requeue"}
+        batch = fit_batch(action.batch_size, action.nodes * spec.workers_per_node,
+                          min_global=spec.min_batch_size, max_global=spec.max_batch_size,
+                          max_local_batch_size=spec.max_local_batch_size)
+        ctl.write_control(jd.control_path, ctl.Control(
+            job_uid=jd.uid, generation=action.generation, action=kind_action[action.kind],
+            nodes=action.nodes, workers_per_node=spec.workers_per_node,
+            global_batch_size=batch.global_batch_size, local_batch_size=batch.local_batch_size,
+            accumulation_steps=batch.accumulation_steps,
+            lr_scale=lr_scale(spec.lr_scaling, batch.global_batch_size, spec.batch_size),
+            issued_at=time.time(), issued_by=action.issued_by, reason=action.reason,
+        ))
+
+    def step(self, action: Action, jd: JobDir, spec: JobSpec, result: ResizeResult) -> str:
+        """Look at the job once and take the next action ``action`` needs, if any.
+
+        Returns ``"applied"`` once the job runs at the generation, else ``"waiting"``.
+
+        Raises:
+            ResizeFailed: the job ended, rejected the generation, or a newer one superseded it.
+        """
+        gen = action.generation
+        info = slurm.job_info(action.job_id)
+        if info is None or info.state in ENDED:
+            raise ResizeFailed(f"job {action.job_id} ended ({info.state if info else 'gone'}) "
+                               f"before it applied generation {gen}")
+        control = _read(ctl.read_control, jd.control_path, jd.uid)
+        if control is None or control.generation < gen:
+            self.start(action, jd, spec)
+            return "waiting"
+        if action.kind == "pending" and info.state == "PENDING":
+            return "applied"  # the launcher starts with this generation
+        ack = _read(ctl.read_ack, jd.ack_path, jd.uid)
+        if ack is None or ack.generation < gen:
+            return "waiting"
+        if ack.generation > gen or control.generation > gen:
+            raise ResizeFailed(f"job {action.job_id}: generation {gen} was superseded")
+        if ack.state == "rejected":
+            raise ResizeFailed(f"job {action.job_id} rejected generation {gen}: {ack.message}")
+        if ack.state == "applied":
+            result.ack, result.applied = ack, ack.time
+            if ack.nodes != action.nodes:
+                result.notes.append(f"Slurm started the job on {ack.nodes} node(s), "
+                                    f"not {action.nodes}")
+            return "applied"
+        result.checkpointed = result.checkpointed or ack.time  # state == "checkpointed"
+        if action.kind != "grow":
+            return "waiting"  # the job's own launcher or workers finish a shrink
+        if info.state == "RUNNING" and info.restarts == action.restarts_at_plan:
+            slurm.requeue(action.job_id)
+            result.requeued = time.time()
+            log.info("job %s: checkpointed for generation %d, requeued", action.job_id, gen)
+        elif info.state == "PENDING" and not result.released:
+            try:
+                resize_pending_job(action.job_id, action.nodes, spec.workers_per_node)
+            except slurm.SlurmError as exc:
+                # the job is requeued either way: it must not sit out the 121 s hold
+                result.notes.append(f"could not resize the requeued job ({exc}); it resumes "
+                                    f"at {action.nodes} node(s) only if Slurm allows")
+                log.error("job %s: %s", action.job_id, result.notes[-1])
+            finally:
+                release_requeued_job(action.job_id, result.requeued or time.time())
+                result.released = True
+        return "waiting"
+
+    def drive(self, action: Action, jd: JobDir, spec: JobSpec, result: ResizeResult,
+              until_requeued: bool = False) -> ResizeResult:
+        """Step ``action`` until applied (or, with ``until_requeued``, until a grow's job is
+        released after its requeue).
+
+        A job that never acknowledges the generation within ``ack_timeout`` gets a further
+        ``continue`` generation at its current size, so a late acknowledgement never starts a
+        stale resize. After a checkpoint the job is never cancelled: its launcher resumes it
+        by itself if no requeue comes.
+
+        Raises:
+            ResizeFailed: see :meth:`step`, or a timeout.
+        """
+        deadline = time.monotonic() + self.ack_timeout
         while True:
-            ack = _read(ctl.read_ack, jd.ack_path, jd.uid)
-            if ack is not None and ack.generation >= generation:
-                if ack.state == "rejected":
-                    raise ResizeFailed(f"job {job_id} rejected generation {generation}: {ack.message}")
-                if ack.state in states and ack.generation == generation:
-                    return ack
-            now = time.monotonic()
-            if now - last_check > 2.0:  # make sure the job is still there
-                last_check = now
-                info = slurm.job_info(job_id)
-                if info is None or info.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
-                                                  "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"):
-                    raise ResizeFailed(
-                        f"job {job_id} ended ({info.state if info else 'gone'}) before it "
-                        f"acknowledged generation {generation}")
-            if now > deadline:
-                raise TimeoutError(f"job {job_id} did not acknowledge generation {generation} "
-                                   f"within {timeout:.0f} s (does the script use hpcsched.elastic?)")
+            if self.step(action, jd, spec, result) == "applied":
+                return result
+            if until_requeued and result.released:
+                return result
+            if result.requeued and deadline < time.monotonic() + self.start_timeout - self.ack_timeout:
+                deadline = time.monotonic() + self.start_timeout  # a requeued job gets longer
+            if time.monotonic() > deadline:
+                why = (f"job {action.job_id} did not acknowledge generation {action.generation} "
+                       f"within {self.ack_timeout:.0f} s (does the script use hpcsched.elastic?)")
+                if result.checkpointed is None:
+                    self._cancel_generation(action, jd, spec, why)
+                raise ResizeFailed(why if result.checkpointed is None else
+                                   f"job {action.job_id} did not run again at generation "
+                                   f"{action.generation} in time")
             time.sleep(self.poll)
 
-    def _cancel_generation(self, jd: JobDir, spec: JobSpec, plan: ResizePlan, why: str) -> None:
+    def _cancel_generation(self, action: Action, jd: JobDir, spec: JobSpec, why: str) -> None:
         """Supersede an unanswered generation with a 'stay as you are' one."""
         try:
-            ack = _read(ctl.read_ack, jd.ack_path, jd.uid)
-            batch = (BatchConfig(ack.world_size, ack.local_batch_size, ack.accumulation_steps)
-                     if ack else None)
+            ack = ctl.read_ack(jd.ack_path, jd.uid)
             c = ctl.read_control(jd.control_path, jd.uid)
-            self._control(jd, spec, plan, "continue", f"cancelled: {why}", "hpcsched resize",
-                          nodes=plan.from_nodes, generation=c.generation + 1,
-                          batch=batch or plan.batch,
-                          scale=lr_scale(spec.lr_scaling, (batch or plan.batch).global_batch_size,
-                                         spec.batch_size))
-        except (ctl.ProtocolError, AttributeError) as exc:
+            if ack is None or c is None or c.generation != action.generation:
+                return
+            ctl.write_control(jd.control_path, ctl.Control(
+                job_uid=jd.uid, generation=c.generation + 1, action="continue",
+                nodes=ack.nodes, workers_per_node=spec.workers_per_node,
+                global_batch_size=ack.global_batch_size, local_batch_size=ack.local_batch_size,
+                accumulation_steps=ack.accumulation_steps,
+                lr_scale=lr_scale(spec.lr_scaling, ack.global_batch_size, spec.batch_size),
+                issued_at=time.time(), issued_by=action.issued_by, reason=f"cancelled: {why}"))
+        except ctl.ProtocolError as exc:
             log.error("could not write the cancelling generation: %s", exc)
-
-    def _await(self, jd, spec, plan, job_id, states, result, timeout=None) -> ctl.Ack:
-        try:
-            return self._wait_ack(jd, job_id, plan.generation, states, timeout or self.ack_timeout)
-        except TimeoutError as exc:
-            self._cancel_generation(jd, spec, plan, str(exc))
-            raise ResizeFailed(str(exc)) from None
-
-    def _apply_batch(self, jd, spec, plan, result, reason, issued_by, wait):
-        self._control(jd, spec, plan, "continue", reason, issued_by)
-        if wait:
-            result.ack = self._await(jd, spec, plan, result.job_id, ("applied",), result)
-            result.applied = result.ack.time
-
-    def _apply_shrink(self, jd, spec, plan, result, reason, issued_by, wait):
-        self._control(jd, spec, plan, "checkpoint-and-shrink", reason, issued_by)
-        if not wait:
-            return
-        ack = self._await(jd, spec, plan, result.job_id, ("checkpointed", "applied"), result)
-        result.checkpointed = ack.time
-        if ack.state == "checkpointed":
-            ack = self._wait_ack(jd, result.job_id, plan.generation, ("applied",), self.ack_timeout)
-        result.ack, result.applied = ack, ack.time
-
-    def _apply_grow(self, jd, spec, plan, result, reason, issued_by, wait):
-        job_id = result.job_id
-        self._control(jd, spec, plan, "checkpoint-and-requeue", reason, issued_by)
-        ack = self._await(jd, spec, plan, job_id, ("checkpointed",), result)
-        result.checkpointed = ack.time
-        slurm.requeue(job_id)
-        result.requeued = time.time()
-        try:
-            self._wait_state(job_id, ("PENDING",), self.start_timeout)
-            resize_pending_job(job_id, plan.nodes, spec.workers_per_node)
-        except slurm.SlurmError as exc:
-            # the job is requeued either way: it must not sit out the 121 s hold
-            result.notes.append(f"could not resize the requeued job ({exc}); it resumes at "
-                                f"{plan.from_nodes} node(s)")
-            log.error("job %s: %s", job_id, result.notes[-1])
-        finally:
-            release_requeued_job(job_id, result.requeued)
-        if not wait:
-            return
-        ack = self._wait_ack(jd, job_id, plan.generation, ("applied",), self.start_timeout)
-        result.ack, result.applied = ack, ack.time
-        if ack.nodes != plan.nodes:
-            result.notes.append(f"Slurm started the job on {ack.nodes} node(s), not {plan.nodes}")
-
-    def _apply_pending(self, jd, spec, plan, result, reason, issued_by, wait):
-        if plan.nodes != plan.from_nodes:
-            try:
-                resize_pending_job(result.job_id, plan.nodes, spec.workers_per_node)
-            except slurm.SlurmError as exc:
-                raise ResizeFailed(f"job {result.job_id} could not be resized while pending: {exc}"
-                                   " (it may just have started; run the resize again)") from None
-        self._control(jd, spec, plan, "continue", reason, issued_by)
-        result.applied = time.time()
-
-    def _wait_state(self, job_id: str, states: tuple[str, ...], timeout: float) -> slurm.JobInfo:
-        deadline = time.monotonic() + timeout
-        while True:
-            info = slurm.job_info(job_id)
-            if info is not None and info.state in states:
-                return info
-            if time.monotonic() > deadline:
-                raise ResizeFailed(f"job {job_id} did not reach {'/'.join(states)} within "
-                                   f"{timeout:.0f} s (state {info.state if info else 'gone'})")
-            time.sleep(self.poll)
 
 
 def resize_pending_job(job_id: str, nodes: int, workers_per_node: int) -> None:
