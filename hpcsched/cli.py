@@ -19,6 +19,8 @@ class _LazyGroup(click.Group):
     """Click group that imports a subcommand's module only when it is invoked."""
 
     _lazy = {
+        "daemon": ("hpcsched.daemon", "daemon_command"),
+        "db": ("hpcsched.store", "db_group"),
         "devcluster": ("hpcsched.devcluster", "devcluster"),
         "resize": ("hpcsched.resize", "resize_command"),
         "status": ("hpcsched.status", "status_command"),

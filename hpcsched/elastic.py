@@ -215,6 +215,8 @@ class ElasticJob:
         self._last_progress = 0.0
         self._progress_mark = (time.monotonic(), 0)
         self._pending_log: dict[str, Any] = {}
+        self._step_started = time.perf_counter()
+        self._compute_time: float | None = None  # this rank's time before the gradient reduction
         self._metrics_fh = None
         self._applied_acked = False
         self.device = self._select_device()
@@ -305,7 +307,8 @@ class ElasticJob:
                 accumulation_steps=self.batch.accumulation_steps, world_size=self.world_size,
                 lr_scale=self.lr_scale, generation=self.generation,
             )
-            t0 = time.perf_counter()
+            t0 = self._step_started = time.perf_counter()
+            self._compute_time = None
             yield step
             self._after_step(step, consumed, time.perf_counter() - t0)
         self._write_progress(finished=True)
@@ -321,6 +324,7 @@ class ElasticJob:
         the sum over ranks is then the mean over the global batch. Missing gradients (a rank
         with no samples this step) count as zero.
         """
+        self._compute_time = time.perf_counter() - self._step_started
         if self._dist is None:
             return
         torch = self._torch
@@ -495,7 +499,8 @@ class ElasticJob:
                 "global_batch_size": self.batch.global_batch_size,
                 "global_samples": step.global_samples,
                 "samples": sum(len(m) for m in step.micro_batches),
-                "step_time": seconds, "device": self._device_identity,
+                "step_time": seconds, "compute_time": self._compute_time,
+                "device": self._device_identity,
                 **self._pending_log,
             }
             if self.record_samples:

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import subprocess
+import threading
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -40,6 +41,15 @@ _UNREACHABLE = re.compile(
 )
 
 
+_calls = 0
+_calls_lock = threading.Lock()
+
+
+def calls() -> int:
+    """Slurm commands run through :func:`run` by this process so far (for round statistics)."""
+    return _calls
+
+
 def run(args: Sequence[str], timeout: float = DEFAULT_TIMEOUT, env: dict | None = None) -> str:
     """Run a Slurm command and return its stdout.
 
@@ -47,8 +57,11 @@ def run(args: Sequence[str], timeout: float = DEFAULT_TIMEOUT, env: dict | None 
         SlurmUnavailable: timeout, or Slurm reports that the controller cannot be reached.
         SlurmError: non-zero exit (message: the command's stderr) or the binary is missing.
     """
+    global _calls
     args = [str(a) for a in args]
     log.debug("slurm: %s", " ".join(args))
+    with _calls_lock:
+        _calls += 1
     try:
         proc = subprocess.run(
             args, capture_output=True, text=True, timeout=timeout,
@@ -169,6 +182,33 @@ def hostnames(nodelist: str, timeout: float = DEFAULT_TIMEOUT) -> list[str]:
     if not nodelist:
         return []
     return run(["scontrol", "show", "hostnames", nodelist], timeout=timeout).split()
+
+
+_HOSTLIST_PART = re.compile(r"([^,\[]+)(?:\[([^\]]+)\])?([^,\[]*)")
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """Expand a Slurm hostlist (``n[1-3,5]``, ``gpu[01-02],login1``) without calling Slurm.
+
+    Handles one bracket group per name with ranges, lists and zero padding, which is what
+    Slurm prints for node lists (hostlist(3)); anything else is returned as it is.
+    """
+    out: list[str] = []
+    for m in _HOSTLIST_PART.finditer(expr or ""):
+        prefix, body, suffix = m.group(1), m.group(2), m.group(3)
+        if not prefix.strip() and body is None:
+            continue
+        if body is None:
+            out.append(prefix + suffix)
+            continue
+        for item in body.split(","):
+            lo, _, hi = item.partition("-")
+            if not hi:
+                out.append(f"{prefix}{lo}{suffix}")
+                continue
+            width = len(lo) if lo.startswith("0") else 0
+            out.extend(f"{prefix}{i:0{width}d}{suffix}" for i in range(int(lo), int(hi) + 1))
+    return out
 
 
 def node_addr(node: str, timeout: float = DEFAULT_TIMEOUT) -> str:

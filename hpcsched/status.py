@@ -11,6 +11,7 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import click
 
@@ -45,11 +46,51 @@ class JobStatus:
     phase: str = ""                 # launcher phase
     last_reason: str = ""
     job_dir: str = ""
+    decisions: list[dict] = field(default_factory=list)   # newest first, from the daemon's journal
+    profile: list[dict] = field(default_factory=list)     # measured throughput per configuration
     problems: list[str] = field(default_factory=list)
 
 
-def collect(job_ids: list[str] | None = None) -> tuple[list[JobStatus], str | None]:
-    """Status of the given (default: all known) hpcsched jobs and Slurm's error, if any."""
+def open_store():
+    """The daemon's store if one is configured and exists, else None (status works without)."""
+    from .config import ConfigError, load
+    from .store import Store
+
+    try:
+        url = load().daemon.database_url
+    except ConfigError:
+        return None
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        return None
+    try:
+        store = Store(url)
+        return store if store.current_revision() else None
+    except Exception:  # an unreachable or foreign database: status still shows the jobs
+        return None
+
+
+def _decisions(store, job_id: str, limit: int) -> list[dict]:
+    return [{"time": a.created_at, "round": a.round_id, "kind": a.kind,
+             "from_nodes": a.from_nodes, "to_nodes": a.to_nodes,
+             "from_batch_size": a.from_batch_size, "to_batch_size": a.to_batch_size,
+             "status": a.status, "reason": a.reason, "error": a.error}
+            for a in store.actions(job_id, limit=limit)]
+
+
+def _profile(store, job_id: str) -> list[dict]:
+    return [{"world_size": p.world_size, "nodes": p.nodes, "local_batch_size": p.local_batch_size,
+             "accumulation_steps": p.accumulation_steps, "step_time": p.step_time,
+             "throughput": p.throughput, "steps": p.steps}
+            for p in store.profile(job_id)]
+
+
+def collect(job_ids: list[str] | None = None, store=None,
+            decisions: int = 3) -> tuple[list[JobStatus], str | None]:
+    """Status of the given (default: all known) hpcsched jobs and Slurm's error, if any.
+
+    With a ``store`` (the daemon's), each job also carries its last ``decisions`` and its
+    throughput profile.
+    """
     ids = job_ids or JobDir.known_job_ids()
     slurm_error = None
     try:
@@ -101,6 +142,9 @@ def collect(job_ids: list[str] | None = None) -> tuple[list[JobStatus], str | No
                 apply(row, obj)
         if row.global_batch_size is None and spec is not None:
             row.global_batch_size = spec.batch_size
+        if store is not None:
+            row.decisions = _decisions(store, job_id, decisions)
+            row.profile = _profile(store, job_id)
         rows.append(row)
     return rows, slurm_error
 
@@ -126,17 +170,23 @@ def _apply_progress(row: JobStatus, p: ctl.Progress) -> None:
 @click.argument("job_ids", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def status_command(job_ids, as_json):
-    """Show hpcsched jobs (all known, or JOB_IDS): Slurm state, size, batch size, progress."""
-    rows, slurm_error = collect(list(job_ids) or None)
+    """Show hpcsched jobs (all known, or JOB_IDS): Slurm state, size, batch size, progress,
+    and the daemon's decisions with their reasons; one JOB_ID: its whole decision history and
+    throughput profile."""
+    store = open_store()
+    detail = len(job_ids) == 1
+    rows, slurm_error = collect(list(job_ids) or None, store, decisions=50 if detail else 3)
+    rounds = [asdict(r) for r in store.rounds(limit=10)] if store is not None else []
     if as_json:
         click.echo(json.dumps({"time": time.time(), "control_dir": str(control_dir()),
-                               "slurm_error": slurm_error, "jobs": [asdict(r) for r in rows]},
-                              indent=1))
+                               "slurm_error": slurm_error, "rounds": rounds,
+                               "jobs": [asdict(r) for r in rows]}, indent=1))
         return
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    # piped into a file or another program: do not cut columns to 80 characters
+    console = Console() if sys.stdout.isatty() else Console(width=250, soft_wrap=True)
     if slurm_error:
         console.print(f"[yellow]Slurm did not answer: {slurm_error} (showing the jobs' own files)")
     if not rows:
@@ -144,7 +194,7 @@ def status_command(job_ids, as_json):
         return
     table = Table(box=None, header_style="bold")
     for col in ("JOBID", "NAME", "STATE", "NODELIST", "GPUS", "BATCH", "GEN", "EPOCH",
-                "SAMPLES", "SAMPLES/S", "RESTARTS", "LAST REQUEST"):
+                "SAMPLES", "SAMPLES/S", "RESTARTS", "LAST DECISION"):
         table.add_column(col, justify="right" if col in ("GPUS", "BATCH", "GEN", "EPOCH", "SAMPLES",
                                                          "SAMPLES/S", "RESTARTS") else "left")
     for r in rows:
@@ -156,10 +206,50 @@ def status_command(job_ids, as_json):
         table.add_row(r.job_id, r.name, r.state + (f" ({r.phase})" if r.phase and r.state == "RUNNING" and r.phase != "running" else ""),
                       r.nodelist or "-", gpus, batch, gen, str(r.epoch), str(r.samples_processed),
                       f"{r.throughput:.0f}" if r.throughput else "-", str(r.restarts),
-                      r.last_reason or "-")
+                      _last_decision(r))
     console.print(table)
+    if rounds:
+        last = rounds[0]
+        console.print(f"last round {last['id']}: {time.strftime('%H:%M:%S', time.localtime(last['started_at']))}, "
+                      f"policy {last['policy']}, {last['jobs']} job(s), {last['actions']} action(s), "
+                      f"{last['slurm_calls']} Slurm call(s), {last['duration']:.2f} s"
+                      + (f", error: {last['error']}" if last["error"] else ""))
+    if detail and rows:
+        _print_detail(console, rows[0])
     for r in rows:
         for p in r.problems:
             console.print(f"[red]job {r.job_id}: {p}")
     if slurm_error:
         sys.exit(1)
+
+
+def _last_decision(r: JobStatus) -> str:
+    if r.decisions:
+        d = r.decisions[0]
+        return (f"{d['kind']} {d['from_nodes']}->{d['to_nodes']}n "
+                f"b{d['from_batch_size']}->{d['to_batch_size']} {d['status']}")
+    return r.last_reason or "-"
+
+
+def _print_detail(console, r: JobStatus) -> None:
+    from rich.table import Table
+
+    if r.decisions:
+        t = Table(title=f"job {r.job_id}: decisions (newest first)", box=None, header_style="bold")
+        for col in ("TIME", "ROUND", "CHANGE", "STATUS", "REASON"):
+            t.add_column(col)
+        for d in r.decisions:
+            t.add_row(time.strftime("%H:%M:%S", time.localtime(d["time"])), str(d["round"] or "-"),
+                      f"{d['kind']}: {d['from_nodes']}->{d['to_nodes']} node(s), batch "
+                      f"{d['from_batch_size']}->{d['to_batch_size']}",
+                      d["status"] + (f" ({d['error']})" if d["error"] else ""), d["reason"])
+        console.print(t)
+    if r.profile:
+        t = Table(title=f"job {r.job_id}: measured throughput", box=None, header_style="bold")
+        for col in ("GPUS", "NODES", "LOCAL BATCH", "ACCUM", "STEP TIME (s)", "SAMPLES/S", "STEPS"):
+            t.add_column(col, justify="right")
+        for p in r.profile:
+            t.add_row(str(p["world_size"]), str(p["nodes"]), str(p["local_batch_size"]),
+                      str(p["accumulation_steps"]), f"{p['step_time']:.4f}",
+                      f"{p['throughput']:.0f}", str(p["steps"]))
+        console.print(t)

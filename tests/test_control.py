@@ -129,3 +129,12 @@ def test_atomic_write_survives_failure(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert ctl.read_control(p).generation == 1
     assert [f.name for f in tmp_path.iterdir()] == ["control.json"]
+
+
+def test_expand_hostlist_matches_slurm_forms():
+    from hpcsched.slurm import expand_hostlist
+
+    assert expand_hostlist("n[1-3,5]") == ["n1", "n2", "n3", "n5"]
+    assert expand_hostlist("gpu[08-10],login1") == ["gpu08", "gpu09", "gpu10", "login1"]
+    assert expand_hostlist("n1") == ["n1"] and expand_hostlist("") == []
+    assert expand_hostlist("a[1-2]-ib,b3") == ["a1-ib", "a2-ib", "b3"]

@@ -10,7 +10,9 @@ downloaded at run time. Submit it with hpcsub, e.g.::
 or run it on its own (``python digits_mlp.py``, or under ``torchrun``) -- it then trains with a
 fixed configuration and ignores hpcsched.
 
-``--min-step-time`` pads each optimizer step to a minimum wall time. On the CPU-only dev
+``--min-step-time`` pads each optimizer step to a minimum wall time (a job that does not scale:
+more GPUs, same step time); ``--sample-time`` pads it in proportion to the rank's samples (a job
+that scales: more GPUs, shorter steps). On the CPU-only dev
 cluster a step of this small model takes milliseconds; padding it stands in for the compute of a
 real model so that a run lasts long enough to be resized. It changes nothing numerically.
 """
@@ -38,6 +40,10 @@ def parse_args():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-step-time", type=float, default=0.0,
                    help="pad each step to at least this many seconds (see module docstring)")
+    p.add_argument("--sample-time", type=float, default=0.0,
+                   help="pad each step to at least this many seconds per sample of this rank: "
+                        "emulates compute that grows with the local batch, i.e. a job that "
+                        "scales with more GPUs")
     return p.parse_args()
 
 
@@ -90,7 +96,7 @@ def main() -> None:
         n = len(step.indices)
         if n:
             job.log(loss=loss_sum / n)
-        pad = args.min_step_time - (time.perf_counter() - t0)
+        pad = max(args.min_step_time, args.sample_time * n) - (time.perf_counter() - t0)
         if pad > 0:
             time.sleep(pad)
 

@@ -1,0 +1,357 @@
+"""The daemon's settings: one TOML file, parsed into frozen, typed dataclasses.
+
+Where the file is, first match wins:
+
+1. the path given to :func:`load` (the daemon's ``--config``): it must exist;
+2. ``$HPCSCHED_CONFIG``: it must exist;
+3. :data:`DEFAULT_PATH` (``/etc/hpcsched/hpcsched.toml``): when it does not exist, every
+   setting has its default.
+
+``$HPCSCHED_DATABASE_URL`` overrides ``[daemon] database_url`` whichever file was read.
+
+Every mistake in the file is a :class:`ConfigError` (a ``ValueError``) whose one-line message
+starts with the file's path: an unknown key (the message lists the valid keys of that table),
+a value of the wrong type or out of range (the message names the table, the key and what was
+expected), or a file that is not TOML. ``[policy.params]`` is free-form: the policy validates it.
+
+:func:`example_toml` renders a fully commented file holding every default; it is generated from
+the same field table that validates, so docs and code cannot drift apart
+(``docs/configuration.md`` shows it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tomllib
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+DEFAULT_PATH = Path("/etc/hpcsched/hpcsched.toml")
+ENV_CONFIG = "HPCSCHED_CONFIG"
+ENV_DATABASE_URL = "HPCSCHED_DATABASE_URL"
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    """The configuration is unusable; the message is one line and starts with the file's path."""
+
+
+# -- value checks: each returns the converted value or raises _Bad(what was expected) ----------
+
+
+class _Bad(Exception):
+    def __init__(self, expected: str):
+        super().__init__(expected)
+        self.expected = expected
+
+
+def _number(*, gt: float | None = None, ge: float | None = None) -> Callable[[Any], float]:
+    expected = "a number" + (f" > {gt:g}" if gt is not None else "") + (
+        f" >= {ge:g}" if ge is not None else "")
+
+    def check(v: Any) -> float:
+        # bool is an int in Python but never a number in a config file
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise _Bad(expected)
+        v = float(v)
+        if math.isnan(v) or math.isinf(v):
+            raise _Bad(expected)
+        if (gt is not None and not v > gt) or (ge is not None and not v >= ge):
+            raise _Bad(expected)
+        return v
+
+    return check
+
+
+def _integer(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _Bad("an integer")
+    return v
+
+
+def _boolean(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise _Bad("a boolean (true or false)")
+    return v
+
+
+def _string(*, nonempty: bool = False) -> Callable[[Any], str]:
+    expected = "a non-empty string" if nonempty else "a string"
+
+    def check(v: Any) -> str:
+        if not isinstance(v, str) or (nonempty and not v.strip()):
+            raise _Bad(expected)
+        return v
+
+    return check
+
+
+def _string_list(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, str) and x.strip() for x in v):
+        raise _Bad("a list of non-empty strings")
+    return tuple(v)
+
+
+def _choice(*choices: str) -> Callable[[Any], str]:
+    expected = "one of " + "|".join(choices)
+
+    def check(v: Any) -> str:
+        if not isinstance(v, str) or v.lower() not in choices:
+            raise _Bad(expected)
+        return v.lower()
+
+    return check
+
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+
+
+def _database_url(v: Any) -> str:
+    if not isinstance(v, str) or not _URL.match(v):
+        raise _Bad("an SQLAlchemy URL (dialect[+driver]://...)")
+    return v
+
+
+def _table(v: Any) -> Mapping[str, Any]:
+    if not isinstance(v, dict):
+        raise _Bad("a table")
+    return _freeze(v)
+
+
+def _freeze(v: Any) -> Any:
+    """Deep-immutable copy of a TOML value: tables become read-only mappings, arrays tuples."""
+    if isinstance(v, dict):
+        return MappingProxyType({k: _freeze(x) for k, x in v.items()})
+    if isinstance(v, list):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+def _opt(default: Any, check: Callable[[Any], Any], help: str, *, factory: bool = False):
+    """A settings field: its default, its check, and the comment :func:`example_toml` writes."""
+    meta = {"check": check, "help": help}
+    if factory:
+        return field(default_factory=default, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# -- the settings -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """``[daemon]``: how the round loop runs. Times in seconds; ``min_gain`` a fraction."""
+
+    round_interval: float = _opt(60.0, _number(gt=0), "seconds between scheduling rounds (> 0)")
+    partitions: tuple[str, ...] = _opt(
+        ("gpu",), _string_list,
+        "Slurm partitions whose hpcsched jobs the daemon manages; [] = all partitions")
+    control_dir: str = _opt(
+        "", _string(),
+        'job directories; "" = $HPCSCHED_CONTROL_DIR, else ~/.hpcsched/jobs '
+        "(must be on the file system the compute nodes share)")
+    database_url: str = _opt(
+        "sqlite:////var/lib/hpcsched/hpcsched.db", _database_url,
+        "any SQLAlchemy URL; a SQLite file must be on a local disk, not NFS "
+        "(env HPCSCHED_DATABASE_URL overrides)")
+    dry_run: bool = _opt(False, _boolean, "decide and record every round, but never act")
+    restart_cost: float = _opt(
+        30.0, _number(ge=0),
+        "seconds: estimated cost of a requeue/relaunch, i.e. of a grow (>= 0)")
+    shrink_cost: float = _opt(2.0, _number(ge=0),
+                              "seconds: estimated cost of an in-place shrink (>= 0)")
+    min_gain: float = _opt(
+        0.05, _number(ge=0),
+        "a change must improve predicted throughput by at least this fraction of the "
+        "managed jobs' total (>= 0)")
+    horizon: float = _opt(
+        600.0, _number(gt=0),
+        "seconds over which a resize's predicted gain is weighed against its restart cost (> 0)")
+    lock_file: str = _opt("/run/hpcsched/daemon.lock", _string(nonempty=True),
+                          "held by the running daemon: one daemon per cluster")
+    log_level: str = _opt("info", _choice(*LOG_LEVELS), "daemon log level: " + "|".join(LOG_LEVELS))
+    slurm_timeout: float = _opt(20.0, _number(gt=0), "seconds allowed per Slurm command (> 0)")
+    ack_timeout: float = _opt(
+        180.0, _number(gt=0),
+        "seconds to wait for a job to acknowledge a control change (> 0)")
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """``[policy]``: which policy decides, its random seed, and its own parameters.
+
+    ``params`` is an immutable mapping (nested tables are immutable mappings too, arrays are
+    tuples); the policy validates it, not this module.
+    """
+
+    name: str = _opt("dp", _string(nonempty=True), "scheduling policy")
+    seed: int = _opt(0, _integer, "seed for the policy's random choices")
+    params: Mapping[str, Any] = _opt(
+        lambda: MappingProxyType({}), _table,
+        "free-form table of the policy's own parameters (checked by the policy)",
+        factory=True)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the daemon is configured with; ``path`` is the file read (None: defaults)."""
+
+    daemon: DaemonSettings = field(default_factory=DaemonSettings)
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    path: Path | None = None
+
+    def control_dir_path(self) -> Path:
+        """The job directories: ``daemon.control_dir``, or :func:`hpcsched.jobdir.control_dir`
+        (``$HPCSCHED_CONTROL_DIR`` or ``~/.hpcsched/jobs``) when it is empty."""
+        if self.daemon.control_dir:
+            return Path(self.daemon.control_dir).expanduser()
+        from .jobdir import control_dir
+
+        return control_dir()
+
+
+_TABLES: dict[str, type] = {"daemon": DaemonSettings, "policy": PolicySettings}
+
+
+def defaults() -> Settings:
+    """The settings used when there is no file (``path`` is None)."""
+    return Settings()
+
+
+# -- loading ------------------------------------------------------------------------------------
+
+
+def find_path(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
+              ) -> tuple[Path, bool]:
+    """The file to read and whether it must exist (explicit path or ``$HPCSCHED_CONFIG``)."""
+    env = os.environ if env is None else env
+    if path is not None and str(path) != "":
+        return Path(path).expanduser(), True
+    if env.get(ENV_CONFIG):
+        return Path(env[ENV_CONFIG]).expanduser(), True
+    return DEFAULT_PATH, False
+
+
+def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None,
+         policy_names: Collection[str] | None = None) -> Settings:
+    """Read the daemon's settings (see the module docstring for the lookup order).
+
+    ``env`` replaces ``os.environ`` for ``HPCSCHED_CONFIG`` and ``HPCSCHED_DATABASE_URL``
+    (tests). When ``policy_names`` is given, ``[policy] name`` must be one of them.
+    Raises :class:`ConfigError`.
+    """
+    env = os.environ if env is None else env
+    file, required = find_path(path, env=env)
+    where = str(file)
+    try:
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(f"{where}: configuration file not found") from None
+        data, file = {}, None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: not valid TOML: {_one_line(exc)}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}: cannot read: {_one_line(exc)}") from None
+
+    _unknown(where, "top level", data, [f"[{t}]" for t in _TABLES], list(_TABLES))
+    parts = {}
+    for table, cls in _TABLES.items():
+        raw = data.get(table, {})
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: [{table}] must be a table, got {_show(raw)}")
+        parts[table] = _build(where, table, cls, raw)
+
+    daemon: DaemonSettings = parts["daemon"]
+    if env.get(ENV_DATABASE_URL):
+        url = env[ENV_DATABASE_URL]
+        try:
+            _database_url(url)
+        except _Bad as bad:
+            raise ConfigError(f"{where}: ${ENV_DATABASE_URL} must be {bad.expected}, "
+                              f"got {_show(url)}") from None
+        daemon = replace(daemon, database_url=url)
+
+    policy: PolicySettings = parts["policy"]
+    if policy_names is not None and policy.name not in policy_names:
+        raise ConfigError(f"{where}: [policy] name: unknown policy {policy.name!r}; "
+                          f"known policies: {', '.join(sorted(policy_names)) or '(none)'}")
+    return Settings(daemon=daemon, policy=policy, path=file)
+
+
+def _build(where: str, table: str, cls: type, raw: dict) -> Any:
+    known = [f.name for f in fields(cls)]
+    _unknown(where, f"[{table}]", raw, known, known)
+    values = {}
+    for f in fields(cls):
+        if f.name not in raw:
+            continue
+        try:
+            values[f.name] = f.metadata["check"](raw[f.name])
+        except _Bad as bad:
+            raise ConfigError(f"{where}: [{table}] {f.name}: expected {bad.expected}, "
+                              f"got {_show(raw[f.name])}") from None
+    return cls(**values)
+
+
+def _unknown(where: str, what: str, raw: dict, shown: list[str], known: list[str]) -> None:
+    extra = [k for k in raw if k not in known]
+    if extra:
+        raise ConfigError(f"{where}: unknown key {extra[0]!r} in {what}; "
+                          f"valid keys: {', '.join(shown)}")
+
+
+def _show(v: Any) -> str:
+    kind = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
+            dict: "table"}.get(type(v), type(v).__name__)
+    text = repr(v) if not isinstance(v, (dict, list)) else json.dumps(v, default=str)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{kind} {text}"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+# -- the example file ---------------------------------------------------------------------------
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a TOML basic string uses the same escapes
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"no TOML rendering for {type(v).__name__}")
+
+
+def example_toml() -> str:
+    """A fully commented ``hpcsched.toml`` that sets every key to its default.
+
+    Parsing it gives the same settings as having no file at all.
+    """
+    lines = [
+        "# hpcsched daemon configuration (TOML).",
+        f"# Read from: hpcsched daemon --config PATH, else ${ENV_CONFIG}, else {DEFAULT_PATH}.",
+        "# Every key is optional and shown with its default. Unknown keys are errors.",
+    ]
+    for table, cls in _TABLES.items():
+        lines += ["", f"[{table}]"]
+        for f in fields(cls):
+            if f.name == "params":
+                continue
+            lines += [f"# {f.metadata['help']}", f"{f.name} = {_toml_value(f.default)}"]
+    params = [f for f in fields(PolicySettings) if f.name == "params"][0]
+    lines += ["", "[policy.params]", f"# {params.metadata['help']}; empty by default", ""]
+    return "\n".join(lines)

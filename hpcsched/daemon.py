@@ -1,0 +1,346 @@
+"""``hpcsched daemon``: every round, observe -> ingest -> decide -> reconcile -> apply -> record.
+
+* **observe**: one :meth:`Backend.observe` (``squeue --json`` + ``sinfo --json``: 2 Slurm calls
+  whatever the number of jobs). A controller that does not answer ends the round with the
+  error recorded and nothing decided: the daemon never acts on stale state.
+* **ingest**: each managed job's new metrics lines into profile samples and per-GPU
+  measurements (:mod:`hpcsched.ingest`).
+* **resume**: actions journaled by an earlier daemon and not finished (``planned`` or
+  ``applied``) are driven to the end first, with the actuator's idempotent steps
+  (:class:`hpcsched.resize.Actuator`), so a daemon killed at any point does nothing twice.
+* **decide**: the configured policy, a pure function of an immutable
+  :class:`~hpcsched.snapshot.ClusterSnapshot` (the same code the simulator runs).
+* **reconcile**: :func:`hpcsched.reconcile.reconcile` (gain vs restart cost, placement, order).
+* **apply**: each change is journaled ``planned`` (committed) before anything is touched, then
+  ``applied`` once its request is written, then ``observed`` when the job runs at the new size,
+  or ``failed`` with the reason. Resizes go through the very code ``hpcsched resize`` uses.
+* **record**: the round (time, duration, policy, objective, Slurm calls, policy time).
+
+Jobs are hpcsched's when their Slurm id has a job directory (``by-id/<id>``) under the
+control directory, and they are in a managed partition.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+from . import control as ctl
+from . import slurm
+from .backend import Backend, Observation, make_backend
+from .config import ConfigError, Settings, load
+from .ingest import ingest_job
+from .jobdir import JobDir, JobSpec
+from .policies import POLICIES, PolicyError, make_policy
+from .reconcile import Change, Costs, reconcile
+from .resize import Action, Actuator, ResizeFailed, ResizeResult, current_of
+from .snapshot import ClusterSnapshot, JobView, ProfilePoint
+from .store import Store
+
+log = logging.getLogger("hpcsched.daemon")
+
+
+@dataclass
+class RoundReport:
+    """What one round did (also recorded in the store)."""
+
+    round_id: int
+    started: float
+    duration: float = 0.0
+    slurm_calls: int = 0
+    policy_seconds: float = 0.0
+    jobs: int = 0
+    changes: list[Change] = field(default_factory=list)
+    outcomes: dict[str, str] = field(default_factory=dict)   # job_id -> observed|failed: why
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+class Daemon:
+    """The round loop (see module docstring). Collaborators can be injected for tests."""
+
+    def __init__(self, settings: Settings, *, backend: Backend | None = None,
+                 store: Store | None = None):
+        self.settings = settings
+        d = settings.daemon
+        self.backend = backend or make_backend("auto", timeout=d.slurm_timeout,
+                                               partitions=d.partitions)
+        self.store = store or Store(d.database_url)
+        self.policy = make_policy(settings.policy.name, settings.policy.params)
+        self.actuator = Actuator(ack_timeout=d.ack_timeout, start_timeout=max(300.0, d.ack_timeout))
+        self.control_dir = settings.control_dir_path()
+        self.costs = Costs(restart_cost=d.restart_cost, shrink_cost=d.shrink_cost,
+                           min_gain=d.min_gain, horizon=d.horizon)
+        self._specs: dict[str, tuple[JobDir, JobSpec]] = {}
+
+    # ----------------------------------------------------------------- jobs
+    def _managed(self, obs: Observation) -> dict[str, tuple[JobDir, JobSpec, slurm.JobInfo]]:
+        parts = set(self.settings.daemon.partitions)
+        out = {}
+        for job_id in JobDir.known_job_ids(self.control_dir):
+            info = obs.jobs.get(job_id)
+            if info is None or (parts and info.partition not in parts):
+                continue
+            if job_id not in self._specs:
+                try:
+                    jd = JobDir.for_job(job_id, self.control_dir)
+                    self._specs[job_id] = (jd, jd.read_spec())
+                except (LookupError, ctl.ProtocolError) as exc:
+                    log.warning("job %s: ignored: %s", job_id, exc)
+                    continue
+            jd, spec = self._specs[job_id]
+            out[job_id] = (jd, spec, info)
+        return out
+
+    def _record_job(self, jd: JobDir, spec: JobSpec, info: slurm.JobInfo, now: float) -> None:
+        fields = dict(job_id=info.job_id, job_uid=jd.uid, user=spec.user, script=spec.script,
+                      workers_per_node=spec.workers_per_node, min_nodes=spec.min_nodes,
+                      max_nodes=spec.max_nodes, min_batch_size=spec.min_batch_size,
+                      max_batch_size=spec.max_batch_size,
+                      max_local_batch_size=spec.max_local_batch_size,
+                      base_batch_size=spec.batch_size, lr_scaling=spec.lr_scaling,
+                      spec_json=json.dumps(spec.to_json()), state=info.state,
+                      submit_time=spec.created_at or None, last_seen=now,
+                      app_class=Path(spec.script).stem)
+        if not info.active:
+            fields["finished_at"] = now
+        self.store.upsert_job(**fields)
+
+    def _view(self, jd: JobDir, spec: JobSpec, info: slurm.JobInfo, busy: bool) -> JobView:
+        cur = current_of(jd, spec, info)
+        try:
+            ack = ctl.read_ack(jd.ack_path, jd.uid)
+            control = ctl.read_control(jd.control_path, jd.uid)
+            progress = ctl.read_progress(jd.progress_path, jd.uid)
+        except (ctl.ProtocolError, TypeError) as exc:
+            log.warning("job %s: %s", info.job_id, exc)
+            ack = control = progress = None
+            busy = True
+        phase = jd.read_launcher_state().get("phase", "")
+        if info.state == "RUNNING":
+            busy = busy or ack is None or phase in ("resizing", "awaiting-requeue") or (
+                control is not None and control.generation > ack.generation)
+        profile = tuple(ProfilePoint(p.world_size, p.nodes, p.local_batch_size,
+                                     p.accumulation_steps, p.step_time, p.throughput, p.steps)
+                        for p in self.store.profile(info.job_id))
+        return JobView(
+            job_id=info.job_id, state=info.state, nodes=cur.nodes,
+            node_names=tuple(slurm.expand_hostlist(info.nodes)) if info.state == "RUNNING" else (),
+            workers_per_node=spec.workers_per_node, min_nodes=spec.min_nodes,
+            max_nodes=spec.max_nodes, batch_size=cur.global_batch_size,
+            min_batch_size=spec.min_batch_size, max_batch_size=spec.max_batch_size,
+            max_local_batch_size=spec.max_local_batch_size, base_batch_size=spec.batch_size,
+            lr_scaling=spec.lr_scaling, submit_time=spec.created_at, restarts=info.restarts,
+            generation=cur.generation,
+            samples_processed=progress.samples_processed if progress else 0,
+            throughput=progress.throughput if progress else 0.0, profile=profile,
+            app_class=Path(spec.script).stem, busy=busy, user=spec.user,
+            partition=info.partition)
+
+    # ---------------------------------------------------------------- round
+    def round(self) -> RoundReport:
+        """One round. Never raises for Slurm or job trouble: it is recorded and logged."""
+        d = self.settings.daemon
+        started = time.time()
+        calls0 = slurm.calls()
+        rid = self.store.begin_round(self.policy.name, started, d.dry_run)
+        rep = RoundReport(rid, started)
+        try:
+            self._round(rep)
+        except slurm.SlurmError as exc:
+            rep.error = f"Slurm: {exc}"
+            log.warning("round %d: %s; no decision on stale state", rid, rep.error)
+        rep.duration = time.time() - started
+        rep.slurm_calls = slurm.calls() - calls0  # observe, actuator, everything
+        self.store.end_round(rid, duration=rep.duration, jobs=rep.jobs, actions=len(rep.changes),
+                             slurm_calls=rep.slurm_calls, policy_seconds=rep.policy_seconds,
+                             objective=getattr(rep, "objective", None), error=rep.error)
+        log.info("round %d: %d job(s), %d change(s), %d Slurm call(s), %.2f s (policy %.3f s)%s",
+                 rid, rep.jobs, len(rep.changes), rep.slurm_calls, rep.duration,
+                 rep.policy_seconds, f", error: {rep.error}" if rep.error else "")
+        return rep
+
+    def _round(self, rep: RoundReport) -> None:
+        obs = self.backend.observe()
+        managed = self._managed(obs)
+        for job_id, (jd, spec, info) in managed.items():
+            self._record_job(jd, spec, info, obs.time)
+            if info.state in ("RUNNING", "COMPLETING") or not info.active:
+                ingest_job(self.store, job_id, jd.path, Path(spec.script).stem)
+        busy = self._resume(managed, rep)
+        views = tuple(self._view(jd, spec, info, job_id in busy)
+                      for job_id, (jd, spec, info) in managed.items()
+                      if info.state in ("RUNNING", "PENDING"))
+        rep.jobs = len(views)
+        mine = {j.job_id for j in views}
+        other: dict[str, int] = {}
+        for info in obs.jobs.values():
+            if info.job_id not in mine and info.state == "RUNNING" and info.gpus_per_node:
+                for n in slurm.expand_hostlist(info.nodes):
+                    other[n] = other.get(n, 0) + info.gpus_per_node
+        snapshot = ClusterSnapshot(obs.time, obs.nodes, views, tuple(sorted(other.items())),
+                                   tuple(self.settings.daemon.partitions))
+        t = time.perf_counter()
+        plan = self.policy.decide(snapshot, seed=self.settings.policy.seed + rep.round_id)
+        rep.policy_seconds = time.perf_counter() - t
+        rep.objective = plan.objective
+        changes, notes = reconcile(plan, snapshot, self.costs)
+        rep.notes = list(plan.notes) + notes
+        for n in rep.notes:
+            log.info("round %d: %s", rep.round_id, n)
+        for c in changes:
+            verb = "would" if self.settings.daemon.dry_run else "will"
+            log.info("round %d: job %s %s %s: %d -> %d node(s), batch %d -> %d: %s",
+                     rep.round_id, c.job_id, verb, c.kind, c.from_nodes, c.to_nodes,
+                     c.from_batch_size, c.to_batch_size, c.reason)
+        rep.changes = changes
+        if self.settings.daemon.dry_run:
+            return
+        for c in changes:
+            jd, spec, info = managed[c.job_id]
+            rep.outcomes[c.job_id] = self._apply(c, jd, spec, info, rep.round_id)
+
+    def _apply(self, c: Change, jd: JobDir, spec: JobSpec, info: slurm.JobInfo, rid: int) -> str:
+        cur = current_of(jd, spec, info)
+        action = Action(c.job_id, c.kind, cur.generation + 1, c.to_nodes, c.to_batch_size,
+                        info.restarts, c.reason, f"hpcsched daemon (round {rid})")
+        aid = self.store.plan_action(
+            round_id=rid, job_id=c.job_id, kind=c.kind, generation=action.generation,
+            from_nodes=c.from_nodes, to_nodes=c.to_nodes, from_batch_size=c.from_batch_size,
+            to_batch_size=c.to_batch_size, reason=c.reason, restarts_at_plan=info.restarts)
+        return self._drive(aid, action, jd, spec, "planned")
+
+    def _drive(self, aid: int, action: Action, jd: JobDir, spec: JobSpec, status: str) -> str:
+        result = ResizeResult(action.job_id, None, time.time())
+        try:
+            if status == "planned":
+                self.actuator.start(action, jd, spec)
+                self.store.set_action_status(aid, "applied")
+            self.actuator.drive(action, jd, spec, result)
+        except (ResizeFailed, slurm.SlurmError, ctl.ProtocolError) as exc:
+            self.store.set_action_status(aid, "failed", error=str(exc))
+            log.error("job %s: %s to %d node(s) failed: %s", action.job_id, action.kind,
+                      action.nodes, exc)
+            return f"failed: {exc}"
+        self.store.set_action_status(aid, "observed")
+        note = f" ({'; '.join(result.notes)})" if result.notes else ""
+        log.info("job %s: %s to %d node(s), batch %d observed after %.1f s%s", action.job_id,
+                 action.kind, action.nodes, action.batch_size, time.time() - result.started, note)
+        return "observed"
+
+    def _resume(self, managed, rep: RoundReport) -> set[str]:
+        """Finish actions an earlier daemon left open; returns the jobs they touched."""
+        touched = set()
+        for a in self.store.open_actions():
+            touched.add(a.job_id)
+            if a.job_id not in managed:
+                self.store.set_action_status(a.id, "failed", error="job no longer known to Slurm")
+                continue
+            jd, spec, info = managed[a.job_id]
+            log.info("job %s: resuming %s action %d (generation %d, %s)", a.job_id, a.kind, a.id,
+                     a.generation, a.status)
+            action = Action(a.job_id, a.kind, a.generation, a.to_nodes, a.to_batch_size,
+                            a.restarts_at_plan, a.reason, "hpcsched daemon (resumed)")
+            rep.outcomes[a.job_id] = self._drive(a.id, action, jd, spec, a.status)
+        return touched
+
+
+# ---------------------------------------------------------------- service
+class _Lock:
+    """An exclusive lock file so only one daemon runs (fcntl; released when the process dies)."""
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = os.read(fd, 32).decode(errors="replace").strip()
+            os.close(fd)
+            raise click.ClickException(
+                f"another hpcsched daemon holds {self.path} (pid {other or '?'}); one per cluster")
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+
+
+def _load_settings(config: str | None, overrides: dict) -> Settings:
+    settings = load(config, policy_names=POLICIES)
+    d = settings.daemon
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    if changes:
+        from dataclasses import replace
+
+        settings = replace(settings, daemon=replace(d, **changes))
+    return settings
+
+
+@click.command("daemon")
+@click.option("--config", type=click.Path(dir_okay=False), default=None,
+              help="TOML file (default: $HPCSCHED_CONFIG or /etc/hpcsched/hpcsched.toml).")
+@click.option("--once", is_flag=True, help="Run one round and exit.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=None,
+              help="Seconds between rounds (overrides daemon.round_interval).")
+@click.option("--dry-run", is_flag=True, default=None,
+              help="Decide and record, never act (overrides daemon.dry_run).")
+def daemon_command(config, once, interval, dry_run):
+    """Run the scheduler: every round observe Slurm, decide with the policy, resize jobs."""
+    overrides = {"round_interval": interval, "dry_run": dry_run}
+    try:
+        settings = _load_settings(config, overrides)
+    except (ConfigError, PolicyError) as exc:
+        raise click.ClickException(str(exc))
+    logging.getLogger().setLevel(settings.daemon.log_level.upper())
+    lock = _Lock(settings.daemon.lock_file)
+    lock.acquire()
+    store = Store(settings.daemon.database_url)
+    rev = store.upgrade()
+    daemon = Daemon(settings, store=store)
+    log.info("hpcsched daemon pid %d: policy %s, every %.0f s, %s, database at revision %s, "
+             "control dir %s%s", os.getpid(), daemon.policy.name, settings.daemon.round_interval,
+             daemon.backend.name, rev, daemon.control_dir,
+             " (dry run)" if settings.daemon.dry_run else "")
+    state = {"stop": False, "reload": False}
+
+    def _stop(signum, _frame):
+        log.info("%s: stopping after this round", signal.Signals(signum).name)
+        state["stop"] = True
+
+    def _reload(_signum, _frame):
+        state["reload"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGHUP, _reload)
+    while True:
+        if state["reload"]:
+            state["reload"] = False
+            try:
+                settings = _load_settings(config, overrides)
+                daemon = Daemon(settings, store=store)
+                log.info("SIGHUP: configuration reloaded (policy %s, every %.0f s)",
+                         daemon.policy.name, settings.daemon.round_interval)
+            except (ConfigError, PolicyError) as exc:
+                log.error("SIGHUP: configuration not reloaded, keeping the old one: %s", exc)
+        t0 = time.monotonic()
+        daemon.round()
+        if once or state["stop"]:
+            break
+        while not state["stop"] and not state["reload"] and (
+                time.monotonic() - t0 < settings.daemon.round_interval):
+            time.sleep(min(0.2, settings.daemon.round_interval))
+        if state["stop"]:
+            break
+    log.info("hpcsched daemon stopped")

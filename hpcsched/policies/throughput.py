@@ -1,0 +1,129 @@
+"""A job's throughput at a configuration it may not have run yet, from what it has measured.
+
+Pure, deterministic. Units: seconds, samples, samples/s, GPUs.
+
+Model. One optimizer step at ``g`` GPUs, local batch ``b`` and ``s`` accumulation steps takes::
+
+    t(g, b, s) = s * (alpha + beta * b) / eff(g)
+
+* ``alpha + beta * b`` is the compute time of one micro-batch, linear in the local batch size as
+  in Pollux (Qiao et al., OSDI'21, §3.2: "compute time ... linear in the local batch size").
+  ``alpha, beta >= 0`` are fitted by non-negative least squares over the job's profile points
+  (normalised to ``eff = 1``) once it has measured two local batch sizes; until then the single
+  measured step time is split by a prior: ``alpha = ALPHA_PRIOR * t``.
+* ``eff(g) <= 1`` is the measured scaling efficiency at ``g`` GPUs: the measured throughput over
+  the model's communication-free prediction. Interpolated linearly between measured GPU
+  counts and held flat outside them (a job that has never run at ``g`` is assumed to scale as at
+  its nearest measured size). Issue-4's Pollux fit replaces this with a communication model.
+
+Throughput = ``g * b * s / t``. Without statistical efficiency, larger batches only ever look
+better (this is throughput, not goodput); the policies therefore stay within the job's declared
+batch-size limits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
+
+from ..batching import BatchConfig, BatchSizeError, fit_batch
+from ..snapshot import JobView, ProfilePoint
+
+ALPHA_PRIOR = 0.2  # share of a step that does not grow with the batch, before a fit is possible
+
+
+@dataclass(frozen=True)
+class ThroughputModel:
+    """Fitted model for one job (see module docstring)."""
+
+    alpha: float                       # s per micro-batch, fixed part
+    beta: float                        # s per sample per micro-batch
+    efficiency: tuple[tuple[int, float], ...]   # (gpus, eff) measured, sorted by gpus
+    fitted: bool                       # False: prior split, too few distinct batch sizes
+
+    def eff(self, gpus: int) -> float:
+        if not self.efficiency:
+            return 1.0
+        xs = [g for g, _ in self.efficiency]
+        ys = [e for _, e in self.efficiency]
+        return float(np.interp(gpus, xs, ys))
+
+    def step_time(self, cfg: BatchConfig) -> float:
+        """Seconds per optimizer step."""
+        return cfg.accumulation_steps * (self.alpha + self.beta * cfg.local_batch_size) / self.eff(
+            cfg.world_size)
+
+    def throughput(self, cfg: BatchConfig) -> float:
+        """Samples/s."""
+        t = self.step_time(cfg)
+        return cfg.global_batch_size / t if t > 0 else 0.0
+
+
+def fit(points: tuple[ProfilePoint, ...]) -> ThroughputModel | None:
+    """Fit the model to a job's profile points; ``None`` without any usable point."""
+    pts = [p for p in points if p.step_time > 0 and p.local_batch_size > 0]
+    if not pts:
+        return None
+    micro = np.array([p.step_time / p.accumulation_steps for p in pts])
+    local = np.array([p.local_batch_size for p in pts], dtype=float)
+    weight = np.sqrt(np.array([max(1, p.samples) for p in pts], dtype=float))
+    fitted = len(set(local.tolist())) >= 2
+    if fitted:
+        A = np.stack([np.ones_like(local), local], axis=1) * weight[:, None]
+        (alpha, beta), _ = nnls(A, micro * weight)
+    else:
+        t = float(np.average(micro, weights=weight))
+        alpha, beta = ALPHA_PRIOR * t, (1 - ALPHA_PRIOR) * t / local[0]
+    if alpha + beta <= 0:
+        return None
+    by_g: dict[int, list[tuple[float, float]]] = {}
+    for p, m in zip(pts, micro):
+        pred = alpha + beta * p.local_batch_size
+        by_g.setdefault(p.world_size, []).append((min(1.0, pred / m), max(1, p.samples)))
+    eff = tuple(sorted((g, float(np.average([e for e, _ in v], weights=[w for _, w in v])))
+                       for g, v in by_g.items()))
+    # only relative efficiency matters; normalise so the best measured size is 1
+    top = max(e for _, e in eff)
+    eff = tuple((g, e / top) for g, e in eff)
+    return ThroughputModel(float(alpha), float(beta), eff, fitted)
+
+
+def batch_candidates(job: JobView, gpus: int, limit: int = 12) -> list[BatchConfig]:
+    """Global batch sizes a policy may choose for ``job`` at ``gpus`` GPUs: the job's current
+    batch size and up to ``limit`` sizes spread geometrically over its allowed range."""
+    lo, hi = job.min_batch_size, job.max_batch_size
+    wanted = {job.batch_size, lo, hi}
+    if hi > lo:
+        wanted.update(int(round(x)) for x in np.geomspace(lo, hi, num=limit))
+    out: dict[int, BatchConfig] = {}
+    for b in sorted(wanted):
+        try:
+            cfg = fit_batch(b, gpus, min_global=lo, max_global=hi,
+                            max_local_batch_size=job.max_local_batch_size)
+        except BatchSizeError:
+            continue
+        out.setdefault(cfg.global_batch_size, cfg)
+    return list(out.values())
+
+
+def best_at(job: JobView, model: ThroughputModel | None, gpus: int) -> tuple[float, BatchConfig | None]:
+    """T_j(g): the best predicted throughput over the job's allowed batch sizes at ``gpus``.
+
+    Without a model (the job has not reported yet) the job's current batch size is kept and
+    its throughput is taken as proportional to its GPUs (relative units), so the job is neither
+    favoured nor starved.
+    """
+    if gpus <= 0:
+        return 0.0, None
+    cands = batch_candidates(job, gpus)
+    if not cands:
+        return 0.0, None
+    if model is None:
+        cfg = next((c for c in cands if c.global_batch_size == job.batch_size), cands[0])
+        return float(gpus), cfg
+    best = max(cands, key=lambda c: (model.throughput(c), -abs(c.global_batch_size - job.batch_size)))
+    x = model.throughput(best)
+    return (x if math.isfinite(x) else 0.0), best

@@ -1,0 +1,133 @@
+"""Reconcile a policy's plan with what runs: which changes to make this round, in what order.
+
+Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``.
+
+* A change is a **batch**-only change (same nodes; free: applied at a step boundary), a
+  **shrink** (in place; costs ``shrink_cost`` seconds of the job's throughput), a **grow**
+  (requeue; costs ``restart_cost`` seconds), or a **pending** job's size set before it starts.
+* The plan's resizes are judged together, since a shrink is usually there to feed a grow: they
+  are made only if the predicted throughput gain over ``horizon`` seconds beats the samples lost
+  to their restarts, and the gain is at least ``min_gain`` of the current throughput. Otherwise
+  only the batch-only changes that gain ``min_gain`` on their own are made. Predictions use the
+  same model the policies use (:mod:`hpcsched.policies.throughput`).
+* A grow is made only if Slurm can place it now: enough usable nodes with the job's GPUs per
+  node free, counting the job's own nodes, which the requeue frees. Otherwise it waits for a
+  later round (shrinks made this round free their nodes by then).
+* Order: shrinks, batch-only changes, pending jobs, grows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .batching import BatchSizeError, fit_batch
+from .policies.throughput import fit
+from .snapshot import ClusterSnapshot, JobView, Plan
+
+ORDER = {"shrink": 0, "batch": 1, "pending": 2, "grow": 3}
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Reconcile parameters: seconds, and a fraction (``min_gain``)."""
+
+    restart_cost: float = 30.0
+    shrink_cost: float = 2.0
+    min_gain: float = 0.05
+    horizon: float = 600.0
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change to make: the actuator's input, and the journal's record."""
+
+    job_id: str
+    kind: str
+    from_nodes: int
+    to_nodes: int
+    from_batch_size: int
+    to_batch_size: int
+    reason: str
+
+
+def predict(job: JobView, nodes: int, batch_size: int) -> float | None:
+    """Predicted samples/s of ``job`` at ``nodes`` nodes and global ``batch_size``."""
+    model = fit(job.profile)
+    if model is None or nodes <= 0:
+        return None
+    try:
+        cfg = fit_batch(batch_size, nodes * job.workers_per_node,
+                        min_global=job.min_batch_size, max_global=job.max_batch_size,
+                        max_local_batch_size=job.max_local_batch_size)
+    except BatchSizeError:
+        return None
+    return model.throughput(cfg)
+
+
+def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()) -> tuple[list[Change], list[str]]:
+    notes: list[str] = []
+    candidates: list[tuple[Change, float, float]] = []   # change, x_from, x_to
+    for t in plan.targets:
+        job = snapshot.job(t.job_id)
+        if job is None or job.busy:
+            continue
+        if job.state == "PENDING":
+            if t.nodes == 0:
+                notes.append(f"job {job.job_id}: {t.reason}")
+            elif (t.nodes, t.batch_size) != (job.nodes, job.batch_size):
+                candidates.append((Change(job.job_id, "pending", job.nodes, t.nodes,
+                                          job.batch_size, t.batch_size, t.reason), 0.0, 0.0))
+            continue
+        if job.state != "RUNNING" or (t.nodes, t.batch_size) == (job.nodes, job.batch_size):
+            continue
+        kind = ("shrink" if t.nodes < job.nodes else "grow" if t.nodes > job.nodes else "batch")
+        x_from, x_to = predict(job, job.nodes, job.batch_size), predict(job, t.nodes, t.batch_size)
+        if x_from is None or x_to is None:
+            notes.append(f"job {job.job_id}: no throughput model yet; {kind} not made")
+            continue
+        reason = (f"{t.reason}; {x_from:.0f} -> {x_to:.0f} samples/s predicted")
+        candidates.append((Change(job.job_id, kind, job.nodes, t.nodes, job.batch_size,
+                                  t.batch_size, reason), x_from, x_to))
+
+    resizes = [c for c in candidates if c[0].kind in ("shrink", "grow")]
+    batches = [c for c in candidates if c[0].kind == "batch"]
+    chosen = [c for c in candidates if c[0].kind == "pending"]
+    base = sum(predict(j, j.nodes, j.batch_size) or 0.0 for j in snapshot.jobs
+               if j.state == "RUNNING")
+    if resizes:
+        gain = sum(x_to - x_from for _, x_from, x_to in resizes + batches)
+        lost = sum(x_from * (costs.restart_cost if c.kind == "grow" else costs.shrink_cost)
+                   for c, x_from, _ in resizes)
+        summary = (f"resizes gain {gain:+.0f} samples/s ({gain / base:+.0%} of {base:.0f}): "
+                   f"{gain * costs.horizon:.0f} samples over {costs.horizon:.0f} s vs "
+                   f"{lost:.0f} lost to restarts") if base > 0 else "no measured throughput"
+        if base > 0 and gain * costs.horizon > lost and gain >= costs.min_gain * base:
+            chosen += resizes + batches
+            notes.append(f"made: {summary}")
+            batches = []
+        else:
+            notes.append(f"not made: {summary}")
+    for c, x_from, x_to in batches:
+        if x_to >= x_from * (1 + costs.min_gain):
+            chosen.append((c, x_from, x_to))
+        else:
+            notes.append(f"job {c.job_id}: batch {c.from_batch_size} -> {c.to_batch_size} gains "
+                         f"less than {costs.min_gain:.0%}; not made")
+
+    # can Slurm place each grow now? free GPUs per usable node, the job's own nodes included
+    free = {n.name: n.gpus_free for n in snapshot.nodes if n.usable}
+    changes = []
+    for c, x_from, x_to in sorted(chosen, key=lambda c: (ORDER[c[0].kind], -(c[2] - c[1]))):
+        if c.kind == "grow":
+            job = snapshot.job(c.job_id)
+            mine = {name: free.get(name, 0) + job.workers_per_node for name in job.node_names}
+            fits = sorted((n for n, g in {**free, **mine}.items() if g >= job.workers_per_node),
+                          key=lambda n: (n not in mine, n))
+            if len(fits) < c.to_nodes:
+                notes.append(f"job {c.job_id}: grow to {c.to_nodes} node(s) waits: "
+                             f"{len(fits)} node(s) have {job.workers_per_node} GPU(s) free")
+                continue
+            for n in fits[: c.to_nodes]:
+                free[n] = free.get(n, 0) + (job.workers_per_node if n in mine else 0) - job.workers_per_node
+        changes.append(c)
+    return changes, notes

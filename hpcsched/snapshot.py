@@ -1,0 +1,140 @@
+"""Immutable views of the cluster that policies decide on, and the plans they return.
+
+A policy is a pure function ``(ClusterSnapshot, seed) -> Plan``: no I/O, no clock (the
+snapshot carries the time), randomness only from the seed. The daemon builds snapshots from
+Slurm and the job directories; the simulator builds them from its own state. Units: times in
+Unix seconds, throughput in samples/s, batch sizes in samples, sizes in nodes and GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One Slurm node.
+
+    Attributes:
+        name: Slurm node name.
+        gpus: GPUs configured (gres/gpu).
+        gpus_allocated: GPUs allocated to any job.
+        state: Slurm base state in lower case (idle, mixed, allocated, down, drained, ...).
+        partitions: partitions the node belongs to.
+    """
+
+    name: str
+    gpus: int
+    gpus_allocated: int
+    state: str
+    partitions: tuple[str, ...] = ()
+
+    @property
+    def usable(self) -> bool:
+        """Up and schedulable (not down, drained, draining, failing or not responding)."""
+        bad = ("down", "drain", "fail", "not_responding", "maint", "reserved", "unknown")
+        return not any(b in self.state for b in bad)
+
+    @property
+    def gpus_free(self) -> int:
+        return max(0, self.gpus - self.gpus_allocated) if self.usable else 0
+
+
+@dataclass(frozen=True)
+class ProfilePoint:
+    """Measured throughput of a job at one configuration (mean over recent steps)."""
+
+    world_size: int
+    nodes: int
+    local_batch_size: int
+    accumulation_steps: int
+    step_time: float          # seconds per optimizer step
+    throughput: float         # samples/s
+    samples: int = 1          # how many step records the mean is over
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One hpcsched job as a policy sees it.
+
+    Sizes: ``nodes`` is the current (or, when pending, requested) node count; the job runs
+    ``workers_per_node`` workers (GPUs) per node and may be resized within ``[min_nodes,
+    max_nodes]``. Batch sizes are global (samples per optimizer step) within
+    ``[min_batch_size, max_batch_size]``; ``max_local_batch_size`` is the per-GPU limit
+    (``None`` = no limit). ``busy`` is True while a resize is in flight or the job is starting:
+    policies must leave such a job as it is.
+    """
+
+    job_id: str
+    state: str                      # PENDING or RUNNING
+    nodes: int
+    node_names: tuple[str, ...]
+    workers_per_node: int
+    min_nodes: int
+    max_nodes: int
+    batch_size: int
+    min_batch_size: int
+    max_batch_size: int
+    max_local_batch_size: int | None
+    base_batch_size: int
+    lr_scaling: str
+    submit_time: float
+    start_time: float | None = None
+    restarts: int = 0
+    generation: int = 0
+    samples_processed: int = 0
+    throughput: float = 0.0         # samples/s, latest
+    profile: tuple[ProfilePoint, ...] = ()
+    app_class: str = ""
+    busy: bool = False
+    user: str = ""
+    partition: str = ""
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.workers_per_node
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """Everything a policy may look at, at one instant.
+
+    ``other_gpus_allocated`` counts GPUs held by jobs hpcsched does not manage, per node name.
+    """
+
+    time: float
+    nodes: tuple[NodeView, ...]
+    jobs: tuple[JobView, ...]
+    other_gpus_allocated: tuple[tuple[str, int], ...] = ()
+    partitions: tuple[str, ...] = ()
+
+    def job(self, job_id: str) -> JobView | None:
+        return next((j for j in self.jobs if j.job_id == job_id), None)
+
+
+@dataclass(frozen=True)
+class JobTarget:
+    """What a policy wants for one job: node count, global batch size, and why.
+
+    ``placement`` optionally names the nodes to use (empty = let Slurm choose).
+    """
+
+    job_id: str
+    nodes: int
+    batch_size: int
+    reason: str
+    placement: tuple[str, ...] = ()
+    predicted_throughput: float | None = None   # samples/s at the target, if the policy knows
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A policy's decision for one round: one target per job it has an opinion on."""
+
+    policy: str
+    targets: tuple[JobTarget, ...]
+    objective: float | None = None    # the policy's own figure of merit (documented per policy)
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def target(self, job_id: str) -> JobTarget | None:
+        return next((t for t in self.targets if t.job_id == job_id), None)

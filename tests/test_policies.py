@@ -1,0 +1,184 @@
+"""Policies are pure: pinned on small worked cases, plus invariants."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpcsched.policies import PolicyError, make_policy
+from hpcsched.policies.dp import _Option, capacity, solve
+from hpcsched.policies.throughput import fit
+from hpcsched.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint
+
+
+def _job(job_id, nodes, *, wpn=2, min_nodes=1, max_nodes=3, batch=64, bmin=None, bmax=None,
+         state="RUNNING", profile=(), submit=0.0, busy=False):
+    return JobView(job_id=job_id, state=state, nodes=nodes, node_names=(), workers_per_node=wpn,
+                   min_nodes=min_nodes, max_nodes=max_nodes, batch_size=batch,
+                   min_batch_size=bmin or batch, max_batch_size=bmax or batch,
+                   max_local_batch_size=None, base_batch_size=batch, lr_scaling="linear",
+                   submit_time=submit, profile=tuple(profile), busy=busy)
+
+
+def _cluster(n_nodes=4, gpus=4, jobs=(), other=()):
+    return ClusterSnapshot(time=0.0, nodes=tuple(NodeView(f"n{i}", gpus, 0, "idle")
+                                                 for i in range(1, n_nodes + 1)),
+                           jobs=tuple(jobs), other_gpus_allocated=tuple(other))
+
+
+def _pt(world, local, step_time, accum=1):
+    return ProfilePoint(world, world // 2, local, accum, step_time,
+                        world * local * accum / step_time, samples=50)
+
+
+def test_dp_recurrence_on_a_hand_solved_instance():
+    """K = 4 GPUs. Job 1: T(2)=10, T(4)=12. Job 2: T(0)=0, T(2)=9, T(4)=17.
+    By hand: (2, 2) -> 19; (4, 0) -> 12; (0, 4) impossible for job 1 (min 2); so 19."""
+    j1 = [_Option(2, 10.0, 64), _Option(4, 12.0, 64)]
+    j2 = [_Option(0, 0.0, 64), _Option(2, 9.0, 64), _Option(4, 17.0, 64)]
+    total, picks = solve([j1, j2], 4)
+    assert total == 19.0 and picks == [0, 1]
+    total, picks = solve([j1, j2], 6)          # 6 GPUs: (2, 4) -> 27 beats (4, 2) -> 21
+    assert total == 27.0 and picks == [0, 2]
+    assert solve([j1, [_Option(4, 1.0, 1)]], 4) is None   # minimums 2 + 4 > 4
+
+
+def test_fit_recovers_linear_step_time():
+    # step time 0.01 + 0.001 * local, measured at two local batch sizes
+    m = fit((_pt(2, 32, 0.042), _pt(4, 16, 0.026)))
+    assert m.fitted and m.alpha == pytest.approx(0.01, rel=1e-6) and m.beta == pytest.approx(0.001, rel=1e-6)
+    assert fit(()) is None
+
+
+def test_dp_moves_gpus_from_a_job_that_does_not_scale_to_one_that_does():
+    # A: step time independent of local batch (does not scale with GPUs), B: perfectly linear
+    a = _job("A", 2, batch=96, profile=[_pt(4, 24, 0.1), _pt(2, 48, 0.1)])
+    b = _job("B", 1, batch=96, profile=[_pt(2, 48, 0.096), _pt(4, 24, 0.048)])
+    plan = make_policy("dp").decide(_cluster(2, 4, [a, b]))
+    assert plan.target("A").nodes == 1, plan.target("A").reason
+    assert plan.target("B").nodes == 3
+    assert "samples/s" in plan.target("B").reason
+
+
+def test_dp_chooses_the_larger_batch_when_it_pays():
+    c = _job("C", 1, min_nodes=1, max_nodes=1, batch=32, bmin=32, bmax=128,
+             profile=[_pt(2, 16, 0.05), _pt(2, 32, 0.05)])   # fixed step time: bigger is better
+    plan = make_policy("dp").decide(_cluster(1, 4, [c]))
+    assert (plan.target("C").nodes, plan.target("C").batch_size) == (1, 128)
+
+
+def test_a_job_with_no_feasible_size_is_held_not_the_whole_plan():
+    stuck = _job("S", 3, min_nodes=3, profile=[_pt(6, 16, 0.1)])  # batch 64 cannot be cut over 6 GPUs
+    free = _job("F", 1, profile=[_pt(2, 32, 0.064), _pt(4, 16, 0.032)])
+    plan = make_policy("dp").decide(_cluster(4, 4, [stuck, free]))
+    assert plan.target("S") is None and plan.target("F").nodes == 2
+
+
+def test_unmeasured_and_busy_jobs_keep_their_size():
+    a = _job("A", 2)                      # no profile
+    b = _job("B", 1, profile=[_pt(2, 32, 0.064)], busy=True)
+    plan = make_policy("dp").decide(_cluster(4, 4, [a, b]))
+    assert plan.target("A").nodes == 2 and "not measured" in plan.target("A").reason
+    assert plan.target("B") is None
+
+
+def test_pending_jobs_admitted_in_submission_order_others_wait_with_reason():
+    run = _job("R", 3, min_nodes=3, batch=96, profile=[_pt(6, 16, 0.1)])
+    p1 = _job("P1", 1, state="PENDING", submit=1.0)
+    p2 = _job("P2", 1, state="PENDING", submit=2.0)
+    plan = make_policy("dp").decide(_cluster(2, 4, [run, p2, p1]))   # 8 GPUs: 6 + 2
+    assert plan.target("P1").nodes == 1
+    assert plan.target("P2").nodes == 0 and "waits" in plan.target("P2").reason
+
+
+def test_capacity_excludes_unusable_nodes_and_foreign_jobs():
+    snap = ClusterSnapshot(0.0, (NodeView("n1", 4, 0, "idle"), NodeView("n2", 4, 0, "down"),
+                                 NodeView("n3", 4, 4, "allocated")), (), (("n3", 4),))
+    assert capacity(snap) == 4
+
+
+def test_static_changes_nothing_and_unknown_policy_is_refused():
+    assert make_policy("static").decide(_cluster(jobs=[_job("A", 2)])).targets == ()
+    with pytest.raises(PolicyError, match="unknown policy 'nope'"):
+        make_policy("nope")
+    with pytest.raises(PolicyError, match="policy 'dp'"):
+        make_policy("dp", {"bogus": 1})
+
+
+jobs_st = st.lists(st.tuples(st.integers(1, 3), st.integers(1, 4), st.floats(0.01, 0.5),
+                             st.booleans()), min_size=0, max_size=6)
+
+
+@given(jobs=jobs_st, n_nodes=st.integers(1, 6))
+@settings(max_examples=150, deadline=None)
+def test_dp_never_overcommits_and_respects_limits(jobs, n_nodes):
+    views = []
+    for i, (nodes, max_extra, t, pending) in enumerate(jobs):
+        views.append(_job(f"J{i}", nodes, min_nodes=1, max_nodes=nodes + max_extra,
+                          state="PENDING" if pending else "RUNNING", submit=float(i),
+                          profile=[] if pending else [_pt(nodes * 2, 32, t)]))
+    snap = _cluster(n_nodes, 4, views)
+    plan = make_policy("dp").decide(snap)
+    cap = capacity(snap)
+    running_min = sum(v.min_nodes * 2 for v in views if v.state == "RUNNING")
+    if running_min > cap:
+        assert "exceed" in " ".join(plan.notes)
+        return
+    used = 0
+    for t in plan.targets:
+        v = snap.job(t.job_id)
+        if t.nodes:
+            assert v.min_nodes <= t.nodes <= v.max_nodes
+        else:
+            assert v.state == "PENDING"
+        used += t.nodes * v.workers_per_node
+    assert used <= cap
+    assert plan == make_policy("dp").decide(snap)   # deterministic
+
+
+# ---------------------------------------------------------------------------- reconcile
+from hpcsched.reconcile import Costs, reconcile  # noqa: E402
+from hpcsched.snapshot import JobTarget, Plan  # noqa: E402
+
+
+def _snap_ab():
+    a = _job("A", 2, batch=96, profile=[_pt(4, 24, 0.1), _pt(2, 48, 0.1)])
+    b = _job("B", 1, batch=96, profile=[_pt(2, 48, 0.096), _pt(4, 24, 0.048)])
+    a = JobView(**{**a.__dict__, "node_names": ("n1", "n2")})
+    b = JobView(**{**b.__dict__, "node_names": ("n3",)})
+    nodes = tuple(NodeView(f"n{i}", 4, 2 if i <= 3 else 0, "mixed") for i in range(1, 5))
+    return ClusterSnapshot(0.0, nodes, (a, b))
+
+
+def test_reconcile_orders_shrink_before_grow_and_explains():
+    snap = _snap_ab()
+    plan = make_policy("dp").decide(snap)
+    changes, notes = reconcile(plan, snap, Costs(restart_cost=30, shrink_cost=2, horizon=600))
+    assert [(c.job_id, c.kind, c.from_nodes, c.to_nodes) for c in changes] == [
+        ("A", "shrink", 2, 1), ("B", "grow", 1, 3)]
+    assert "samples/s predicted" in changes[1].reason and notes[0].startswith("made:")
+
+
+def test_reconcile_skips_resizes_not_worth_their_restart_cost():
+    snap = _snap_ab()
+    plan = make_policy("dp").decide(snap)
+    changes, notes = reconcile(plan, snap, Costs(restart_cost=10_000, horizon=60))
+    assert changes == [] and notes[0].startswith("not made:")
+
+
+def test_reconcile_defers_a_grow_that_slurm_cannot_place_now():
+    snap = _snap_ab()
+    full = tuple(NodeView(n.name, 4, 2 if n.name == "n3" else 4, "mixed") for n in snap.nodes)
+    snap = ClusterSnapshot(0.0, full, snap.jobs)   # only B's own node n3 has room
+    plan = Plan("test", (JobTarget("B", 3, 96, "test"),))
+    changes, notes = reconcile(plan, snap, Costs(restart_cost=0))
+    assert changes == [] and any("waits" in n for n in notes)
+
+
+def test_reconcile_batch_only_change_when_it_gains_enough():
+    c = _job("C", 1, min_nodes=1, max_nodes=1, batch=32, bmin=32, bmax=128,
+             profile=[_pt(2, 16, 0.05), _pt(2, 32, 0.05)])
+    snap = _cluster(1, 4, [c])
+    changes, _ = reconcile(make_policy("dp").decide(snap), snap)
+    assert [(x.kind, x.from_batch_size, x.to_batch_size) for x in changes] == [("batch", 32, 128)]
