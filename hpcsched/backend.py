@@ -1,0 +1,692 @@
+"""How the daemon observes Slurm: one :class:`Observation` per round, through a :class:`Backend`.
+
+Two backends implement the same interface and pass the same contract tests
+(``tests/test_backend.py``) where they can run:
+
+* :class:`SlurmCLIBackend`: ``squeue --json`` and ``sinfo --json`` (openapi v0.0.38 on Slurm
+  22.05), exactly **2 Slurm commands per observation whatever the number of jobs**, each an
+  argument list (never a shell) with a timeout, run side by side.
+* :class:`PyslurmBackend`: ``pyslurm.Jobs.load()`` and ``pyslurm.Nodes.load()``, only when
+  pyslurm is importable and its major.minor version matches the running Slurm (pyslurm tracks
+  Slurm's release: pyslurm 22.5.x for Slurm 22.05). PyPI has no pyslurm 22.5 wheel, so on Debian
+  12's Slurm 22.05 the CLI backend is the one that runs (``shared/slurm-22.05-notes.md`` §4).
+
+:func:`make_backend` picks one (``"auto"``: pyslurm when :func:`pyslurm_usable`, else the CLI).
+
+What Slurm 22.05.8 really prints (measured on the dev cluster, ``hpcsched devcluster up``)::
+
+    sinfo --json -> {"meta": {...}, "errors": [], "nodes": [{
+        "name": "n1", "state": "mixed", "state_flags": [],          # flags e.g. ["DRAIN"]
+        "gres": "gpu:4",                                             # configured
+        "gres_used": "gpu:2",     # allocated; "gpu:0" when idle, no "(IDX:...)" suffix in 22.05
+        "gres_drained": "N/A", "partitions": ["gpu"],
+        "tres": "cpu=8,mem=16000M,billing=8,gres/gpu=4",
+        "tres_used": "cpu=2,gres/gpu=2",                             # null when idle
+        ...}]}
+    squeue --json -> {"meta": {...}, "errors": [], "jobs": [{"job_id": 55, "job_state": "RUNNING",
+        "nodes": "n[1-3]", "node_count": 3, "tres_per_node": "gres:gpu:2",
+        "gres_detail": ["gpu:2(IDX:0-1)", ...], ...}]}   # every job slurmctld still holds
+
+The GRES parser also accepts the forms other versions and configurations print: typed
+(``gpu:a100:4``), several types (``gpu:a100:2,gpu:v100:2``), index and socket suffixes
+(``gpu:2(IDX:0-1)``, ``gpu:a100:4(S:0-1)``), ``gpu:(null):0(IDX:N/A)``, ``(null)`` and ``N/A``.
+Units: times are Unix seconds, GPU counts are GPUs per node.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Protocol, runtime_checkable
+
+from hpcsched.slurm import (
+    DEFAULT_TIMEOUT,
+    JobInfo,
+    SlurmError,
+    SlurmUnavailable,
+    gpus_from_tres,
+    parse_squeue_json,
+    run,
+)
+from hpcsched.snapshot import NodeView
+
+__all__ = [
+    "Backend", "BackendUnusable", "Observation", "PyslurmBackend", "SlurmCLIBackend",
+    "expand_hostlist", "gres_count", "make_backend", "parse_sinfo_json", "parse_squeue_output",
+    "pyslurm_usable", "slurm_version",
+]
+
+log = logging.getLogger(__name__)
+
+
+class BackendUnusable(RuntimeError):
+    """``make_backend(prefer="pyslurm")`` was asked for a backend that cannot run here."""
+
+
+# --------------------------------------------------------------------------------------------
+# The interface
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The cluster as one round of the daemon sees it.
+
+    Attributes:
+        time: Unix seconds, taken just before the first Slurm call of this observation; what
+            the observation shows is at least this recent.
+        nodes: every node (restricted to the backend's partitions, if it has any), in Slurm's
+            order, each once.
+        jobs: every job Slurm reports, all states (finished ones too until ``MinJobAge``), by
+            job id (a read-only mapping).
+        calls: Slurm calls this observation cost (2 for both backends).
+    """
+
+    time: float
+    nodes: tuple[NodeView, ...]
+    jobs: Mapping[str, JobInfo]
+    calls: int
+
+    def node(self, name: str) -> NodeView | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the daemon needs from Slurm to observe it.
+
+    ``observe()`` raises :class:`~hpcsched.slurm.SlurmUnavailable` when the controller does
+    not answer, and :class:`~hpcsched.slurm.SlurmError` when it answers with an error or with
+    output that is not what Slurm documents. ``calls`` is the running total of Slurm calls made
+    through this backend (read by ``benchmarks/observe_calls.py``).
+    """
+
+    name: str
+    calls: int
+
+    def observe(self) -> Observation: ...
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing helpers (pure)
+# --------------------------------------------------------------------------------------------
+
+
+def _split_top(text: str, sep: str = ",") -> list[str]:
+    """Split on ``sep`` outside parentheses and brackets (``gpu:2(IDX:0,2)``, ``n[1,3]``)."""
+    out, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth = max(0, depth - 1)
+        if ch == sep and depth == 0:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    out.append("".join(cur))
+    return [s.strip() for s in out if s.strip()]
+
+
+_NO_VALUE = {"", "(null)", "n/a", "none"}
+
+
+def gres_count(gres: object, name: str = "gpu") -> int:
+    """Count of GRES ``name`` in a node GRES string, summed over its types.
+
+    ``"gpu:4"`` -> 4, ``"gpu:a100:2,gpu:v100:2"`` -> 4, ``"gpu:2(IDX:0-1)"`` -> 2,
+    ``"gpu:(null):0(IDX:N/A)"`` -> 0, ``"gres:gpu:4"`` / ``"gres/gpu=4"`` -> 4, ``None`` /
+    ``"(null)"`` / ``"N/A"`` -> 0, a bare ``"gpu"`` or ``"gpu:a100"`` -> 1 (Slurm's default count,
+    slurm.conf(5) ``Gres=``). Other GRES (``mps:100``, ``shard:8``) are ignored.
+
+    Raises:
+        SlurmError: ``gres`` is not a string (or None), or a ``name`` entry has a count that is
+            not a whole number.
+    """
+    if gres is None:
+        return 0
+    if not isinstance(gres, str):
+        raise SlurmError(f"GRES: expected a string, got {type(gres).__name__} {gres!r:.80}")
+    if gres.strip().lower() in _NO_VALUE:
+        return 0
+    total = 0
+    for item in _split_top(gres):
+        item = re.sub(r"\([^)]*\)", "", item).strip()        # (IDX:0-1), (S:0-1)
+        for prefix in ("gres:", "gres/"):
+            if item.startswith(prefix):
+                item = item[len(prefix):]
+        if "=" in item:                                       # TRES form gres/gpu=4
+            key, _, cnt = item.partition("=")
+            parts = key.split(":") + [cnt]
+        else:
+            parts = item.split(":")
+        if parts[0] != name:
+            continue
+        if len(parts) == 1 or (len(parts) == 2 and not parts[1].isdigit()):
+            total += 1                                        # "gpu" / "gpu:a100": count 1
+            continue
+        cnt = parts[-1].strip()
+        if not cnt.isdigit():
+            raise SlurmError(f"GRES {gres!r}: count {cnt!r} of {name} is not a whole number")
+        total += int(cnt)
+    return total
+
+
+def _tres_gpus(tres: object) -> int | None:
+    """GPUs in a TRES string (``cpu=2,gres/gpu=2``); ``None`` when it names none."""
+    if not isinstance(tres, str):
+        return None
+    m = re.search(r"(?:^|,)gres/gpu(?::[^=,]+)?=(\d+)", tres)
+    if not m:
+        return None
+    # typed entries (gres/gpu:a100=2) are also counted in the untyped total; take that one
+    untyped = re.search(r"(?:^|,)gres/gpu=(\d+)", tres)
+    return int((untyped or m).group(1))
+
+
+def _node_state(state: object, flags: object) -> str:
+    """``"idle"``, ``"mixed+drain"``, ``"down+not_responding"``: base state and flags, lower
+    case, joined by ``+`` (the form ``scontrol show node`` prints, lowered). 22.05 gives the
+    base state as a string and the flags as a list; later openapi versions give one list."""
+    if isinstance(state, list):
+        words = [str(s) for s in state]
+    elif isinstance(state, str):
+        words = [w for w in state.split("+") if w]
+    elif state is None:
+        words = []
+    else:
+        raise SlurmError(f"node state: expected a string or list, got {state!r:.80}")
+    if flags is not None:
+        if not isinstance(flags, list):
+            raise SlurmError(f"node state_flags: expected a list, got {flags!r:.80}")
+        words += [str(f) for f in flags]
+    out: list[str] = []
+    for w in words:
+        w = w.strip().lower()
+        if w and w not in out:
+            out.append(w)
+    return "+".join(out) or "unknown"
+
+
+def _str_list(value: object, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return tuple(p for p in (s.strip() for s in value.split(",")) if p)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise SlurmError(f"{what}: expected a list of names, got {value!r:.80}")
+
+
+def _load_doc(text: object, what: str, key: str) -> list:
+    """Decode a ``--json`` document and return its ``key`` list, or raise SlurmError."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if not isinstance(text, str):
+        raise SlurmError(f"{what}: expected text, got {type(text).__name__}")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        tail = "(empty)" if not text.strip() else f"(at char {exc.pos} of {len(text)})"
+        raise SlurmError(f"{what}: output is not valid JSON, truncated? {tail}: {exc.msg}") from exc
+    if not isinstance(doc, dict):
+        raise SlurmError(f"{what}: expected a JSON object at top level, got {type(doc).__name__}")
+    errors = doc.get("errors") or []
+    if errors:
+        raise _reported_error(what, errors, doc.get(key))
+    if key not in doc:
+        raise SlurmError(f"{what}: no {key!r} in the output (keys: {sorted(doc)[:8]})")
+    items = doc[key]
+    if not isinstance(items, list):
+        raise SlurmError(f"{what}: {key!r} should be a list, got {type(items).__name__} {items!r:.80}")
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise SlurmError(f"{what}: {key}[{i}] should be an object, got {item!r:.80}")
+    return items
+
+
+def _reported_error(what: str, errors: object, items: object) -> SlurmError:
+    """The exception for a document whose ``errors`` list is not empty.
+
+    Measured on 22.05.8: with the controller unreachable, ``squeue --json`` and ``sinfo --json``
+    exit **0** after about 9 s (the client's connect retries), print nothing on stderr, and print
+    ``{"errors": [{"error": "Unspecified error", "errno": -1}], "nodes": []}`` (sinfo) or
+    ``{"errors": [{"description": "Failed while looking for jobs", "error_number": -1,
+    "error": "Unspecified error", "source": "slurm_load_jobs"}], "jobs": []}`` (squeue). Taking
+    that for "no jobs, no nodes" would be a disaster, so any error fails the observation: with no
+    data and an unspecified error (errno -1) or a failed ``slurm_load_*``, it is
+    :class:`SlurmUnavailable`; otherwise :class:`SlurmError`.
+    """
+    errs = errors if isinstance(errors, list) else [errors]
+    texts, unreachable = [], False
+    for e in errs:
+        if isinstance(e, dict):
+            num = e.get("error_number", e.get("errno"))
+            src = str(e.get("source") or "")
+            texts.append("; ".join(str(e[k]) for k in ("source", "description", "error")
+                                   if e.get(k)) + (f" (errno {num})" if num is not None else ""))
+            if num == -1 or src.startswith("slurm_load_") or _UNREACHABLE_TEXT.search(str(e)):
+                unreachable = True
+        else:
+            texts.append(str(e))
+            unreachable = unreachable or bool(_UNREACHABLE_TEXT.search(str(e)))
+    msg = f"{what} reported errors: {' | '.join(texts)[:300]}"
+    if unreachable and not items:
+        return SlurmUnavailable(msg + " (the controller did not answer?)")
+    return SlurmError(msg)
+
+
+_UNREACHABLE_TEXT = re.compile(
+    r"Unable to contact|Socket timed out|Connection refused|Zero Bytes were transmitted",
+    re.IGNORECASE)
+
+
+def parse_sinfo_json(text: str | bytes) -> tuple[NodeView, ...]:
+    """Parse ``sinfo --json`` (Slurm 22.05, openapi v0.0.38; sinfo(1) ``--json``) into nodes.
+
+    Per node: ``name`` (``hostname`` if missing), ``gpus`` from ``gres``, ``gpus_allocated``
+    from ``gres_used`` (falling back to ``tres_used`` ``gres/gpu=N``, then 0), ``state`` from
+    ``state`` + ``state_flags`` (see :func:`_node_state`), ``partitions``. A node listed more
+    than once (once per partition) is merged: one :class:`NodeView`, partitions united, in first
+    appearance order. Missing optional fields default to 0 / ``"unknown"`` / ``()``.
+
+    Raises:
+        SlurmError: not JSON (e.g. truncated), no ``nodes`` list, a node that is not an object
+            or has no name, or a field of the wrong type.
+    """
+    nodes = _load_doc(text, "sinfo --json", "nodes")
+    merged: dict[str, NodeView] = {}
+    for i, n in enumerate(nodes):
+        name = n.get("name") or n.get("hostname")
+        if not isinstance(name, str) or not name:
+            raise SlurmError(f"sinfo --json: nodes[{i}] has no name: {n!r:.120}")
+        gpus = gres_count(n.get("gres"))
+        used_raw = n.get("gres_used")
+        if isinstance(used_raw, str) and used_raw.strip().lower() not in _NO_VALUE:
+            used = gres_count(used_raw)
+        else:
+            used = _tres_gpus(n.get("tres_used")) or 0
+        state = _node_state(n.get("state"), n.get("state_flags"))
+        parts = _str_list(n.get("partitions"), f"sinfo --json: nodes[{i}].partitions")
+        old = merged.get(name)
+        if old is not None:
+            parts = old.partitions + tuple(p for p in parts if p not in old.partitions)
+            merged[name] = NodeView(old.name, max(old.gpus, gpus),
+                                    max(old.gpus_allocated, used), old.state, parts)
+        else:
+            merged[name] = NodeView(name, gpus, used, state, parts)
+    return tuple(merged.values())
+
+
+def parse_squeue_output(text: str | bytes) -> dict[str, JobInfo]:
+    """``squeue --json`` -> ``{job_id: JobInfo}`` through :func:`hpcsched.slurm.parse_squeue_json`,
+    after checking the document's shape here, so that every malformed input raises
+    :class:`SlurmError` (``parse_squeue_json`` alone lets e.g. ``{"jobs": ["x"]}`` escape as
+    AttributeError)."""
+    jobs = _load_doc(text, "squeue --json", "jobs")
+    for i, j in enumerate(jobs):
+        if j.get("job_id") is None:
+            raise SlurmError(f"squeue --json: jobs[{i}] has no job_id: {j!r:.120}")
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    try:
+        return parse_squeue_json(text)
+    except SlurmError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any shape surprise is a SlurmError to callers
+        raise SlurmError(f"squeue --json: unexpected output ({type(exc).__name__}: {exc})") from exc
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """Expand a Slurm hostlist expression without calling Slurm: ``"n[1-3,5],m01"`` ->
+    ``["n1", "n2", "n3", "n5", "m01"]``; zero padding is kept (``n[01-02]``), several bracket
+    groups multiply (``r[1-2]n[1-2]``). Equivalent to ``scontrol show hostnames`` for these forms.
+
+    Raises:
+        SlurmError: unbalanced brackets or a range that is not numeric.
+    """
+    out: list[str] = []
+    for part in _split_top(expr or ""):
+        out.extend(_expand_one(part, expr))
+    return out
+
+
+def _expand_one(part: str, whole: str) -> list[str]:
+    lb = part.find("[")
+    if lb < 0:
+        if "]" in part:
+            raise SlurmError(f"hostlist {whole!r}: unbalanced ']'")
+        return [part]
+    rb = part.find("]", lb)
+    if rb < 0:
+        raise SlurmError(f"hostlist {whole!r}: unbalanced '['")
+    head, body, tail = part[:lb], part[lb + 1:rb], part[rb + 1:]
+    tails = _expand_one(tail, whole) if tail else [""]
+    out = []
+    for rng in body.split(","):
+        lo, _, hi = rng.strip().partition("-")
+        hi = hi or lo
+        if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo):
+            raise SlurmError(f"hostlist {whole!r}: bad range {rng!r}")
+        width = len(lo) if lo.startswith("0") else 0
+        for k in range(int(lo), int(hi) + 1):
+            out.extend(f"{head}{k:0{width}d}{t}" for t in tails)
+    return out
+
+
+def _restrict(nodes: tuple[NodeView, ...], partitions: Sequence[str]) -> tuple[NodeView, ...]:
+    if not partitions:
+        return nodes
+    want = set(partitions)
+    return tuple(n for n in nodes if want.intersection(n.partitions))
+
+
+# --------------------------------------------------------------------------------------------
+# CLI backend
+# --------------------------------------------------------------------------------------------
+
+
+class SlurmCLIBackend:
+    """Observe Slurm through ``squeue --json`` and ``sinfo --json``: 2 commands per
+    :meth:`observe`, whatever the number of jobs, started side by side.
+
+    Slurm 22.05's ``squeue --json`` ignores ``--jobs``/``--states`` and reports every job it
+    still holds (``hpcsched/slurm.py``), so no filter is passed; ``sinfo --json`` is filtered
+    here (``partitions``), not with ``-p``.
+
+    Args:
+        timeout: seconds each command may take; past it the command is killed and
+            :class:`SlurmUnavailable` is raised. A controller that refuses connections makes
+            the clients retry for about ``MessageTimeout`` (slurm.conf(5), default 10 s) before
+            they give up, so keep this above that only if you would rather wait.
+        partitions: keep only nodes in at least one of these partitions (empty: all nodes).
+            Jobs are never filtered.
+        env: extra environment for the commands (e.g. ``{"SLURM_CONF": ...}``).
+    """
+
+    name = "cli"
+
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT, partitions: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None):
+        if timeout <= 0:
+            raise ValueError("timeout must be positive (seconds)")
+        if isinstance(partitions, str):
+            partitions = [p for p in partitions.split(",") if p]
+        self.timeout = float(timeout)
+        self.partitions = tuple(partitions)
+        self.env = dict(env) if env else None
+        self.calls = 0
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="slurm-observe")
+
+    def __repr__(self) -> str:
+        return f"SlurmCLIBackend(timeout={self.timeout:g}, partitions={list(self.partitions)})"
+
+    def _run(self, args: list[str]) -> str:
+        with self._lock:
+            self.calls += 1
+        return run(args, timeout=self.timeout, env=self.env)
+
+    def observe(self) -> Observation:
+        t = time.time()
+        fut_jobs = self._pool.submit(self._run, ["squeue", "--json"])
+        fut_nodes = self._pool.submit(self._run, ["sinfo", "--json"])
+        # Wait for both before raising, so no command outlives this call.
+        errors = []
+        results = []
+        for fut in (fut_jobs, fut_nodes):
+            try:
+                results.append(fut.result())
+            except Exception as exc:  # noqa: BLE001 - re-raised below
+                errors.append(exc)
+        if errors:
+            # An unreachable controller is the more useful thing to report.
+            errors.sort(key=lambda e: not isinstance(e, SlurmUnavailable))
+            raise errors[0]
+        jobs = parse_squeue_output(results[0])
+        nodes = _restrict(parse_sinfo_json(results[1]), self.partitions)
+        return Observation(time=t, nodes=nodes, jobs=MappingProxyType(jobs), calls=2)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+
+# --------------------------------------------------------------------------------------------
+# pyslurm backend
+# --------------------------------------------------------------------------------------------
+
+
+def slurm_version(timeout: float = 10.0, env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """(major, minor) of the installed Slurm from ``sinfo --version`` (``slurm-wlm 22.05.8`` ->
+    ``(22, 5)``; Slurm's minor is the release month, pyslurm writes it without the 0).
+
+    Raises:
+        SlurmError: sinfo is missing or prints no version.
+    """
+    out = run(["sinfo", "--version"], timeout=timeout, env=dict(env) if env else None)
+    m = re.search(r"(\d+)\.(\d+)(?:\.\d+)?", out)
+    if not m:
+        raise SlurmError(f"sinfo --version: no version in {out.strip()!r:.80}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _pyslurm_version(mod: Any) -> str:
+    v = getattr(mod, "__version__", None)
+    if v is None and callable(getattr(mod, "version", None)):
+        v = mod.version()
+    return str(v or "")
+
+
+def pyslurm_usable() -> tuple[bool, str]:
+    """Whether :class:`PyslurmBackend` can run here, and why (not).
+
+    Usable when ``import pyslurm`` works, it has the new API (``Jobs.load``/``Nodes.load``,
+    pyslurm >= 22.5.2), and its major.minor equals the running Slurm's (``sinfo --version``):
+    pyslurm 22.5.x for Slurm 22.05.x. Never raises.
+    """
+    try:
+        import pyslurm  # type: ignore[import-not-found]
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a libslurm load failure
+        return False, (f"pyslurm cannot be imported ({type(exc).__name__}: {exc}); PyPI has no "
+                       "pyslurm 22.5 for Slurm 22.05 (shared/slurm-22.05-notes.md §4)")
+    pv = _pyslurm_version(pyslurm)
+    m = re.match(r"(\d+)\.(\d+)", pv)
+    if not m:
+        return False, f"pyslurm {pv!r}: cannot read its version"
+    try:
+        smaj, smin = slurm_version()
+    except SlurmError as exc:
+        return False, f"pyslurm {pv} is installed but the Slurm version is unknown: {exc}"
+    if (int(m.group(1)), int(m.group(2))) != (smaj, smin):
+        return False, (f"pyslurm {pv} does not match Slurm {smaj}.{smin:02d} (pyslurm needs the "
+                       f"same major.minor, i.e. pyslurm {smaj}.{smin}.x)")
+    for cls in ("Jobs", "Nodes"):
+        if not callable(getattr(getattr(pyslurm, cls, None), "load", None)):
+            return False, f"pyslurm {pv} has no {cls}.load() (the new API needs pyslurm >= 22.5.2)"
+    return True, f"pyslurm {pv} matches Slurm {smaj}.{smin:02d}"
+
+
+def _attr(obj: Any, *names: str, default: Any = None) -> Any:
+    """First attribute of ``obj`` among ``names`` that exists and is not None (pyslurm renamed
+    several between releases, e.g. ``alloc_gres`` -> ``allocated_gres``)."""
+    for n in names:
+        try:
+            v = getattr(obj, n)
+        except AttributeError:
+            continue
+        if v is not None:
+            return v
+    return default
+
+
+def _gres_dict_count(gres: Any, name: str = "gpu") -> int:
+    """GPUs in a pyslurm GRES dict (``{"gpu": 4}``, ``{"gpu:a100": 2}``,
+    ``{"gpu": {"count": "2", "indexes": "0-1"}}``), or a GRES string."""
+    if not gres:
+        return 0
+    if isinstance(gres, str):
+        return gres_count(gres, name)
+    if not isinstance(gres, Mapping):
+        raise SlurmError(f"pyslurm GRES: expected a dict, got {gres!r:.80}")
+    total = 0
+    for key, val in gres.items():
+        if str(key).split(":")[0] != name:
+            continue
+        if isinstance(val, Mapping):
+            val = val.get("count", 0)
+        try:
+            total += int(val)
+        except (TypeError, ValueError) as exc:
+            raise SlurmError(f"pyslurm GRES {key}={val!r}: not a count") from exc
+    return total
+
+
+class PyslurmBackend:
+    """Observe Slurm through pyslurm's new API (pyslurm >= 22.5.2): ``pyslurm.Jobs.load()`` and
+    ``pyslurm.Nodes.load()``, mapped onto the same :class:`Observation` as the CLI backend.
+
+    **Not exercised in CI here**: pyslurm 22.5 is not on PyPI and cannot be installed on this
+    project's Slurm 22.05 hosts (``shared/slurm-22.05-notes.md`` §4), so this is written from
+    pyslurm's documentation and source (pyslurm.github.io/22.5, ``pyslurm/core/job/job.pyx``,
+    ``pyslurm/core/node.pyx``), and the contract tests skip it with :func:`pyslurm_usable`'s reason.
+
+    ``calls`` counts 2 per observation (one ``load()`` each); ``Nodes.load()`` sends two RPCs
+    itself (nodes and partitions). libslurm has no per-call timeout: a dead controller makes it
+    wait ``MessageTimeout`` (slurm.conf(5)) per retry, so ``timeout`` is accepted for interface
+    parity and ignored. Known pyslurm < 23.2.3 quirks handled: ``allocated_gres`` may be empty
+    (then GPUs in use are summed from running jobs), and a partly used node may read
+    ``ALLOCATED`` instead of ``MIXED`` (left as reported).
+    """
+
+    name = "pyslurm"
+
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT, partitions: Sequence[str] = (),
+                 _module: Any = None):
+        if _module is None:
+            ok, reason = pyslurm_usable()
+            if not ok:
+                raise BackendUnusable(reason)
+            import pyslurm  # type: ignore[import-not-found]
+            _module = pyslurm
+        if isinstance(partitions, str):
+            partitions = [p for p in partitions.split(",") if p]
+        self._ps = _module
+        self.timeout = float(timeout)
+        self.partitions = tuple(partitions)
+        self.calls = 0
+
+    def _load(self, what: str, fn: Callable[[], Any]) -> Any:
+        self.calls += 1
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - pyslurm.RPCError and friends
+            msg = f"pyslurm {what}: {exc}"
+            if _UNREACHABLE_TEXT.search(str(exc)) or "communication" in str(exc).lower():
+                raise SlurmUnavailable(msg) from exc
+            raise SlurmError(msg) from exc
+
+    @staticmethod
+    def _values(coll: Any) -> list:
+        # pyslurm 22.5: a dict by id/name; >= 23.2.2 a MultiClusterMap whose values() spans clusters
+        return list(coll.values()) if hasattr(coll, "values") else list(coll)
+
+    def observe(self) -> Observation:
+        t = time.time()
+        jobs_raw = self._load("Jobs.load()", self._ps.Jobs.load)
+        nodes_raw = self._load("Nodes.load()", self._ps.Nodes.load)
+        try:
+            jobs = {j.job_id: j for j in map(self._job, self._values(jobs_raw))}
+            nodes = [self._node(n) for n in self._values(nodes_raw)]
+        except SlurmError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - attribute surprises between pyslurm versions
+            raise SlurmError(f"pyslurm: unexpected data ({type(exc).__name__}: {exc})") from exc
+        nodes = self._fill_allocated(nodes, jobs)
+        return Observation(time=t, nodes=_restrict(tuple(nodes), self.partitions),
+                           jobs=MappingProxyType(jobs), calls=2)
+
+    @staticmethod
+    def _job(j: Any) -> JobInfo:
+        gres = _attr(j, "gres_per_node", default={})
+        gpn = _gres_dict_count(gres) if not isinstance(gres, str) else gpus_from_tres(gres)
+        return JobInfo(
+            job_id=str(_attr(j, "id", "job_id")),
+            name=str(_attr(j, "name", default="")),
+            user=str(_attr(j, "user_name", "user_id", default="")),
+            state=str(_attr(j, "state", default="")).upper(),
+            state_reason=str(_attr(j, "state_reason", default="")),
+            partition=str(_attr(j, "partition", default="")),
+            nodes=str(_attr(j, "allocated_nodes", "nodes", default="")),
+            node_count=int(_attr(j, "num_nodes", default=0)),
+            gpus_per_node=gpn,
+            restarts=int(_attr(j, "requeue_count", "restart_cnt", default=0)),
+            batch_host=str(_attr(j, "batch_host", default="")),
+            priority=int(_attr(j, "priority", default=0)),
+        )
+
+    @staticmethod
+    def _node(n: Any) -> NodeView:
+        state = str(_attr(n, "state", default="unknown"))
+        parts = _attr(n, "partitions", default=())
+        return NodeView(
+            name=str(n.name),
+            gpus=_gres_dict_count(_attr(n, "configured_gres", "gres", default={})),
+            gpus_allocated=_gres_dict_count(_attr(n, "allocated_gres", "alloc_gres", default={})),
+            state=_node_state(state, None),
+            partitions=_str_list(list(parts) if not isinstance(parts, str) else parts, "partitions"),
+        )
+
+    @staticmethod
+    def _fill_allocated(nodes: list[NodeView], jobs: Mapping[str, JobInfo]) -> list[NodeView]:
+        """pyslurm < 23.2.3 returns an empty ``allocated_gres``: when every node reads 0, sum the
+        GPUs per node of running jobs instead (what ``gres_used`` would say)."""
+        if any(n.gpus_allocated for n in nodes):
+            return nodes
+        used: dict[str, int] = {}
+        for j in jobs.values():
+            if j.state in ("RUNNING", "COMPLETING", "SUSPENDED") and j.gpus_per_node and j.nodes:
+                for host in expand_hostlist(j.nodes):
+                    used[host] = used.get(host, 0) + j.gpus_per_node
+        return [NodeView(n.name, n.gpus, min(n.gpus, used.get(n.name, 0)), n.state, n.partitions)
+                for n in nodes]
+
+
+# --------------------------------------------------------------------------------------------
+# Choosing one
+# --------------------------------------------------------------------------------------------
+
+
+def make_backend(prefer: str = "auto", **kw: Any) -> Backend:
+    """The backend to observe Slurm with.
+
+    Args:
+        prefer: ``"auto"`` (pyslurm when :func:`pyslurm_usable`, else the CLI), ``"cli"``, or
+            ``"pyslurm"``.
+        **kw: passed to the constructor (``timeout`` in seconds, ``partitions``; ``env`` for the
+            CLI backend only).
+
+    Raises:
+        BackendUnusable: ``prefer="pyslurm"`` and pyslurm cannot be used (the message says why).
+        ValueError: unknown ``prefer``.
+    """
+    prefer = (prefer or "auto").lower()
+    if prefer == "cli":
+        return SlurmCLIBackend(**kw)
+    if prefer not in ("auto", "pyslurm"):
+        raise ValueError(f"unknown backend {prefer!r}: use auto, cli or pyslurm")
+    ok, reason = pyslurm_usable()
+    if ok:
+        kw.pop("env", None)
+        return PyslurmBackend(**kw)
+    if prefer == "pyslurm":
+        raise BackendUnusable(f"pyslurm backend unusable: {reason}")
+    log.info("using the Slurm CLI backend: %s", reason)
+    return SlurmCLIBackend(**kw)

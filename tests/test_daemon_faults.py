@@ -1,0 +1,137 @@
+"""The daemon under faults, on the real dev cluster.
+
+* SIGKILLed in the middle of a grow (after it asked for the checkpoint; after Slurm requeued the
+  job), then started again: the job finishes at the new size, is requeued exactly once, is never
+  left held or pending, and the journal holds the action once, observed.
+* slurmctld stopped for a while: the daemon stays up, records failed rounds, takes no action on
+  stale state, and carries on when the controller is back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcsched import devcluster as dc
+from hpcsched import slurm
+from hpcsched.jobdir import JobDir
+from hpcsched.store import Store
+
+from .conftest import EXAMPLE, wait_for
+from .jobrecords import check_exactly_once, load_records
+from .test_daemon_slurm import blocker, daemon_env, finished, start_daemon, stop_daemon, submit  # noqa: F401
+
+DIGITS = 1797
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def _open_grow(store: Store, job_id: str):
+    acts = [a for a in store.actions(job_id) if a.kind == "grow"]
+    return acts[0] if acts else None
+
+
+@pytest.mark.parametrize("kill_at", ["checkpoint-requested", "requeued"])
+def test_daemon_killed_mid_grow_resumes_without_doing_anything_twice(daemon_env, blocker,
+                                                                      slurm_jobs, kill_at):
+    tmp_path, db = daemon_env
+    job = submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-max-nodes", "2",
+                 "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", "40",
+                 "--sample-time", "0.002")
+    slurm_jobs.append(job)
+    proc = start_daemon(tmp_path)
+    store = None
+    try:
+        wait_for(lambda: db.exists(), 60, "the daemon's database")
+        store = Store(f"sqlite:///{db}")
+        wait_for(lambda: store.current_revision(), 60, "the daemon's schema")
+        if kill_at == "checkpoint-requested":
+            wait_for(lambda: (a := _open_grow(store, job)) and a.status == "applied", 180,
+                     "the daemon to request a grow", interval=0.02)
+        else:
+            wait_for(lambda: (i := slurm.job_info(job)) and i.restarts == 1 and i.state == "PENDING",
+                     180, "the grow's requeue", interval=0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        killed_at = time.time()
+        action = _open_grow(store, job)
+        assert action.status in ("planned", "applied"), action
+        time.sleep(4)  # the job meanwhile checkpoints / sits requeued with nobody to release it
+        proc = start_daemon(tmp_path, "daemon2.log")
+        infos = wait_for(lambda: finished([job]), 300, "the job to finish", interval=1)
+    finally:
+        stop_daemon(proc)
+    log2 = (tmp_path / "daemon2.log").read_text()
+    out = (tmp_path / f"slurm-{job}.out").read_text()
+    assert infos[job].state == "COMPLETED", out[-2000:]
+    assert f"resuming grow action {action.id}" in log2, log2[-3000:]
+    grows = [a for a in store.actions(job) if a.kind == "grow"]
+    assert [(a.id, a.status) for a in grows] == [(action.id, "observed")], grows
+    assert infos[job].restarts == 1, "requeued more than once"
+    recs = load_records(JobDir.for_job(job).path)
+    check_exactly_once(recs, DIGITS, 40)
+    grown = [r for r in recs if r["generation"] == action.generation]
+    assert grown and {r["world_size"] for r in grown} == {4}
+    # it ran again promptly: no 121 s requeue hold and no lost release
+    assert min(r["t"] for r in grown) - killed_at < 60
+
+
+def _slurmctld_pid() -> int:
+    return int((dc.default_state_dir() / "run" / "slurmctld.pid").read_text().split()[0])
+
+
+def _dead(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_daemon_survives_slurmctld_outage_and_acts_on_nothing_stale(daemon_env, devcluster,
+                                                                     slurm_jobs):
+    tmp_path, db = daemon_env
+    cfg = Path(os.environ["HPCSCHED_CONFIG"])
+    cfg.write_text(cfg.read_text().replace("round_interval = 2.0",
+                                           "round_interval = 1.0\nslurm_timeout = 3.0"))
+    job = submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-max-nodes", "2",
+                 "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", "60",
+                 "--min-step-time", "0.05")
+    slurm_jobs.append(job)
+    proc = start_daemon(tmp_path)
+    try:
+        wait_for(lambda: db.exists(), 60, "the daemon's database")
+        store = Store(f"sqlite:///{db}")
+        wait_for(lambda: store.current_revision(), 60, "the daemon's schema")
+        wait_for(lambda: any(r.error is None and r.jobs for r in store.rounds()), 60, "a good round")
+        pid = _slurmctld_pid()
+        os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: _dead(pid), 30, "slurmctld to stop")
+        down_at = time.time()
+        wait_for(lambda: sum(1 for r in store.rounds(50) if r.started_at > down_at and r.error) >= 3,
+                 60, "three rounds during the outage")
+        assert proc.poll() is None, "the daemon died with the controller"
+        up_at = time.time()
+        subprocess.run(["slurmctld", "-i"], check=True, timeout=30,
+                       env={**os.environ, "SLURM_CONF": str(devcluster)})
+        wait_for(lambda: any(r.started_at > up_at and r.error is None and r.jobs
+                             for r in store.rounds(50)), 60, "a good round after the outage")
+        assert proc.poll() is None
+    finally:
+        stop_daemon(proc)
+        if _dead(_slurmctld_pid()):  # never leave the shared cluster without its controller
+            subprocess.run(["slurmctld", "-i"], timeout=30,
+                           env={**os.environ, "SLURM_CONF": str(devcluster)})
+    rounds = store.rounds(500)
+    # rounds that ran entirely while the controller was away failed, and acted on nothing
+    outage = [r for r in rounds if down_at < r.started_at and r.started_at + r.duration < up_at]
+    assert len(outage) >= 3 and all(r.error and "Slurm" in r.error for r in outage)
+    assert all(r.actions == 0 for r in rounds if r.error)
+    by_round = {r.id: r for r in rounds}
+    for a in store.actions(limit=500):
+        if down_at <= a.created_at <= up_at:
+            assert by_round[a.round_id].error is None, f"action {a.id} planned on stale state"
+    assert proc.returncode == 0
