@@ -51,7 +51,11 @@ from hpcsched.slurm import (
     JobInfo,
     SlurmError,
     SlurmUnavailable,
+    _UNREACHABLE,
     gpus_from_tres,
+    _load_doc,
+    _split_top,
+    expand_hostlist,
     parse_squeue_json,
     run,
 )
@@ -117,23 +121,6 @@ class Backend(Protocol):
 # --------------------------------------------------------------------------------------------
 # Parsing helpers (pure)
 # --------------------------------------------------------------------------------------------
-
-
-def _split_top(text: str, sep: str = ",") -> list[str]:
-    """Split on ``sep`` outside parentheses and brackets (``gpu:2(IDX:0,2)``, ``n[1,3]``)."""
-    out, depth, cur = [], 0, []
-    for ch in text:
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth = max(0, depth - 1)
-        if ch == sep and depth == 0:
-            out.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    out.append("".join(cur))
-    return [s.strip() for s in out if s.strip()]
 
 
 _NO_VALUE = {"", "(null)", "n/a", "none"}
@@ -226,68 +213,6 @@ def _str_list(value: object, what: str) -> tuple[str, ...]:
     raise SlurmError(f"{what}: expected a list of names, got {value!r:.80}")
 
 
-def _load_doc(text: object, what: str, key: str) -> list:
-    """Decode a ``--json`` document and return its ``key`` list, or raise SlurmError."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    if not isinstance(text, str):
-        raise SlurmError(f"{what}: expected text, got {type(text).__name__}")
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        tail = "(empty)" if not text.strip() else f"(at char {exc.pos} of {len(text)})"
-        raise SlurmError(f"{what}: output is not valid JSON, truncated? {tail}: {exc.msg}") from exc
-    if not isinstance(doc, dict):
-        raise SlurmError(f"{what}: expected a JSON object at top level, got {type(doc).__name__}")
-    errors = doc.get("errors") or []
-    if errors:
-        raise _reported_error(what, errors, doc.get(key))
-    if key not in doc:
-        raise SlurmError(f"{what}: no {key!r} in the output (keys: {sorted(doc)[:8]})")
-    items = doc[key]
-    if not isinstance(items, list):
-        raise SlurmError(f"{what}: {key!r} should be a list, got {type(items).__name__} {items!r:.80}")
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise SlurmError(f"{what}: {key}[{i}] should be an object, got {item!r:.80}")
-    return items
-
-
-def _reported_error(what: str, errors: object, items: object) -> SlurmError:
-    """The exception for a document whose ``errors`` list is not empty.
-
-    Measured on 22.05.8: with the controller unreachable, ``squeue --json`` and ``sinfo --json``
-    exit **0** after about 9 s (the client's connect retries), print nothing on stderr, and print
-    ``{"errors": [{"error": "Unspecified error", "errno": -1}], "nodes": []}`` (sinfo) or
-    ``{"errors": [{"description": "Failed while looking for jobs", "error_number": -1,
-    "error": "Unspecified error", "source": "slurm_load_jobs"}], "jobs": []}`` (squeue). Taking
-    that for "no jobs, no nodes" would be a disaster, so any error fails the observation: with no
-    data and an unspecified error (errno -1) or a failed ``slurm_load_*``, it is
-    :class:`SlurmUnavailable`; otherwise :class:`SlurmError`.
-    """
-    errs = errors if isinstance(errors, list) else [errors]
-    texts, unreachable = [], False
-    for e in errs:
-        if isinstance(e, dict):
-            num = e.get("error_number", e.get("errno"))
-            src = str(e.get("source") or "")
-            texts.append("; ".join(str(e[k]) for k in ("source", "description", "error")
-                                   if e.get(k)) + (f" (errno {num})" if num is not None else ""))
-            if num == -1 or src.startswith("slurm_load_") or _UNREACHABLE_TEXT.search(str(e)):
-                unreachable = True
-        else:
-            texts.append(str(e))
-            unreachable = unreachable or bool(_UNREACHABLE_TEXT.search(str(e)))
-    msg = f"{what} reported errors: {' | '.join(texts)[:300]}"
-    if unreachable and not items:
-        return SlurmUnavailable(msg + " (the controller did not answer?)")
-    return SlurmError(msg)
-
-
-_UNREACHABLE_TEXT = re.compile(
-    r"Unable to contact|Socket timed out|Connection refused|Zero Bytes were transmitted",
-    re.IGNORECASE)
-
 
 def parse_sinfo_json(text: str | bytes) -> tuple[NodeView, ...]:
     """Parse ``sinfo --json`` (Slurm 22.05, openapi v0.0.38; sinfo(1) ``--json``) into nodes.
@@ -324,62 +249,6 @@ def parse_sinfo_json(text: str | bytes) -> tuple[NodeView, ...]:
         else:
             merged[name] = NodeView(name, gpus, used, state, parts)
     return tuple(merged.values())
-
-
-def parse_squeue_output(text: str | bytes) -> dict[str, JobInfo]:
-    """``squeue --json`` -> ``{job_id: JobInfo}`` through :func:`hpcsched.slurm.parse_squeue_json`,
-    after checking the document's shape here, so that every malformed input raises
-    :class:`SlurmError` (``parse_squeue_json`` alone lets e.g. ``{"jobs": ["x"]}`` escape as
-    AttributeError)."""
-    jobs = _load_doc(text, "squeue --json", "jobs")
-    for i, j in enumerate(jobs):
-        if j.get("job_id") is None:
-            raise SlurmError(f"squeue --json: jobs[{i}] has no job_id: {j!r:.120}")
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    try:
-        return parse_squeue_json(text)
-    except SlurmError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any shape surprise is a SlurmError to callers
-        raise SlurmError(f"squeue --json: unexpected output ({type(exc).__name__}: {exc})") from exc
-
-
-def expand_hostlist(expr: str) -> list[str]:
-    """Expand a Slurm hostlist expression without calling Slurm: ``"n[1-3,5],m01"`` ->
-    ``["n1", "n2", "n3", "n5", "m01"]``; zero padding is kept (``n[01-02]``), several bracket
-    groups multiply (``r[1-2]n[1-2]``). Equivalent to ``scontrol show hostnames`` for these forms.
-
-    Raises:
-        SlurmError: unbalanced brackets or a range that is not numeric.
-    """
-    out: list[str] = []
-    for part in _split_top(expr or ""):
-        out.extend(_expand_one(part, expr))
-    return out
-
-
-def _expand_one(part: str, whole: str) -> list[str]:
-    lb = part.find("[")
-    if lb < 0:
-        if "]" in part:
-            raise SlurmError(f"hostlist {whole!r}: unbalanced ']'")
-        return [part]
-    rb = part.find("]", lb)
-    if rb < 0:
-        raise SlurmError(f"hostlist {whole!r}: unbalanced '['")
-    head, body, tail = part[:lb], part[lb + 1:rb], part[rb + 1:]
-    tails = _expand_one(tail, whole) if tail else [""]
-    out = []
-    for rng in body.split(","):
-        lo, _, hi = rng.strip().partition("-")
-        hi = hi or lo
-        if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo):
-            raise SlurmError(f"hostlist {whole!r}: bad range {rng!r}")
-        width = len(lo) if lo.startswith("0") else 0
-        for k in range(int(lo), int(hi) + 1):
-            out.extend(f"{head}{k:0{width}d}{t}" for t in tails)
-    return out
 
 
 def _restrict(nodes: tuple[NodeView, ...], partitions: Sequence[str]) -> tuple[NodeView, ...]:
@@ -589,7 +458,7 @@ class PyslurmBackend:
             return fn()
         except Exception as exc:  # noqa: BLE001 - pyslurm.RPCError and friends
             msg = f"pyslurm {what}: {exc}"
-            if _UNREACHABLE_TEXT.search(str(exc)) or "communication" in str(exc).lower():
+            if _UNREACHABLE.search(str(exc)) or "communication" in str(exc).lower():
                 raise SlurmUnavailable(msg) from exc
             raise SlurmError(msg) from exc
 
@@ -690,3 +559,7 @@ def make_backend(prefer: str = "auto", **kw: Any) -> Backend:
         raise BackendUnusable(f"pyslurm backend unusable: {reason}")
     log.info("using the Slurm CLI backend: %s", reason)
     return SlurmCLIBackend(**kw)
+
+
+# squeue's parser lives in hpcsched.slurm (the actuator needs the same checks)
+parse_squeue_output = parse_squeue_json

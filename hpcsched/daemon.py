@@ -17,7 +17,8 @@
 * **record**: the round (time, duration, policy, objective, Slurm calls, policy time).
 
 Jobs are hpcsched's when their Slurm id has a job directory (``by-id/<id>``) under the
-control directory, and they are in a managed partition.
+control directory, and they are in a managed partition. A held job (``scontrol hold``, ``sbatch
+--hold``) is left alone: whoever held it decides when it may run, and at what size.
 """
 
 from __future__ import annotations
@@ -178,7 +179,8 @@ class Daemon:
         busy = self._resume(managed, rep)
         views = tuple(self._view(jd, spec, info, job_id in busy)
                       for job_id, (jd, spec, info) in managed.items()
-                      if info.state in ("RUNNING", "PENDING"))
+                      if info.state == "RUNNING" or (
+                          info.state == "PENDING" and not info.state_reason.startswith("JobHeld")))
         rep.jobs = len(views)
         mine = {j.job_id for j in views}
         other: dict[str, int] = {}
@@ -225,6 +227,11 @@ class Daemon:
                 self.actuator.start(action, jd, spec)
                 self.store.set_action_status(aid, "applied")
             self.actuator.drive(action, jd, spec, result)
+        except slurm.SlurmUnavailable as exc:
+            # not a failure of the resize: it stays open and the next round resumes it
+            log.warning("job %s: %s interrupted, Slurm did not answer (%s); resumes next round",
+                        action.job_id, action.kind, exc)
+            return "interrupted"
         except (ResizeFailed, slurm.SlurmError, ctl.ProtocolError) as exc:
             self.store.set_action_status(aid, "failed", error=str(exc))
             log.error("job %s: %s to %d node(s) failed: %s", action.job_id, action.kind,
