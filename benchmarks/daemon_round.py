@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -33,7 +31,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _report import write_report  # noqa: E402
 from hpcsched import devcluster  # noqa: E402
 from hpcsched.config import defaults  # noqa: E402
 from hpcsched.daemon import Daemon  # noqa: E402
@@ -107,12 +107,7 @@ def main() -> int:
         c, d, n = r["slurm_calls_per_round"], r["round_s"], r["round_without_policy_s"]
         print(f"{pol:<8} {c['max']:>18} {d['median']:>8.3f}/{d['p95']:.3f}/{d['max']:.3f}      "
               f"{n['median']:>8.3f}/{n['p95']:.3f}/{n['max']:.3f}        {r['policy_s']['median']:>10.4f}")
-    doc = {"benchmark": "daemon_round", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-           "jobs": args.jobs, "rounds": args.rounds, "results": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, "daemon_round", jobs=args.jobs, rounds=args.rounds, results=results)
     return 0
 
 

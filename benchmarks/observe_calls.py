@@ -24,10 +24,8 @@ is down, which needs root). Prints a table and writes JSON (``--out``, default
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -37,7 +35,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _report import write_report  # noqa: E402
 from hpcsched import devcluster  # noqa: E402
 from hpcsched.backend import make_backend  # noqa: E402
 
@@ -148,22 +148,15 @@ def main() -> int:
         print(f"per-job alternative (scontrol show job -o, once): {naive['calls']} calls, "
               f"{naive['wall_s']:.2f} s")
 
-    doc = {
-        "benchmark": "observe_calls",
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "slurm": release,
-        "backend": backend.name,
-        "held_jobs": args.jobs,
-        "submit_s": submit_s,
-        "squeue_json_bytes": squeue_bytes,
-        "baseline": baseline,
-        "loaded": loaded,
-        "per_job_scontrol": naive,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, "observe_calls",
+                 slurm=release,
+                 backend=backend.name,
+                 held_jobs=args.jobs,
+                 submit_s=submit_s,
+                 squeue_json_bytes=squeue_bytes,
+                 baseline=baseline,
+                 loaded=loaded,
+                 per_job_scontrol=naive)
     return 0
 
 

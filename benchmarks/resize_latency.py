@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _report import write_report  # noqa: E402
 from hpcsched import control as ctl  # noqa: E402
 from hpcsched import devcluster  # noqa: E402
 from hpcsched.jobdir import JobDir  # noqa: E402
@@ -188,12 +189,7 @@ def main() -> int:
         print(f"{kind:<7} {fmt(h):>9} {fmt(ck):>11} {fmt(after):>11} {fmt(n):>8} {n / h:>8.1f}x")
     print("batch-only: steps started between the request and the new configuration:",
           summary["batch"]["steps_in_flight"], "(0 = applied at the next step)")
-    doc = {"benchmark": "resize_latency", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-           "repeats": args.repeats, "summary": summary, "runs": runs}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, "resize_latency", repeats=args.repeats, summary=summary, runs=runs)
     return 0
 
 

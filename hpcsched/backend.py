@@ -35,7 +35,6 @@ Units: times are Unix seconds, GPU counts are GPUs per node.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import threading

@@ -22,9 +22,8 @@ from hpcsched import slurm
 from hpcsched.jobdir import JobDir
 from hpcsched.store import Store
 
-from .conftest import EXAMPLE, wait_for
+from .conftest import EXAMPLE, finished, start_daemon, stop_daemon, submit, wait_for
 from .jobrecords import check_exactly_once, load_records
-from .test_daemon_slurm import blocker, daemon_env, finished, start_daemon, stop_daemon, submit  # noqa: F401
 
 DIGITS = 1797
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

@@ -109,7 +109,7 @@ class ElasticDP:
         fixed = {j.job_id for j in running if j.busy}
         need = sum(j.gpus if j.job_id in fixed else j.min_nodes * j.workers_per_node
                    for j in running)
-        notes, targets = [], []
+        targets = []
         admitted: list[JobView] = []
         for j in pending:
             m = j.min_nodes * j.workers_per_node
