@@ -182,3 +182,13 @@ def test_reconcile_batch_only_change_when_it_gains_enough():
     snap = _cluster(1, 4, [c])
     changes, _ = reconcile(make_policy("dp").decide(snap), snap)
     assert [(x.kind, x.from_batch_size, x.to_batch_size) for x in changes] == [("batch", 32, 128)]
+
+
+def test_pending_job_starts_smaller_when_only_its_minimum_fits():
+    run = _job("R", 2, min_nodes=2, max_nodes=2, profile=[_pt(4, 16, 0.1)])
+    pend = _job("P", 3, min_nodes=1, max_nodes=3, state="PENDING", batch=96)   # asks 6 GPUs
+    snap = _cluster(2, 4, [run, pend])                                        # 8: 4 left
+    plan = make_policy("dp").decide(snap)
+    assert plan.target("P").nodes == 2, plan
+    changes, _ = reconcile(plan, snap)
+    assert [(c.job_id, c.kind, c.from_nodes, c.to_nodes) for c in changes] == [("P", "pending", 3, 2)]

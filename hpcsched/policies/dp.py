@@ -18,7 +18,9 @@ What this implementation adds around the paper's recurrence, and why:
   wait, with the reason. This keeps the DP's throughput objective from starving a new job.
 * **Unmeasured jobs** (no profile yet) keep their current size and batch size: their throughput
   is unknown, so the DP does not move them; their value is a tiny per-GPU epsilon so spare GPUs
-  are not left idle.
+  are not left idle. A pending one may start smaller than it asked, down to its minimum, when
+  that is what fits (the largest size that fits wins, by the epsilon); its size is then set
+  before it starts.
 * **Capacity** ``K`` counts GPUs on usable nodes of the managed partitions, minus those held by
   jobs hpcsched does not manage. Whether a grow also fits node by node is checked when the plan
   is reconciled against the cluster.
@@ -45,7 +47,10 @@ class _Option:
 
 def _options(job: JobView, model: ThroughputModel | None, lo_nodes: int) -> list[_Option]:
     wpn = job.workers_per_node
-    if model is None:
+    if model is None and job.state == "PENDING":
+        # not started yet: may start smaller, down to its minimum (it was admitted at that)
+        nodes = list(range(max(lo_nodes, job.min_nodes), max(job.min_nodes, min(job.nodes, job.max_nodes)) + 1))
+    elif model is None:
         nodes = [max(lo_nodes, min(job.nodes, job.max_nodes))]
     else:
         nodes = list(range(max(lo_nodes, job.min_nodes), job.max_nodes + 1))
