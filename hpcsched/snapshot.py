@@ -89,10 +89,29 @@ class JobView:
     busy: bool = False
     user: str = ""
     partition: str = ""
+    attained_gpu_seconds: float = 0.0      # GPU-seconds of service so far (Tiresias' 2D-LAS)
+    remaining_samples: float | None = None  # samples left to train on, if the job says
+    grad_noise: tuple[float, float] | None = None  # (grad_sqr, grad_var) latest, if reported
 
     @property
     def gpus(self) -> int:
         return self.nodes * self.workers_per_node
+
+
+@dataclass(frozen=True)
+class GPUView:
+    """One GPU and how much slower it runs each application class than a median GPU.
+
+    ``slowdown`` maps an application class (e.g. PAL's ``A``..``D``) to a multiplier >= 0
+    (1 = median, > 1 = slower), from per-GPU measurements (Jain et al., SC'24, §3).
+    """
+
+    node: str
+    index: int
+    slowdown: tuple[tuple[str, float], ...] = ()
+
+    def slowdown_for(self, app_class: str) -> float:
+        return dict(self.slowdown).get(app_class, 1.0)
 
 
 @dataclass(frozen=True)
@@ -107,6 +126,7 @@ class ClusterSnapshot:
     jobs: tuple[JobView, ...]
     other_gpus_allocated: tuple[tuple[str, int], ...] = ()
     partitions: tuple[str, ...] = ()
+    gpus: tuple[GPUView, ...] = ()    # per-GPU variability, where measured
 
     def job(self, job_id: str) -> JobView | None:
         return next((j for j in self.jobs if j.job_id == job_id), None)
