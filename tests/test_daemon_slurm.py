@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from hpcsched import slurm
 from hpcsched.jobdir import JobDir
 from hpcsched.store import Store
 
@@ -66,3 +67,26 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
     assert row["profile"], "status shows no throughput profile"
     table = cli("hpcsched", "status").stdout
     assert "grow" in table and "shrink" in table
+
+
+def test_dry_run_decides_and_logs_but_never_acts(daemon_env, blocker, slurm_jobs):
+    tmp_path, db = daemon_env
+    job = submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-max-nodes", "2",
+                 "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", "30",
+                 "--sample-time", "0.002")
+    slurm_jobs.append(job)
+    jd = None
+
+    def measured():
+        nonlocal jd
+        jd = jd or JobDir.for_job(job)
+        return len(load_records(jd.path)) > 40
+
+    wait_for(measured, 120, "the job to report some steps")
+    for _ in range(2):
+        r = cli("hpcsched", "-v", "daemon", "--once", "--dry-run")
+    assert f"job {job} would grow: 1 -> 2 node(s)" in r.stderr, r.stderr[-3000:]
+    store = Store(f"sqlite:///{db}")
+    assert store.actions(job) == [] and all(x.dry_run for x in store.rounds())
+    info = slurm.job_info(job)
+    assert (info.node_count, info.restarts) == (1, 0)
