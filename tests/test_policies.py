@@ -192,3 +192,68 @@ def test_pending_job_starts_smaller_when_only_its_minimum_fits():
     assert plan.target("P").nodes == 2, plan
     changes, _ = reconcile(plan, snap)
     assert [(c.job_id, c.kind, c.from_nodes, c.to_nodes) for c in changes] == [("P", "pending", 3, 2)]
+
+
+# --------------------------------------------------------------------------------- ONES
+from hpcsched.policies.ones import ONES  # noqa: E402
+
+
+def _contended():
+    a = _job("A", 2, batch=96, profile=[_pt(4, 24, 0.1), _pt(2, 48, 0.1)])          # flat
+    b = _job("B", 1, batch=96, profile=[_pt(2, 48, 0.096), _pt(4, 24, 0.048)])      # scales
+    c = _job("C", 1, batch=96, profile=[_pt(2, 48, 0.096)])
+    return _cluster(2, 4, [a, b, c])
+
+
+def test_ones_improves_fitness_over_generations_and_moves_gpus_to_the_scaling_job():
+    ones = ONES(population=16, generations=15)
+    plan = ones.decide(_contended(), seed=3)
+    h = ones.history
+    assert h[-1] <= h[0] and all(x >= y for x, y in zip(h, h[1:])), h   # elitism: never worse
+    assert plan.target("A").nodes == 1 and plan.target("B").nodes >= 2, plan
+    assert "remaining" in plan.notes[0]
+
+
+def test_ones_is_deterministic_and_carries_its_population():
+    p1 = ONES().decide(_contended(), seed=7)
+    p2 = ONES().decide(_contended(), seed=7)
+    assert p1 == p2
+    ones = ONES()
+    ones.decide(_contended(), seed=7)
+    assert set(ones._carried) == {"A", "B", "C"}
+    snap = _contended()
+    gone = ClusterSnapshot(snap.time, snap.nodes, snap.jobs[:2])            # C finished
+    ones.decide(gone, seed=8)
+    assert set(ones._carried) == {"A", "B"}
+
+
+def test_ones_seeded_with_dp_is_never_worse_than_the_dp():
+    snap = _contended()
+    ones = ONES(population=8, generations=3, seed_with_dp=True)
+    plan = ones.decide(snap, seed=1)
+    dp = make_policy("dp").decide(snap)
+    from hpcsched.policies.ones import ONES as _O
+    t = ones._table(list(snap.jobs), set())
+    import numpy as np
+    as_genes = lambda p: np.array([[p.target(j.job_id).nodes for j in snap.jobs]])  # noqa: E731
+    assert _O._fitness(t, as_genes(plan))[0] <= _O._fitness(t, as_genes(dp))[0] + 1e-9
+
+
+@given(jobs=jobs_st, n_nodes=st.integers(1, 6), seed=st.integers(0, 1000))
+@settings(max_examples=100, deadline=None)
+def test_ones_never_overcommits_and_respects_limits(jobs, n_nodes, seed):
+    views = [_job(f"J{i}", nodes, min_nodes=1, max_nodes=nodes + extra,
+                  state="PENDING" if pending else "RUNNING", submit=float(i),
+                  profile=[] if pending else [_pt(nodes * 2, 32, t)])
+             for i, (nodes, extra, t, pending) in enumerate(jobs)]
+    snap = _cluster(n_nodes, 4, views)
+    if sum(v.min_nodes * 2 for v in views if v.state == "RUNNING") > capacity(snap):
+        return
+    plan = ONES(population=6, generations=4).decide(snap, seed)
+    used = 0
+    for t in plan.targets:
+        v = snap.job(t.job_id)
+        assert t.nodes == 0 and v.state == "PENDING" or v.min_nodes <= t.nodes <= v.max_nodes
+        used += t.nodes * v.workers_per_node
+    assert used <= capacity(snap)
+    assert plan == ONES(population=6, generations=4).decide(snap, seed)

@@ -27,12 +27,13 @@ class PolicyError(ValueError):
 
 def _registry() -> dict[str, Callable[..., Policy]]:
     from .dp import ElasticDP
+    from .ones import ONES
     from .static import Static
 
-    return {"static": Static, "dp": ElasticDP}
+    return {"static": Static, "dp": ElasticDP, "ones": ONES}
 
 
-POLICIES = ("static", "dp")
+POLICIES = ("static", "dp", "ones")
 
 
 def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:

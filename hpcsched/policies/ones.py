@@ -1,0 +1,195 @@
+"""``ones``: Online Evolutionary Search over per-job sizes (Bian et al., "Online Evolutionary
+Batch Size Orchestration for Scheduling Deep Learning Workloads in GPU Clusters", SC'21, §4).
+
+A candidate schedule gives every admitted job a node count (hence its GPUs and, through the
+throughput model, its best allowed batch size). Each round the population of candidate
+schedules evolves for a few generations:
+
+* **crossover** (§4.3): uniform, per job, between two parents picked by tournament;
+* **mutation** (§4.3): a job's node count moves one step up or down, within its limits;
+* **repair**: a schedule over the cluster's GPUs loses nodes at random jobs (seeded) until it
+  fits; no job goes below its minimum;
+* **fitness** (minimised): the predicted total remaining time ``sum_j R_j / X_j(n_j)``, with
+  ``R_j`` the job's remaining samples (or, when the job does not say, ``horizon`` seconds of
+  work at its current speed) and ``X_j`` the predicted throughput (samples/s). That is the
+  average remaining JCT were the schedule kept, the figure users feel; remaining GPU-time would
+  instead reward running every job small.
+* **elitism and carry-over** (§4.4): the best schedules survive, and the population is kept
+  from round to round, repaired when jobs arrive (new genes: their current size) or leave.
+* **limits that grow with proof** (§4.2, "exploration"): a job may be given at most twice the
+  largest node count it has been measured at (its maximum allowed caps it), so it earns larger
+  sizes by showing it scales.
+
+Admission of pending jobs (first come, first served at their minimum) and the treatment of jobs
+without measurements are those of :mod:`hpcsched.policies.dp`. With ``seed_with_dp`` the DP's
+answer is put into the population each round (the composite's "ONES seeded by the DP").
+
+Deterministic: the same snapshot, seed and carried population give the same plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..snapshot import ClusterSnapshot, JobTarget, JobView, Plan
+from .dp import ElasticDP, capacity
+from .throughput import best_at, fit
+
+
+@dataclass(frozen=True)
+class _Table:
+    job_ids: tuple[str, ...]
+    wpn: np.ndarray          # (J,) workers per node
+    lo: np.ndarray           # (J,) min nodes
+    hi: np.ndarray           # (J,) max nodes explored
+    cost: np.ndarray         # (J, N+1) predicted remaining seconds at n nodes (inf: not allowed)
+    batch: np.ndarray        # (J, N+1) batch size at n nodes
+    thr: np.ndarray          # (J, N+1) predicted samples/s
+    current: np.ndarray      # (J,) current nodes (clipped to [lo, hi])
+
+
+class ONES:
+    """ONES (see module docstring). Keeps its population between :meth:`decide` calls.
+
+    Args:
+        population: schedules kept. generations: per round. mutation: per-gene probability.
+        elite: best schedules copied unchanged. horizon: seconds of work assumed for a job that
+        does not report its remaining work. seed_with_dp: add the DP's plan each round.
+    """
+
+    name = "ones"
+
+    def __init__(self, population: int = 24, generations: int = 20, mutation: float = 0.1,
+                 elite: int = 2, horizon: float = 3600.0, seed_with_dp: bool = False):
+        if population < 2 or generations < 0 or not 0 <= mutation <= 1 or elite < 0:
+            raise TypeError("population >= 2, generations >= 0, 0 <= mutation <= 1, elite >= 0")
+        self.population, self.generations, self.mutation = population, generations, mutation
+        self.elite, self.horizon, self.seed_with_dp = min(elite, population), horizon, seed_with_dp
+        self._carried: dict[str, np.ndarray] = {}   # job id -> genes (nodes) per individual
+        self.history: list[float] = []              # best fitness per generation, last round
+
+    # ------------------------------------------------------------------ model
+    def _table(self, jobs: list[JobView], fixed: set[str]) -> _Table:
+        n_max = max((j.max_nodes for j in jobs), default=1)
+        J = len(jobs)
+        cost = np.full((J, n_max + 1), np.inf)
+        batch = np.zeros((J, n_max + 1), dtype=np.int64)
+        thr = np.zeros((J, n_max + 1))
+        lo, hi, cur = np.zeros(J, int), np.zeros(J, int), np.zeros(J, int)
+        for i, j in enumerate(jobs):
+            model = fit(j.profile)
+            if j.job_id in fixed or model is None:
+                n = j.nodes if j.state == "RUNNING" else j.min_nodes
+                lo[i] = hi[i] = cur[i] = n
+                cost[i, n], batch[i, n], thr[i, n] = 0.0, j.batch_size, 0.0
+                continue
+            measured = max((p.nodes for p in j.profile), default=j.nodes)
+            lo[i], hi[i] = j.min_nodes, max(j.min_nodes, min(j.max_nodes, 2 * measured))
+            cur[i] = min(max(j.nodes, lo[i]), hi[i])
+            x_now, _ = best_at(j, model, j.nodes * j.workers_per_node)
+            work = j.remaining_samples if j.remaining_samples else max(x_now, 1e-9) * self.horizon
+            for n in range(lo[i], hi[i] + 1):
+                x, cfg = best_at(j, model, n * j.workers_per_node)
+                if cfg is not None and x > 0:
+                    cost[i, n], batch[i, n], thr[i, n] = work / x, cfg.global_batch_size, x
+        return _Table(tuple(j.job_id for j in jobs), np.array([j.workers_per_node for j in jobs]),
+                      lo, hi, cost, batch, thr, cur)
+
+    # -------------------------------------------------------------- operators
+    @staticmethod
+    def _fitness(t: _Table, pop: np.ndarray) -> np.ndarray:
+        return t.cost[np.arange(pop.shape[1])[None, :], pop].sum(axis=1)
+
+    @staticmethod
+    def _repair(t: _Table, pop: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+        pop = np.clip(pop, t.lo, t.hi)
+        bad = np.isinf(t.cost[np.arange(pop.shape[1])[None, :], pop])
+        pop = np.where(bad, t.current[None, :], pop)      # a size with no feasible batch
+        used = (pop * t.wpn).sum(axis=1)
+        for p in np.nonzero(used > k)[0]:
+            while used[p] > k:
+                can = np.nonzero(pop[p] > t.lo)[0]
+                if len(can) == 0:
+                    break
+                i = rng.choice(can)
+                pop[p, i] -= 1   # a size with no feasible batch scores inf: selection drops it
+                used[p] -= t.wpn[i]
+        return pop
+
+    def evolve(self, t: _Table, k: int, start: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Run the generations from population ``start`` (P, J); returns the final population
+        sorted best first. ``self.history`` gets the best fitness of each generation."""
+        P, J = start.shape
+        pop = self._repair(t, start.copy(), k, rng)
+        self.history = []
+        for _ in range(self.generations):
+            fit_ = self._fitness(t, pop)
+            used = (pop * t.wpn).sum(axis=1)
+            fit_ = np.where(used > k, np.inf, fit_)
+            order = np.argsort(fit_, kind="stable")
+            pop = pop[order]
+            self.history.append(float(fit_[order[0]]))
+            # tournament selection of parents
+            a, b = rng.integers(0, P, size=(2, P - self.elite))
+            pa = np.minimum(a, b)                      # sorted: lower index = fitter
+            a, b = rng.integers(0, P, size=(2, P - self.elite))
+            pb = np.minimum(a, b)
+            mask = rng.random((P - self.elite, J)) < 0.5
+            kids = np.where(mask, pop[pa], pop[pb])
+            step = rng.choice(np.array([-1, 1]), size=kids.shape)
+            mutate = rng.random(kids.shape) < self.mutation
+            kids = kids + np.where(mutate, step, 0)
+            pop = np.concatenate([pop[: self.elite], self._repair(t, kids, k, rng)])
+        fit_ = self._fitness(t, pop)
+        fit_ = np.where((pop * t.wpn).sum(axis=1) > k, np.inf, fit_)
+        order = np.argsort(fit_, kind="stable")
+        if not self.generations:
+            self.history = [float(fit_[order[0]])]
+        return pop[order]
+
+    # ----------------------------------------------------------------- decide
+    def decide(self, snapshot: ClusterSnapshot, seed: int = 0) -> Plan:
+        rng = np.random.default_rng(seed)
+        k = capacity(snapshot)
+        base = ElasticDP().decide(snapshot, seed)       # admission, waits, DP's sizes
+        waits = [t for t in base.targets if t.nodes == 0]
+        waiting = {t.job_id for t in waits}
+        jobs = [j for j in snapshot.jobs
+                if j.state == "RUNNING" or (j.state == "PENDING" and j.job_id not in waiting)]
+        if not jobs:
+            self._carried = {}
+            return Plan(self.name, tuple(waits), 0.0, ("ones: no job to size",))
+        fixed = {j.job_id for j in jobs if j.busy}
+        t = self._table(jobs, fixed)
+        P, J = self.population, len(jobs)
+        start = np.empty((P, J), dtype=np.int64)
+        for i, j in enumerate(jobs):                   # carried genes, or the current size
+            genes = self._carried.get(j.job_id)
+            start[:, i] = genes[:P] if genes is not None and len(genes) >= P else t.current[i]
+        start[-1] = t.current                         # the status quo is always a candidate
+        if self.seed_with_dp:
+            dp = {x.job_id: x.nodes for x in base.targets}
+            start[-2] = [dp.get(j.job_id, t.current[i]) for i, j in enumerate(jobs)]
+        start[1:-2] = start[1:-2] + rng.integers(-1, 2, size=start[1:-2].shape)  # diversity
+        pop = self.evolve(t, k, start, rng)
+        self._carried = {j.job_id: pop[:, i].copy() for i, j in enumerate(jobs)}
+        best = pop[0]
+        targets = list(waits)
+        for i, j in enumerate(jobs):
+            if j.job_id in fixed:
+                continue
+            n = int(best[i])
+            if t.thr[i, n] <= 0:
+                why = "not measured yet: kept at its size"
+                pred = None
+            else:
+                pred = float(t.thr[i, n])
+                why = (f"predicted {pred:.0f} samples/s at {n * j.workers_per_node} GPU(s), "
+                       f"batch {int(t.batch[i, n])}, {t.cost[i, n]:.0f} s of work left")
+            targets.append(JobTarget(j.job_id, n, int(t.batch[i, n]), f"ones: {why}",
+                                     predicted_throughput=pred))
+        return Plan(self.name, tuple(targets), float(self._fitness(t, best[None, :])[0]),
+                    (f"ones: {J} job(s) on {k} GPU(s), predicted remaining time "
+                     f"{self.history[-1]:.0f} s after {self.generations} generation(s)",))
