@@ -5,7 +5,7 @@ job gets; :func:`place` then decides *which* nodes, and composes with any of the
 
     plan = place(policy.decide(snapshot, seed), snapshot, "pal", locality_penalty=1.5, seed=seed)
 
-It fills ``JobTarget.placement`` (node names, sorted) for every job that is to run
+It fills ``JobTarget.placement`` (node names, in natural order) for every job that is to run
 (``nodes > 0``) and never changes a node count or batch size. Three strategies
 (:data:`PLACEMENTS`), after Jain et al., "PAL: A Variability-Aware Policy for Scheduling ML
 Workloads in GPU Clusters", SC'24 (arXiv:2408.11919; artifact github.com/hal-uw/blox-pal):
@@ -67,6 +67,7 @@ Pure: no I/O, no clock; the only randomness is K-Means seeding, from ``seed``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -74,6 +75,12 @@ from ..snapshot import ClusterSnapshot, GPUView, JobTarget, JobView, NodeView, P
 from .variability import Binning, bin_gpus, class_key, profiles_from_views, sensitivity
 
 PLACEMENTS = ("packed", "pm-first", "pal")
+
+
+def node_sort_key(name: str) -> tuple:
+    """Natural order of node names (``n2`` before ``n10``): "lowest name first" and the order
+    of ``JobTarget.placement``."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", name) if p)
 
 
 # --------------------------------------------------------------------------- scores
@@ -182,7 +189,9 @@ def place(plan: Plan, snapshot: ClusterSnapshot, strategy: str, locality_penalty
         return plan
 
     jobs = {j.job_id: j for j in snapshot.jobs}
-    usable = {n.name: n for n in sorted(snapshot.nodes, key=lambda n: n.name) if n.usable}
+    usable = {n.name: n for n in sorted(snapshot.nodes, key=lambda n: node_sort_key(n.name))
+              if n.usable}
+    rank = {name: i for i, name in enumerate(usable)}     # natural name order, for tie-breaks
     gpus_on = _gpus_by_node(snapshot.gpus)
     profiles = profiles_from_views(snapshot.gpus)
     notes: list[str] = []
@@ -190,6 +199,7 @@ def place(plan: Plan, snapshot: ClusterSnapshot, strategy: str, locality_penalty
     # who is (re)placed here
     todo: list[_Job] = []
     seen: set[str] = set()
+    sens: dict[str, float] = {}
     for pos, t in enumerate(plan.targets):
         j = jobs.get(t.job_id)
         if t.nodes <= 0 or t.job_id in seen:
@@ -201,7 +211,9 @@ def place(plan: Plan, snapshot: ClusterSnapshot, strategy: str, locality_penalty
         if j.busy:
             continue
         cls = _class_in(j.app_class, profiles)
-        todo.append(_Job(pos, t, j, cls, sensitivity(cls, profiles)))
+        if cls not in sens:
+            sens[cls] = sensitivity(cls, profiles)
+        todo.append(_Job(pos, t, j, cls, sens[cls]))
     replaced = {x.job.job_id for x in todo}
     targeted = {t.job_id: t for t in plan.targets}
 
@@ -250,11 +262,11 @@ def place(plan: Plan, snapshot: ClusterSnapshot, strategy: str, locality_penalty
         if len(elig) < n:
             return None
         if strategy == "packed":
-            elig.sort(key=lambda m: (m not in cur, free[m] - wpn, m))
+            elig.sort(key=lambda m: (m not in cur, free[m] - wpn, rank[m]))
             return elig[:n], ""
         sp = speed(x.cls, binned=strategy == "pal")
         if strategy == "pm-first":
-            elig.sort(key=lambda m: (sp.raw.get(m, 1.0), m not in cur, free[m] - wpn, m))
+            elig.sort(key=lambda m: (sp.raw.get(m, 1.0), m not in cur, free[m] - wpn, rank[m]))
             pick = elig[:n]
             v = max(sp.raw.get(m, 1.0) for m in pick)
             return pick, (f"class {x.cls or '-'} slowest GPU {v:.3f}x x locality"
@@ -265,7 +277,7 @@ def place(plan: Plan, snapshot: ClusterSnapshot, strategy: str, locality_penalty
             within = [m for m in elig if sp.bin.get(m, 0) <= b]
             if len(within) >= n:
                 within.sort(key=lambda m: (m not in cur, free[m] - wpn, sp.bin.get(m, 0),
-                                           sp.raw.get(m, 1.0), m))
+                                           sp.raw.get(m, 1.0), rank[m]))
                 pick = within[:n]
                 v = sp.centres[b] if sp.centres else 1.0
                 return pick, (f"class {x.cls or '-'} bin {b + 1}/{max(1, len(sp.centres))}"
@@ -281,7 +293,7 @@ def place(plan: Plan, snapshot: ClusterSnapshot, strategy: str, locality_penalty
         if sticky_first:
             rest = []
             for x in order:
-                names = sorted(set(x.job.node_names))
+                names = sorted(set(x.job.node_names), key=node_sort_key)
                 wpn = x.job.workers_per_node
                 if x.sticky_ok and all(m in usable and free[m] >= wpn
                                        and _partition_ok(x.job, usable[m]) for m in names):
@@ -334,8 +346,9 @@ def place(plan: Plan, snapshot: ClusterSnapshot, strategy: str, locality_penalty
                                        reason=f"{t.reason}; placement {strategy}: does not fit"))
         else:
             names, why = got[x.job.job_id]
-            detail = ",".join(sorted(names)) + (f" ({why})" if why else "")
-            new_targets.append(replace(t, placement=tuple(sorted(names)),
+            names = sorted(names, key=node_sort_key)
+            detail = ",".join(names) + (f" ({why})" if why else "")
+            new_targets.append(replace(t, placement=tuple(names),
                                        reason=f"{t.reason}; placement {strategy}: {detail}"))
     notes.insert(0, f"placement: {strategy} (locality penalty {locality_penalty:g}), "
                     f"{len(todo) - len(failed)}/{len(todo)} jobs placed")

@@ -187,7 +187,7 @@ class Binning:
         labels: bin of each input GPU, in input order; bin 0 is the fastest.
         centres: mean slowdown of each bin, ascending (fastest first).
         k: number of bins (``len(centres)``).
-        silhouettes: ``(k, mean silhouette)`` for every ``k`` tried on the inliers.
+        silhouettes: ``(k, mean silhouette)`` for every ``k`` considered on the inliers.
         outliers: input positions of GPUs treated as outliers (binned apart, see :func:`bin_gpus`).
     """
 
@@ -295,9 +295,12 @@ def bin_gpus(slowdowns: Sequence[float], k_max: int = 6, seed: int = 0, *,
     * ``k`` ranges over ``2 .. min(k_max, distinct values)`` and the one with the highest mean
       silhouette (:func:`silhouette_1d`) wins, ties to the smaller ``k``. (The artifact's
       ``get_optimal_k`` returns from inside its loop after ``k = 2``, so it always picks 2.)
-    * Degenerate inputs: no GPUs -> no bins; one distinct value, or all values within
-      ``tolerance`` of each other relative to the median (measurement noise, e.g. PAL's
-      insensitive class D spans 0.2 %) -> one bin.
+    * ``tolerance`` is measurement noise, relative to the median: all values within it -> one
+      bin (PAL's insensitive class D spans 0.2 % on the 32 GPUs); a ``k`` whose bin centres
+      come closer than it is not considered (0.1 % apart is not two speeds, though a
+      silhouette on exactly repeated values would call it perfect).
+    * Degenerate inputs: no GPUs -> no bins; one distinct value -> one bin; ``k`` never
+      exceeds the number of distinct values.
     * Outliers, as in the artifact: GPUs slower than ``mean + outlier_sigma * std`` are left
       out when choosing ``k`` for the rest, then binned apart among themselves (one bin if they
       are alike), so a 3x-slow GPU gets its own bin instead of forcing every other GPU into
@@ -329,7 +332,9 @@ def bin_gpus(slowdowns: Sequence[float], k_max: int = 6, seed: int = 0, *,
         best: tuple[float, np.ndarray, np.ndarray] | None = None
         for k in range(2, min(k_max, distinct) + 1):
             lab, cent = _kmeans_1d(inl, k, np.random.default_rng([seed, k]), n_init=n_init)
-            score = silhouette_1d(inl, lab) if len(cent) >= 2 else -1.0
+            if len(cent) < 2 or np.min(np.diff(cent)) <= tolerance * float(np.median(inl)):
+                continue   # two bins closer than the noise tolerance are not two speeds
+            score = silhouette_1d(inl, lab)
             sil.append((k, round(score, 12)))
             if best is None or score > best[0] + 1e-12:
                 best = (score, lab, cent)
