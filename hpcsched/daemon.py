@@ -17,8 +17,9 @@
 * **record**: the round (time, duration, policy, objective, Slurm calls, policy time).
 
 Jobs are hpcsched's when their Slurm id has a job directory (``by-id/<id>``) under the
-control directory, and they are in a managed partition. A held job (``scontrol hold``, ``sbatch
---hold``) is left alone: whoever held it decides when it may run, and at what size.
+control directory, and they are in a managed partition. A pending job that cannot start now
+(held, waiting for its begin time or a dependency) is left alone: whoever set that decides
+when it may run, and at what size.
 """
 
 from __future__ import annotations
@@ -179,8 +180,7 @@ class Daemon:
         busy = self._resume(managed, rep)
         views = tuple(self._view(jd, spec, info, job_id in busy)
                       for job_id, (jd, spec, info) in managed.items()
-                      if info.state == "RUNNING" or (
-                          info.state == "PENDING" and not info.state_reason.startswith("JobHeld")))
+                      if info.state == "RUNNING" or (info.state == "PENDING" and _eligible(info)))
         rep.jobs = len(views)
         mine = {j.job_id for j in views}
         other: dict[str, int] = {}
@@ -258,6 +258,17 @@ class Daemon:
                             a.restarts_at_plan, a.reason, "hpcsched daemon (resumed)")
             rep.outcomes[a.job_id] = self._drive(a.id, action, jd, spec, a.status)
         return touched
+
+
+# pending reasons (squeue %r) of jobs that cannot start now whatever the scheduler does
+_NOT_ELIGIBLE = ("JobHeld", "BeginTime", "Dependency", "DependencyNeverSatisfied",
+                 "PartitionDown", "PartitionInactive", "Reservation")
+
+
+def _eligible(info: slurm.JobInfo) -> bool:
+    """A pending job the policy may plan for: not held, not waiting for a begin time or a
+    dependency (those are someone else's decision)."""
+    return not info.state_reason.startswith(_NOT_ELIGIBLE)
 
 
 # ---------------------------------------------------------------- service

@@ -80,6 +80,10 @@ def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()) -> 
             continue
         if job.state != "RUNNING" or (t.nodes, t.batch_size) == (job.nodes, job.batch_size):
             continue
+        if t.nodes == 0:
+            notes.append(f"job {job.job_id}: {t.reason}; preemption is not applied by the daemon "
+                         "yet (the simulator applies it): the job keeps running")
+            continue
         kind = ("shrink" if t.nodes < job.nodes else "grow" if t.nodes > job.nodes else "batch")
         x_from, x_to = predict(job, job.nodes, job.batch_size), predict(job, t.nodes, t.batch_size)
         if x_from is None or x_to is None:

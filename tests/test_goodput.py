@@ -13,9 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcsched.policies import goodput as gp
-from hpcsched.policies.goodput import (APPLICATIONS, GoodputModel, PerfParams, PerfSample,
-                                       efficiency, fit_perf_params, predict_step_time,
-                                       predict_sync_time, predict_throughput, prior_for)
+from hpcsched.policies.goodput import (
+    APPLICATIONS,
+    GoodputModel,
+    PerfParams,
+    PerfSample,
+    efficiency,
+    fit_perf_params,
+    predict_step_time,
+    predict_sync_time,
+    predict_throughput,
+    prior_for,
+)
 from hpcsched.snapshot import JobView, ProfilePoint
 
 TRUE = PerfParams(alpha_c=0.02, beta_c=0.001, alpha_n=0.12, beta_n=0.004, alpha_r=0.03,
@@ -80,8 +89,9 @@ def _grid_samples(params, with_compute=True):
     out = []
     for nodes, k in [(1, 1), (1, 2), (1, 4), (2, 2), (2, 4), (2, 8), (4, 16), (8, 32)]:
         for local in (16, 32, 64, 128, 256):
+            comp = params.alpha_c + params.beta_c * local if with_compute else None
             out.append(PerfSample(nodes, k, local, 1, predict_step_time(params, nodes, k, local),
-                                  (params.alpha_c + params.beta_c * local) if with_compute else None))
+                                  comp))
     return out
 
 
@@ -173,7 +183,7 @@ def test_shipped_profiles_match_the_original_traces():
     rows = gp.read_pollux_traces(SHARED / "traces", "yolov3")
     shipped = gp.read_shipped_profiles()["yolov3"]
     assert len(rows) == len(shipped)
-    for a, b in zip(rows, shipped):
+    for a, b in zip(rows, shipped, strict=True):
         assert (a["num_nodes"], a["num_replicas"], a["local_bsz"]) == (
             int(b["num_nodes"]), int(b["num_replicas"]), int(b["local_bsz"]))
         assert a["step_time"] == pytest.approx(float(b["step_time"]), rel=1e-5)
@@ -257,8 +267,8 @@ def test_best_batch_respects_the_jobs_limits():
 
 
 def test_best_batch_follows_the_gradient_noise():
-    base = dict(profile=[_point(TRUE, 1, 4, 32), _point(TRUE, 1, 1, 32), _point(TRUE, 2, 8, 64)],
-                batch=128, bmin=128, bmax=4096, base=128)
+    base = {"profile": [_point(TRUE, 1, 4, 32), _point(TRUE, 1, 1, 32), _point(TRUE, 2, 8, 64)],
+            "batch": 128, "bmin": 128, "bmax": 4096, "base": 128}
     # no gradient noise: E = M0 / M, goodput = M0 / T_step, so the smallest batch wins
     quiet = GoodputModel(_job(noise=(1.0, 0.0), **base)).best_batch(1, 4)
     assert quiet[0] == 128
@@ -267,7 +277,7 @@ def test_best_batch_follows_the_gradient_noise():
     assert noisy[0] == 4096
     # in between: an interior optimum, and goodput there beats both ends
     mid = GoodputModel(_job(noise=(1.0, 8.0), **base))
-    g, local, accum, good = mid.best_batch(1, 4)
+    g, _, _, good = mid.best_batch(1, 4)
     assert 128 < g < 4096
     assert good > mid.goodput(1, 4, 32, 1) and good > mid.goodput(1, 4, 1024, 1)
 

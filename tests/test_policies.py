@@ -257,3 +257,10 @@ def test_ones_never_overcommits_and_respects_limits(jobs, n_nodes, seed):
         used += t.nodes * v.workers_per_node
     assert used <= capacity(snap)
     assert plan == ONES(population=6, generations=4).decide(snap, seed)
+
+
+def test_reconcile_does_not_preempt_and_says_so():
+    run = _job("R", 2, profile=[_pt(4, 16, 0.1)])
+    snap = _cluster(2, 4, [run])
+    changes, notes = reconcile(Plan("tiresias", (JobTarget("R", 0, 64, "tiresias: preempted by job S"),)), snap)
+    assert changes == [] and "preemption is not applied" in notes[0]

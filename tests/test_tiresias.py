@@ -79,13 +79,10 @@ def test_a_job_that_does_not_fit_waits_and_a_smaller_one_behind_it_runs():
     plan = Tiresias().decide(_cluster(2, [big, mid, small, run]))
     assert plan.target("BIG").nodes == 0
     assert "needs 12 GPU(s), the cluster has 8" in plan.target("BIG").reason
-    # RUN (running, queue 0) first, then MID needs 8 with 4 free: waits; SMALL fits
+    # capacity 8: RUN (running, queue 0) first -> 4 free; BIG never fits; MID needs 8: waits
     assert plan.target("RUN").nodes == 1
     assert plan.target("MID").nodes == 0 and "needs 8 GPU(s), 4 free" in plan.target("MID").reason
-    assert plan.target("SMALL").nodes == 0 or plan.target("SMALL").nodes == 1
-    assert plan.target("SMALL").nodes == 0      # RUN took 4, MID skipped, SMALL needs 4 of 4? no:
-    # (capacity 8: RUN 4 -> 4 free; MID 8 > 4 waits; SMALL 4 <= 4 runs) -- see next assertion
-    assert False, "unreachable"
+    assert plan.target("SMALL").nodes == 1     # 4 GPUs left after RUN: the small job uses them
 
 
 def test_nothing_fits_everyone_waits():
@@ -202,3 +199,15 @@ def test_invariants(snap, policy, seed):
                                           snap.other_gpus_allocated), seed + 1)
     assert sorted(again.targets, key=lambda t: t.job_id) == sorted(plan.targets,
                                                                    key=lambda t: t.job_id)
+
+
+def test_preempted_without_a_culprit_when_capacity_shrank():
+    # two running jobs, one node went down: the lower-priority one stops; nobody started
+    a = _job("A", 1, state="RUNNING", attained=100, submit=0)
+    b = _job("B", 1, state="RUNNING", attained=9000, submit=1)
+    snap = ClusterSnapshot(time=0.0, nodes=(NodeView("n1", 4, 8, "allocated"),
+                                            NodeView("n2", 4, 0, "down")), jobs=(a, b))
+    plan = Tiresias().decide(snap)
+    assert plan.target("A").nodes == 1 and plan.target("B").nodes == 0
+    assert plan.target("B").reason.startswith("tiresias: preempted: queue 1 (attained 9000 GPU-s")
+    assert "needs 4 GPU(s), 0 free" in plan.target("B").reason

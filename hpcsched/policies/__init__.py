@@ -29,11 +29,12 @@ def _registry() -> dict[str, Callable[..., Policy]]:
     from .dp import ElasticDP
     from .ones import ONES
     from .static import Static
+    from .tiresias import Tiresias
 
-    return {"static": Static, "dp": ElasticDP, "ones": ONES}
+    return {"static": Static, "tiresias": Tiresias, "dp": ElasticDP, "ones": ONES}
 
 
-POLICIES = ("static", "dp", "ones")
+POLICIES = ("static", "tiresias", "dp", "ones")
 
 
 def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:

@@ -40,12 +40,19 @@ Parameters the points cannot determine are fixed, as AdaptDL does: ``alpha_c`` w
 batch size was seen (at half the mean compute time), ``alpha_n, beta_n`` without a multi-node
 point, ``alpha_r, beta_r`` without a single-node multi-GPU point, ``beta_n, beta_r`` without a point
 above 2 GPUs -- at 1e-8 (AdaptDL: optimistic, so the scheduler tries larger sizes), and afterwards
-``alpha_n, beta_n >= 1.1 x alpha_r, beta_r`` when nothing multi-node was seen. *Departure*: when a
-prior for the job's application is known (below), fixed parameters take the prior's values,
-scaled to the job's own measurements, instead of 1e-8; and ``gamma`` is taken from the prior when
-the job has never synchronised. Optimisation runs over ``log`` of the time parameters (same
-minimiser, better conditioned; AdaptDL uses autograd gradients instead, we use finite differences)
-from AdaptDL's starting point and from one scaled to the data, keeping the better.
+``alpha_n, beta_n >= 1.1 x alpha_r, beta_r`` when nothing multi-node was seen.
+
+*Departures* (hpcsched), all only when a prior for the job's application is known (below): the
+fixed parameters take the prior's values scaled to the job's own measurements (scale = geometric
+mean of measured / prior-predicted step time) instead of 1e-8, and ``gamma`` is the prior's when
+the job has never synchronised; the objective gains a weak pull towards that scaled prior,
+``PRIOR_PULL x mean((log p - log p_prior)^2)`` over the free parameters (``gamma`` unlogged), so a
+job with fewer configurations than free parameters gets a well-posed fit rather than an arbitrary
+point of a flat valley; and the scaled prior is a third starting point. Without a prior the fit is
+AdaptDL's. Numerics: optimisation over ``log`` of the time parameters with an analytic gradient
+(AdaptDL: the parameters themselves, autograd gradient), from AdaptDL's starting point and one
+scaled to the data, keeping the better; each RMSE has ``SMOOTH`` = 1e-8 under its root so the
+minimiser does not stall on the kink of an exact fit.
 
 Compute time of a point: the traces give it (``step_time - sync_time``); a job's own
 :class:`~hpcsched.snapshot.ProfilePoint` gives it exactly when it ran on one GPU
@@ -107,6 +114,10 @@ UPPER = 1e4           # s; a step time no job has
 GAMMA_RANGE = (1.0, 10.0)
 _TIME_NAMES = ("alpha_c", "beta_c", "alpha_n", "beta_n", "alpha_r", "beta_r")
 BATCH_CANDIDATES = 50  # global batch sizes tried per size, geometric (AdaptDL ``optimize``: 50)
+PRIOR_PULL = 1e-2      # weight of the pull towards the prior (hpcsched; module docstring)
+MAX_ITER = 500         # L-BFGS-B iterations per start
+FTOL = 1e-8            # L-BFGS-B: stop when the objective (log-RMSE) improves by less
+SMOOTH = 1e-8          # under each RMSE's root: no kink at an exact fit (module docstring)
 
 
 @dataclass(frozen=True)
@@ -308,31 +319,90 @@ def _fit(samples: tuple[PerfSample, ...], prior: PerfParams | None) -> PerfParam
     log_step = np.log(step)
     log_comp = np.log(comp[has_c])
 
-    def objective(x: np.ndarray) -> float:
+    # hpcsched: a weak pull of the free parameters (log times, gamma) towards the scaled prior, so
+    # that a few points (fewer than parameters) give a well-posed fit, not a flat valley
+    pull_idx = np.arange(len(free))
+    pull = (np.array([ref.gamma if nm == "gamma" else math.log(np.clip(getattr(ref, nm), LOWER,
+                                                                        UPPER)) for nm in free])
+            if ref is not None and free else None)
+    retro = np.maximum(k - 2.0, 0.0)
+    inter = n > 1
+    intra = (n == 1) & (k > 1)
+    b_c = b[has_c]
+
+    def objective(x: np.ndarray) -> tuple[float, np.ndarray]:
+        """The objective and its gradient in ``x`` (log time parameters, gamma)."""
         p = unpack(x)
+        g = p.gamma
         tg = p.alpha_c + p.beta_c * b
-        ts = np.asarray(predict_sync_time(p, n, k), dtype=float)
-        pred = (acc - 1.0) * tg + _pnorm(tg, ts, p.gamma)
-        err = math.sqrt(float(np.mean((np.log(pred) - log_step) ** 2)))
+        ts = np.where(inter, p.alpha_n + p.beta_n * retro,
+                      np.where(intra, p.alpha_r + p.beta_r * retro, 0.0))
+        m = np.maximum(tg, ts)
+        u, v = tg / m, ts / m
+        ug, vg = u ** g, v ** g
+        big_s = ug + vg
+        pn = m * big_s ** (1.0 / g)
+        pred = (acc - 1.0) * tg + pn
+        e = np.log(pred) - log_step
+        err1 = math.sqrt(float(np.mean(e ** 2)) + SMOOTH)
+        # d err1 / d pred_i = e_i / (pred_i * N * err1)
+        w = e / (pred * len(e) * err1)
+        dp_du = (u * m / pn) ** (g - 1.0)                       # (tg / P)^(g-1)
+        dp_dv = np.where(ts > 0, (ts / pn) ** (g - 1.0), 0.0)   # (ts / P)^(g-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lu = np.where(u > 0, ug * np.log(np.where(u > 0, u, 1.0)), 0.0)
+            lv = np.where(v > 0, vg * np.log(np.where(v > 0, v, 1.0)), 0.0)
+        dlnp_dg = -np.log(big_s) / g ** 2 + (lu + lv) / (g * big_s)
+        d_tg = (acc - 1.0) + dp_du
+        grad = {
+            "alpha_c": float(np.sum(w * d_tg)), "beta_c": float(np.sum(w * d_tg * b)),
+            "alpha_n": float(np.sum(w * dp_dv * inter)),
+            "beta_n": float(np.sum(w * dp_dv * retro * inter)),
+            "alpha_r": float(np.sum(w * dp_dv * intra)),
+            "beta_r": float(np.sum(w * dp_dv * retro * intra)),
+            "gamma": float(np.sum(w * pn * dlnp_dg)),
+        }
+        total = err1
         if has_c.any():
-            err += math.sqrt(float(np.mean((np.log(tg[has_c]) - log_comp) ** 2)))
-        reg = 1e-3 * (p.gamma - 1.0) ** 2
-        reg += 1e-2 * ((p.beta_n / p.alpha_n) ** 2 + (p.beta_r / p.alpha_r) ** 2)
-        return err + reg
+            tg_c = p.alpha_c + p.beta_c * b_c
+            ec = np.log(tg_c) - log_comp
+            err2 = math.sqrt(float(np.mean(ec ** 2)) + SMOOTH)
+            wc = ec / (tg_c * len(ec) * err2)
+            grad["alpha_c"] += float(np.sum(wc))
+            grad["beta_c"] += float(np.sum(wc * b_c))
+            total += err2
+        total += 1e-3 * (g - 1.0) ** 2
+        grad["gamma"] += 2e-3 * (g - 1.0)
+        total += 1e-2 * ((p.beta_n / p.alpha_n) ** 2 + (p.beta_r / p.alpha_r) ** 2)
+        grad["beta_n"] += 2e-2 * p.beta_n / p.alpha_n ** 2
+        grad["alpha_n"] -= 2e-2 * p.beta_n ** 2 / p.alpha_n ** 3
+        grad["beta_r"] += 2e-2 * p.beta_r / p.alpha_r ** 2
+        grad["alpha_r"] -= 2e-2 * p.beta_r ** 2 / p.alpha_r ** 3
+        # chain rule: time parameters are optimised as logs
+        jac = np.array([grad[nm] if nm == "gamma" else grad[nm] * getattr(p, nm) for nm in free])
+        if pull is not None:
+            d = x[pull_idx] - pull
+            total += PRIOR_PULL * float(np.mean(d ** 2))
+            jac[pull_idx] += 2.0 * PRIOR_PULL * d / len(d)
+        return total, jac
 
     if free:
         bounds = [GAMMA_RANGE if nm == "gamma" else (math.log(LOWER), math.log(UPPER))
                   for nm in free]
-        # AdaptDL's start ([0.1, 0.01] x 3, gamma 1.001) and one scaled to the data
+        # AdaptDL's start ([0.1, 0.01] x 3, gamma 1.001), one scaled to the data, and the scaled
+        # prior when there is one
         t0 = float(np.median(step / acc))
         starts = [dict(zip(names, [1e-1, 1e-2] * 3 + [1.0 + 1e-3], strict=True)),
                   dict(zip(names, [t0 / 2, t0 / 2 / float(np.median(b)), t0 / 2, t0 / 20,
                                    t0 / 4, t0 / 40, 1.0 + 1e-3], strict=True))]
+        if ref is not None:
+            starts.append(ref.as_dict())
         best = None
         for st in starts:
             x0 = np.array([st[nm] if nm == "gamma" else math.log(np.clip(st[nm], LOWER, UPPER))
                            for nm in free])
-            res = minimize(objective, x0, method="L-BFGS-B", bounds=bounds)
+            res = minimize(objective, x0, jac=True, method="L-BFGS-B", bounds=bounds,
+                           options={"maxiter": MAX_ITER, "ftol": FTOL})
             if best is None or res.fun < best.fun:
                 best = res
         params = unpack(best.x)

@@ -29,7 +29,8 @@ Each round, from scratch (pure: nothing kept between rounds):
    larger one cannot (work-conserving, as the authors' simulator).
 3. A running job that is not handed GPUs is preempted (target 0 nodes; the mechanism
    checkpoints and requeues it, §4): the reason names the first higher-priority job that starts
-   in its stead.
+   in its stead when the starting jobs are what took its GPUs (otherwise, e.g. a node went down,
+   it says how many GPUs it needed and how many were left).
 
 Starvation (§3.2.2, ``PROMOTEKNOB``): with ``promote_knob = P``, a job in a lower queue that has
 been waiting ``P`` times longer than it has run goes back to queue 0. The paper resets both clocks
@@ -135,8 +136,8 @@ class Tiresias:
                     f"{self.promote_knob:g} x {ran:.0f} s run)")
         th = self.queue_thresholds
         if e.queue < len(th):
-            return f"queue {e.queue} (attained {a:.0f} GPU-s < {th[e.queue]:.0f})"
-        return f"queue {e.queue} (attained {a:.0f} GPU-s >= {th[-1]:.0f})"
+            return f"queue {e.queue} (attained {a:.0f} GPU-s < {th[e.queue]:g})"
+        return f"queue {e.queue} (attained {a:.0f} GPU-s >= {th[-1]:g})"
 
     def decide(self, snapshot: ClusterSnapshot, seed: int = 0) -> Plan:
         """One round of discretized 2D-LAS (module docstring). ``seed`` is unused."""
@@ -170,7 +171,9 @@ class Tiresias:
                 short = f"needs {e.gpus} GPU(s), {free} free after higher-priority jobs"
             if e.running:
                 n_pre += 1
-                by = started[0] if started else None
+                # named when the jobs that started ahead of it are what took its GPUs
+                taken = sum(s.gpus for s in started)
+                by = started[0] if started and free + taken >= e.gpus else None
                 if by is not None:
                     reason = (f"tiresias: preempted by job {by.job.job_id} (queue {by.queue}); "
                               f"{why}, {short}")
@@ -181,7 +184,7 @@ class Tiresias:
                 reason = f"tiresias: waits: {short}; {why}"
             targets.append(JobTarget(j.job_id, 0, j.batch_size, reason))
         used = held + (max(0, k - held) - free)
-        th = ", ".join(f"{t:.0f}" for t in self.queue_thresholds)
+        th = ", ".join(f"{t:g}" for t in self.queue_thresholds)
         note = (f"tiresias: {n_run} running, {n_wait} waiting, {n_pre} preempted on {k} GPU(s) "
                 f"({held} held by busy jobs); {self.num_queues} queues, thresholds [{th}] GPU-s"
                 + (f", promote knob {self.promote_knob:g}" if self.promote_knob else ""))
