@@ -264,3 +264,15 @@ def test_reconcile_does_not_preempt_and_says_so():
     snap = _cluster(2, 4, [run])
     changes, notes = reconcile(Plan("tiresias", (JobTarget("R", 0, 64, "tiresias: preempted by job S"),)), snap)
     assert changes == [] and "preemption is not applied" in notes[0]
+
+
+def test_gradient_noise_makes_the_dp_stop_growing_the_batch():
+    """Step time grows slowly with the batch, so throughput grows with it. Without noise
+    statistics the DP takes
+    the largest batch; with little gradient noise (a large batch buys no progress) it keeps the
+    base batch (Pollux's efficiency)."""
+    base = dict(min_nodes=1, max_nodes=1, batch=32, bmin=32, bmax=128,
+                profile=[_pt(2, 16, 0.05), _pt(2, 32, 0.06)])   # step time grows slowly
+    noisy = JobView(**{**_job("C", 1, **base).__dict__, "grad_noise": (1.0, 1e-6)})
+    assert make_policy("dp").decide(_cluster(1, 4, [_job("C", 1, **base)])).target("C").batch_size == 128
+    assert make_policy("dp").decide(_cluster(1, 4, [noisy])).target("C").batch_size == 32

@@ -16,9 +16,10 @@ Model. One optimizer step at ``g`` GPUs, local batch ``b`` and ``s`` accumulatio
   counts and held flat outside them (a job that has never run at ``g`` is assumed to scale as at
   its nearest measured size). Issue-4's Pollux fit replaces this with a communication model.
 
-Throughput = ``g * b * s / t``. Without statistical efficiency, larger batches only ever look
-better (this is throughput, not goodput); the policies therefore stay within the job's declared
-batch-size limits.
+Throughput = ``g * b * s / t``. The policies rank configurations by goodput = throughput x
+statistical efficiency (Pollux §3.1), from the job's gradient-noise statistics when it reports
+them; without them the efficiency is 1, larger batches only ever look better, and the job's
+declared batch-size limits are what keeps them in check.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from scipy.optimize import nnls
 
 from ..batching import BatchConfig, BatchSizeError, fit_batch
 from ..snapshot import JobView, ProfilePoint
+from .goodput import efficiency
 
 ALPHA_PRIOR = 0.2  # share of a step that does not grow with the batch, before a fit is possible
 
@@ -109,8 +111,20 @@ def batch_candidates(job: JobView, gpus: int, limit: int = 12) -> list[BatchConf
     return list(out.values())
 
 
+def goodput(job: JobView, model: ThroughputModel, cfg: BatchConfig) -> float:
+    """Predicted goodput (samples/s of progress at the job's base batch size): throughput x
+    statistical efficiency (Pollux, OSDI'21 §3.1; :func:`hpcsched.policies.goodput.efficiency`).
+    Without gradient-noise statistics the efficiency is 1 and goodput is throughput."""
+    x = model.throughput(cfg)
+    if job.grad_noise is None:
+        return x
+    sqr, var = job.grad_noise
+    return x * efficiency(sqr, var, job.base_batch_size, cfg.global_batch_size)
+
+
 def best_at(job: JobView, model: ThroughputModel | None, gpus: int) -> tuple[float, BatchConfig | None]:
-    """T_j(g): the best predicted throughput over the job's allowed batch sizes at ``gpus``.
+    """T_j(g): the best predicted goodput (= throughput when the job reports no gradient
+    noise) over the job's allowed batch sizes at ``gpus``.
 
     Without a model (the job has not reported yet) the job's current batch size is kept and
     its throughput is taken as proportional to its GPUs (relative units), so the job is neither
@@ -124,6 +138,6 @@ def best_at(job: JobView, model: ThroughputModel | None, gpus: int) -> tuple[flo
     if model is None:
         cfg = next((c for c in cands if c.global_batch_size == job.batch_size), cands[0])
         return float(gpus), cfg
-    best = max(cands, key=lambda c: (model.throughput(c), -abs(c.global_batch_size - job.batch_size)))
-    x = model.throughput(best)
+    best = max(cands, key=lambda c: (goodput(job, model, c), -abs(c.global_batch_size - job.batch_size)))
+    x = goodput(job, model, best)
     return (x if math.isfinite(x) else 0.0), best
