@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 from .throughput import ThroughputModel, best_at, fit
 
@@ -73,27 +75,34 @@ def capacity(snapshot: ClusterSnapshot) -> int:
 
 def solve(options: list[list[_Option]], k: int) -> tuple[float, list[int]] | None:
     """The recurrence above over GPU counts 0..k. Returns (best value, chosen option index per
-    job) or None when the jobs' minimums do not fit in ``k``. O(J * k * |G|) time."""
-    neg = float("-inf")
-    best = [0.0] + [neg] * k          # P[j-1][kk]: best value using exactly kk GPUs
-    choice: list[list[int]] = []
-    for opts in options:
-        nxt = [neg] * (k + 1)
-        arg = [-1] * (k + 1)
-        for kk in range(k + 1):
-            for i, o in enumerate(opts):
-                if o.gpus <= kk and best[kk - o.gpus] > neg:
-                    v = best[kk - o.gpus] + o.value
-                    if v > nxt[kk]:
-                        nxt[kk], arg[kk] = v, i
-        choice.append(arg)
+    job) or None when the jobs' minimums do not fit in ``k``.
+
+    ``P[j][kk]`` is the best value of jobs ``1..j`` using exactly ``kk`` GPUs; each option of job
+    ``j`` is one shifted vector maximum (numpy), so the work is O(J * |G|) vector operations of
+    length ``k + 1``. Ties go to the earlier option and the fewer GPUs.
+    """
+    best = np.full(k + 1, -np.inf)
+    best[0] = 0.0
+    choice = np.full((len(options), k + 1), -1, dtype=np.int32)
+    for j, opts in enumerate(options):
+        nxt = np.full(k + 1, -np.inf)
+        arg = choice[j]
+        for i, o in enumerate(opts):
+            g = o.gpus
+            if g > k:
+                continue
+            cand = np.full(k + 1, -np.inf)
+            cand[g:] = best[: k + 1 - g] + o.value
+            better = cand > nxt
+            nxt[better] = cand[better]
+            arg[better] = i
         best = nxt
-    kk = max(range(k + 1), key=lambda i: best[i])
-    if best[kk] == neg:
+    kk = int(np.argmax(best))
+    if not np.isfinite(best[kk]):
         return None
-    total, picks = best[kk], []
+    total, picks = float(best[kk]), []
     for j in range(len(options) - 1, -1, -1):
-        i = choice[j][kk]
+        i = int(choice[j, kk])
         picks.append(i)
         kk -= options[j][i].gpus
     return total, picks[::-1]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from scipy.optimize import nnls
@@ -47,11 +48,16 @@ class ThroughputModel:
     fitted: bool                       # False: prior split, too few distinct batch sizes
 
     def eff(self, gpus: int) -> float:
-        if not self.efficiency:
+        """Scaling efficiency at ``gpus``: linear between measured counts, flat outside."""
+        pts = self.efficiency
+        if not pts:
             return 1.0
-        xs = [g for g, _ in self.efficiency]
-        ys = [e for _, e in self.efficiency]
-        return float(np.interp(gpus, xs, ys))
+        if gpus <= pts[0][0]:
+            return pts[0][1]
+        for (g0, e0), (g1, e1) in zip(pts, pts[1:]):
+            if gpus <= g1:
+                return e0 + (e1 - e0) * (gpus - g0) / (g1 - g0)
+        return pts[-1][1]
 
     def step_time(self, cfg: BatchConfig) -> float:
         """Seconds per optimizer step."""
@@ -93,21 +99,32 @@ def fit(points: tuple[ProfilePoint, ...]) -> ThroughputModel | None:
     return ThroughputModel(float(alpha), float(beta), eff, fitted)
 
 
-def batch_candidates(job: JobView, gpus: int, limit: int = 12) -> list[BatchConfig]:
-    """Global batch sizes a policy may choose for ``job`` at ``gpus`` GPUs: the job's current
-    batch size and up to ``limit`` sizes spread geometrically over its allowed range."""
-    lo, hi = job.min_batch_size, job.max_batch_size
-    wanted = {job.batch_size, lo, hi}
+@lru_cache(maxsize=4096)
+def _wanted(lo: int, hi: int, current: int, limit: int) -> tuple[int, ...]:
+    wanted = {current, lo, hi}
     if hi > lo:
         wanted.update(int(round(x)) for x in np.geomspace(lo, hi, num=limit))
+    return tuple(sorted(wanted))
+
+
+@lru_cache(maxsize=65536)
+def _fit(b: int, gpus: int, lo: int, hi: int, max_local: int | None) -> BatchConfig | None:
+    try:
+        return fit_batch(b, gpus, min_global=lo, max_global=hi, max_local_batch_size=max_local)
+    except BatchSizeError:
+        return None
+
+
+def batch_candidates(job: JobView, gpus: int, limit: int = 12) -> list[BatchConfig]:
+    """Global batch sizes a policy may choose for ``job`` at ``gpus`` GPUs: the job's current
+    batch size and up to ``limit`` sizes spread geometrically over its allowed range
+    (both steps are pure and cached: policies ask for the same sizes many times)."""
+    lo, hi = job.min_batch_size, job.max_batch_size
     out: dict[int, BatchConfig] = {}
-    for b in sorted(wanted):
-        try:
-            cfg = fit_batch(b, gpus, min_global=lo, max_global=hi,
-                            max_local_batch_size=job.max_local_batch_size)
-        except BatchSizeError:
-            continue
-        out.setdefault(cfg.global_batch_size, cfg)
+    for b in _wanted(lo, hi, job.batch_size, limit):
+        cfg = _fit(b, gpus, lo, hi, job.max_local_batch_size)
+        if cfg is not None:
+            out.setdefault(cfg.global_batch_size, cfg)
     return list(out.values())
 
 
