@@ -191,7 +191,7 @@ class PolicySettings:
     tuples); the policy validates it, not this module.
     """
 
-    name: str = _opt("dp", _string(nonempty=True), "scheduling policy")
+    name: str = _opt("ones-pal", _string(nonempty=True), "scheduling policy (static, tiresias, dp, ones, ones-pal)")
     seed: int = _opt(0, _integer, "seed for the policy's random choices")
     params: Mapping[str, Any] = _opt(
         lambda: MappingProxyType({}), _table,

@@ -220,6 +220,11 @@ class Progress:
         ranks; work lost to a crash is not counted). epoch_position: samples done in this
         epoch. throughput: samples/s over the last reporting interval. world_size,
         global_batch_size: in force. time: Unix seconds. finished: training loop ended.
+        total_samples: samples the whole run trains on (epochs x dataset size), so the work left
+        is ``total_samples - samples_processed``; None if the job does not say.
+        grad_sqr, grad_var: the job's smoothed gradient-noise statistics, |G|^2 and tr(Sigma)
+        (per-sample covariance), from :class:`hpcsched.elastic.GradientNoiseEstimator`; None
+        until the first estimate. Optional, so files written before these fields still read.
     """
 
     job_uid: str
@@ -233,6 +238,9 @@ class Progress:
     global_batch_size: int
     time: float
     finished: bool = False
+    total_samples: int | None = None
+    grad_sqr: float | None = None
+    grad_var: float | None = None
     schema: str = PROGRESS_SCHEMA
 
 

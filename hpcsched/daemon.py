@@ -44,7 +44,7 @@ from .jobdir import JobDir, JobSpec
 from .policies import POLICIES, PolicyError, make_policy
 from .reconcile import Change, Costs, reconcile
 from .resize import Action, Actuator, ResizeFailed, ResizeResult, current_of
-from .snapshot import ClusterSnapshot, JobView, ProfilePoint
+from .snapshot import ClusterSnapshot, GPUView, JobView, ProfilePoint
 from .store import Store
 
 log = logging.getLogger("hpcsched.daemon")
@@ -189,7 +189,8 @@ class Daemon:
                 for n in slurm.expand_hostlist(info.nodes):
                     other[n] = other.get(n, 0) + info.gpus_per_node
         snapshot = ClusterSnapshot(obs.time, obs.nodes, views, tuple(sorted(other.items())),
-                                   tuple(self.settings.daemon.partitions))
+                                   tuple(self.settings.daemon.partitions),
+                                   self._gpu_views({j.app_class for j in views}))
         t = time.perf_counter()
         plan = self.policy.decide(snapshot, seed=self.settings.policy.seed + rep.round_id)
         rep.policy_seconds = time.perf_counter() - t
@@ -210,10 +211,20 @@ class Daemon:
             jd, spec, info = managed[c.job_id]
             rep.outcomes[c.job_id] = self._apply(c, jd, spec, info, rep.round_id)
 
+    def _gpu_views(self, classes: set[str]) -> tuple[GPUView, ...]:
+        """Per-GPU slowdown by application class, from the measured relative speeds."""
+        slow: dict[tuple[str, int], dict[str, float]] = {}
+        for cls in sorted(classes):
+            for (node, idx), speed in self.store.gpu_speeds(cls).items():
+                if speed > 0 and str(idx).isdigit():
+                    slow.setdefault((node, int(idx)), {})[cls] = 1.0 / speed
+        return tuple(GPUView(node, idx, tuple(sorted(s.items())))
+                     for (node, idx), s in sorted(slow.items()))
+
     def _apply(self, c: Change, jd: JobDir, spec: JobSpec, info: slurm.JobInfo, rid: int) -> str:
         cur = current_of(jd, spec, info)
         action = Action(c.job_id, c.kind, cur.generation + 1, c.to_nodes, c.to_batch_size,
-                        info.restarts, c.reason, f"hpcsched daemon (round {rid})")
+                        info.restarts, c.reason, f"hpcsched daemon (round {rid})", c.placement)
         aid = self.store.plan_action(
             round_id=rid, job_id=c.job_id, kind=c.kind, generation=action.generation,
             from_nodes=c.from_nodes, to_nodes=c.to_nodes, from_batch_size=c.from_batch_size,

@@ -45,12 +45,15 @@ mean over the global batch even when ranks hold different numbers of samples.
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import os
 import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -147,6 +150,199 @@ class _Registered:
     extra: dict = field(default_factory=dict)
 
 
+# ----------------------------------------------------------------------------- gradient noise
+
+def two_batch_estimate(small_sqr: float, big_sqr: float, small_batch: float,
+                       big_batch: float) -> tuple[float, float]:
+    """Unbiased single-step estimates of ``(|G|^2, tr(Sigma))`` from gradient norms at two
+    batch sizes (McCandlish et al., "An Empirical Model of Large-Batch Training",
+    arXiv:1812.06162, Appendix A.1; Pollux, Qiao et al., OSDI'21, §3.1).
+
+    ``small_sqr`` estimates ``E|g_b|^2 = |G|^2 + tr(Sigma) / b`` and ``big_sqr`` estimates
+    ``E|g_B|^2 = |G|^2 + tr(Sigma) / B``, with ``b = small_batch < B = big_batch`` samples and
+    ``Sigma`` the covariance of a single sample's gradient. Solving the two equations::
+
+        |G|^2     = (B |g_B|^2 - b |g_b|^2) / (B - b)
+        tr(Sigma) = (|g_b|^2 - |g_B|^2) / (1/b - 1/B) = (|g_b|^2 - |g_B|^2) b B / (B - b)
+
+    Each value alone is noisy and may be negative; smooth them (:class:`GradientNoiseEstimator`).
+
+    Raises:
+        ValueError: unless ``0 < small_batch < big_batch``.
+    """
+    if not 0 < small_batch < big_batch:
+        raise ValueError(f"need 0 < small_batch < big_batch, got {small_batch}, {big_batch}")
+    b, B = float(small_batch), float(big_batch)
+    grad_sqr = (B * big_sqr - b * small_sqr) / (B - b)
+    grad_var = (small_sqr - big_sqr) * (b * B / (B - b))
+    return grad_sqr, grad_var
+
+
+class GradientNoiseEstimator:
+    """Smoothed gradient-noise statistics of one job: ``grad_sqr = |G|^2`` (squared norm of the
+    true gradient) and ``grad_var = tr(Sigma)`` (trace of the covariance of one sample's
+    gradient), the inputs of Pollux's statistical efficiency (Qiao et al., OSDI'21, §3.1).
+
+    Follows AdaptDL's ``adaptdl/torch/gradient_noise_scale.py`` (``GradientNoiseScale``,
+    Apache-2.0): each step's two-batch estimate (:func:`two_batch_estimate`) goes into an
+    exponential moving average with bias correction (``_update_avg``)::
+
+        theta     = smoothing ** (B / base_batch_size)      # a bigger batch counts for more
+        biased   <- theta * biased   + (1 - theta) * value
+        unbias   <- theta * unbias   + (1 - theta)
+        average   = biased / unbias
+
+    and the averages are clipped when read, as AdaptDL's ``sqr_avg()`` / ``var_avg()`` do:
+    ``grad_sqr >= 0`` and ``grad_var >= 1e-6 * base_batch_size``. Units differ from AdaptDL's
+    in one place: AdaptDL's ``var_avg`` is the variance of the gradient *at the initial batch
+    size* ``M0`` (``tr(Sigma) / M0``); here ``grad_var`` is per sample, so AdaptDL's value (and
+    the ``sigma^2`` of :func:`hpcsched.policies.goodput.efficiency`) is ``grad_var / M0``.
+    ``base_batch_size`` plays ``M0``'s part in the smoothing (set from the first update when
+    not given) and is part of the state, so the memory of the average, in samples, stays the
+    same whatever the batch size or world size later.
+
+    Estimates from the differenced single-replica estimator (consecutive steps' gradients,
+    ``biased=True``) are biased because the model moved between the two gradients; as in
+    AdaptDL, the first unbiased update after biased ones restarts the averages. Nothing else
+    resets them: the estimator is batch-size aware, so resizes keep the statistics.
+    """
+
+    def __init__(self, smoothing: float = 0.999, base_batch_size: float | None = None):
+        if not 0.0 <= smoothing < 1.0:
+            raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
+        self.smoothing = smoothing
+        self.base_batch_size = base_batch_size
+        self._reset()
+        self.biased = False
+
+    def _reset(self) -> None:
+        self.sqr_biased = self.sqr_unbias = self.var_biased = self.var_unbias = 0.0
+        self.count = 0  # updates since the averages (re)started
+
+    def update(self, small_sqr: float, big_sqr: float, small_batch: float, big_batch: float,
+               *, biased: bool = False) -> bool:
+        """Fold in one step's norms (see :func:`two_batch_estimate` for the arguments).
+
+        Returns False, changing nothing, when the two batch sizes do not allow an estimate
+        (``big_batch <= small_batch``) or a value is not finite (AdaptDL skips such steps too:
+        e.g. an overflow under mixed precision).
+        """
+        if not 0 < small_batch < big_batch:
+            return False
+        small_sqr, big_sqr = float(small_sqr), float(big_sqr)
+        if not (math.isfinite(small_sqr) and math.isfinite(big_sqr)):
+            return False
+        sqr, var = two_batch_estimate(small_sqr, big_sqr, small_batch, big_batch)
+        if self.base_batch_size is None:
+            self.base_batch_size = float(big_batch)
+        if self.biased and not biased:
+            self._reset()
+        self.biased = biased
+        theta = self.smoothing ** (big_batch / self.base_batch_size)
+        self.sqr_biased = theta * self.sqr_biased + (1.0 - theta) * sqr
+        self.sqr_unbias = theta * self.sqr_unbias + (1.0 - theta)
+        self.var_biased = theta * self.var_biased + (1.0 - theta) * var
+        self.var_unbias = theta * self.var_unbias + (1.0 - theta)
+        self.count += 1
+        return True
+
+    @property
+    def raw(self) -> tuple[float, float] | None:
+        """The unclipped averages ``(|G|^2, tr(Sigma))``; None before the first update."""
+        if self.count == 0 or self.sqr_unbias <= 0.0:
+            return None
+        return self.sqr_biased / self.sqr_unbias, self.var_biased / self.var_unbias
+
+    @property
+    def estimate(self) -> tuple[float, float] | None:
+        """``(grad_sqr, grad_var)``, clipped as AdaptDL does; None before the first update."""
+        raw = self.raw
+        if raw is None:
+            return None
+        floor = 1e-6 * (self.base_batch_size or 1.0)
+        return max(raw[0], 0.0), max(raw[1], floor)
+
+    @property
+    def noise_scale(self) -> float | None:
+        """``B_simple = tr(Sigma) / |G|^2`` (McCandlish et al. 2018, eq. 2.8), in samples;
+        ``inf`` when ``|G|^2`` is 0, None before the first update."""
+        est = self.estimate
+        if est is None:
+            return None
+        return est[1] / est[0] if est[0] > 0 else math.inf
+
+    def state_dict(self) -> dict:
+        """Plain numbers only (loadable with ``torch.load(weights_only=True)``)."""
+        return {"smoothing": self.smoothing, "base_batch_size": self.base_batch_size,
+                "sqr_biased": self.sqr_biased, "sqr_unbias": self.sqr_unbias,
+                "var_biased": self.var_biased, "var_unbias": self.var_unbias,
+                "count": self.count, "biased": self.biased}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.smoothing = float(state["smoothing"])
+        b = state.get("base_batch_size")
+        self.base_batch_size = float(b) if b is not None else None
+        for k in ("sqr_biased", "sqr_unbias", "var_biased", "var_unbias"):
+            setattr(self, k, float(state[k]))
+        self.count = int(state["count"])
+        self.biased = bool(state["biased"])
+
+
+class _MicroBatchNorms:
+    """Squared norm of each accumulation micro-batch's gradient on a single rank.
+
+    AdaptDL's single-replica estimator with accumulation (``GradientNoiseScale._backward_hook``):
+    a hook on each parameter sees that parameter's gradient of one ``backward`` before it is
+    accumulated into ``.grad``; the k-th call for a parameter belongs to the k-th micro-batch.
+    Costs one norm per parameter per micro-batch; installed only while a job runs on one rank
+    with gradient accumulation.
+    """
+
+    def __init__(self, torch, params: list):
+        self._torch = torch
+        self.params = params
+        self.ids = [id(p) for p in params]
+        self._lock = threading.Lock()  # autograd may run hooks on per-device threads
+        self.reset()
+        self.handles = [p.register_hook(functools.partial(self._hook, i))
+                        for i, p in enumerate(params)]
+
+    def reset(self) -> None:
+        self.counts = [0] * len(self.params)
+        self.sums: list = []
+
+    def _hook(self, i: int, grad) -> None:
+        torch = self._torch
+        g = grad.detach()
+        if g.dtype in (torch.float32, torch.float64) and g.is_contiguous() and not g.is_sparse:
+            g = g.view(-1)
+            sq = torch.dot(g, g)
+        else:
+            sq = torch.linalg.vector_norm(g, dtype=torch.float32).square()
+        with self._lock:
+            k = self.counts[i]
+            self.counts[i] = k + 1
+            if k == len(self.sums):
+                self.sums.append(sq)
+            else:
+                self.sums[k] = self.sums[k] + sq.to(self.sums[k].device)
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+def _sqnorm(torch, tensors: list):
+    """``sum |t|^2`` over ``tensors`` as a float32 0-d tensor on their device (no host sync)."""
+    tensors = [t.detach() for t in tensors]
+    if hasattr(torch, "_foreach_norm") and len({t.device for t in tensors}) == 1:
+        norms = torch._foreach_norm(tensors)  # one call for all (as clip_grad_norm_ does)
+    else:
+        norms = [torch.linalg.vector_norm(t, dtype=torch.float32) for t in tensors]
+    return torch.stack([n.to(norms[0].device, torch.float32) for n in norms]).square().sum()
+
+
 class ElasticJob:
     """An elastic data-parallel training job (one instance per rank).
 
@@ -158,6 +354,8 @@ class ElasticJob:
         seed: seeds the per-epoch permutation (not the model's initialisation).
         backend: torch.distributed backend; default ``nccl`` with CUDA, else ``gloo``.
         init_timeout: seconds to wait for all ranks to join.
+        track_grad_noise: estimate the gradient noise in :meth:`reduce_gradients`
+            (:attr:`grad_noise`); also switched off by ``HPCSCHED_GRAD_NOISE=0``.
 
     Environment (set by the launcher; see ``docs/control-protocol.md``): ``RANK``,
     ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` (torch.distributed), and
@@ -175,6 +373,7 @@ class ElasticJob:
         seed: int = 0,
         backend: str | None = None,
         init_timeout: float = 300.0,
+        track_grad_noise: bool = True,
     ):
         import torch  # imported here so hpcsched's CLI never pays for it
 
@@ -219,6 +418,15 @@ class ElasticJob:
         self._compute_time: float | None = None  # this rank's time before the gradient reduction
         self._metrics_fh = None
         self._applied_acked = False
+        # gradient noise (see reduce_gradients): the smoothed statistics are checkpointed; the
+        # rest is per-process scratch
+        self._gns = GradientNoiseEstimator(base_batch_size=self.batch.global_batch_size)
+        self._gns_on = track_grad_noise and os.environ.get("HPCSCHED_GRAD_NOISE", "1") != "0"
+        self._gns_params: list | None = None   # parameters seen by register / reduce_gradients
+        self._gns_micro: _MicroBatchNorms | None = None
+        self._gns_prev = None                  # (flat gradient, its sqnorm, samples): 1 rank
+        self._gns_pending = None               # (device tensor, fn(values) -> update args)
+        self._current: Step | None = None
         self.device = self._select_device()
         self._dist = None
         if self.world_size > 1:
@@ -279,6 +487,8 @@ class ElasticJob:
         Returns True when a checkpoint was restored.
         """
         self._reg = _Registered(model, optimizer, scheduler, dict(extra_state))
+        if model is not None and hasattr(model, "parameters"):
+            self._gns_params = [p for p in model.parameters() if p.requires_grad]
         return self._restore()
 
     @property
@@ -307,6 +517,8 @@ class ElasticJob:
                 accumulation_steps=self.batch.accumulation_steps, world_size=self.world_size,
                 lr_scale=self.lr_scale, generation=self.generation,
             )
+            self._current = step
+            self._gns_begin_step(step)
             t0 = self._step_started = time.perf_counter()
             self._compute_time = None
             yield step
@@ -323,21 +535,163 @@ class ElasticJob:
         Each rank must have backpropagated ``sum(loss over its samples) / step.global_samples``;
         the sum over ranks is then the mean over the global batch. Missing gradients (a rank
         with no samples this step) count as zero.
+
+        Also measures the gradient noise (:attr:`grad_noise`) at no extra communication: with
+        ``n`` samples on this rank and ``N = step.global_samples``, the local gradient before
+        the reduction is ``(n / N) g_n`` (``g_n`` = mean gradient of the rank's samples), so
+        each rank with samples appends ``n |g_n|^2 = (N^2 / n) |local|^2`` and ``1`` to the
+        flattened gradient, and the same all-reduce sums them. With ``k`` ranks holding samples,
+        the small batch is ``b = N / k`` and ``|g_b|^2 = sum(n |g_n|^2) / N`` (unbiased for
+        ``|G|^2 + tr(Sigma) / b`` even when ranks hold different numbers of samples), and the
+        big one is the reduced gradient, ``B = N``. One rank: the micro-batches of gradient
+        accumulation are the small batches, else two consecutive steps' gradients
+        (AdaptDL's single-replica estimators; see :class:`GradientNoiseEstimator`).
         """
         self._compute_time = time.perf_counter() - self._step_started
-        if self._dist is None:
-            return
         torch = self._torch
         params = [p for p in (model.parameters() if hasattr(model, "parameters") else model)
                   if p.requires_grad]
+        step = self._current if self._gns_on else None
+        if step is not None:
+            self._gns_params = params
+        if self._dist is None:
+            if step is not None and params:
+                self._gns_single_rank(step, params)
+            return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        parts = [g.reshape(-1) for g in grads]
+        side = None
+        if step is not None and parts:
+            dtype = parts[0].dtype
+            n_local = sum(len(m) for m in step.micro_batches)
+            scale = step.global_samples ** 2 / n_local if n_local else 0.0
+            if dtype in (torch.float32, torch.float64) and all(t.dtype == dtype for t in parts):
+                # piggyback: 2 more elements in the one all-reduce the gradients need anyway
+                flat = torch.cat(parts + [parts[0].new_zeros(2)])
+                size = flat.numel() - 2
+                if n_local:
+                    flat[size] = torch.dot(flat[:size], flat[:size]) * scale
+                    flat[size + 1] = 1.0
+            else:  # low-precision gradients: the statistics travel in float32, beside them
+                flat = torch.cat(parts)
+                size = flat.numel()
+                sq = _sqnorm(torch, [flat]) * scale
+                side = torch.stack([sq, torch.full_like(sq, float(n_local > 0))])
+                side_work = self._dist.all_reduce(side, async_op=True)
+        else:
+            flat = torch.cat(parts)
+            size = flat.numel()
         self._dist.all_reduce(flat)
         offset = 0
         for p in params:
             n = p.numel()
             p.grad = flat[offset : offset + n].view_as(p).clone()
             offset += n
+        if step is not None and parts:
+            if side is None:
+                big = torch.dot(flat[:size], flat[:size]).reshape(1)
+                stats = torch.cat([big, flat[size:]])
+            else:
+                side_work.wait()
+                stats = torch.cat([_sqnorm(torch, [flat]).reshape(1), side])
+            N = step.global_samples
+
+            def ranks(v, N=N):
+                total, local_sum, k = v
+                k = round(k)
+                return (local_sum / N, total, N / k, N, False) if k >= 2 else None
+
+            self._gns_pending = (stats, ranks)
+
+    # --------------------------------------------------------- gradient noise
+    @property
+    def grad_noise(self) -> tuple[float, float] | None:
+        """``(grad_sqr, grad_var)``: smoothed estimates of ``|G|^2`` and of ``tr(Sigma)``, the
+        trace of one sample's gradient covariance (:class:`GradientNoiseEstimator`); None
+        until the first estimate (or when tracking is off). The same value on every rank."""
+        self._gns_flush()
+        return self._gns.estimate
+
+    @property
+    def gradient_noise_scale(self) -> float | None:
+        """``grad_var / grad_sqr``: McCandlish et al.'s simple noise scale ``B_simple``
+        (arXiv:1812.06162, §2.2), in samples; None until the first estimate."""
+        self._gns_flush()
+        return self._gns.noise_scale
+
+    def _gns_begin_step(self, step: Step) -> None:
+        """Pick this step's estimator; install or remove the micro-batch hooks."""
+        micro = (self._gns_on and self._dist is None and self.batch.accumulation_steps > 1
+                 and self._gns_params is not None)
+        if micro and self._gns_micro is not None and \
+                self._gns_micro.ids != [id(p) for p in self._gns_params]:
+            self._gns_micro.remove()
+            self._gns_micro = None
+        if micro and self._gns_micro is None:
+            self._gns_micro = _MicroBatchNorms(self._torch, self._gns_params)
+        elif not micro and self._gns_micro is not None:
+            self._gns_micro.remove()
+            self._gns_micro = None
+        if self._gns_micro is not None:
+            self._gns_micro.reset()
+        if not (self._gns_on and self._dist is None and self.batch.accumulation_steps == 1):
+            self._gns_prev = None  # only the differenced estimator keeps a gradient
+        self._gns_pending = None
+
+    def _gns_single_rank(self, step: Step, params: list) -> None:
+        """One rank: AdaptDL's estimators without replicas (see :meth:`reduce_gradients`)."""
+        torch = self._torch
+        N = step.global_samples
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads or N <= 0:
+            return
+        if self.batch.accumulation_steps > 1:
+            mb = self._gns_micro
+            sizes = [len(m) for m in step.micro_batches if m]
+            if mb is None or mb.ids != [id(p) for p in params] or len(sizes) < 2:
+                return  # hooks not (yet) on these parameters, or a 1-micro-batch tail step
+            k = len(sizes)
+            if len(mb.sums) != k or any(c not in (0, k) for c in mb.counts):
+                return  # backward calls did not match the micro-batches: no estimate
+            # micro-batch a: local gradient (n_a / N) g_a, so n_a |g_a|^2 = N^2 |.|^2 / n_a
+            stats = torch.stack([_sqnorm(torch, grads)] + [s.to(grads[0].device) for s in mb.sums])
+
+            def micro(v, N=N, sizes=sizes):
+                local_sum = sum(N * N * s / n for s, n in zip(v[1:], sizes))
+                return (local_sum / N, v[0], N / len(sizes), N, False)
+
+            self._gns_pending = (stats, micro)
+            return
+        # differenced estimator: this step's gradient and the previous one, two batches
+        flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads])
+        sq = torch.dot(flat, flat)
+        prev = self._gns_prev
+        self._gns_prev = (flat, sq, N)
+        if prev is None or prev[0].numel() != flat.numel():
+            return
+        p_flat, p_sq, n1 = prev
+        stats = torch.stack([p_sq, torch.dot(p_flat, flat), sq])
+
+        def diff(v, n1=n1, n2=N):
+            s1, cross, s2 = v
+            big = n1 + n2
+            total = (n1 * n1 * s1 + 2 * n1 * n2 * cross + n2 * n2 * s2) / (big * big)
+            return ((n1 * s1 + n2 * s2) / big, total, big / 2, big, True)
+
+        self._gns_pending = (stats, diff)
+
+    def _gns_flush(self) -> None:
+        """Fold the pending measurement into the averages (one host sync, after the script
+        queued its optimizer step)."""
+        if self._gns_pending is None:
+            return
+        stats, fn = self._gns_pending
+        self._gns_pending = None
+        args = fn(stats.tolist())
+        if args is None:
+            return
+        if not self._gns.update(*args[:4], biased=args[4]) and args[2] < args[3]:
+            log.debug("gradient noise: non-finite gradient norms, step skipped")
 
     def close(self) -> None:
         """Flush metrics and leave the process group.
@@ -350,6 +704,10 @@ class ElasticJob:
         if self._metrics_fh is not None:
             self._metrics_fh.close()
             self._metrics_fh = None
+        if self._gns_micro is not None:
+            self._gns_micro.remove()
+            self._gns_micro = None
+        self._gns_prev = None
         if self.stopped_for is not None:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -481,6 +839,8 @@ class ElasticJob:
         return True
 
     def _after_step(self, step: Step, consumed: int, seconds: float) -> None:
+        self._gns_flush()
+        self._current = None
         st = self.state
         st.position += consumed
         st.samples_processed += consumed
@@ -501,6 +861,7 @@ class ElasticJob:
                 "samples": sum(len(m) for m in step.micro_batches),
                 "step_time": seconds, "compute_time": self._compute_time,
                 "device": self._device_identity,
+                **self._gns_record(),
                 **self._pending_log,
             }
             if self.record_samples:
@@ -509,6 +870,10 @@ class ElasticJob:
         self._pending_log = {}
         if self.rank == 0 and time.monotonic() - self._last_progress >= 2.0:
             self._write_progress()
+
+    def _gns_record(self) -> dict:
+        est = self._gns.estimate
+        return {"grad_sqr": est[0] if est else None, "grad_var": est[1] if est else None}
 
     # ----------------------------------------------------------- checkpoints
     def checkpoint(self) -> Path | None:
@@ -546,6 +911,7 @@ class ElasticJob:
             "optimizer": reg.optimizer.state_dict() if reg.optimizer is not None else None,
             "scheduler": reg.scheduler.state_dict() if reg.scheduler is not None else None,
             "extra": reg.extra,
+            "grad_noise": self._gns.state_dict(),
             "rng": {
                 "torch": torch.get_rng_state(),
                 "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)),
@@ -606,6 +972,8 @@ class ElasticJob:
         if reg.scheduler is not None and ck["scheduler"] is not None:
             reg.scheduler.load_state_dict(ck["scheduler"])
         reg.extra.update(ck.get("extra") or {})
+        if ck.get("grad_noise"):  # absent in checkpoints written before it existed
+            self._gns.load_state_dict(ck["grad_noise"])
         self.state = _State(data["epoch"], data["position"], data["step"],
                             data["samples_processed"])
         rng = ck["rng"]
@@ -641,11 +1009,14 @@ class ElasticJob:
         rate = (self.state.samples_processed - s0) / (now - t0) if now > t0 else 0.0
         self._progress_mark = (now, self.state.samples_processed)
         self._last_progress = now
+        est = self._gns.estimate
         ctl.write_progress(self.job_dir / "progress.json", ctl.Progress(
             job_uid=self.job_uid, generation=self.generation, step=self.state.step,
             epoch=self.state.epoch, samples_processed=self.state.samples_processed,
             epoch_position=self.state.position, throughput=rate, world_size=self.world_size,
             global_batch_size=self.batch.global_batch_size, time=time.time(), finished=finished,
+            total_samples=self.epochs * self.dataset_size,
+            grad_sqr=est[0] if est else None, grad_var=est[1] if est else None,
         ))
 
 

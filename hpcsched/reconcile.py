@@ -18,7 +18,7 @@ Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .batching import BatchSizeError, fit_batch
 from .policies.throughput import fit
@@ -48,6 +48,7 @@ class Change:
     from_batch_size: int
     to_batch_size: int
     reason: str
+    placement: tuple[str, ...] = ()   # nodes to run on, for a pending job or a grow
 
 
 def predict(job: JobView, nodes: int, batch_size: int) -> float | None:
@@ -76,7 +77,8 @@ def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()) -> 
                 notes.append(f"job {job.job_id}: {t.reason}")
             elif (t.nodes, t.batch_size) != (job.nodes, job.batch_size):
                 candidates.append((Change(job.job_id, "pending", job.nodes, t.nodes,
-                                          job.batch_size, t.batch_size, t.reason), 0.0, 0.0))
+                                          job.batch_size, t.batch_size, t.reason,
+                                          t.placement), 0.0, 0.0))
             continue
         if job.state != "RUNNING" or (t.nodes, t.batch_size) == (job.nodes, job.batch_size):
             continue
@@ -91,7 +93,8 @@ def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()) -> 
             continue
         reason = (f"{t.reason}; {x_from:.0f} -> {x_to:.0f} samples/s predicted")
         candidates.append((Change(job.job_id, kind, job.nodes, t.nodes, job.batch_size,
-                                  t.batch_size, reason), x_from, x_to))
+                                  t.batch_size, reason,
+                                  t.placement if kind == "grow" else ()), x_from, x_to))
 
     resizes = [c for c in candidates if c[0].kind in ("shrink", "grow")]
     batches = [c for c in candidates if c[0].kind == "batch"]
@@ -131,7 +134,14 @@ def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()) -> 
                 notes.append(f"job {c.job_id}: grow to {c.to_nodes} node(s) waits: "
                              f"{len(fits)} node(s) have {job.workers_per_node} GPU(s) free")
                 continue
-            for n in fits[: c.to_nodes]:
+            chosen_nodes = fits[: c.to_nodes]
+            if c.placement and len(c.placement) == c.to_nodes and set(c.placement) <= set(fits):
+                chosen_nodes = list(c.placement)
+            elif c.placement:
+                notes.append(f"job {c.job_id}: placement {','.join(c.placement)} does not fit "
+                             "now; Slurm chooses the nodes")
+                c = replace(c, placement=())
+            for n in chosen_nodes:
                 free[n] = free.get(n, 0) + (job.workers_per_node if n in mine else 0) - job.workers_per_node
         changes.append(c)
     return changes, notes

@@ -211,6 +211,7 @@ class Action:
     restarts_at_plan: int
     reason: str = ""
     issued_by: str = "hpcsched resize"
+    placement: tuple[str, ...] = ()   # nodes to start on (pending job, or a grow's requeue)
 
 
 class Actuator:
@@ -304,7 +305,8 @@ class Actuator:
             info = slurm.job_info(action.job_id)
             if info is not None and info.state == "PENDING" and info.node_count != action.nodes:
                 try:
-                    resize_pending_job(action.job_id, action.nodes, spec.workers_per_node)
+                    resize_pending_job(action.job_id, action.nodes, spec.workers_per_node,
+                                       action.placement, info.cpus_per_task)
                 except slurm.SlurmError as exc:
                     raise ResizeFailed(f"job {action.job_id} could not be resized while "
                                        f"pending: {exc} (it may just have started)") from None
@@ -363,7 +365,8 @@ class Actuator:
             log.info("job %s: checkpointed for generation %d, requeued", action.job_id, gen)
         elif info.state == "PENDING" and not result.released:
             try:
-                resize_pending_job(action.job_id, action.nodes, spec.workers_per_node)
+                resize_pending_job(action.job_id, action.nodes, spec.workers_per_node,
+                                   action.placement, info.cpus_per_task)
             except slurm.SlurmError as exc:
                 # the job is requeued either way: it must not sit out the 121 s hold
                 result.notes.append(f"could not resize the requeued job ({exc}); it resumes "
@@ -423,14 +426,24 @@ class Actuator:
             log.error("could not write the cancelling generation: %s", exc)
 
 
-def resize_pending_job(job_id: str, nodes: int, workers_per_node: int) -> None:
-    """Set a PENDING job's size: ``scontrol update NumNodes=<n>-<n> NumTasks=<n * wpn>``.
+def resize_pending_job(job_id: str, nodes: int, workers_per_node: int,
+                       placement: tuple[str, ...] = (), cpus_per_task: int = 1) -> None:
+    """Set a PENDING job's size: ``scontrol update NumNodes=<n>-<n> NumTasks=<n * wpn>
+    [ReqNodeList=<nodes>]``.
 
     Measured on Slurm 22.05: ``NumNodes=3`` alone is refused ("Node count specification
     invalid") for a job submitted with ``-N 2``, whose node range is 2-2; the range form sets
     both bounds. ``NumTasks`` must follow, or ``--ntasks-per-node`` no longer fits.
+    ``ReqNodeList`` in the same update steers the job onto the placement's nodes (Slurm still
+    picks the GPUs within each node). Without a placement an earlier one is cleared.
+    ``NumCPUs`` must follow a shrink: a job submitted with ``-N 2 --ntasks-per-node=2`` keeps
+    ``NumCPUs=4`` and, set to one node, stays pending forever with ``BadConstraints``
+    ("Requested node configuration is not available"; measured).
     """
-    slurm.update_job(job_id, NumNodes=f"{nodes}-{nodes}", NumTasks=nodes * workers_per_node)
+    tasks = nodes * workers_per_node
+    fields = {"NumNodes": f"{nodes}-{nodes}", "NumTasks": tasks, "NumCPUs": tasks * cpus_per_task}
+    fields["ReqNodeList"] = ",".join(placement) if placement else ""
+    slurm.update_job(job_id, **fields)
 
 
 def release_requeued_job(job_id: str, requeued_at: float) -> None:

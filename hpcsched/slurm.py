@@ -95,6 +95,7 @@ class JobInfo:
     restarts: int
     batch_host: str
     priority: int
+    cpus_per_task: int = 1  # from cpus / tasks: 22.05's JSON leaves cpus_per_task null
 
     @property
     def active(self) -> bool:
@@ -130,6 +131,8 @@ def _job_from_json(j: dict) -> JobInfo:
         restarts=int(j.get("restart_cnt") or 0),
         batch_host=str(j.get("batch_host") or ""),
         priority=int(j.get("priority") or 0),
+        cpus_per_task=max(1, int(j.get("cpus_per_task") or
+                                 (int(j.get("cpus") or 0) // max(1, int(j.get("tasks") or 1))) or 1)),
     )
 
 

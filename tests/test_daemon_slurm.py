@@ -10,6 +10,8 @@ must show each decision with its reason.
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -24,8 +26,15 @@ DIGITS = 1797
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_jobs):
+@pytest.mark.parametrize("policy", ["dp", "default"])
+def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_jobs, policy):
+    """``default`` runs the daemon's default policy (ones-pal: ONES seeded by the DP, placed by
+    PAL) with no [policy] table at all."""
     tmp_path, db = daemon_env
+    cfg = Path(os.environ["HPCSCHED_CONFIG"])
+    if policy == "default":
+        cfg.write_text(cfg.read_text().replace('[policy]\nname = "dp"\n', ""))
+    prefix = {"dp": "dp", "default": "ones"}[policy]
     a = submit(tmp_path, "-N", "2", "--gres=gpu:2", "--hpcsched-max-nodes", "2",
                "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", "40", "--min-step-time", "0.1")
     b = submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-max-nodes", "2",
@@ -52,7 +61,7 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
     assert ("grow", 1, 2, 96, 96, "observed") in acts[b], (acts, log[-4000:])
     assert ("batch", 1, 1, 32, 128, "observed") in acts[c], (acts, log[-4000:])
     for x in store.actions():
-        assert x.reason.startswith("dp: predicted") and "samples/s" in x.reason
+        assert x.reason.startswith(f"{prefix}: predicted") and "samples/s" in x.reason, x.reason
     for j, epochs in ((a, 40), (b, 40), (c, 25)):
         check_exactly_once(load_records(JobDir.for_job(j).path), DIGITS, epochs)
     rounds = store.rounds(limit=1000)

@@ -9,6 +9,7 @@ the first node only) while the grow requeued.
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
@@ -126,3 +127,23 @@ def test_unmodified_torch_distributed_script_runs_and_is_not_resized(devcluster,
     assert sorted(ln.split()[1] for ln in lines) == ["0/4", "1/4", "2/4", "3/4"], text
     assert all("in_sync=True" in ln for ln in lines)
     assert {ln.split()[2] for ln in lines} == {"node=n1", "node=n2"}
+
+
+def test_pending_job_resized_before_it_starts(devcluster, control_dir, tmp_path, slurm_jobs):
+    """A pending 2-node job set to 1 node (and its batch) before it starts runs on 1 node with
+    that configuration. Slurm 22.05 needs NumCPUs with the shrink, or the job stays pending
+    forever with BadConstraints."""
+    out = cli("hpcsub", "--parsable", "--hold", "-N", "2", "--gres=gpu:2",
+              f"--output={tmp_path}/o-%j.out", "--hpcsched-batch-size", "64",
+              "--hpcsched-max-batch-size", "128", str(EXAMPLE), "--epochs", "2", cwd=tmp_path)
+    job_id = out.stdout.strip()
+    slurm_jobs.append(job_id)
+    r = cli("hpcsched", "resize", job_id, "--nodes", "1", "--batch-size", "128")
+    assert "pending: 2 -> 1 node(s)" in r.stdout, r.stdout
+    subprocess.run(["scontrol", "release", job_id], check=True)
+    final = wait_for(lambda: (i := slurm.job_info(job_id)) and not i.active and i, 120,
+                     "the job to run and finish", interval=0.5)
+    text = (tmp_path / f"o-{job_id}.out").read_text()
+    assert final.state == "COMPLETED" and final.node_count == 1, text
+    a = ctl.read_ack(JobDir.for_job(job_id).ack_path)
+    assert (a.generation, a.nodes, a.global_batch_size) == (1, 1, 128)

@@ -276,3 +276,31 @@ def test_gradient_noise_makes_the_dp_stop_growing_the_batch():
     noisy = JobView(**{**_job("C", 1, **base).__dict__, "grad_noise": (1.0, 1e-6)})
     assert make_policy("dp").decide(_cluster(1, 4, [_job("C", 1, **base)])).target("C").batch_size == 128
     assert make_policy("dp").decide(_cluster(1, 4, [noisy])).target("C").batch_size == 32
+
+
+def test_ones_pal_is_the_default_and_places_without_changing_sizes():
+    from hpcsched.config import defaults
+    from hpcsched.policies import DEFAULT_POLICY
+
+    assert defaults().policy.name == DEFAULT_POLICY == "ones-pal"
+    snap = _contended()
+    plan = make_policy("ones-pal").decide(snap, seed=2)
+    bare = ONES(seed_with_dp=True).decide(snap, seed=2)
+    assert [(t.job_id, t.nodes, t.batch_size) for t in plan.targets] == \
+           [(t.job_id, t.nodes, t.batch_size) for t in bare.targets]
+    assert all(len(t.placement) == t.nodes for t in plan.targets if t.nodes)
+    assert plan.policy == "ones-pal"
+
+
+def test_any_policy_takes_a_placement_stage():
+    plan = make_policy("dp", {"placement": "packed"}).decide(_contended())
+    assert plan.policy == "dp+packed" and all(t.placement for t in plan.targets if t.nodes)
+    with pytest.raises(PolicyError, match="placement must be one of"):
+        make_policy("dp", {"placement": "scattered"})
+
+
+def test_ones_starts_an_unmeasured_pending_job_as_large_as_fits():
+    pend = _job("P", 2, min_nodes=1, max_nodes=2, state="PENDING", batch=96)
+    other = _job("B", 1, batch=96, profile=[_pt(2, 48, 0.096)], state="PENDING", submit=1.0)
+    plan = ONES().decide(_cluster(3, 4, [pend, other]), seed=0)   # 12 GPUs: room for both
+    assert plan.target("P").nodes == 2, plan

@@ -26,19 +26,25 @@ class PolicyError(ValueError):
 
 
 def _registry() -> dict[str, Callable[..., Policy]]:
+    from .composite import OnesPal
     from .dp import ElasticDP
     from .ones import ONES
     from .static import Static
     from .tiresias import Tiresias
 
-    return {"static": Static, "tiresias": Tiresias, "dp": ElasticDP, "ones": ONES}
+    return {"static": Static, "tiresias": Tiresias, "dp": ElasticDP, "ones": ONES,
+            "ones-pal": OnesPal}
 
 
-POLICIES = ("static", "tiresias", "dp", "ones")
+POLICIES = ("static", "tiresias", "dp", "ones", "ones-pal")
+DEFAULT_POLICY = "ones-pal"
 
 
 def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
     """The policy ``name`` configured with ``params``.
+
+    A ``placement`` parameter (``packed``, ``pm-first``, ``pal``) adds that placement stage to
+    any allocation policy (with ``locality_penalty`` for it); the rest go to the policy.
 
     Raises:
         PolicyError: unknown name, or parameters the policy does not take.
@@ -46,7 +52,15 @@ def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
     reg = _registry()
     if name not in reg:
         raise PolicyError(f"unknown policy {name!r} (choose from {', '.join(sorted(reg))})")
+    params = dict(params or {})
+    placement = params.pop("placement", None)
+    penalty = params.pop("locality_penalty", 1.5) if placement else None
     try:
-        return reg[name](**dict(params or {}))
+        policy = reg[name](**params)
+        if placement:
+            from .composite import Placed
+
+            policy = Placed(policy, placement, penalty)
+        return policy
     except TypeError as exc:
         raise PolicyError(f"policy {name!r}: {exc}") from None

@@ -71,7 +71,10 @@ class ONES:
         self.history: list[float] = []              # best fitness per generation, last round
 
     # ------------------------------------------------------------------ model
-    def _table(self, jobs: list[JobView], fixed: set[str]) -> _Table:
+    def _table(self, jobs: list[JobView], fixed: set[str],
+               sizes: dict[str, int] | None = None) -> _Table:
+        """``sizes``: where an unmeasured or busy job stays (default: running jobs where they
+        are, pending ones at their minimum); the DP's answer in :meth:`decide`."""
         n_max = max((j.max_nodes for j in jobs), default=1)
         J = len(jobs)
         cost = np.full((J, n_max + 1), np.inf)
@@ -82,6 +85,8 @@ class ONES:
             model = fit(j.profile)
             if j.job_id in fixed or model is None:
                 n = j.nodes if j.state == "RUNNING" else j.min_nodes
+                if sizes and sizes.get(j.job_id) and j.job_id not in fixed:
+                    n = sizes[j.job_id]   # a pending job starts as large as fits (DP)
                 lo[i] = hi[i] = cur[i] = n
                 cost[i, n], batch[i, n], thr[i, n] = 0.0, j.batch_size, 0.0
                 continue
@@ -162,7 +167,7 @@ class ONES:
             self._carried = {}
             return Plan(self.name, tuple(waits), 0.0, ("ones: no job to size",))
         fixed = {j.job_id for j in jobs if j.busy}
-        t = self._table(jobs, fixed)
+        t = self._table(jobs, fixed, {x.job_id: x.nodes for x in base.targets if x.nodes})
         P, J = self.population, len(jobs)
         start = np.empty((P, J), dtype=np.int64)
         for i, j in enumerate(jobs):                   # carried genes, or the current size
