@@ -57,11 +57,16 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
     store = Store(f"sqlite:///{db}")
     acts = {j: [(x.kind, x.from_nodes, x.to_nodes, x.from_batch_size, x.to_batch_size, x.status)
                 for x in store.actions(j)] for j in jobs}
-    assert ("shrink", 2, 1, 96, 96, "observed") in acts[a], (acts, log[-4000:])
+    if policy == "dp":   # throughput: A's GPUs go to B
+        assert ("shrink", 2, 1, 96, 96, "observed") in acts[a], (acts, log[-4000:])
+    # ones-pal minimises predicted remaining time, and A, measured at one size only, is
+    # predicted to slow down on fewer nodes, so it may keep them: B grows when room appears
     assert ("grow", 1, 2, 96, 96, "observed") in acts[b], (acts, log[-4000:])
     assert ("batch", 1, 1, 32, 128, "observed") in acts[c], (acts, log[-4000:])
     for x in store.actions():
         assert x.reason.startswith(f"{prefix}: predicted") and "samples/s" in x.reason, x.reason
+        if policy == "default":
+            assert "placement pal:" in x.reason, x.reason
     for j, epochs in ((a, 40), (b, 40), (c, 25)):
         check_exactly_once(load_records(JobDir.for_job(j).path), DIGITS, epochs)
     rounds = store.rounds(limit=1000)
@@ -75,7 +80,7 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
     assert grow and grow[0]["status"] == "observed" and "samples/s" in grow[0]["reason"]
     assert row["profile"], "status shows no throughput profile"
     table = cli("hpcsched", "status").stdout
-    assert "grow" in table and "shrink" in table
+    assert "grow" in table and "batch" in table and (policy != "dp" or "shrink" in table)
 
 
 def test_dry_run_decides_and_logs_but_never_acts(daemon_env, blocker, slurm_jobs):

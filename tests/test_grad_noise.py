@@ -365,6 +365,72 @@ def _join(procs, timeout=90):
     return outs
 
 
+_WORKER = r"""
+import json, sys, torch
+from hpcsched.elastic import ElasticJob
+X = torch.arange(8 * 3, dtype=torch.float64).reshape(8, 3).remainder(5) - 2.0
+for name in ("float32", "float64", "bfloat16"):
+    dtype = getattr(torch, name)
+    w = torch.nn.Parameter(torch.zeros(3, dtype=dtype))
+    job = ElasticJob(dataset_size=8, epochs=1, seed=5)
+    raw = []
+    for step in job.steps():
+        w.grad = None
+        for idx in step.micro_batches:
+            if idx:   # d/dw of sum(w . x_i) / N: the mean of this rank's x_i, times n / N
+                ((X[idx].to(dtype) @ w).sum() / step.global_samples).backward()
+        job.reduce_gradients([w])
+        job.grad_noise  # folds this step in (otherwise done at the end of the step)
+        raw.append(job._gns.raw)
+    if job.rank == 0:
+        print(json.dumps({name: raw}), flush=True)
+"""
+
+
+def test_multi_rank_reduction_matches_a_direct_computation(tmp_path):
+    """Three gloo ranks, 6 samples then 2 (one rank empty): the piggybacked statistics
+    (float32, float64) and the separate float32 all-reduce (bfloat16 gradients) give the
+    two-batch estimate computed directly from the per-rank sample means."""
+    import torch
+
+    from hpcsched.batching import BatchConfig
+    from hpcsched.elastic import epoch_permutation, rank_micro_batches
+
+    port = _free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", _WORKER], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+        env=dict({k: v for k, v in os.environ.items() if not k.startswith("HPCSCHED_")},
+                 RANK=str(r), WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                 GLOO_SOCKET_IFNAME="lo", HPCSCHED_LOCAL_BATCH_SIZE="2"))
+        for r in range(3)]
+    out = _join(procs)[0]
+    got = {}
+    for line in out.splitlines():
+        if line.startswith("{"):
+            got.update(json.loads(line))
+
+    X = torch.arange(8 * 3, dtype=torch.float64).reshape(8, 3).remainder(5) - 2.0
+    perm, cfg, pos = epoch_permutation(8, 0, 5), BatchConfig(3, 2, 1), 0
+    ref = GradientNoiseEstimator(base_batch_size=6)
+    want = []
+    for _ in range(2):
+        parts = [rank_micro_batches(perm, pos, cfg, r)[0][0] for r in range(3)]
+        N = sum(len(p) for p in parts)
+        pos += N
+        means = [(len(p), X[p].mean(0)) for p in parts if p]
+        big = X[[i for p in parts for i in p]].mean(0)
+        small = sum(n * float(m @ m) for n, m in means) / N
+        ref.update(small, float(big @ big), N / len(means), N)
+        want.append(ref.raw)
+    assert [len(p) for p in parts] == [1, 1, 0]    # the second step: rank 2 has no sample
+    for name, rel in (("float32", 1e-5), ("float64", 1e-12), ("bfloat16", 3e-2)):
+        assert len(got[name]) == 2, out[-2000:]
+        for g, w in zip(got[name], want):
+            assert g == pytest.approx(w, rel=rel, abs=1e-9), name
+
+
+@pytest.mark.slow
 def test_two_gloo_ranks_measure_noise_and_keep_it_through_a_shrink(tmp_path):
     """Two workers (16 + 16 per step: the two-batch estimate through the piggybacked
     all-reduce), checkpoint-and-shrink to one worker, relaunch from the checkpoint: the
