@@ -130,9 +130,11 @@ class Daemon:
         if info.state == "RUNNING":
             busy = busy or ack is None or phase in ("resizing", "awaiting-requeue") or (
                 control is not None and control.generation > ack.generation)
+        rows = self.store.profile(info.job_id)
         profile = tuple(ProfilePoint(p.world_size, p.nodes, p.local_batch_size,
                                      p.accumulation_steps, p.step_time, p.throughput, p.steps)
-                        for p in self.store.profile(info.job_id))
+                        for p in rows)
+        attained = sum(p.steps * p.step_time * p.world_size for p in rows)  # GPU-seconds
         return JobView(
             job_id=info.job_id, state=info.state, nodes=cur.nodes,
             node_names=tuple(slurm.expand_hostlist(info.nodes)) if info.state == "RUNNING" else (),
@@ -145,7 +147,7 @@ class Daemon:
             samples_processed=progress.samples_processed if progress else 0,
             throughput=progress.throughput if progress else 0.0, profile=profile,
             app_class=Path(spec.script).stem, busy=busy, user=spec.user,
-            partition=info.partition)
+            partition=info.partition, attained_gpu_seconds=attained)
 
     # ---------------------------------------------------------------- round
     def round(self) -> RoundReport:
