@@ -147,7 +147,10 @@ class Daemon:
             samples_processed=progress.samples_processed if progress else 0,
             throughput=progress.throughput if progress else 0.0, profile=profile,
             app_class=Path(spec.script).stem, busy=busy, user=spec.user,
-            partition=info.partition, attained_gpu_seconds=attained)
+            partition=info.partition, attained_gpu_seconds=attained,
+            remaining_samples=(max(0.0, progress.total_samples - progress.samples_processed)
+                               if progress and progress.total_samples else None),
+            grad_noise=_grad_noise(progress, spec.batch_size))
 
     # ---------------------------------------------------------------- round
     def round(self) -> RoundReport:
@@ -271,6 +274,17 @@ class Daemon:
                             a.restarts_at_plan, a.reason, "hpcsched daemon (resumed)")
             rep.outcomes[a.job_id] = self._drive(a.id, action, jd, spec, a.status)
         return touched
+
+
+def _grad_noise(progress, base_batch_size: int) -> tuple[float, float] | None:
+    """``(grad_sqr, grad_var)`` in the units Pollux's efficiency takes.
+
+    The job reports tr(Sigma) per sample (:mod:`hpcsched.elastic`); AdaptDL's efficiency takes
+    the variance at the base batch size, tr(Sigma) / M0 (M0 = the submitted global batch size).
+    """
+    if progress is None or progress.grad_sqr is None or progress.grad_var is None:
+        return None
+    return float(progress.grad_sqr), float(progress.grad_var) / max(1, base_batch_size)
 
 
 # pending reasons (squeue %r) of jobs that cannot start now whatever the scheduler does

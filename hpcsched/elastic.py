@@ -53,7 +53,6 @@ import random
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -294,6 +293,8 @@ class _MicroBatchNorms:
     AdaptDL's single-replica estimator with accumulation (``GradientNoiseScale._backward_hook``):
     a hook on each parameter sees that parameter's gradient of one ``backward`` before it is
     accumulated into ``.grad``; the k-th call for a parameter belongs to the k-th micro-batch.
+    A hook keeps only a 0-d tensor (no host sync, no copy of the gradient), in a list of its own
+    parameter, so hooks that autograd runs on different device threads never share state.
     Costs one norm per parameter per micro-batch; installed only while a job runs on one rank
     with gradient accumulation.
     """
@@ -302,30 +303,35 @@ class _MicroBatchNorms:
         self._torch = torch
         self.params = params
         self.ids = [id(p) for p in params]
-        self._lock = threading.Lock()  # autograd may run hooks on per-device threads
+        dense = (torch.float32, torch.float64)
+        self._dot = [p.dtype in dense and p.layout is torch.strided for p in params]
         self.reset()
         self.handles = [p.register_hook(functools.partial(self._hook, i))
                         for i, p in enumerate(params)]
 
     def reset(self) -> None:
-        self.counts = [0] * len(self.params)
-        self.sums: list = []
+        self.sq: list[list] = [[] for _ in self.params]
 
     def _hook(self, i: int, grad) -> None:
-        torch = self._torch
         g = grad.detach()
-        if g.dtype in (torch.float32, torch.float64) and g.is_contiguous() and not g.is_sparse:
+        if self._dot[i] and g.layout is self._torch.strided and g.is_contiguous():
             g = g.view(-1)
-            sq = torch.dot(g, g)
+            self.sq[i].append(self._torch.dot(g, g))
         else:
-            sq = torch.linalg.vector_norm(g, dtype=torch.float32).square()
-        with self._lock:
-            k = self.counts[i]
-            self.counts[i] = k + 1
-            if k == len(self.sums):
-                self.sums.append(sq)
-            else:
-                self.sums[k] = self.sums[k] + sq.to(self.sums[k].device)
+            self.sq[i].append(
+                self._torch.linalg.vector_norm(g, dtype=self._torch.float32).square())
+
+    def per_micro_batch(self, k: int):
+        """The k micro-batches' squared norms (a float32 tensor of k), or None when the
+        backward calls did not match k micro-batches (every parameter seen k times, or never:
+        a parameter outside this step's graph)."""
+        seen = [v for v in self.sq if v]
+        if not seen or any(len(v) != k for v in seen):
+            return None
+        torch = self._torch
+        dev = seen[0][0].device
+        rows = [torch.stack(v).to(dev, torch.float32) for v in seen]
+        return torch.stack(rows).sum(0)
 
     def remove(self) -> None:
         for h in self.handles:
@@ -336,9 +342,10 @@ class _MicroBatchNorms:
 def _sqnorm(torch, tensors: list):
     """``sum |t|^2`` over ``tensors`` as a float32 0-d tensor on their device (no host sync)."""
     tensors = [t.detach() for t in tensors]
-    if hasattr(torch, "_foreach_norm") and len({t.device for t in tensors}) == 1:
+    if (hasattr(torch, "_foreach_norm") and len({t.device for t in tensors}) == 1
+            and all(t.dtype in (torch.float32, torch.float64) for t in tensors)):
         norms = torch._foreach_norm(tensors)  # one call for all (as clip_grad_norm_ does)
-    else:
+    else:  # low precision: accumulate in float32
         norms = [torch.linalg.vector_norm(t, dtype=torch.float32) for t in tensors]
     return torch.stack([n.to(norms[0].device, torch.float32) for n in norms]).square().sum()
 
@@ -523,6 +530,10 @@ class ElasticJob:
             self._compute_time = None
             yield step
             self._after_step(step, consumed, time.perf_counter() - t0)
+        self._gns_flush()
+        if self._gns_micro is not None:  # training is over: no more micro-batch hooks
+            self._gns_micro.remove()
+            self._gns_micro = None
         self._write_progress(finished=True)
 
     def log(self, **values: float) -> None:
@@ -601,7 +612,7 @@ class ElasticJob:
                 k = round(k)
                 return (local_sum / N, total, N / k, N, False) if k >= 2 else None
 
-            self._gns_pending = (stats, ranks)
+            self._gns_set_pending(stats, ranks)
 
     # --------------------------------------------------------- gradient noise
     @property
@@ -636,7 +647,6 @@ class ElasticJob:
             self._gns_micro.reset()
         if not (self._gns_on and self._dist is None and self.batch.accumulation_steps == 1):
             self._gns_prev = None  # only the differenced estimator keeps a gradient
-        self._gns_pending = None
 
     def _gns_single_rank(self, step: Step, params: list) -> None:
         """One rank: AdaptDL's estimators without replicas (see :meth:`reduce_gradients`)."""
@@ -650,17 +660,17 @@ class ElasticJob:
             sizes = [len(m) for m in step.micro_batches if m]
             if mb is None or mb.ids != [id(p) for p in params] or len(sizes) < 2:
                 return  # hooks not (yet) on these parameters, or a 1-micro-batch tail step
-            k = len(sizes)
-            if len(mb.sums) != k or any(c not in (0, k) for c in mb.counts):
+            per_micro = mb.per_micro_batch(len(sizes))
+            if per_micro is None:
                 return  # backward calls did not match the micro-batches: no estimate
             # micro-batch a: local gradient (n_a / N) g_a, so n_a |g_a|^2 = N^2 |.|^2 / n_a
-            stats = torch.stack([_sqnorm(torch, grads)] + [s.to(grads[0].device) for s in mb.sums])
+            stats = torch.cat([_sqnorm(torch, grads).reshape(1), per_micro.to(grads[0].device)])
 
             def micro(v, N=N, sizes=sizes):
                 local_sum = sum(N * N * s / n for s, n in zip(v[1:], sizes))
                 return (local_sum / N, v[0], N / len(sizes), N, False)
 
-            self._gns_pending = (stats, micro)
+            self._gns_set_pending(stats, micro)
             return
         # differenced estimator: this step's gradient and the previous one, two batches
         flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads])
@@ -678,14 +688,27 @@ class ElasticJob:
             total = (n1 * n1 * s1 + 2 * n1 * n2 * cross + n2 * n2 * s2) / (big * big)
             return ((n1 * s1 + n2 * s2) / big, total, big / 2, big, True)
 
-        self._gns_pending = (stats, diff)
+        self._gns_set_pending(stats, diff)
 
-    def _gns_flush(self) -> None:
-        """Fold the pending measurement into the averages (one host sync, after the script
-        queued its optimizer step)."""
+    def _gns_set_pending(self, stats, fn) -> None:
+        """Keep this step's few numbers on the device until they are ready (see _gns_flush)."""
+        self._gns_flush()  # the previous step's: long finished
+        event = None
+        if stats.device.type == "cuda":
+            event = self._torch.cuda.Event()
+            event.record()
+        self._gns_pending = (stats, fn, event)
+
+    def _gns_flush(self, block: bool = True) -> None:
+        """Fold the pending measurement into the averages. Non-blocking (end of each step)
+        it waits for nothing: on a GPU still busy with the step, it leaves the numbers for the
+        next call, so the statistics never stall the queue of kernels (the estimate in a
+        metrics line may then be one step behind)."""
         if self._gns_pending is None:
             return
-        stats, fn = self._gns_pending
+        stats, fn, event = self._gns_pending
+        if not block and event is not None and not event.query():
+            return
         self._gns_pending = None
         args = fn(stats.tolist())
         if args is None:
@@ -839,7 +862,7 @@ class ElasticJob:
         return True
 
     def _after_step(self, step: Step, consumed: int, seconds: float) -> None:
-        self._gns_flush()
+        self._gns_flush(block=False)
         self._current = None
         st = self.state
         st.position += consumed
@@ -893,6 +916,7 @@ class ElasticJob:
 
     def _state_dict(self) -> dict:
         torch = self._torch
+        self._gns_flush()
         np_state = np.random.get_state()
         reg = self._reg
         return {

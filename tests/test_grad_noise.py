@@ -7,6 +7,7 @@ multi-rank path with two real gloo processes training the digits example through
 """
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -242,7 +243,7 @@ def test_single_rank_without_accumulation_differences_consecutive_steps(solo):
 
     _train(job, X, y, model, opt, on_step)
     ref = GradientNoiseEstimator(base_batch_size=16)
-    for (n1, g1), (n2, g2) in zip(grads, grads[1:]):
+    for (n1, g1), (n2, g2) in itertools.pairwise(grads):
         big = [(n1 * a + n2 * b) / (n1 + n2) for a, b in zip(g1, g2)]
         ref.update((n1 * _sq(g1) + n2 * _sq(g2)) / (n1 + n2), _sq(big), (n1 + n2) / 2,
                    n1 + n2, biased=True)
@@ -384,6 +385,8 @@ for name in ("float32", "float64", "bfloat16"):
         raw.append(job._gns.raw)
     if job.rank == 0:
         print(json.dumps({name: raw}), flush=True)
+job._dist.barrier()
+job.close()
 """
 
 
