@@ -5,10 +5,6 @@ Two workers train the digits example; mid-run hpcsched's control file changes th
 worker from that checkpoint and finishes. Checked from the job's own records.
 """
 
-import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,65 +13,15 @@ import pytest
 from hpcsched import control as ctl
 from hpcsched.jobdir import JobDir
 
+from .gloo_workers import join as _join
+from .gloo_workers import launch as _launch
+from .gloo_workers import wait_ack as _wait_ack
+from .gloo_workers import write_control as _control
 from .jobrecords import check_exactly_once, generations, load_records, mean_loss_by_step
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "jobscripts" / "examples" / "digits_mlp.py"
 DIGITS = 1797
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(jd: JobDir, world: int, generation: int, local: int, accum: int, launch: int,
-            epochs: int, **extra_env: str):
-    port = _free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
-                   HPCSCHED_JOB_DIR=str(jd.path), HPCSCHED_LAUNCH=str(launch),
-                   HPCSCHED_GENERATION=str(generation), HPCSCHED_NODES="1",
-                   HPCSCHED_LOCAL_BATCH_SIZE=str(local), HPCSCHED_ACCUMULATION_STEPS=str(accum),
-                   HPCSCHED_LR_SCALE="1.0", HPCSCHED_RECORD_SAMPLES="1")
-        env.update(extra_env)
-        procs.append(subprocess.Popen(
-            [sys.executable, str(EXAMPLE), "--epochs", str(epochs), "--min-step-time", "0.01"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    return procs
-
-
-def _wait_ack(jd, generation, state, procs, timeout=90):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        a = ctl.read_ack(jd.ack_path, jd.uid)
-        if a is not None and a.generation == generation and a.state == state:
-            return a
-        if all(p.poll() is not None for p in procs):
-            out = "".join(p.stdout.read() for p in procs)
-            pytest.fail(f"workers exited before ack {generation}/{state}:\n{out[-3000:]}")
-        time.sleep(0.05)
-    pytest.fail(f"no ack {generation}/{state} within {timeout} s")
-
-
-def _control(jd, generation, action, world, local, accum, nodes=1):
-    ctl.write_control(jd.control_path, ctl.Control(
-        job_uid=jd.uid, generation=generation, action=action, nodes=nodes,
-        workers_per_node=world // nodes,
-        global_batch_size=world * local * accum, local_batch_size=local,
-        accumulation_steps=accum, lr_scale=1.0, issued_at=time.time(), reason="test"))
-
-
-def _join(procs, timeout=120):
-    outs = []
-    for p in procs:
-        out, _ = p.communicate(timeout=timeout)
-        outs.append(out)
-        assert p.returncode == 0, out[-3000:]
-    return outs
 
 
 @pytest.mark.slow

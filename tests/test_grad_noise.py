@@ -11,7 +11,6 @@ import itertools
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,10 @@ from hpcsched import control as ctl
 from hpcsched.elastic import ElasticJob, GradientNoiseEstimator, two_batch_estimate
 from hpcsched.jobdir import JobDir
 
+from .gloo_workers import free_port as _free_port
+from .gloo_workers import join as _join
+from .gloo_workers import launch as _launch
+from .gloo_workers import wait_ack as _wait_ack
 from .jobrecords import load_records
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -321,50 +324,6 @@ def test_progress_fields_are_optional(tmp_path):
 
 
 # ---------------------------------------------------------------- two gloo processes
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(jd, world, generation, local, accum, launch, epochs, step_time="0"):
-    port = _free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
-                   HPCSCHED_JOB_DIR=str(jd.path), HPCSCHED_LAUNCH=str(launch),
-                   HPCSCHED_GENERATION=str(generation), HPCSCHED_NODES="1",
-                   HPCSCHED_LOCAL_BATCH_SIZE=str(local), HPCSCHED_ACCUMULATION_STEPS=str(accum),
-                   HPCSCHED_LR_SCALE="1.0")
-        procs.append(subprocess.Popen(
-            [sys.executable, str(EXAMPLE), "--epochs", str(epochs), "--min-step-time", step_time],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    return procs
-
-
-def _wait_ack(jd, generation, state, procs, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        a = ctl.read_ack(jd.ack_path, jd.uid)
-        if a is not None and a.generation == generation and a.state == state:
-            return a
-        if all(p.poll() is not None for p in procs):
-            out = "".join(p.stdout.read() for p in procs)
-            pytest.fail(f"workers exited before ack {generation}/{state}:\n{out[-3000:]}")
-        time.sleep(0.05)
-    pytest.fail(f"no ack {generation}/{state} within {timeout} s")
-
-
-def _join(procs, timeout=90):
-    outs = []
-    for p in procs:
-        out, _ = p.communicate(timeout=timeout)
-        assert p.returncode == 0, out[-3000:]
-        outs.append(out)
-    return outs
-
 
 _WORKER = r"""
 import json, sys, torch

@@ -1,0 +1,73 @@
+"""Real torch.distributed (gloo) workers of the digits example, started without Slurm: the
+environment the launcher would give them, a job directory, and the protocol files."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcsched import control as ctl
+from hpcsched.jobdir import JobDir
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "jobscripts" / "examples" / "digits_mlp.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(jd: JobDir, world: int, generation: int, local: int, accum: int, launch: int,
+            epochs: int, step_time: str = "0.01", **extra_env: str):
+    """Start ``world`` workers of the digits example as launch ``launch`` of job ``jd``."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
+                   HPCSCHED_JOB_DIR=str(jd.path), HPCSCHED_LAUNCH=str(launch),
+                   HPCSCHED_GENERATION=str(generation), HPCSCHED_NODES="1",
+                   HPCSCHED_LOCAL_BATCH_SIZE=str(local), HPCSCHED_ACCUMULATION_STEPS=str(accum),
+                   HPCSCHED_LR_SCALE="1.0", HPCSCHED_RECORD_SAMPLES="1")
+        env.update(extra_env)
+        procs.append(subprocess.Popen(
+            [sys.executable, str(EXAMPLE), "--epochs", str(epochs), "--min-step-time", step_time],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def wait_ack(jd, generation, state, procs, timeout=90):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        a = ctl.read_ack(jd.ack_path, jd.uid)
+        if a is not None and a.generation == generation and a.state == state:
+            return a
+        if all(p.poll() is not None for p in procs):
+            out = "".join(p.stdout.read() for p in procs)
+            pytest.fail(f"workers exited before ack {generation}/{state}:\n{out[-3000:]}")
+        time.sleep(0.05)
+    pytest.fail(f"no ack {generation}/{state} within {timeout} s")
+
+
+def write_control(jd, generation, action, world, local, accum, nodes=1):
+    ctl.write_control(jd.control_path, ctl.Control(
+        job_uid=jd.uid, generation=generation, action=action, nodes=nodes,
+        workers_per_node=world // nodes,
+        global_batch_size=world * local * accum, local_batch_size=local,
+        accumulation_steps=accum, lr_scale=1.0, issued_at=time.time(), reason="test"))
+
+
+def join(procs, timeout=120):
+    outs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=timeout)
+        outs.append(out)
+        assert p.returncode == 0, out[-3000:]
+    return outs
