@@ -151,7 +151,7 @@ class ResizeResult:
     """What happened, with Unix timestamps (seconds) of each phase for the benchmark."""
 
     job_id: str
-    plan: ResizePlan
+    plan: ResizePlan | None      # None when resuming a journaled action (the daemon)
     started: float
     checkpointed: float | None = None
     requeued: float | None = None
