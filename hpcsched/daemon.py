@@ -43,7 +43,7 @@ from .ingest import ingest_job
 from .jobdir import JobDir, JobSpec
 from .policies import POLICIES, PolicyError, make_policy
 from .reconcile import Change, Costs, reconcile
-from .resize import Action, Actuator, ResizeFailed, ResizeResult, current_of
+from .resize import Action, Actuator, ResizeFailed, ResizeResult, current_from, current_of
 from .snapshot import ClusterSnapshot, GPUView, JobView, ProfilePoint
 from .store import Store
 
@@ -117,7 +117,6 @@ class Daemon:
         self.store.upsert_job(**fields)
 
     def _view(self, jd: JobDir, spec: JobSpec, info: slurm.JobInfo, busy: bool) -> JobView:
-        cur = current_of(jd, spec, info)
         try:
             ack = ctl.read_ack(jd.ack_path, jd.uid)
             control = ctl.read_control(jd.control_path, jd.uid)
@@ -126,6 +125,7 @@ class Daemon:
             log.warning("job %s: %s", info.job_id, exc)
             ack = control = progress = None
             busy = True
+        cur = current_from(spec, info, control, ack)
         phase = jd.read_launcher_state().get("phase", "")
         if info.state == "RUNNING":
             busy = busy or ack is None or phase in ("resizing", "awaiting-requeue") or (

@@ -158,6 +158,7 @@ class ResizeResult:
     applied: float | None = None
     ack: ctl.Ack | None = None
     released: bool = False       # a requeued job was given its new size and start time
+    slurm_checked: float = 0.0   # time.monotonic() of the last look at Slurm (Actuator.step)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -167,8 +168,13 @@ class ResizeResult:
 
 def current_of(jd: JobDir, spec: JobSpec, info: slurm.JobInfo) -> Current:
     """The job's :class:`Current` from Slurm's view and the control/ack files."""
-    control = _read(ctl.read_control, jd.control_path, jd.uid)
-    ack = _read(ctl.read_ack, jd.ack_path, jd.uid)
+    return current_from(spec, info, _read(ctl.read_control, jd.control_path, jd.uid),
+                        _read(ctl.read_ack, jd.ack_path, jd.uid))
+
+
+def current_from(spec: JobSpec, info: slurm.JobInfo, control: ctl.Control | None,
+                 ack: ctl.Ack | None) -> Current:
+    """:func:`current_of` for control and ack files already read (pure)."""
     generation = max(control.generation if control else 0, ack.generation if ack else 0)
     if ack is not None and ack.state == "applied":
         gbs = ack.global_batch_size
@@ -190,6 +196,10 @@ def _read(fn, path, uid):
         log.warning("%s", exc)
         return None
 
+
+# Seconds between checks that a job being resized still exists. The files answer every poll;
+# Slurm (one squeue --json of every job) is asked when a decision needs it, else this often.
+SLURM_CHECK_S = 1.0
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
          "PREEMPTED", "BOOT_FAIL", "DEADLINE")
@@ -333,15 +343,28 @@ class Actuator:
             ResizeFailed: the job ended, rejected the generation, or a newer one superseded it.
         """
         gen = action.generation
-        info = slurm.job_info(action.job_id)
-        if info is None or info.state in ENDED:
-            raise ResizeFailed(f"job {action.job_id} ended ({info.state if info else 'gone'}) "
-                               f"before it applied generation {gen}")
+        cached: list[slurm.JobInfo] = []
+
+        def job() -> slurm.JobInfo:
+            """Slurm's view of the job, asked at most once per step (one squeue --json)."""
+            if not cached:
+                info = slurm.job_info(action.job_id)
+                result.slurm_checked = time.monotonic()
+                if info is None or info.state in ENDED:
+                    raise ResizeFailed(f"job {action.job_id} ended "
+                                       f"({info.state if info else 'gone'}) before it applied "
+                                       f"generation {gen}")
+                cached.append(info)
+            return cached[0]
+
+        if time.monotonic() - result.slurm_checked >= SLURM_CHECK_S:
+            job()  # is the job still there?
         control = _read(ctl.read_control, jd.control_path, jd.uid)
         if control is None or control.generation < gen:
+            job()
             self.start(action, jd, spec)
             return "waiting"
-        if action.kind == "pending" and info.state == "PENDING":
+        if action.kind == "pending" and job().state == "PENDING":
             return "applied"  # the launcher starts with this generation
         ack = _read(ctl.read_ack, jd.ack_path, jd.uid)
         if ack is None or ack.generation < gen:
@@ -359,6 +382,7 @@ class Actuator:
         result.checkpointed = result.checkpointed or ack.time  # state == "checkpointed"
         if action.kind != "grow":
             return "waiting"  # the job's own launcher or workers finish a shrink
+        info = job()
         if info.state == "RUNNING" and info.restarts == action.restarts_at_plan:
             slurm.requeue(action.job_id)
             result.requeued = time.time()
