@@ -736,6 +736,9 @@ class ElasticJob:
             sys.stderr.flush()
             os._exit(0)
         if self._dist is not None and self._dist.is_initialized():
+            # All ranks leave together: a rank that tears gloo down while a peer is still in a
+            # collective can abort that peer at exit.
+            self._dist.barrier()
             self._dist.destroy_process_group()
             self._dist = None
 
