@@ -1,0 +1,334 @@
+"""The simulator's outputs: a JSON-able summary per run, the per-job CSV, plots and a terminal table.
+
+Inputs are :class:`~hpcsched.sim.SimResult` records. Units everywhere: seconds for times and
+durations (times are from the start of the trace), GPUs, GPU-seconds; the summary's
+``gpu_hours_per_job`` is the one figure in hours, and the plots and the table show hours.
+
+* :func:`summarize` -- one run into a flat dict of plain Python values (JSON-able).
+* :func:`write_job_csv` -- one row per job.
+* :func:`write_summary_json` -- several summaries into ``{"runs": [...]}``.
+* :func:`plot_jct_cdf`, :func:`plot_utilization` -- PNG plots (matplotlib, Agg backend; imported
+  only when a plot is drawn).
+* :func:`render_table` -- a :class:`rich.table.Table` with one row per run.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import JobResult, SimResult
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+__all__ = [
+    "CSV_COLUMNS",
+    "gpu_utilization",
+    "plot_jct_cdf",
+    "plot_utilization",
+    "render_table",
+    "summarize",
+    "write_job_csv",
+    "write_summary_json",
+]
+
+#: The per-job CSV's columns, in order (see :func:`write_job_csv`).
+CSV_COLUMNS = ("name", "application", "submit_time", "start_time", "finish_time", "jct",
+               "gpu_seconds", "restarts", "resizes", "requested_gpus", "max_gpus")
+
+
+# --------------------------------------------------------------------------------------------
+# summary
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return float(sum(values) / len(values)) if values else None
+
+
+def gpu_utilization(result: SimResult, start: float, end: float) -> float | None:
+    """Busy GPU-seconds / total GPU-seconds of ``result`` over ``[start, end]`` (a fraction, 0..1).
+
+    The ``utilization`` series ``(time, gpus_busy, gpus_total)`` is read as a step function: each
+    sample holds from its time until the next sample's time (the last one until ``end``); samples
+    at equal times: the last one wins. Before the first sample no GPU is busy and the cluster has
+    ``result.total_gpus`` GPUs. Both integrals are taken over ``[start, end]`` only, so a sample
+    before ``start`` contributes from ``start`` on and anything after ``end`` is cut off.
+
+    Returns ``None`` when the interval is empty (``end <= start``) or holds no GPU-seconds at all.
+    """
+    if not end > start:
+        return None
+    samples = sorted(result.utilization, key=lambda s: s[0])  # stable: equal times keep order
+    # breakpoints: (time, busy, total) with the state before the first sample in front
+    steps: list[tuple[float, float, float]] = [(-math.inf, 0.0, float(result.total_gpus))]
+    steps += [(float(t), float(b), float(n)) for t, b, n in samples]
+    busy = total = 0.0
+    for i, (t, b, n) in enumerate(steps):
+        t_next = steps[i + 1][0] if i + 1 < len(steps) else math.inf
+        lo, hi = max(t, start), min(t_next, end)
+        if hi > lo:
+            busy += b * (hi - lo)
+            total += n * (hi - lo)
+    return busy / total if total > 0 else None
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` with numpy scalars/arrays as Python values, tuples as lists, keys as strings;
+    anything else JSON cannot hold becomes its ``str``."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value
+    if isinstance(value, np.generic):
+        return _jsonable(value.item())
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    return str(value)
+
+
+def summarize(result: SimResult) -> dict:
+    """One simulation run as a flat dict of plain Python values (``json.dumps``-able).
+
+    Keys and units:
+
+    * ``policy``, ``workload`` -- names, from ``result``.
+    * ``jobs``, ``finished``, ``unfinished`` -- counts (``unfinished``: no ``finish_time``, the
+      simulation ended first).
+    * ``avg_jct``, ``median_jct``, ``p99_jct`` -- job completion time (finish - submit) in
+      seconds, over the finished jobs only; ``p99_jct`` is ``numpy.percentile(jcts, 99)`` with
+      numpy's default linear interpolation.
+    * ``makespan`` -- seconds from the first submit (over all jobs) to the last finish.
+    * ``gpu_utilization`` -- busy GPU-seconds / total GPU-seconds (fraction, 0..1) over the
+      simulated span from the first submit to the last finish, integrating the ``utilization``
+      series as a step function: each sample holds until the next (see :func:`gpu_utilization`).
+    * ``gpu_hours_per_job`` -- mean over all jobs of ``gpu_seconds / 3600`` (GPU-hours).
+    * ``restarts_per_job``, ``resizes_per_job`` -- means over all jobs.
+    * ``rounds`` -- how many times the policy ran; ``wall_seconds`` -- the simulator's own run
+      time (s); ``params`` -- the run's parameters (numpy values converted, tuples as lists).
+
+    Figures that are not defined are ``None``: the JCT figures, ``makespan`` and
+    ``gpu_utilization`` when no job finished; the per-job means when there are no jobs.
+    """
+    jobs = result.jobs
+    jcts = [float(j.jct) for j in jobs if j.jct is not None]
+    finished = [j for j in jobs if j.finish_time is not None]
+    if finished:
+        first_submit = float(min(j.submit_time for j in jobs))
+        last_finish = float(max(j.finish_time for j in finished))
+        makespan: float | None = last_finish - first_submit
+        utilization = gpu_utilization(result, first_submit, last_finish)
+    else:
+        makespan = utilization = None
+    return {
+        "policy": result.policy,
+        "workload": result.workload,
+        "jobs": len(jobs),
+        "finished": len(finished),
+        "unfinished": len(jobs) - len(finished),
+        "avg_jct": _mean(jcts),
+        "median_jct": float(np.median(jcts)) if jcts else None,
+        "p99_jct": float(np.percentile(jcts, 99)) if jcts else None,
+        "makespan": makespan,
+        "gpu_utilization": utilization,
+        "gpu_hours_per_job": _mean([float(j.gpu_seconds) / 3600.0 for j in jobs]),
+        "restarts_per_job": _mean([float(j.restarts) for j in jobs]),
+        "resizes_per_job": _mean([float(j.resizes) for j in jobs]),
+        "rounds": int(result.rounds),
+        "wall_seconds": float(result.wall_seconds),
+        "params": _jsonable(dict(result.params)),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# files
+
+
+def _prepare(path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _cell(value: Any) -> Any:
+    return "" if value is None else value
+
+
+def _job_row(job: JobResult) -> dict[str, Any]:
+    return {"name": job.name, "application": job.application, "submit_time": job.submit_time,
+            "start_time": _cell(job.start_time), "finish_time": _cell(job.finish_time),
+            "jct": _cell(job.jct), "gpu_seconds": job.gpu_seconds, "restarts": job.restarts,
+            "resizes": job.resizes, "requested_gpus": job.requested_gpus,
+            "max_gpus": job.max_gpus}
+
+
+def write_job_csv(result: SimResult, path: str | Path) -> Path:
+    """Write one CSV row per job of ``result`` (in ``result.jobs`` order) to ``path``.
+
+    Columns (:data:`CSV_COLUMNS`): ``name, application, submit_time, start_time, finish_time,
+    jct, gpu_seconds, restarts, resizes, requested_gpus, max_gpus`` -- times and ``jct`` in
+    seconds, ``gpu_seconds`` in GPU-seconds, GPU counts in GPUs. A ``None`` (a job that never
+    started or did not finish) is an empty cell. Floats are written with ``repr``, so they read
+    back exactly. Creates the parent directories; returns the path.
+    """
+    path = _prepare(path)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        for job in result.jobs:
+            writer.writerow(_job_row(job))
+    return path
+
+
+def write_summary_json(summaries: Sequence[dict], path: str | Path) -> Path:
+    """Write ``{"runs": [summary, ...]}`` (the dicts of :func:`summarize`, in the given order) to
+    ``path`` as indented JSON.
+
+    Nothing else is added: when several policies ran on the same workload, compare them by
+    grouping ``runs`` on their ``workload`` key. Creates the parent directories; returns the path.
+    """
+    path = _prepare(path)
+    doc = {"runs": [_jsonable(dict(s)) for s in summaries]}
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# plots
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _labels(results: Sequence[SimResult]) -> list[str]:
+    """The policy, plus the workload when the results span several workloads."""
+    several = len({r.workload for r in results}) > 1
+    return [f"{r.policy} ({r.workload})" if several else r.policy for r in results]
+
+
+def plot_jct_cdf(results: Sequence[SimResult], path: str | Path) -> Path:
+    """Plot the CDF of the finished jobs' JCT, one curve per result, to a PNG at ``path``.
+
+    x: JCT in hours on a log axis; y: fraction of that run's finished jobs with a JCT at most x.
+    Curves are labelled with the policy (and the workload when the results span several); a run
+    with unfinished jobs says ``k/n finished`` in its label, and a run with no finished job is
+    listed in the legend without a curve. Creates the parent directories; returns the path.
+    """
+    plt = _pyplot()
+    path = _prepare(path)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    try:
+        plotted = False
+        for r, label in zip(results, _labels(results)):
+            jcts = np.sort([j.jct for j in r.jobs if j.jct is not None]) / 3600.0
+            n, k = len(r.jobs), len(jcts)
+            if k < n:
+                label += f", {k}/{n} finished"
+            if k == 0:
+                ax.plot([], [], label=label)
+                continue
+            jcts = np.maximum(jcts, 1e-6)  # a log axis cannot show 0
+            frac = np.arange(1, k + 1) / k
+            ax.step(np.concatenate(([jcts[0]], jcts)), np.concatenate(([0.0], frac)),
+                    where="post", label=label)
+            plotted = True
+        ax.set_xscale("log")
+        if not plotted:
+            ax.set_xlim(1e-2, 1e2)
+            ax.text(0.5, 0.5, "no finished jobs", transform=ax.transAxes, ha="center")
+        ax.set_ylim(0.0, 1.02)
+        ax.set_xlabel("job completion time (hours, log scale)")
+        ax.set_ylabel("fraction of finished jobs")
+        ax.set_title("JCT CDF")
+        ax.grid(True, which="both", alpha=0.3)
+        if results:
+            ax.legend(loc="lower right")
+        fig.tight_layout()
+        fig.savefig(path, format="png", dpi=120)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def plot_utilization(results: Sequence[SimResult], path: str | Path) -> Path:
+    """Plot GPU utilization (busy / total GPUs, 0..1) against time (hours from the start of the
+    trace), one step line per result, to a PNG at ``path``.
+
+    Each sample of ``result.utilization`` holds until the next one (steps drawn ``where="post"``);
+    a sample with no GPUs in the cluster shows as 0. Labels as in :func:`plot_jct_cdf`. Creates
+    the parent directories; returns the path.
+    """
+    plt = _pyplot()
+    path = _prepare(path)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    try:
+        for r, label in zip(results, _labels(results)):
+            samples = sorted(r.utilization, key=lambda s: s[0])
+            t = np.array([s[0] for s in samples], dtype=float) / 3600.0
+            frac = np.array([s[1] / s[2] if s[2] else 0.0 for s in samples], dtype=float)
+            ax.step(t, frac, where="post", label=label)
+        ax.set_ylim(0.0, 1.05)
+        ax.set_xlabel("time (hours)")
+        ax.set_ylabel("GPU utilization (busy / total)")
+        ax.set_title("GPU utilization")
+        ax.grid(True, alpha=0.3)
+        if results:
+            ax.legend(loc="lower right")
+        fig.tight_layout()
+        fig.savefig(path, format="png", dpi=120)
+    finally:
+        plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# terminal
+
+
+def _hours(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 3600.0:.2f}"
+
+
+def render_table(summaries: Sequence[dict]) -> Table:
+    """A :class:`rich.table.Table` with one row per summary (from :func:`summarize`).
+
+    Columns: policy, workload, jobs (``finished/total``), average, median and p99 JCT and the
+    makespan in hours (2 decimals), GPU utilization in percent (1 decimal), restarts per job
+    (2 decimals). Undefined figures show as ``-``.
+    """
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    table.add_column("POLICY")
+    table.add_column("WORKLOAD")
+    for col in ("JOBS", "AVG JCT (h)", "MEDIAN JCT (h)", "P99 JCT (h)", "MAKESPAN (h)",
+                "GPU UTIL (%)", "RESTARTS/JOB"):
+        table.add_column(col, justify="right")
+    for s in summaries:
+        util = s.get("gpu_utilization")
+        restarts = s.get("restarts_per_job")
+        table.add_row(
+            str(s.get("policy", "-")), str(s.get("workload", "-")),
+            f"{s.get('finished', 0)}/{s.get('jobs', 0)}",
+            _hours(s.get("avg_jct")), _hours(s.get("median_jct")), _hours(s.get("p99_jct")),
+            _hours(s.get("makespan")),
+            "-" if util is None else f"{100.0 * util:.1f}",
+            "-" if restarts is None else f"{restarts:.2f}",
+        )
+    return table
