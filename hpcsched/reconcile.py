@@ -4,7 +4,11 @@ Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``.
 
 * A change is a **batch**-only change (same nodes; free: applied at a step boundary), a
   **shrink** (in place; costs ``shrink_cost`` seconds of the job's throughput), a **grow**
-  (requeue; costs ``restart_cost`` seconds), or a **pending** job's size set before it starts.
+  (requeue; costs ``restart_cost`` seconds), or a **pending** job's size set before it starts
+  (for a job held after a preemption: and released). With ``Costs.preemption`` a running job
+  the plan gives 0 nodes is **preempt**-ed (checkpoint, requeue and hold until a plan gives it
+  GPUs again; Tiresias, NSDI'19 §4); the policy decided it, so it is not weighed against a gain.
+  Only the simulator sets it so far; the daemon reports such targets in its notes.
 * The plan's resizes are judged together, since a shrink is usually there to feed a grow: they
   are made only if the predicted throughput gain over ``horizon`` seconds beats the samples lost
   to their restarts, and the gain is at least ``min_gain`` of the current throughput. Otherwise
@@ -13,7 +17,7 @@ Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``.
 * A grow is made only if Slurm can place it now: enough usable nodes with the job's GPUs per
   node free, counting the job's own nodes, which the requeue frees. Otherwise it waits for a
   later round (shrinks made this round free their nodes by then).
-* Order: shrinks, batch-only changes, pending jobs, grows.
+* Order: preemptions, shrinks, batch-only changes, pending jobs, grows.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from .batching import BatchSizeError, fit_batch
 from .policies.throughput import fit
 from .snapshot import ClusterSnapshot, JobView, Plan
 
-ORDER = {"shrink": 0, "batch": 1, "pending": 2, "grow": 3}
+ORDER = {"preempt": 0, "shrink": 1, "batch": 2, "pending": 3, "grow": 4}
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,7 @@ class Costs:
     shrink_cost: float = 2.0
     min_gain: float = 0.05
     horizon: float = 600.0
+    preemption: bool = False   # apply a plan's "0 nodes" for a running job (simulator only, so far)
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,12 @@ def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()) -> 
         if job is None or job.busy:
             continue
         if job.state == "PENDING":
-            if t.nodes == 0:
+            if job.held and t.nodes > 0:
+                # preempted earlier and held by us: the plan gives it GPUs again -> release
+                candidates.append((Change(job.job_id, "pending", job.nodes, t.nodes,
+                                          job.batch_size, t.batch_size, t.reason,
+                                          t.placement), 0.0, 0.0))
+            elif t.nodes == 0:
                 notes.append(f"job {job.job_id}: {t.reason}")
             elif (t.nodes, t.batch_size) != (job.nodes, job.batch_size):
                 candidates.append((Change(job.job_id, "pending", job.nodes, t.nodes,
@@ -83,8 +93,12 @@ def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()) -> 
         if job.state != "RUNNING" or (t.nodes, t.batch_size) == (job.nodes, job.batch_size):
             continue
         if t.nodes == 0:
-            notes.append(f"job {job.job_id}: {t.reason}; preemption is not applied by the daemon "
-                         "yet (the simulator applies it): the job keeps running")
+            if costs.preemption:
+                candidates.append((Change(job.job_id, "preempt", job.nodes, 0, job.batch_size,
+                                          job.batch_size, t.reason), 0.0, 0.0))
+            else:
+                notes.append(f"job {job.job_id}: {t.reason}; preemption is not applied by the "
+                             "daemon yet (the simulator applies it): the job keeps running")
             continue
         kind = ("shrink" if t.nodes < job.nodes else "grow" if t.nodes > job.nodes else "batch")
         x_from, x_to = predict(job, job.nodes, job.batch_size), predict(job, t.nodes, t.batch_size)
@@ -98,7 +112,7 @@ def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()) -> 
 
     resizes = [c for c in candidates if c[0].kind in ("shrink", "grow")]
     batches = [c for c in candidates if c[0].kind == "batch"]
-    chosen = [c for c in candidates if c[0].kind == "pending"]
+    chosen = [c for c in candidates if c[0].kind in ("pending", "preempt")]
     base = sum(predict(j, j.nodes, j.batch_size) or 0.0 for j in snapshot.jobs
                if j.state == "RUNNING")
     if resizes:

@@ -92,6 +92,7 @@ class JobView:
     attained_gpu_seconds: float = 0.0      # GPU-seconds of service so far (Tiresias' 2D-LAS)
     remaining_samples: float | None = None  # samples left to train on, if the job says
     grad_noise: tuple[float, float] | None = None  # (grad_sqr, grad_var) latest, if reported
+    held: bool = False                     # pending, held by hpcsched after a preemption
 
     @property
     def gpus(self) -> int:
