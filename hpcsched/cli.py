@@ -23,6 +23,7 @@ class _LazyGroup(click.Group):
         "db": ("hpcsched.store", "db_group"),
         "devcluster": ("hpcsched.devcluster", "devcluster"),
         "resize": ("hpcsched.resize", "resize_command"),
+        "simulate": ("hpcsched.sim.cli", "simulate_command"),
         "status": ("hpcsched.status", "status_command"),
     }
 

@@ -1,0 +1,212 @@
+"""``hpcsched simulate``: replay workloads under one or more policies and compare them.
+
+Every (workload, policy, placement) combination is one simulation
+(:class:`hpcsched.sim.engine.Simulator`); ``--jobs N`` runs N of them at once in separate
+processes. Results: a table on the terminal, and with ``--json PATH`` the summaries
+(:func:`hpcsched.sim.report.summarize`), with ``--out DIR`` also per-job CSVs, the summaries and
+plots (JCT CDF, GPU utilization over time).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from ..policies import POLICIES, PolicyError
+from ..policies.placement import PLACEMENTS
+
+# Pollux's re-implementation of Tiresias (simulator/tiresias.py): 2 queues at 16 GPU-hours.
+POLLUX_TIRESIAS = {"queue_thresholds": [16 * 3600.0]}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One simulation to make (picklable: it crosses to worker processes)."""
+
+    workload: str
+    policy: str
+    placement: str | None
+    params: tuple[tuple[str, object], ...]
+    nodes: int
+    gpus_per_node: int
+    interval: float
+    restart_cost: tuple[tuple[str, float], ...]
+    shrink_cost: float
+    variability: bool
+    locality_penalty: float
+    seed: int
+    max_time: float
+
+    @property
+    def label(self) -> str:
+        return self.policy + (f"+{self.placement}" if self.placement else "")
+
+
+def execute(run: Run):
+    """Run one simulation; returns its :class:`~hpcsched.sim.SimResult` (label as policy)."""
+    from dataclasses import replace
+
+    from .engine import SimConfig, Simulator
+    from .workload import load_workload
+
+    name, jobs = load_workload(run.workload, seed=run.seed)
+    params = dict(run.params)
+    if run.placement:
+        params["placement"] = run.placement
+    cfg = SimConfig(nodes=run.nodes, gpus_per_node=run.gpus_per_node, interval=run.interval,
+                    restart_cost=dict(run.restart_cost), shrink_cost=run.shrink_cost,
+                    variability=run.variability, locality_penalty=run.locality_penalty,
+                    seed=run.seed, max_time=run.max_time)
+    res = Simulator(jobs, run.policy, policy_params=params, config=cfg,
+                    workload_name=name).run()
+    return replace(res, policy=run.label)
+
+
+def _restart_costs(values: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    out = {"*": 30.0}
+    for v in values:
+        app, _, sec = v.rpartition("=")
+        try:
+            s = float(sec)
+        except ValueError:
+            raise click.BadParameter(f"{v!r}: expected SECONDS or APPLICATION=SECONDS",
+                                     param_hint="--restart-cost") from None
+        if s < 0:
+            raise click.BadParameter(f"{v!r}: seconds must be >= 0", param_hint="--restart-cost")
+        out[app or "*"] = s
+    return tuple(sorted(out.items()))
+
+
+def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
+    """``POLICY.KEY=VALUE`` -> {policy: {key: value}}; VALUE is JSON when it parses, else a
+    string."""
+    out: dict[str, dict[str, object]] = {}
+    for v in values:
+        key, eq, raw = v.partition("=")
+        pol, dot, name = key.partition(".")
+        if not (eq and dot and pol and name):
+            raise click.BadParameter(f"{v!r}: expected POLICY.KEY=VALUE", param_hint="--param")
+        if pol not in POLICIES:
+            raise click.BadParameter(f"{v!r}: unknown policy {pol!r} (choose from "
+                                     f"{', '.join(POLICIES)})", param_hint="--param")
+        try:
+            val = json.loads(raw)
+        except json.JSONDecodeError:
+            val = raw
+        out.setdefault(pol, {})[name] = val
+    return out
+
+
+@click.command("simulate")
+@click.option("--workload", "-w", "workloads", multiple=True, required=True, metavar="SPEC",
+              help="CSV file (Pollux or PAL/Blox format), or pollux:N[@LOAD], pal:N, "
+                   "philly:COUNT, store[:URL]. Repeatable.")
+@click.option("--policy", "-p", "policies", multiple=True, required=True,
+              type=click.Choice(POLICIES), help="Policy to run. Repeatable: one run each.")
+@click.option("--placement", "placements", multiple=True, type=click.Choice(PLACEMENTS),
+              help="Placement stage added to every policy (repeatable; default: none, Slurm "
+                   "places).")
+@click.option("--param", "raw_params", multiple=True, metavar="POLICY.KEY=VALUE",
+              help="A policy parameter, e.g. tiresias.queue_thresholds=[57600] (VALUE in JSON).")
+@click.option("--pollux-tiresias/--no-pollux-tiresias", default=True, show_default=True,
+              help="Run tiresias with the thresholds of Pollux's baseline (2 queues at 16 "
+                   "GPU-hours) unless --param sets them.")
+@click.option("--nodes", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--interval", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="Seconds between policy rounds.")
+@click.option("--restart-cost", "restart_cost", multiple=True, metavar="[APP=]SECONDS",
+              help="Seconds a start or restart costs (default 30, Pollux's); APP=SECONDS for "
+                   "one application. Repeatable.")
+@click.option("--shrink-cost", type=click.FloatRange(min=0), default=2.0, show_default=True,
+              help="Seconds an in-place shrink costs.")
+@click.option("--variability/--no-variability", default=False, show_default=True,
+              help="Per-GPU slowdowns drawn from PAL's Longhorn measurements.")
+@click.option("--locality-penalty", type=click.FloatRange(min=1), default=1.7,
+              show_default=True, help="Slowdown of a fixed-work (PAL trace) job across nodes.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--max-days", type=click.FloatRange(min=0.01), default=60.0, show_default=True,
+              help="Stop a simulation after this many simulated days.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the summaries here.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write per-job CSVs, summary.json and plots into this folder.")
+@click.option("--jobs", "-j", "n_procs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Simulations to run at once (processes).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table.")
+def simulate_command(workloads, policies, placements, raw_params, pollux_tiresias, nodes,
+                     gpus_per_node, interval, restart_cost, shrink_cost, variability,
+                     locality_penalty, seed, max_days, json_path, out_dir, n_procs, quiet):
+    """Replay WORKLOADs on a simulated Slurm cluster with the daemon's own POLICYs.
+
+    \b
+    Examples:
+      hpcsched simulate -w pollux:1 -p tiresias -p dp -p ones-pal
+      hpcsched simulate -w pal:1 -p static --placement packed --placement pal --variability
+      hpcsched simulate -w pollux:3@2.0 -p dp --json dp.json --out results/
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from . import report
+    from .engine import SimulationError
+    from .workload import WorkloadError, load_workload
+
+    params = _params(raw_params)
+    if pollux_tiresias and "queue_thresholds" not in params.get("tiresias", {}):
+        params.setdefault("tiresias", {}).update(POLLUX_TIRESIAS)
+    costs = _restart_costs(restart_cost)
+    for w in workloads:   # fail fast, before any simulation, on a bad workload
+        try:
+            load_workload(w, seed=seed)
+        except WorkloadError as exc:
+            raise click.UsageError(str(exc)) from None
+    runs = [Run(w, p, pl, tuple(sorted(params.get(p, {}).items(), key=lambda kv: kv[0])),
+                nodes, gpus_per_node, interval, costs, shrink_cost, variability,
+                locality_penalty, seed, max_days * 86400.0)
+            for w in workloads for p in policies for pl in (placements or (None,))]
+    err = Console(stderr=True)
+    results = [None] * len(runs)
+    try:
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                      disable=quiet, transient=False) as bar:
+            task = bar.add_task("simulating", total=len(runs))
+            if n_procs == 1 or len(runs) == 1:
+                for i, r in enumerate(runs):
+                    bar.update(task, description=f"{r.label} on {r.workload}")
+                    results[i] = execute(r)
+                    bar.advance(task)
+            else:
+                with ProcessPoolExecutor(max_workers=n_procs) as pool:
+                    futs = {pool.submit(execute, r): i for i, r in enumerate(runs)}
+                    for f in as_completed(futs):
+                        results[futs[f]] = f.result()
+                        bar.advance(task)
+    except (SimulationError, WorkloadError, PolicyError) as exc:
+        err.print(f"hpcsched simulate: error: {exc}")
+        sys.exit(2)
+    summaries = [report.summarize(r) for r in results]
+    if not quiet:
+        Console().print(report.render_table(summaries))
+    if json_path:
+        report.write_summary_json(summaries, Path(json_path))
+    if out_dir:
+        out = Path(out_dir)
+        for r in results:
+            stem = f"{_safe(r.workload)}--{_safe(r.policy)}"
+            report.write_job_csv(r, out / f"{stem}.csv")
+        report.write_summary_json(summaries, out / "summary.json")
+        report.plot_jct_cdf(results, out / "jct-cdf.png")
+        report.plot_utilization(results, out / "utilization.png")
+        if not quiet:
+            err.print(f"results in {out}/")
+
+
+def _safe(s: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_.@" else "_" for c in s)
