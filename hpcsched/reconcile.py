@@ -17,6 +17,9 @@ Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``.
 * A grow is made only if Slurm can place it now: enough usable nodes with the job's GPUs per
   node free, counting the job's own nodes, which the requeue frees. Otherwise it waits for a
   later round (shrinks made this round free their nodes by then).
+* Shrinks are made without the gain test when the plan starts pending jobs that need more GPUs
+  than are free: they make room for the plan's admissions, whose value the samples/s of the
+  running jobs cannot show.
 * Order: preemptions, shrinks, batch-only changes, pending jobs, grows.
 """
 
@@ -113,6 +116,18 @@ def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()) -> 
     resizes = [c for c in candidates if c[0].kind in ("shrink", "grow")]
     batches = [c for c in candidates if c[0].kind == "batch"]
     chosen = [c for c in candidates if c[0].kind in ("pending", "preempt")]
+    # shrinks that make room for the jobs the plan starts are the plan's admission decision,
+    # not a throughput trade: the gain test (samples/s of running jobs) cannot see their value
+    start_need = sum(c.to_nodes * snapshot.job(c.job_id).workers_per_node
+                     for c, _, _ in chosen if c.kind == "pending" and c.to_nodes > 0)
+    free_now = sum(n.gpus_free for n in snapshot.nodes if n.usable)
+    if start_need > free_now:
+        room = [c for c in resizes if c[0].kind == "shrink"]
+        if room:
+            chosen += room
+            resizes = [c for c in resizes if c[0].kind != "shrink"]
+            notes.append(f"made {len(room)} shrink(s) to make room: the plan starts jobs needing "
+                         f"{start_need} GPU(s), {free_now} free")
     base = sum(predict(j, j.nodes, j.batch_size) or 0.0 for j in snapshot.jobs
                if j.state == "RUNNING")
     if resizes:

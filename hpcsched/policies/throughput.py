@@ -35,6 +35,7 @@ from ..batching import BatchConfig, BatchSizeError, fit_batch
 from ..snapshot import JobView, ProfilePoint
 from .goodput import efficiency
 
+WEIGHT_CAP = 100    # steps: beyond this a profile point's weight in the fit stops growing
 ALPHA_PRIOR = 0.2  # share of a step that does not grow with the batch, before a fit is possible
 
 
@@ -70,14 +71,21 @@ class ThroughputModel:
         return cfg.global_batch_size / t if t > 0 else 0.0
 
 
+@lru_cache(maxsize=8192)
 def fit(points: tuple[ProfilePoint, ...]) -> ThroughputModel | None:
-    """Fit the model to a job's profile points; ``None`` without any usable point."""
+    """Fit the model to a job's profile points; ``None`` without any usable point.
+
+    Pure, so cached on the points: a policy, then reconcile, ask for the same job's model
+    several times per round, and a job whose profile did not change is not refitted."""
     pts = [p for p in points if p.step_time > 0 and p.local_batch_size > 0]
     if not pts:
         return None
     micro = np.array([p.step_time / p.accumulation_steps for p in pts])
     local = np.array([p.local_batch_size for p in pts], dtype=float)
-    weight = np.sqrt(np.array([max(1, p.samples) for p in pts], dtype=float))
+    # weight sqrt(steps), capped: a mean over WEIGHT_CAP steps is as good as it gets, and a
+    # point measured longer should not drown the others (it also keeps the fit, and so the
+    # cached decisions built on it, unchanged while a job keeps running as it was)
+    weight = np.sqrt(np.array([min(WEIGHT_CAP, max(1, p.samples)) for p in pts], dtype=float))
     fitted = len(set(local.tolist())) >= 2
     if fitted:
         A = np.stack([np.ones_like(local), local], axis=1) * weight[:, None]
@@ -90,7 +98,8 @@ def fit(points: tuple[ProfilePoint, ...]) -> ThroughputModel | None:
     by_g: dict[int, list[tuple[float, float]]] = {}
     for p, m in zip(pts, micro):
         pred = alpha + beta * p.local_batch_size
-        by_g.setdefault(p.world_size, []).append((min(1.0, pred / m), max(1, p.samples)))
+        by_g.setdefault(p.world_size, []).append((min(1.0, pred / m),
+                                                  min(WEIGHT_CAP, max(1, p.samples))))
     eff = tuple(sorted((g, float(np.average([e for e, _ in v], weights=[w for _, w in v])))
                        for g, v in by_g.items()))
     # only relative efficiency matters; normalise so the best measured size is 1
@@ -145,16 +154,54 @@ def best_at(job: JobView, model: ThroughputModel | None, gpus: int) -> tuple[flo
 
     Without a model (the job has not reported yet) the job's current batch size is kept and
     its throughput is taken as proportional to its GPUs (relative units), so the job is neither
-    favoured nor starved.
+    favoured nor starved. Pure; cached on everything it depends on (policies ask for the same
+    job and size many times per round, and again next round).
     """
+    return _best_at(model, gpus, job.min_batch_size, job.max_batch_size, job.batch_size,
+                    job.max_local_batch_size, job.base_batch_size, job.grad_noise)
+
+
+@lru_cache(maxsize=65536)
+def _candidates(gpus: int, lo: int, hi: int, batch_size: int, max_local: int | None
+                ) -> tuple[tuple[BatchConfig, ...], np.ndarray]:
+    """The distinct batch configurations :func:`batch_candidates` yields, and as an array of
+    ``(global, local, accumulation)`` rows (for vectorised scoring)."""
+    seen: dict[int, BatchConfig] = {}
+    for b in _wanted(lo, hi, batch_size, 12):
+        cfg = _fit(b, gpus, lo, hi, max_local)
+        if cfg is not None:
+            seen.setdefault(cfg.global_batch_size, cfg)
+    cfgs = tuple(seen.values())
+    arr = np.array([(c.global_batch_size, c.local_batch_size, c.accumulation_steps)
+                    for c in cfgs], dtype=float).reshape(-1, 3)
+    return cfgs, arr
+
+
+@lru_cache(maxsize=65536)
+def _best_at(model: ThroughputModel | None, gpus: int, lo: int, hi: int, batch_size: int,
+             max_local: int | None, base: int, grad_noise: tuple[float, float] | None
+             ) -> tuple[float, BatchConfig | None]:
     if gpus <= 0:
         return 0.0, None
-    cands = batch_candidates(job, gpus)
-    if not cands:
+    cfgs, arr = _candidates(gpus, lo, hi, batch_size, max_local)
+    if not cfgs:
         return 0.0, None
     if model is None:
-        cfg = next((c for c in cands if c.global_batch_size == job.batch_size), cands[0])
+        cfg = next((c for c in cfgs if c.global_batch_size == batch_size), cfgs[0])
         return float(gpus), cfg
-    best = max(cands, key=lambda c: (goodput(job, model, c), -abs(c.global_batch_size - job.batch_size)))
-    x = goodput(job, model, best)
-    return (x if math.isfinite(x) else 0.0), best
+    g, m, acc = arr[:, 0], arr[:, 1], arr[:, 2]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = acc * (model.alpha + model.beta * m) / model.eff(gpus)
+        x = np.where(t > 0, g / t, 0.0)
+        if grad_noise is not None and all(map(math.isfinite, grad_noise)):
+            # Pollux's efficiency, vectorised (same formula as goodput.efficiency)
+            sqr, var = max(0.0, grad_noise[0]), max(0.0, grad_noise[1])
+            scale = g / base
+            denom = var / scale + sqr
+            gain = np.where(denom > 0, (var + sqr) / np.where(denom > 0, denom, 1.0), 1.0)
+            x = x * np.minimum(1.0, gain / scale)
+    x = np.where(np.isfinite(x), x, 0.0)
+    # best goodput; ties: the batch size nearest the current one
+    order = np.lexsort((np.abs(g - batch_size), -x))
+    i = int(order[0])
+    return float(x[i]), cfgs[i]

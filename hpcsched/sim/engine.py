@@ -148,6 +148,7 @@ class _Job:
     steps: dict = field(default_factory=dict)   # (world, nodes, local, accum) -> [time, steps]
     last_step_time: float = 0.0
     eta: float | None = None         # cached finish time (None: recompute)
+    st: float | None = None          # cached seconds per step at the current configuration
 
     @property
     def total(self) -> float:
@@ -246,12 +247,16 @@ class Simulator:
     # ----------------------------------------------------------------------- physics
     def _rate(self, j: _Job, progress: float) -> tuple[float, float]:
         """``(progress per second, seconds per step)`` of running job ``j`` at ``progress``."""
+        st = j.st
+        if st is None:
+            if j.fixed is not None:
+                st = j.fixed.step_time(len(j.node_names), j.slowdown, self.cfg.locality_penalty)
+            else:
+                st = j.app.step_time(tuple(j.wpn for _ in j.node_names), j.cfg.local_batch_size,
+                                     j.cfg.accumulation_steps) * j.slowdown
+            j.st = st
         if j.fixed is not None:
-            st = j.fixed.step_time(len(j.node_names), j.slowdown, self.cfg.locality_penalty)
             return 1.0 / st, st
-        placement = tuple(j.wpn for _ in j.node_names)
-        st = j.app.step_time(placement, j.cfg.local_batch_size, j.cfg.accumulation_steps) \
-            * j.slowdown
         gain = j.app.gain(j.cfg.global_batch_size, j.app.epoch_at(progress))
         return gain / st, st
 
@@ -341,7 +346,7 @@ class Simulator:
             j.start_time = self.now
         j.started += 1
         j.max_gpus = max(j.max_gpus, j.n_gpus)
-        j.eta = None
+        j.eta = j.st = None
         return True
 
     def _release(self, j: _Job) -> None:
@@ -402,7 +407,7 @@ class Simulator:
         except BatchSizeError as exc:
             self.notes.append(f"t={self.now:.0f} job {j.wj.name}: {c.kind} not applied: {exc}")
             return
-        j.eta = None
+        j.eta = j.st = None
         if c.kind == "pending" and j.state == "PENDING":
             j.nodes, j.cfg, j.batch_size = c.to_nodes, cfg, cfg.global_batch_size
             j.req_nodes = tuple(c.placement)
@@ -438,7 +443,6 @@ class Simulator:
         for j in self.jobs:
             if j.state == "RUNNING":
                 self._advance(j, self.now)
-                j.eta = None  # the cached value is exact, but recomputing it bounds float drift
         snap = self.snapshot()
         if snap.jobs:
             plan = self.policy.decide(snap, seed=self.cfg.seed + self.rounds)
