@@ -17,6 +17,9 @@ Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``.
 * A grow is made only if Slurm can place it now: enough usable nodes with the job's GPUs per
   node free, counting the job's own nodes, which the requeue frees. Otherwise it waits for a
   later round (shrinks made this round free their nodes by then).
+* With ``Costs.place_pending`` a pending job whose plan places it on other nodes than it asks
+  for gets a change even at an unchanged size (the simulator; the daemon does not know a pending
+  job's requested node list yet, and would re-send it every round).
 * Shrinks are made without the gain test when the plan starts pending jobs that need more GPUs
   than are free: they make room for the plan's admissions, whose value the samples/s of the
   running jobs cannot show.
@@ -43,6 +46,7 @@ class Costs:
     min_gain: float = 0.05
     horizon: float = 600.0
     preemption: bool = False   # apply a plan's "0 nodes" for a running job (simulator only, so far)
+    place_pending: bool = False  # set a pending job's node list even when its size is unchanged
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,9 @@ def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()) -> 
                                           t.placement), 0.0, 0.0))
             elif t.nodes == 0:
                 notes.append(f"job {job.job_id}: {t.reason}")
-            elif (t.nodes, t.batch_size) != (job.nodes, job.batch_size):
+            elif (t.nodes, t.batch_size) != (job.nodes, job.batch_size) or (
+                    costs.place_pending and t.placement
+                    and tuple(t.placement) != tuple(job.node_names)):
                 candidates.append((Change(job.job_id, "pending", job.nodes, t.nodes,
                                           job.batch_size, t.batch_size, t.reason,
                                           t.placement), 0.0, 0.0))

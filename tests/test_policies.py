@@ -100,6 +100,11 @@ def test_capacity_excludes_unusable_nodes_and_foreign_jobs():
 
 def test_static_changes_nothing_and_unknown_policy_is_refused():
     assert make_policy("static").decide(_cluster(jobs=[_job("A", 2)])).targets == ()
+    # pending jobs that fit, FIFO, at their submitted size; one that does not fit gets nothing
+    plan = make_policy("static").decide(_cluster(n_nodes=2, jobs=[
+        _job("R", 1), _job("P2", 3, state="PENDING", submit=2.0),
+        _job("P1", 1, state="PENDING", submit=1.0)]))
+    assert [(t.job_id, t.nodes, t.batch_size) for t in plan.targets] == [("P1", 1, 64)]
     with pytest.raises(PolicyError, match="unknown policy 'nope'"):
         make_policy("nope")
     with pytest.raises(PolicyError, match="policy 'dp'"):

@@ -1,16 +1,36 @@
-"""``static``: change nothing -- every job keeps the size and batch size it was submitted with,
-and Slurm schedules as it always does (FIFO/backfill). The baseline the other policies are
-measured against, and a safe mode for the daemon (it then only observes and records)."""
+"""``static``: what plain Slurm does -- every job runs at the size and batch size it was submitted
+with, first come first served. The baseline the other policies are measured against, and a safe
+mode for the daemon (it then only observes and records).
+
+Running jobs get no target (nothing to change). Pending jobs that fit, in submission order, in
+the GPUs the running jobs leave get a target at their submitted size: the same size, so on its
+own the plan changes nothing (Slurm starts them as it would), but a placement stage
+(``--placement``, :mod:`hpcsched.policies.placement`) then chooses their nodes -- PAL's
+evaluation runs FIFO allocation under each placement in exactly this way (Jain et al., SC'24,
+§V). A job that does not fit gets no target: Slurm's backfill may still start a smaller job
+behind it, as it would without hpcsched.
+"""
 
 from __future__ import annotations
 
-from ..snapshot import ClusterSnapshot, Plan
+from ..snapshot import ClusterSnapshot, JobTarget, Plan
+from .dp import capacity
 
 
 class Static:
     name = "static"
 
     def decide(self, snapshot: ClusterSnapshot, seed: int = 0) -> Plan:
-        """No targets: nothing to change. Objective: the GPUs hpcsched jobs hold."""
-        return Plan(self.name, (), objective=float(sum(j.gpus for j in snapshot.jobs
-                                                      if j.state == "RUNNING")))
+        """Targets only for pending jobs that fit now, FIFO, at their submitted size.
+        Objective: the GPUs hpcsched jobs hold or are about to."""
+        free = capacity(snapshot) - sum(j.gpus for j in snapshot.jobs if j.state == "RUNNING")
+        targets = []
+        for j in sorted((j for j in snapshot.jobs if j.state == "PENDING" and not j.busy),
+                        key=lambda j: (j.submit_time, j.job_id)):
+            if j.gpus <= free:
+                free -= j.gpus
+                targets.append(JobTarget(j.job_id, j.nodes, j.batch_size,
+                                         "static: starts at its submitted size (FIFO)"))
+        held = sum(j.gpus for j in snapshot.jobs if j.state == "RUNNING")
+        return Plan(self.name, tuple(targets),
+                    objective=float(held + sum(snapshot.job(t.job_id).gpus for t in targets)))

@@ -41,6 +41,7 @@ class Run:
     locality_penalty: float
     seed: int
     max_time: float
+    hold_new_jobs: bool = False
 
     @property
     def label(self) -> str:
@@ -61,7 +62,7 @@ def execute(run: Run):
     cfg = SimConfig(nodes=run.nodes, gpus_per_node=run.gpus_per_node, interval=run.interval,
                     restart_cost=dict(run.restart_cost), shrink_cost=run.shrink_cost,
                     variability=run.variability, locality_penalty=run.locality_penalty,
-                    seed=run.seed, max_time=run.max_time)
+                    seed=run.seed, max_time=run.max_time, hold_new_jobs=run.hold_new_jobs)
     res = Simulator(jobs, run.policy, policy_params=params, config=cfg,
                     workload_name=name).run()
     return replace(res, policy=run.label)
@@ -129,6 +130,9 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
               help="Per-GPU slowdowns drawn from PAL's Longhorn measurements.")
 @click.option("--locality-penalty", type=click.FloatRange(min=1), default=1.7,
               show_default=True, help="Slowdown of a fixed-work (PAL trace) job across nodes.")
+@click.option("--hold-new-jobs", is_flag=True,
+              help="What-if: jobs arrive held and start only when the policy's plan gives them "
+                   "GPUs (and nodes: lets a placement stage place every job).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--max-days", type=click.FloatRange(min=0.01), default=60.0, show_default=True,
               help="Stop a simulation after this many simulated days.")
@@ -141,7 +145,8 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table.")
 def simulate_command(workloads, policies, placements, raw_params, pollux_tiresias, nodes,
                      gpus_per_node, interval, restart_cost, shrink_cost, variability,
-                     locality_penalty, seed, max_days, json_path, out_dir, n_procs, quiet):
+                     locality_penalty, hold_new_jobs, seed, max_days, json_path, out_dir, n_procs,
+                     quiet):
     """Replay WORKLOADs on a simulated Slurm cluster with the daemon's own POLICYs.
 
     \b
@@ -168,7 +173,7 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
             raise click.UsageError(str(exc)) from None
     runs = [Run(w, p, pl, tuple(sorted(params.get(p, {}).items(), key=lambda kv: kv[0])),
                 nodes, gpus_per_node, interval, costs, shrink_cost, variability,
-                locality_penalty, seed, max_days * 86400.0)
+                locality_penalty, seed, max_days * 86400.0, hold_new_jobs)
             for w in workloads for p in policies for pl in (placements or (None,))]
     err = Console(stderr=True)
     results = [None] * len(runs)

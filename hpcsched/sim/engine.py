@@ -81,6 +81,10 @@ class SimConfig:
             plan gives 0 nodes is checkpointed, requeued and held until a plan gives it GPUs).
         max_time: stop after this many simulated seconds (jobs still running are reported
             unfinished).
+        hold_new_jobs: jobs arrive held and start only when a plan gives them GPUs (a what-if:
+            ``hpcsub --hold`` with the daemon releasing each job onto the nodes its placement
+            chose). Off (default), Slurm starts a job that fits the moment it arrives, as it does
+            today, and a placement stage only places the jobs that had to wait.
     """
 
     nodes: int = 16
@@ -92,8 +96,9 @@ class SimConfig:
     variability: bool = False
     locality_penalty: float = 1.7
     seed: int = 0
-    costs: Costs = Costs(preemption=True)
+    costs: Costs = Costs(preemption=True, place_pending=True)
     max_time: float = 60 * 86400.0
+    hold_new_jobs: bool = False
 
     def restart_cost_for(self, app: str) -> float:
         return float(self.restart_cost.get(app, self.restart_cost.get("*", 30.0)))
@@ -377,7 +382,8 @@ class Simulator:
             remaining = (j.total - j.progress) * j.base_batch
             noise = j.app.grad_stats(j.cfg.global_batch_size, j.app.epoch_at(j.progress))
         return JobView(
-            job_id=j.job_id, state=j.state, nodes=j.nodes, node_names=j.node_names,
+            job_id=j.job_id, state=j.state, nodes=j.nodes,
+            node_names=j.node_names if j.state == "RUNNING" else j.req_nodes,
             workers_per_node=j.wpn, min_nodes=j.min_nodes, max_nodes=j.max_nodes,
             batch_size=j.batch_size, min_batch_size=j.min_batch, max_batch_size=j.max_batch,
             max_local_batch_size=j.max_local, base_batch_size=j.base_batch, lr_scaling="sqrt",
@@ -491,6 +497,7 @@ class Simulator:
                 while arrivals and arrivals[0][0] <= self.now:
                     _, i = heapq.heappop(arrivals)
                     self.jobs[i - 1].state = "PENDING"
+                    self.jobs[i - 1].held = self.cfg.hold_new_jobs
                 self._schedule()
                 continue
             self.now = next_round
