@@ -33,10 +33,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hpcsched.policies import POLICIES  # noqa: E402
-from hpcsched.sim import report  # noqa: E402
-from hpcsched.sim.cli import POLLUX_TIRESIAS, Run, execute  # noqa: E402
-from hpcsched.sim.workload import pollux_results  # noqa: E402
+from hpcsched.policies import POLICIES
+from hpcsched.sim import report
+from hpcsched.sim.cli import POLLUX_TIRESIAS, Run, execute
+from hpcsched.sim.workload import pollux_results
 
 LOADS = ("0.5", "1.0", "1.5", "2.0")
 
@@ -179,7 +179,7 @@ def main() -> None:
         rp.append(pa / a)
         rq.append(pm / a)
         L.append(f"| {w} | {a:.0f} | {pm:.0f} | {pa:.0f} | {pm / a - 1:+.1%} | {pa / a - 1:+.1%} |")
-    g = lambda v: math.exp(sum(map(math.log, v)) / len(v))  # noqa: E731
+    g = lambda v: math.exp(sum(map(math.log, v)) / len(v))
     L.append(f"| **geomean** | | | | **{g(rq) - 1:+.1%}** | **{g(rp) - 1:+.1%}** |\n")
     L.append("PAL's published result: PAL -43%, PM-First -40% geomean average JCT against "
              "packed-sticky.\n")

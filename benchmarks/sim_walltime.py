@@ -18,22 +18,23 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import argparse  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import write_report  # noqa: E402
-from hpcsched.policies import POLICIES  # noqa: E402
-from hpcsched.sim.cli import POLLUX_TIRESIAS  # noqa: E402
-from hpcsched.sim.engine import Simulator  # noqa: E402
-from hpcsched.sim.physics import APPLICATIONS, application  # noqa: E402
-from hpcsched.sim.workload import load_workload  # noqa: E402
+from _report import write_report
+
+from hpcsched.policies import POLICIES
+from hpcsched.sim.cli import POLLUX_TIRESIAS
+from hpcsched.sim.engine import Simulator
+from hpcsched.sim.physics import APPLICATIONS, application
+from hpcsched.sim.workload import load_workload
 
 
 def main() -> None:
@@ -43,7 +44,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench-results" / "sim_walltime.json"))
     args = ap.parse_args()
     if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     for a in APPLICATIONS:   # load the traces once, outside the clock
         application(a)
     rows = {}

@@ -44,7 +44,7 @@ import csv
 import json
 import math
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cache, cached_property
 from pathlib import Path
 
 import numpy as np
@@ -188,7 +188,7 @@ class Application:
         (GPUs per node) and per-GPU batch ``local_bsz`` on the traces' GPUs."""
         return self._step_sync(canonical_placement(placement), float(local_bsz))
 
-    @lru_cache(maxsize=None)  # noqa: B019 -- one Application per name lives for the process
+    @cache  # noqa: B019 -- one Application per name lives for the process
     def _step_sync(self, p: tuple[int, ...], m: float) -> tuple[float, float]:
         curve = self._curves.get(p)
         if curve is not None:
@@ -220,7 +220,7 @@ class Application:
         """Progress at which the job is done."""
         return float(self._epoch_end[-1])
 
-    @lru_cache(maxsize=None)  # noqa: B019
+    @cache  # noqa: B019
     def grad_stats(self, batch_size: float, epoch: int) -> tuple[float, float]:
         """``(grad_sqr, grad_var)`` during ``epoch`` at global ``batch_size`` (interpolated
         between the measured batch sizes around it, clamped to their range)."""
@@ -257,7 +257,7 @@ class _ScaledNearest:
         return self._nn(q / self._scale)
 
 
-@lru_cache(maxsize=None)
+@cache
 def application(name: str) -> Application:
     """The shared, cached :class:`Application` for ``name``.
 
@@ -298,7 +298,7 @@ def draw_gpu_slowdowns(n_gpus: int, classes: tuple[str, ...], seed: int,
     u = rng.random(n_gpus)
     out = np.ones((n_gpus, len(classes)))
     for j, c in enumerate(classes):
-        key = c[5:] if c.startswith("class") else c
+        key = c.removeprefix("class")
         table = data["classes"].get(key)
         if table is None:
             raise PhysicsError(f"no Longhorn measurements for class {c!r} "
