@@ -164,10 +164,6 @@ def test_user_errors_exit_2_with_one_line(tmp_path, args, csv_text, fragment):
     assert fragment in error_line(r.output), r.output
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: errors raised during a simulation are printed with rich's Console.print, which wraps "
-    "them at the terminal width (80 columns when not a terminal): 'hpcsched simulate: error: "
-    "job <long name> asks for 8 ' / 'GPUs; the cluster has 4' comes out as two lines"))
 def test_a_long_error_stays_on_one_line(tmp_path):
     name = "a-job-with-a-name-long-enough-to-pass-eighty-columns"
     path = tmp_path / "w.csv"
@@ -177,10 +173,6 @@ def test_a_long_error_stays_on_one_line(tmp_path):
     assert f"job {name} asks for 8 GPUs; the cluster has 4" in error_line(r.output), r.output
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: errors raised during a simulation are printed as rich markup: text in square brackets "
-    "is taken for a style tag and dropped ('--param tiresias.queue_thresholds=[a]' reports "
-    "\"got ''\" instead of \"got '[a]'\")"))
 def test_an_error_message_keeps_its_brackets(workload):
     r = simulate("-w", workload, "-p", "tiresias", "--param", "tiresias.queue_thresholds=[a]",
                  "-q", env={"COLUMNS": "200"})
@@ -188,10 +180,6 @@ def test_an_error_message_keeps_its_brackets(workload):
     assert "queue_thresholds must be numbers, got '[a]'" in error_line(r.output), r.output
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: a job named like a closing rich tag ('[/x]') whose simulation fails makes the error "
-    "print itself raise rich.errors.MarkupError: a traceback and exit code 1 instead of "
-    "exit code 2 and the error"))
 def test_an_error_about_a_bracketed_job_name_is_reported(tmp_path):
     path = tmp_path / "w.csv"
     path.write_text(HEADER + "[/x],0,bert,8,96\n")

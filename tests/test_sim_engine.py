@@ -235,27 +235,13 @@ def test_a_job_larger_than_the_cluster_is_an_error():
         Simulator([pollux("huge", 0, "cifar10", 5, 640, "A")], "dp", config=SimConfig(nodes=1))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: a job whose Slurm shape can never fit (5 GPUs on 4-GPU nodes = 5 nodes x 1, on a "
-    "2-node cluster) is accepted; it stays pending until max_time instead of raising "
-    "SimulationError, as the Simulator docstring promises for a job that could never fit"))
 def test_a_job_whose_shape_never_fits_is_an_error():
-    jobs = [fixed("five", 0, 5, 100)]
+    """5 GPUs on 4-GPU nodes is 5 nodes x 1 GPU for Slurm: never fits on 2 nodes."""
     assert job_shape(5, 4) == (5, 1)
-    try:
-        Simulator(jobs, "static", config=SimConfig(nodes=2))
-    except SimulationError:
-        return
-    # what happens instead: it never starts (a short max_time keeps this fast)
-    res = Simulator(jobs, "static", config=SimConfig(nodes=2, max_time=600)).run()
-    assert res.jobs[0].start_time is not None, "never started, and no SimulationError"
+    with pytest.raises(SimulationError, match=r"job five asks for 5 GPUs.*5 node\(s\) x 1 GPU"):
+        Simulator([fixed("five", 0, 5, 100)], "static", config=SimConfig(nodes=2))
 
 
-@pytest.mark.xfail(strict=True, raises=SimulationError, reason=(
-    "BUG: a fixed-work job's batch size does not change its run time, yet the engine requires it "
-    "to divide evenly over the GPUs: a valid PAL/Blox row (DCGAN on 48 GPUs, no batch_size "
-    "column, so batch = default_batch_size('cifar10', 48) = 4096) raises SimulationError "
-    "'no global batch size fits: 48 GPUs need a multiple of 48 samples in [4096, 4096]'"))
 def test_a_fixed_work_job_runs_whatever_its_batch_size(tmp_path):
     trace = tmp_path / "pal.csv"
     trace.write_text("job_id,num_gpus,submit_time,duration,model\n0,48,0,100,DCGAN\n")

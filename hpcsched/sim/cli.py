@@ -194,7 +194,7 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
                         results[futs[f]] = f.result()
                         bar.advance(task)
     except (SimulationError, WorkloadError, PolicyError) as exc:
-        err.print(f"hpcsched simulate: error: {exc}")
+        click.echo(f"hpcsched simulate: error: {exc}", err=True)
         sys.exit(2)
     summaries = [report.summarize(r) for r in results]
     if not quiet:

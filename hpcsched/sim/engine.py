@@ -220,6 +220,10 @@ class Simulator:
             raise SimulationError(f"job {wj.name} asks for {wj.gpus} GPUs; the cluster has "
                                   f"{c.nodes * c.gpus_per_node}")
         nodes, wpn = job_shape(wj.gpus, c.gpus_per_node)
+        if nodes > c.nodes:
+            raise SimulationError(f"job {wj.name} asks for {wj.gpus} GPUs, which Slurm gives as "
+                                  f"{nodes} node(s) x {wpn} GPU(s); the cluster has {c.nodes} "
+                                  "node(s)")
         if wj.iterations is not None:
             fixed = FixedWork(float(wj.iterations), float(wj.iteration_time or 1.0))
             app = None
@@ -234,11 +238,18 @@ class Simulator:
             max_local = app.max_local_bsz
             min_nodes = 1
             max_nodes = max(nodes, min(c.nodes, hi // max(1, app.min_local_bsz * wpn)))
-        try:
-            cfg = fit_batch(wj.batch_size, nodes * wpn, min_global=lo, max_global=hi,
-                            max_local_batch_size=max_local)
-        except BatchSizeError as exc:
-            raise SimulationError(f"job {wj.name}: {exc}") from None
+        if fixed is not None:
+            # a fixed-work job's batch size does not change its run time: keep it as close as
+            # the GPUs allow (a whole number of samples per GPU), and never resize it
+            per_gpu = max(1, -(-wj.batch_size // (nodes * wpn)))
+            cfg = BatchConfig(nodes * wpn, per_gpu, 1)
+            lo = hi = base = cfg.global_batch_size
+        else:
+            try:
+                cfg = fit_batch(wj.batch_size, nodes * wpn, min_global=lo, max_global=hi,
+                                max_local_batch_size=max_local)
+            except BatchSizeError as exc:
+                raise SimulationError(f"job {wj.name}: {exc}") from None
         return _Job(wj=wj, job_id=str(i + 1), app=app, fixed=fixed, wpn=wpn, nodes=nodes,
                     min_nodes=min_nodes, max_nodes=max_nodes, batch_size=cfg.global_batch_size,
                     min_batch=lo, max_batch=hi, max_local=max_local, base_batch=base, cfg=cfg)

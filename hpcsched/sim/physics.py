@@ -49,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
+from threadpoolctl import threadpool_limits
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 TRACES = DATA / "pollux" / "traces"
@@ -176,7 +177,12 @@ class Application:
     # --------------------------------------------------------------------- throughput
     @cached_property
     def _linear(self) -> LinearNDInterpolator:
-        return LinearNDInterpolator(self._xs, self._ys)
+        interp = LinearNDInterpolator(self._xs, self._ys)
+        # the triangulation's transform is computed on first use, through BLAS; with BLAS's
+        # threads competing for a busy machine's cores it took 10-25 s instead of 20 ms
+        with threadpool_limits(limits=1):
+            _ = interp.tri.transform
+        return interp
 
     @cached_property
     def _nearest(self) -> NearestNDInterpolator:
