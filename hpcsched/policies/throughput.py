@@ -163,18 +163,14 @@ def best_at(job: JobView, model: ThroughputModel | None, gpus: int) -> tuple[flo
 
 @lru_cache(maxsize=65536)
 def _candidates(gpus: int, lo: int, hi: int, batch_size: int, max_local: int | None
-                ) -> tuple[tuple[BatchConfig, ...], np.ndarray]:
-    """The distinct batch configurations :func:`batch_candidates` yields, and as an array of
-    ``(global, local, accumulation)`` rows (for vectorised scoring)."""
+                ) -> tuple[BatchConfig, ...]:
+    """The distinct batch configurations :func:`batch_candidates` yields."""
     seen: dict[int, BatchConfig] = {}
     for b in _wanted(lo, hi, batch_size, 12):
         cfg = _fit(b, gpus, lo, hi, max_local)
         if cfg is not None:
             seen.setdefault(cfg.global_batch_size, cfg)
-    cfgs = tuple(seen.values())
-    arr = np.array([(c.global_batch_size, c.local_batch_size, c.accumulation_steps)
-                    for c in cfgs], dtype=float).reshape(-1, 3)
-    return cfgs, arr
+    return tuple(seen.values())
 
 
 @lru_cache(maxsize=65536)
@@ -183,25 +179,31 @@ def _best_at(model: ThroughputModel | None, gpus: int, lo: int, hi: int, batch_s
              ) -> tuple[float, BatchConfig | None]:
     if gpus <= 0:
         return 0.0, None
-    cfgs, arr = _candidates(gpus, lo, hi, batch_size, max_local)
+    cfgs = _candidates(gpus, lo, hi, batch_size, max_local)
     if not cfgs:
         return 0.0, None
     if model is None:
         cfg = next((c for c in cfgs if c.global_batch_size == batch_size), cfgs[0])
         return float(gpus), cfg
-    g, m, acc = arr[:, 0], arr[:, 1], arr[:, 2]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = acc * (model.alpha + model.beta * m) / model.eff(gpus)
-        x = np.where(t > 0, g / t, 0.0)
-        if grad_noise is not None and all(map(math.isfinite, grad_noise)):
-            # Pollux's efficiency, vectorised (same formula as goodput.efficiency)
-            sqr, var = max(0.0, grad_noise[0]), max(0.0, grad_noise[1])
+    # plain Python: about a dozen candidates, where numpy's per-call overhead dominates
+    alpha, beta, eff = model.alpha, model.beta, model.eff(gpus)
+    noisy = grad_noise is not None and all(map(math.isfinite, grad_noise))
+    if noisy:
+        sqr, var = max(0.0, grad_noise[0]), max(0.0, grad_noise[1])
+    best, best_key = None, None
+    for c in cfgs:
+        g = c.global_batch_size
+        t = c.accumulation_steps * (alpha + beta * c.local_batch_size) / eff
+        x = g / t if t > 0 else 0.0
+        if noisy:
+            # Pollux's efficiency (goodput.efficiency, inlined: this is the hot loop)
             scale = g / base
             denom = var / scale + sqr
-            gain = np.where(denom > 0, (var + sqr) / np.where(denom > 0, denom, 1.0), 1.0)
-            x = x * np.minimum(1.0, gain / scale)
-    x = np.where(np.isfinite(x), x, 0.0)
-    # best goodput; ties: the batch size nearest the current one
-    order = np.lexsort((np.abs(g - batch_size), -x))
-    i = int(order[0])
-    return float(x[i]), cfgs[i]
+            gain = (var + sqr) / denom if denom > 0 else 1.0
+            x *= min(1.0, gain / scale)
+        if not math.isfinite(x):
+            x = 0.0
+        key = (x, -abs(g - batch_size))   # best goodput; ties: nearest the current batch
+        if best_key is None or key > best_key:
+            best, best_key = c, key
+    return best_key[0], best
