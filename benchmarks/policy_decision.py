@@ -9,6 +9,11 @@ snapshots. The process is pinned to one CPU and numpy to one thread. Targets: ON
 64 GPUs and <= 1 s at 4,096; DP <= 0.5 s at 4,096.
 
     .venv/bin/python benchmarks/policy_decision.py [--repeats 5] [--policies static,dp,ones]
+        [--model linear|pollux]
+
+Each repeat is timed cold (every cached fit and decision cleared first); the warm time of a
+second decision on the same snapshot is recorded too. ``--model pollux`` makes every job one of
+the Pollux applications, so the policies fit Pollux's model (L-BFGS-B) to each job.
 
 Prints a table and writes JSON to ``--out`` (default ``bench-results/policy_decision.json``).
 """
@@ -34,13 +39,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import write_report  # noqa: E402
 from hpcsched.policies import POLICIES, make_policy  # noqa: E402
+from hpcsched.policies.goodput import APPLICATIONS, predict_step_time, prior_for  # noqa: E402
+from hpcsched.policies.throughput import clear_caches  # noqa: E402
 from hpcsched.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint  # noqa: E402
 
 SCALES = ((64, 160), (1024, 500), (4096, 1000))
 
 
-def snapshot(gpus: int, jobs: int, seed: int = 0) -> ClusterSnapshot:
-    """A seeded synthetic cluster of ``gpus`` GPUs (4 per node) and ``jobs`` hpcsched jobs."""
+def snapshot(gpus: int, jobs: int, seed: int = 0, model: str = "linear") -> ClusterSnapshot:
+    """A seeded synthetic cluster of ``gpus`` GPUs (4 per node) and ``jobs`` hpcsched jobs.
+
+    ``model="pollux"``: each job is one of the Pollux applications (so the policies use the
+    Pollux model with its prior, fitted to the job's two configurations by L-BFGS-B) and its
+    step times come from that application's prior, scaled by a random factor per job."""
     rng = np.random.default_rng(seed)
     nodes = tuple(NodeView(f"n{i:04d}", 4, 0, "idle", ("gpu",)) for i in range(gpus // 4))
     views, used = [], 0
@@ -54,19 +65,25 @@ def snapshot(gpus: int, jobs: int, seed: int = 0) -> ClusterSnapshot:
         if running:
             used += n * wpn
             alpha, beta = rng.uniform(0.005, 0.05), rng.uniform(1e-4, 2e-3)
-            local = max(1, batch // (n * wpn))
-            profile = tuple(ProfilePoint(w * wpn, w, max(1, batch // (w * wpn)), 1,
-                                         alpha + beta * max(1, batch // (w * wpn)),
-                                         batch / (alpha + beta * max(1, batch // (w * wpn))), 50)
+            app = APPLICATIONS[i % len(APPLICATIONS)]
+            scale = rng.uniform(0.5, 2.0)
+
+            def step(w):
+                m = max(1, batch // (w * wpn))
+                if model == "pollux":
+                    return scale * predict_step_time(prior_for(app), w, w * wpn, m, 1)
+                return alpha + beta * m
+            profile = tuple(ProfilePoint(w * wpn, w, max(1, batch // (w * wpn)), 1, step(w),
+                                         batch / step(w), 50)
                             for w in sorted({n, max(1, n // 2) if n > 1 else min(max_nodes, 2)}))
-            del local
         views.append(JobView(
             job_id=str(1000 + i), state="RUNNING" if running else "PENDING", nodes=n,
             node_names=(), workers_per_node=wpn, min_nodes=1, max_nodes=max_nodes,
             batch_size=batch, min_batch_size=batch // 2 if batch >= 2 * n * wpn else batch,
             max_batch_size=batch * 4, max_local_batch_size=256, base_batch_size=batch,
             lr_scaling="sqrt", submit_time=float(i), profile=profile,
-            attained_gpu_seconds=float(rng.uniform(0, 20000)) if running else 0.0))
+            attained_gpu_seconds=float(rng.uniform(0, 20000)) if running else 0.0,
+            app_class=APPLICATIONS[i % len(APPLICATIONS)] if model == "pollux" else ""))
     return ClusterSnapshot(0.0, nodes, tuple(views))
 
 
@@ -74,8 +91,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--policies", default=",".join(POLICIES))
-    p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "policy_decision.json")
+    p.add_argument("--model", choices=("linear", "pollux"), default="linear",
+                   help="jobs of no known application (linear model) or of the Pollux "
+                        "applications (Pollux model with priors)")
+    p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
+    out = args.out or ROOT / "bench-results" / (
+        "policy_decision.json" if args.model == "linear" else "policy_decision_pollux.json")
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     results: dict[str, dict[str, dict]] = {}
@@ -84,19 +106,25 @@ def main() -> int:
     for name in args.policies.split(","):
         row = {}
         for g, j in SCALES:
-            snap = snapshot(g, j)
-            times = []
+            snap = snapshot(g, j, model=args.model)
+            times, warm = [], []
             for r in range(args.repeats):
                 policy = make_policy(name)  # fresh: ONES would otherwise reuse its population
+                clear_caches()              # cold: no fit or decision cached from before
                 t = time.perf_counter()
                 policy.decide(snap, seed=r)
                 times.append(time.perf_counter() - t)
+                policy = make_policy(name)  # warm: the same measurements again (a daemon's
+                t = time.perf_counter()     # next round when nothing new was measured)
+                policy.decide(snap, seed=r)
+                warm.append(time.perf_counter() - t)
             row[f"{g}x{j}"] = {"median_s": statistics.median(times), "max_s": max(times),
-                               "times_s": times}
+                               "times_s": times, "warm_median_s": statistics.median(warm)}
         results[name] = row
         print(f"{name:<10}" + "".join(f"{row[f'{g}x{j}']['median_s'] * 1e3:>22.1f}"
                                       for g, j in SCALES), flush=True)
-    write_report(args.out, "policy_decision", repeats=args.repeats, scales=SCALES, results=results)
+    write_report(out, "policy_decision", repeats=args.repeats, scales=SCALES, model=args.model,
+                 results=results)
     return 0
 
 

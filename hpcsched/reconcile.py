@@ -10,8 +10,9 @@ Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``.
   GPUs again; Tiresias, NSDI'19 §4); the policy decided it, so it is not weighed against a gain.
   Only the simulator sets it so far; the daemon reports such targets in its notes.
 * The plan's resizes are judged together, since a shrink is usually there to feed a grow: they
-  are made only if the predicted throughput gain over ``horizon`` seconds beats the samples lost
-  to their restarts, and the gain is at least ``min_gain`` of the current throughput. Otherwise
+  are made only if the predicted throughput gain over ``horizon`` seconds (or over a job's
+  predicted remaining time, ``remaining_samples`` / its throughput, when that is shorter: a
+  job about to end gains nothing from a restart) beats the samples lost to their restarts, and the gain is at least ``min_gain`` of the current throughput. Otherwise
   only the batch-only changes that gain ``min_gain`` on their own are made. Predictions use the
   same model the policies use (:mod:`hpcsched.policies.throughput`).
 * A grow is made only if Slurm can place it now: enough usable nodes with the job's GPUs per
@@ -31,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .batching import BatchSizeError, fit_batch
-from .policies.throughput import fit
+from .policies.throughput import model_for, model_throughput
 from .snapshot import ClusterSnapshot, JobView, Plan
 
 ORDER = {"preempt": 0, "shrink": 1, "batch": 2, "pending": 3, "grow": 4}
@@ -65,7 +66,7 @@ class Change:
 
 def predict(job: JobView, nodes: int, batch_size: int) -> float | None:
     """Predicted samples/s of ``job`` at ``nodes`` nodes and global ``batch_size``."""
-    model = fit(job.profile)
+    model = model_for(job)
     if model is None or nodes <= 0:
         return None
     try:
@@ -74,7 +75,7 @@ def predict(job: JobView, nodes: int, batch_size: int) -> float | None:
                         max_local_batch_size=job.max_local_batch_size)
     except BatchSizeError:
         return None
-    return model.throughput(cfg)
+    return model_throughput(model, cfg, nodes)
 
 
 def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()) -> tuple[list[Change], list[str]]:
@@ -136,14 +137,24 @@ def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()) -> 
                          f"{start_need} GPU(s), {free_now} free")
     base = sum(predict(j, j.nodes, j.batch_size) or 0.0 for j in snapshot.jobs
                if j.state == "RUNNING")
+    def horizon(job_id: str, x_from: float) -> float:
+        """Seconds a change pays off over: the horizon, or less if the job ends sooner."""
+        job = snapshot.job(job_id)
+        if job is not None and job.remaining_samples is not None and x_from > 0:
+            return max(0.0, min(costs.horizon, job.remaining_samples / x_from))
+        return costs.horizon
+
     if resizes:
         gain = sum(x_to - x_from for _, x_from, x_to in resizes + batches)
+        won = sum((x_to - x_from) * horizon(c.job_id, x_from) for c, x_from, x_to in
+                  resizes + batches)
         lost = sum(x_from * (costs.restart_cost if c.kind == "grow" else costs.shrink_cost)
                    for c, x_from, _ in resizes)
         summary = (f"resizes gain {gain:+.0f} samples/s ({gain / base:+.0%} of {base:.0f}): "
-                   f"{gain * costs.horizon:.0f} samples over {costs.horizon:.0f} s vs "
-                   f"{lost:.0f} lost to restarts") if base > 0 else "no measured throughput"
-        if base > 0 and gain * costs.horizon > lost and gain >= costs.min_gain * base:
+                   f"{won:.0f} samples over at most {costs.horizon:.0f} s (less for jobs that "
+                   f"end sooner) vs {lost:.0f} lost to restarts") if base > 0 else \
+            "no measured throughput"
+        if base > 0 and won > lost and gain >= costs.min_gain * base:
             chosen += resizes + batches
             notes.append(f"made: {summary}")
             batches = []

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 from .dp import ElasticDP, capacity
-from .throughput import best_at, fit
+from .throughput import best_at, model_for
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class ONES:
         thr = np.zeros((J, n_max + 1))
         lo, hi, cur = np.zeros(J, int), np.zeros(J, int), np.zeros(J, int)
         for i, j in enumerate(jobs):
-            model = fit(j.profile)
+            model = model_for(j)
             if j.job_id in fixed or model is None:
                 n = j.nodes if j.state == "RUNNING" else j.min_nodes
                 if sizes and sizes.get(j.job_id) and j.job_id not in fixed:

@@ -16,7 +16,20 @@ Model. One optimizer step at ``g`` GPUs, local batch ``b`` and ``s`` accumulatio
   counts and held flat outside them (a job that has never run at ``g`` is assumed to scale as at
   its nearest measured size). Issue-4's Pollux fit replaces this with a communication model.
 
-Throughput = ``g * b * s / t``. The policies rank configurations by goodput = throughput x
+Throughput = ``g * b * s / t``.
+
+**Jobs of a known application** (an ``app_class`` with a shipped Pollux prior: cifar10, imagenet,
+bert, ncf, deepspeech2, yolov3) get the full Pollux model instead (:class:`PolluxModel`, from
+:mod:`hpcsched.policies.goodput`): compute linear in the local batch, synchronisation linear in
+the replicas with separate intra- and inter-node terms, overlapped by ``gamma`` (Pollux,
+OSDI'21 §3.2), fitted with scipy's L-BFGS-B to the job's own configurations, the application's
+prior filling in what they cannot determine -- and the prior alone before the job has run. It
+predicts any (GPUs, nodes, local batch) from first principles where the linear model above can
+only hold the nearest measured efficiency flat. Fits are cached on the measured configurations
+with step times rounded to 3 significant digits: a job is refitted when a measurement moves by
+more than about 0.1 %, not every round.
+
+:func:`model_for` picks the model for a job. The policies rank configurations by goodput = throughput x
 statistical efficiency (Pollux §3.1), from the job's gradient-noise statistics when it reports
 them; without them the efficiency is 1, larger batches only ever look better, and the job's
 declared batch-size limits are what keeps them in check.
@@ -33,7 +46,9 @@ from scipy.optimize import nnls
 
 from ..batching import BatchConfig, BatchSizeError, fit_batch
 from ..snapshot import JobView, ProfilePoint
-from .goodput import efficiency
+from .goodput import (PerfParams, PerfSample, aggregate, efficiency, predict_step_time,
+                      prior_for)
+from .goodput import _fit as _perf_fit
 
 WEIGHT_CAP = 100    # steps: beyond this a profile point's weight in the fit stops growing
 ALPHA_PRIOR = 0.2  # share of a step that does not grow with the batch, before a fit is possible
@@ -108,6 +123,92 @@ def fit(points: tuple[ProfilePoint, ...]) -> ThroughputModel | None:
     return ThroughputModel(float(alpha), float(beta), eff, fitted)
 
 
+def _sig(x: float | None, digits: int = 3) -> float | None:
+    if x is None or not math.isfinite(x) or x <= 0:
+        return x
+    return float(f"{x:.{digits - 1}e}")
+
+
+@dataclass(frozen=True)
+class PolluxModel:
+    """Pollux's step-time model with fitted :class:`~hpcsched.policies.goodput.PerfParams`
+    (module docstring). ``source`` says where the parameters came from."""
+
+    params: PerfParams
+    source: str
+
+    def step_time_at(self, nodes: int, gpus: int, local: int, accum: int) -> float:
+        """Seconds per optimizer step (plain floats: this is a policy's inner loop)."""
+        p = self.params
+        tg = p.alpha_c + p.beta_c * local
+        if gpus <= 1:
+            ts = 0.0
+        elif nodes <= 1:
+            ts = p.alpha_r + p.beta_r * max(gpus - 2, 0)
+        else:
+            ts = p.alpha_n + p.beta_n * max(gpus - 2, 0)
+        g = p.gamma
+        m = max(tg, ts)
+        overlap = m * ((tg / m) ** g + (ts / m) ** g) ** (1.0 / g) if m > 0 else 0.0
+        return (accum - 1) * tg + overlap
+
+    def throughput(self, cfg: BatchConfig, nodes: int = 1) -> float:
+        """Samples/s at ``cfg`` on ``nodes`` nodes."""
+        t = self.step_time_at(nodes, cfg.world_size, cfg.local_batch_size,
+                              cfg.accumulation_steps)
+        return cfg.global_batch_size / t if t > 0 else 0.0
+
+
+@lru_cache(maxsize=8192)
+def _pollux_model(key: tuple[PerfSample, ...], app: str) -> PolluxModel | None:
+    prior = prior_for(app)
+    if len(key) >= 2:
+        return PolluxModel(_perf_fit(key, prior), f"fitted to {len(key)} configurations "
+                                                  f"({app} prior for the rest)")
+    if len(key) == 1:
+        s = key[0]
+        ratio = s.step_time / predict_step_time(prior, s.nodes, s.replicas, s.local_bsz, s.accum)
+        return PolluxModel(prior.scaled(ratio), f"{app} prior x {ratio:.3g} (1 configuration)")
+    return PolluxModel(prior, f"{app} prior (not measured yet)")
+
+
+def model_for(job: JobView) -> ThroughputModel | PolluxModel | None:
+    """The throughput model a policy uses for ``job``: :class:`PolluxModel` when its
+    ``app_class`` has a shipped prior, else the linear :class:`ThroughputModel` fitted to its
+    profile (``None`` before it has one). Pure and cached."""
+    if prior_for(job.app_class) is None:
+        return fit(job.profile)
+    return _model_for(job.profile, job.app_class.strip().lower())
+
+
+@lru_cache(maxsize=8192)
+def _model_for(profile: tuple[ProfilePoint, ...], app: str) -> PolluxModel | None:
+    # goodput.aggregate's grouping, in plain floats (numpy's per-call cost dominated here)
+    acc: dict[tuple[int, int, int, int], list[float]] = {}
+    for p in profile:
+        if not (p.nodes >= 1 and p.world_size >= p.nodes and p.local_batch_size >= 1
+                and p.accumulation_steps >= 1 and math.isfinite(p.step_time) and p.step_time > 0):
+            continue
+        w = float(max(1, p.samples))
+        a = acc.setdefault((p.nodes, p.world_size, p.local_batch_size, p.accumulation_steps),
+                           [0.0, 0.0])
+        a[0] += w * p.step_time
+        a[1] += w
+    key = []
+    for (n, k, m, s), (tw, w) in sorted(acc.items()):
+        step = tw / w
+        # compute time known exactly on one GPU (no synchronisation), as goodput.aggregate
+        key.append(PerfSample(n, k, m, s, _sig(step), _sig(step / s) if k == 1 else None))
+    return _pollux_model(tuple(key), app)
+
+
+def model_throughput(model: ThroughputModel | PolluxModel, cfg: BatchConfig, nodes: int) -> float:
+    """Samples/s that ``model`` predicts at ``cfg`` on ``nodes`` nodes."""
+    if isinstance(model, PolluxModel):
+        return model.throughput(cfg, nodes)
+    return model.throughput(cfg)
+
+
 @lru_cache(maxsize=4096)
 def _wanted(lo: int, hi: int, current: int, limit: int) -> tuple[int, ...]:
     wanted = {current, lo, hi}
@@ -137,18 +238,19 @@ def batch_candidates(job: JobView, gpus: int, limit: int = 12) -> list[BatchConf
     return list(out.values())
 
 
-def goodput(job: JobView, model: ThroughputModel, cfg: BatchConfig) -> float:
+def goodput(job: JobView, model: ThroughputModel | PolluxModel, cfg: BatchConfig) -> float:
     """Predicted goodput (samples/s of progress at the job's base batch size): throughput x
     statistical efficiency (Pollux, OSDI'21 §3.1; :func:`hpcsched.policies.goodput.efficiency`).
     Without gradient-noise statistics the efficiency is 1 and goodput is throughput."""
-    x = model.throughput(cfg)
+    nodes = max(1, -(-cfg.world_size // max(1, job.workers_per_node)))
+    x = model_throughput(model, cfg, nodes)
     if job.grad_noise is None:
         return x
     sqr, var = job.grad_noise
     return x * efficiency(sqr, var, job.base_batch_size, cfg.global_batch_size)
 
 
-def best_at(job: JobView, model: ThroughputModel | None, gpus: int) -> tuple[float, BatchConfig | None]:
+def best_at(job: JobView, model: ThroughputModel | PolluxModel | None, gpus: int) -> tuple[float, BatchConfig | None]:
     """T_j(g): the best predicted goodput (= throughput when the job reports no gradient
     noise) over the job's allowed batch sizes at ``gpus``.
 
@@ -157,8 +259,9 @@ def best_at(job: JobView, model: ThroughputModel | None, gpus: int) -> tuple[flo
     favoured nor starved. Pure; cached on everything it depends on (policies ask for the same
     job and size many times per round, and again next round).
     """
+    nodes = max(1, -(-gpus // max(1, job.workers_per_node)))
     return _best_at(model, gpus, job.min_batch_size, job.max_batch_size, job.batch_size,
-                    job.max_local_batch_size, job.base_batch_size, job.grad_noise)
+                    job.max_local_batch_size, job.base_batch_size, job.grad_noise, nodes)
 
 
 @lru_cache(maxsize=65536)
@@ -174,8 +277,9 @@ def _candidates(gpus: int, lo: int, hi: int, batch_size: int, max_local: int | N
 
 
 @lru_cache(maxsize=65536)
-def _best_at(model: ThroughputModel | None, gpus: int, lo: int, hi: int, batch_size: int,
-             max_local: int | None, base: int, grad_noise: tuple[float, float] | None
+def _best_at(model: ThroughputModel | PolluxModel | None, gpus: int, lo: int, hi: int,
+             batch_size: int, max_local: int | None, base: int,
+             grad_noise: tuple[float, float] | None, nodes: int = 1
              ) -> tuple[float, BatchConfig | None]:
     if gpus <= 0:
         return 0.0, None
@@ -186,14 +290,19 @@ def _best_at(model: ThroughputModel | None, gpus: int, lo: int, hi: int, batch_s
         cfg = next((c for c in cfgs if c.global_batch_size == batch_size), cfgs[0])
         return float(gpus), cfg
     # plain Python: about a dozen candidates, where numpy's per-call overhead dominates
-    alpha, beta, eff = model.alpha, model.beta, model.eff(gpus)
+    pollux = isinstance(model, PolluxModel)
+    if not pollux:
+        alpha, beta, eff = model.alpha, model.beta, model.eff(gpus)
     noisy = grad_noise is not None and all(map(math.isfinite, grad_noise))
     if noisy:
         sqr, var = max(0.0, grad_noise[0]), max(0.0, grad_noise[1])
     best, best_key = None, None
     for c in cfgs:
         g = c.global_batch_size
-        t = c.accumulation_steps * (alpha + beta * c.local_batch_size) / eff
+        if pollux:
+            t = model.step_time_at(nodes, gpus, c.local_batch_size, c.accumulation_steps)
+        else:
+            t = c.accumulation_steps * (alpha + beta * c.local_batch_size) / eff
         x = g / t if t > 0 else 0.0
         if noisy:
             # Pollux's efficiency (goodput.efficiency, inlined: this is the hot loop)
@@ -207,3 +316,11 @@ def _best_at(model: ThroughputModel | None, gpus: int, lo: int, hi: int, batch_s
         if best_key is None or key > best_key:
             best, best_key = c, key
     return best_key[0], best
+
+
+def clear_caches() -> None:
+    """Forget every cached fit and decision (benchmarks measure a cold start with it)."""
+    from . import goodput as _gp
+
+    for f in (fit, _model_for, _pollux_model, _best_at, _candidates, _fit, _wanted, _gp._fit):
+        f.cache_clear()

@@ -47,8 +47,19 @@ GPUKey = tuple[int, int]          # (measured node id, local GPU index) in the 3
 Profiles = Mapping[str, Mapping]  # app class -> {gpu key -> slowdown multiplier}
 
 
+# PAL's variability class of each Pollux application (PAL: A = ResNet-50-like convolutional
+# nets, the most sensitive; B/C = BERT-like; D = insensitive), so a job named by its application
+# (which also selects its throughput prior) is placed by its class.
+APP_CLASSES = {"imagenet": "A", "cifar10": "A", "yolov3": "A", "bert": "B", "deepspeech2": "B",
+               "ncf": "D"}
+
+
 def class_key(app_class: str) -> str:
-    """PAL's ``classA`` and our ``A`` name the same class: strip a leading ``class``."""
+    """PAL's ``classA`` and our ``A`` name the same class: strip a leading ``class``; a Pollux
+    application name (``cifar10``) stands for its class (:data:`APP_CLASSES`)."""
+    mapped = APP_CLASSES.get(app_class.strip().lower())
+    if mapped is not None:
+        return mapped
     return app_class[5:] if app_class.startswith("class") and len(app_class) > 5 else app_class
 
 

@@ -401,7 +401,9 @@ class Simulator:
             submit_time=j.wj.submit_time, start_time=j.start_time, restarts=j.restarts,
             generation=j.resizes, samples_processed=0,
             throughput=(j.cfg.global_batch_size / j.last_step_time) if j.last_step_time else 0.0,
-            profile=profile, app_class=j.wj.app_class,
+            # a Pollux application by name (its throughput prior; placement maps it to its PAL
+            # class), a fixed-work job by its PAL class
+            profile=profile, app_class=j.wj.app_class if j.fixed is not None else j.wj.application,
             busy=j.state == "RUNNING" and j.blocked_until > self.now, user="sim", partition="sim",
             attained_gpu_seconds=j.gpu_seconds, remaining_samples=remaining, grad_noise=noise,
             held=j.held)

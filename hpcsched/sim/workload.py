@@ -99,6 +99,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..policies.variability import APP_CLASSES
 from . import WorkloadJob
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -109,14 +110,7 @@ DATA = Path(__file__).resolve().parent.parent / "data"
 #: imagenet (ResNet-50), cifar10 (ResNet-18) and yolov3 (Darknet-53) are ResNet-like conv nets
 #: -> A; bert and deepspeech2 (recurrent speech model) -> B; ncf (small embedding MLP,
 #: memory-bound) -> D.
-POLLUX_APP_CLASS: dict[str, str] = {
-    "imagenet": "A",
-    "cifar10": "A",
-    "yolov3": "A",
-    "bert": "B",
-    "deepspeech2": "B",
-    "ncf": "D",
-}
+POLLUX_APP_CLASS: dict[str, str] = APP_CLASSES   # one table, shared with placement
 
 #: (base, max) global batch size in samples of each Pollux application: the smallest and the
 #: largest ``<B>`` of the Pollux artifact's ``simulator/traces/<app>/validation-<B>.csv``.
