@@ -206,9 +206,13 @@ FIDELITY_NOTES = """Where the simulation differs from Pollux's simulator, and in
 GRID_NOTES = """Notes. The elastic policies (`dp`, `ones`, `ones-pal`) resize by whole nodes of
 the job's submitted GPUs per node, the only resize Slurm 22.05 allows (a 1-GPU job grows to
 2 nodes x 1 GPU, not to 2 GPUs of one node), and every grow is a requeue that costs a restart.
-Pollux's own policy places GPUs one by one and co-adapts batch size every round; the gap in
-the table is what those two freedoms are worth on these workloads, plus what our policies
-leave on the table.
+Pollux's own policy places GPUs one by one, co-adapts every job's batch size each round, and
+weighs jobs by a fairness-weighted sum of speedups. What would close the remaining gap to it,
+in the order we expect it to matter: sub-node and uneven placements (a job on 4 + 2 GPUs),
+which needs hpcsched to pass per-node GPU counts to Slurm (heterogeneous jobs or one job per
+node group); admission by predicted speedup rather than first come, first served; and cheaper
+grows (the requeue path restarts every worker). The "sim wall time" column was measured with
+two simulations sharing the 2 cores; `benchmarks/sim_walltime.py` measures one at a time.
 """
 
 PAL_NOTES = """Why PAL's gain here is smaller than published: the slowdowns are drawn per GPU from
