@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .batching import BatchSizeError, fit_batch
-from .policies.throughput import model_for, model_throughput
+from .policies.throughput import model_for
 from .snapshot import ClusterSnapshot, JobView, Plan
 
 ORDER = {"preempt": 0, "shrink": 1, "batch": 2, "pending": 3, "grow": 4}
@@ -75,7 +75,7 @@ def predict(job: JobView, nodes: int, batch_size: int) -> float | None:
                         max_local_batch_size=job.max_local_batch_size)
     except BatchSizeError:
         return None
-    return model_throughput(model, cfg, nodes)
+    return model.throughput(cfg, nodes)
 
 
 def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()) -> tuple[list[Change], list[str]]:

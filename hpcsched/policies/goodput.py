@@ -227,7 +227,9 @@ def aggregate(points: Iterable[ProfilePoint | PerfSample]) -> tuple[PerfSample, 
     compute times averaged (a :class:`ProfilePoint` weighted by its ``samples``). Unusable points
     (non-positive or non-finite times, impossible sizes) are dropped. Sorted, so equal inputs give
     equal outputs whatever their order."""
-    acc: dict[tuple[int, int, int, int], list[tuple[float, float | None, float]]] = {}
+    # weighted sums in plain floats: policies aggregate every job's profile every round, and
+    # numpy's per-call overhead dominated on these few points
+    acc: dict[tuple[int, int, int, int], list[float]] = {}   # [sum w*t, sum w, sum w*c, sum w_c]
     for p in points:
         w = float(max(1, p.samples)) if isinstance(p, ProfilePoint) else 1.0
         s = _as_sample(p)
@@ -235,17 +237,17 @@ def aggregate(points: Iterable[ProfilePoint | PerfSample]) -> tuple[PerfSample, 
               and math.isfinite(s.step_time) and s.step_time > 0)
         if not ok:
             continue
-        c = s.compute_time if (s.compute_time is not None and math.isfinite(s.compute_time)
-                               and s.compute_time > 0) else None
-        acc.setdefault((s.nodes, s.replicas, s.local_bsz, s.accum), []).append((s.step_time, c, w))
+        a = acc.setdefault((s.nodes, s.replicas, s.local_bsz, s.accum), [0.0, 0.0, 0.0, 0.0])
+        a[0] += w * s.step_time
+        a[1] += w
+        c = s.compute_time
+        if c is not None and math.isfinite(c) and c > 0:
+            a[2] += w * c
+            a[3] += w
     out = []
     for key in sorted(acc):
-        rows = acc[key]
-        ws = np.array([w for _, _, w in rows])
-        step = float(np.average([t for t, _, _ in rows], weights=ws))
-        cs = [(c, w) for _, c, w in rows if c is not None]
-        comp = float(np.average([c for c, _ in cs], weights=[w for _, w in cs])) if cs else None
-        out.append(PerfSample(*key, step, comp))
+        tw, w, cw, wc = acc[key]
+        out.append(PerfSample(*key, tw / w, cw / wc if wc > 0 else None))
     return tuple(out)
 
 

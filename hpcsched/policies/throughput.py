@@ -14,7 +14,7 @@ Model. One optimizer step at ``g`` GPUs, local batch ``b`` and ``s`` accumulatio
 * ``eff(g) <= 1`` is the measured scaling efficiency at ``g`` GPUs: the measured throughput over
   the model's communication-free prediction. Interpolated linearly between measured GPU
   counts and held flat outside them (a job that has never run at ``g`` is assumed to scale as at
-  its nearest measured size). Issue-4's Pollux fit replaces this with a communication model.
+  its nearest measured size).
 
 Throughput = ``g * b * s / t``.
 
@@ -46,7 +46,7 @@ from scipy.optimize import nnls
 
 from ..batching import BatchConfig, BatchSizeError, fit_batch
 from ..snapshot import JobView, ProfilePoint
-from .goodput import (PerfParams, PerfSample, aggregate, efficiency, predict_step_time,
+from .goodput import (PerfParams, PerfSample, aggregate, predict_step_time,
                       prior_for)
 from .goodput import _fit as _perf_fit
 
@@ -80,8 +80,9 @@ class ThroughputModel:
         return cfg.accumulation_steps * (self.alpha + self.beta * cfg.local_batch_size) / self.eff(
             cfg.world_size)
 
-    def throughput(self, cfg: BatchConfig) -> float:
-        """Samples/s."""
+    def throughput(self, cfg: BatchConfig, nodes: int = 1) -> float:
+        """Samples/s (``nodes`` is not used: the measured efficiency per GPU count already
+        reflects how the job was laid out; the signature is :class:`PolluxModel`'s)."""
         t = self.step_time(cfg)
         return cfg.global_batch_size / t if t > 0 else 0.0
 
@@ -183,30 +184,9 @@ def model_for(job: JobView) -> ThroughputModel | PolluxModel | None:
 
 @lru_cache(maxsize=8192)
 def _model_for(profile: tuple[ProfilePoint, ...], app: str) -> PolluxModel | None:
-    # goodput.aggregate's grouping, in plain floats (numpy's per-call cost dominated here)
-    acc: dict[tuple[int, int, int, int], list[float]] = {}
-    for p in profile:
-        if not (p.nodes >= 1 and p.world_size >= p.nodes and p.local_batch_size >= 1
-                and p.accumulation_steps >= 1 and math.isfinite(p.step_time) and p.step_time > 0):
-            continue
-        w = float(max(1, p.samples))
-        a = acc.setdefault((p.nodes, p.world_size, p.local_batch_size, p.accumulation_steps),
-                           [0.0, 0.0])
-        a[0] += w * p.step_time
-        a[1] += w
-    key = []
-    for (n, k, m, s), (tw, w) in sorted(acc.items()):
-        step = tw / w
-        # compute time known exactly on one GPU (no synchronisation), as goodput.aggregate
-        key.append(PerfSample(n, k, m, s, _sig(step), _sig(step / s) if k == 1 else None))
-    return _pollux_model(tuple(key), app)
-
-
-def model_throughput(model: ThroughputModel | PolluxModel, cfg: BatchConfig, nodes: int) -> float:
-    """Samples/s that ``model`` predicts at ``cfg`` on ``nodes`` nodes."""
-    if isinstance(model, PolluxModel):
-        return model.throughput(cfg, nodes)
-    return model.throughput(cfg)
+    key = tuple(PerfSample(a.nodes, a.replicas, a.local_bsz, a.accum, _sig(a.step_time),
+                           _sig(a.compute_time)) for a in aggregate(profile))
+    return _pollux_model(key, app)
 
 
 @lru_cache(maxsize=4096)
@@ -223,31 +203,6 @@ def _fit(b: int, gpus: int, lo: int, hi: int, max_local: int | None) -> BatchCon
         return fit_batch(b, gpus, min_global=lo, max_global=hi, max_local_batch_size=max_local)
     except BatchSizeError:
         return None
-
-
-def batch_candidates(job: JobView, gpus: int, limit: int = 12) -> list[BatchConfig]:
-    """Global batch sizes a policy may choose for ``job`` at ``gpus`` GPUs: the job's current
-    batch size and up to ``limit`` sizes spread geometrically over its allowed range
-    (both steps are pure and cached: policies ask for the same sizes many times)."""
-    lo, hi = job.min_batch_size, job.max_batch_size
-    out: dict[int, BatchConfig] = {}
-    for b in _wanted(lo, hi, job.batch_size, limit):
-        cfg = _fit(b, gpus, lo, hi, job.max_local_batch_size)
-        if cfg is not None:
-            out.setdefault(cfg.global_batch_size, cfg)
-    return list(out.values())
-
-
-def goodput(job: JobView, model: ThroughputModel | PolluxModel, cfg: BatchConfig) -> float:
-    """Predicted goodput (samples/s of progress at the job's base batch size): throughput x
-    statistical efficiency (Pollux, OSDI'21 §3.1; :func:`hpcsched.policies.goodput.efficiency`).
-    Without gradient-noise statistics the efficiency is 1 and goodput is throughput."""
-    nodes = max(1, -(-cfg.world_size // max(1, job.workers_per_node)))
-    x = model_throughput(model, cfg, nodes)
-    if job.grad_noise is None:
-        return x
-    sqr, var = job.grad_noise
-    return x * efficiency(sqr, var, job.base_batch_size, cfg.global_batch_size)
 
 
 def best_at(job: JobView, model: ThroughputModel | PolluxModel | None, gpus: int) -> tuple[float, BatchConfig | None]:
@@ -267,7 +222,9 @@ def best_at(job: JobView, model: ThroughputModel | PolluxModel | None, gpus: int
 @lru_cache(maxsize=65536)
 def _candidates(gpus: int, lo: int, hi: int, batch_size: int, max_local: int | None
                 ) -> tuple[BatchConfig, ...]:
-    """The distinct batch configurations :func:`batch_candidates` yields."""
+    """Global batch sizes a policy may choose at ``gpus`` GPUs: the job's current batch size
+    and up to 12 sizes spread geometrically over its allowed range, each cut to a
+    configuration that fits, duplicates dropped."""
     seen: dict[int, BatchConfig] = {}
     for b in _wanted(lo, hi, batch_size, 12):
         cfg = _fit(b, gpus, lo, hi, max_local)
