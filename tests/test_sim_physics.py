@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 import hpcsched
-from hpcsched.sim import physics
 from hpcsched.sim.physics import (
     Application,
     FixedWork,
@@ -299,10 +298,3 @@ def test_slowdowns_follow_the_quantiles():
 def test_unknown_slowdown_class_is_an_error(cls):
     with pytest.raises(PhysicsError, match="no Longhorn measurements"):
         draw_gpu_slowdowns(4, ("A", cls), seed=0)
-
-
-def test_isfinite_positive():
-    assert physics.isfinite_positive(1e-9)
-    assert not physics.isfinite_positive(0.0)
-    assert not physics.isfinite_positive(math.inf)
-    assert not physics.isfinite_positive(math.nan)

@@ -146,10 +146,8 @@ class _Job:
     finish_time: float | None = None
     restarts: int = 0
     resizes: int = 0
-    started: int = 0
     gpu_seconds: float = 0.0
     max_gpus: int = 0
-    slowdown: float = 1.0
     steps: dict = field(default_factory=dict)   # (world, nodes, local, accum) -> [time, steps]
     last_step_time: float = 0.0
     eta: float | None = None         # cached finish time (None: recompute)
@@ -266,15 +264,23 @@ class Simulator:
         st = j.st
         if st is None:
             if j.fixed is not None:
-                st = j.fixed.step_time(len(j.node_names), j.slowdown, self.cfg.locality_penalty)
+                st = j.fixed.step_time(len(j.node_names), self._slowdown(j),
+                                       self.cfg.locality_penalty)
             else:
                 st = j.app.step_time(tuple(j.wpn for _ in j.node_names), j.cfg.local_batch_size,
-                                     j.cfg.accumulation_steps) * j.slowdown
+                                     j.cfg.accumulation_steps) * self._slowdown(j)
             j.st = st
         if j.fixed is not None:
             return 1.0 / st, st
         gain = j.app.gain(j.cfg.global_batch_size, j.app.epoch_at(progress))
         return gain / st, st
+
+    def _slowdown(self, j: _Job) -> float:
+        """The slowest of the job's GPUs for its class: the pace it runs at (PAL §3)."""
+        if j.wj.app_class not in CLASSES or not j.gpus:
+            return 1.0
+        k = CLASSES.index(j.wj.app_class)
+        return float(max(self.slow[n, g, k] for n, g in j.gpus))
 
     def _segment_end(self, j: _Job, progress: float) -> float:
         """Progress at which the job's rate next changes (end of its epoch, or of its work)."""
@@ -353,14 +359,11 @@ class Simulator:
         j.gpus = tuple(gpus)
         j.node_names = tuple(self.node_names[i] for i in idx)
         j.req_nodes = ()
-        k = CLASSES.index(j.wj.app_class) if j.wj.app_class in CLASSES else None
-        j.slowdown = float(max(self.slow[n, g, k] for n, g in gpus)) if k is not None else 1.0
         j.state = "RUNNING"
         j.updated = self.now
         j.blocked_until = self.now + self.cfg.restart_cost_for(j.wj.application)
         if j.start_time is None:
             j.start_time = self.now
-        j.started += 1
         j.max_gpus = max(j.max_gpus, j.n_gpus)
         j.eta = j.st = None
         return True
@@ -445,9 +448,6 @@ class Simulator:
             j.gpus = tuple((n, g) for n, g in j.gpus if self.node_names[n] in keep)
             j.node_names, j.nodes = keep, c.to_nodes
             j.cfg, j.batch_size = cfg, cfg.global_batch_size
-            k = CLASSES.index(j.wj.app_class) if j.wj.app_class in CLASSES else None
-            j.slowdown = float(max(self.slow[n, g, k] for n, g in j.gpus)) if k is not None \
-                else 1.0
             j.blocked_until = max(j.blocked_until, self.now) + self.cfg.shrink_cost
             j.resizes += 1
         elif c.kind == "grow" and j.state == "RUNNING":

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from dataclasses import dataclass
 from functools import cache, cached_property
 from pathlib import Path
@@ -311,7 +310,3 @@ def draw_gpu_slowdowns(n_gpus: int, classes: tuple[str, ...], seed: int,
                                f"(known: {', '.join(sorted(data['classes']))})")
         out[:, j] = np.interp(u, probs, np.array(table[stat], dtype=float))
     return out
-
-
-def isfinite_positive(x: float) -> bool:
-    return math.isfinite(x) and x > 0
