@@ -381,17 +381,25 @@ def _fields(where: str, names: Sequence[str], line: int, fields: list[str]) -> d
     return {n: v.strip() for n, v in zip(names, fields)}
 
 
-def _pollux_rows(where: str, names: Sequence[str], rows) -> list[WorkloadJob]:
-    jobs, seen = [], set()
+def _identified_rows(where: str, names: Sequence[str], rows, column: str,
+                     label: str) -> Iterator[tuple[str, dict[str, str], str]]:
+    """``(where:line, fields, id)`` per row, the id (``column``) non-empty and unique."""
+    seen = set()
     for line, fields in rows:
         r = _fields(where, names, line, fields)
         at = f"{where}:{line}"
-        name = r["name"]
-        if not name:
-            raise WorkloadError(f"{at}: empty job name")
-        if name in seen:
-            raise WorkloadError(f"{at}: job name {name!r} appears twice")
-        seen.add(name)
+        ident = r[column]
+        if not ident:
+            raise WorkloadError(f"{at}: empty {label}")
+        if ident in seen:
+            raise WorkloadError(f"{at}: {label} {ident!r} appears twice")
+        seen.add(ident)
+        yield at, r, ident
+
+
+def _pollux_rows(where: str, names: Sequence[str], rows) -> list[WorkloadJob]:
+    jobs = []
+    for at, r, name in _identified_rows(where, names, rows, "name", "job name"):
         app = r["application"].lower()
         if app not in POLLUX_APP_CLASS:
             raise WorkloadError(f"{at}: unknown application {r['application']!r}; known: "
@@ -408,16 +416,8 @@ _PAL_BY_LOWER = {k.lower(): k for k in PAL_MODELS}
 
 
 def _pal_rows(where: str, names: Sequence[str], rows) -> list[WorkloadJob]:
-    jobs, seen = [], set()
-    for line, fields in rows:
-        r = _fields(where, names, line, fields)
-        at = f"{where}:{line}"
-        job_id = r["job_id"]
-        if not job_id:
-            raise WorkloadError(f"{at}: empty job_id")
-        if job_id in seen:
-            raise WorkloadError(f"{at}: job_id {job_id!r} appears twice")
-        seen.add(job_id)
+    jobs = []
+    for at, r, job_id in _identified_rows(where, names, rows, "job_id", "job_id"):
         model_key = _PAL_BY_LOWER.get(r["model"].lower())
         if model_key is None:
             raise WorkloadError(f"{at}: unknown model {r['model']!r}; known: "
