@@ -17,7 +17,8 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -216,6 +217,22 @@ def _pyplot():
     return plt
 
 
+@contextmanager
+def _png(path: str | Path, figsize: tuple[float, float], legend: bool) -> Iterator:
+    """Axes to draw on; written to ``path`` as PNG (with a legend if asked) when the block ends
+    without error. The figure is closed either way."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=figsize)
+    try:
+        yield ax
+        if legend:
+            ax.legend(loc="lower right")
+        fig.tight_layout()
+        fig.savefig(path, format="png", dpi=120)
+    finally:
+        plt.close(fig)
+
+
 def _labels(results: Sequence[SimResult]) -> list[str]:
     """The policy, plus the workload when the results span several workloads."""
     several = len({r.workload for r in results}) > 1
@@ -230,10 +247,8 @@ def plot_jct_cdf(results: Sequence[SimResult], path: str | Path) -> Path:
     with unfinished jobs says ``k/n finished`` in its label, and a run with no finished job is
     listed in the legend without a curve. Creates the parent directories; returns the path.
     """
-    plt = _pyplot()
     path = _prepare(path)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    try:
+    with _png(path, (7, 4.5), legend=bool(results)) as ax:
         plotted = False
         for r, label in zip(results, _labels(results)):
             jcts = np.sort([j.jct for j in r.jobs if j.jct is not None]) / 3600.0
@@ -257,12 +272,6 @@ def plot_jct_cdf(results: Sequence[SimResult], path: str | Path) -> Path:
         ax.set_ylabel("fraction of finished jobs")
         ax.set_title("JCT CDF")
         ax.grid(True, which="both", alpha=0.3)
-        if results:
-            ax.legend(loc="lower right")
-        fig.tight_layout()
-        fig.savefig(path, format="png", dpi=120)
-    finally:
-        plt.close(fig)
     return path
 
 
@@ -274,10 +283,8 @@ def plot_utilization(results: Sequence[SimResult], path: str | Path) -> Path:
     a sample with no GPUs in the cluster shows as 0. Labels as in :func:`plot_jct_cdf`. Creates
     the parent directories; returns the path.
     """
-    plt = _pyplot()
     path = _prepare(path)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    try:
+    with _png(path, (8, 4.5), legend=bool(results)) as ax:
         for r, label in zip(results, _labels(results)):
             samples = sorted(r.utilization, key=lambda s: s[0])
             t = np.array([s[0] for s in samples], dtype=float) / 3600.0
@@ -288,12 +295,6 @@ def plot_utilization(results: Sequence[SimResult], path: str | Path) -> Path:
         ax.set_ylabel("GPU utilization (busy / total)")
         ax.set_title("GPU utilization")
         ax.grid(True, alpha=0.3)
-        if results:
-            ax.legend(loc="lower right")
-        fig.tight_layout()
-        fig.savefig(path, format="png", dpi=120)
-    finally:
-        plt.close(fig)
     return path
 
 
