@@ -51,7 +51,6 @@ class _Option:
     gpus: int
     value: float          # the DP's value: predicted samples/s (epsilon per GPU if unmeasured)
     batch: int
-    goodput: float = 0.0  # samples/s predicted
 
 
 def _options(job: JobView, model: ThroughputModel | PolluxModel | None, lo_nodes: int) -> list[_Option]:
@@ -70,7 +69,7 @@ def _options(job: JobView, model: ThroughputModel | PolluxModel | None, lo_nodes
         if cfg is None:
             continue
         value = x if model is not None else EPSILON * g
-        out.append(_Option(g, value, cfg.global_batch_size, x))
+        out.append(_Option(g, value, cfg.global_batch_size))
     return out
 
 
@@ -167,8 +166,8 @@ class ElasticDP:
                 why = "not measured yet: kept at its size"
                 pred = None
             else:
-                pred = pick.goodput
-                why = (f"predicted {pick.goodput:.0f} samples/s at {pick.gpus} GPU(s), "
+                pred = pick.value
+                why = (f"predicted {pick.value:.0f} samples/s at {pick.gpus} GPU(s), "
                        f"batch {pick.batch}")
             targets.append(JobTarget(j.job_id, nodes, pick.batch, f"dp: {why}",
                                      predicted_throughput=pred))
