@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: what one daemon observation costs, in Slurm calls and wall time, as jobs pile up.
 
-It measures ``Backend.observe()`` (``hpcsched.backend``; the CLI backend unless ``--backend``
+It measures ``Backend.observe()`` (``hpcsched.slurm.observe``; the CLI backend unless ``--backend``
 says otherwise) over ``--rounds`` rounds in two phases:
 
 * **baseline**: whatever the cluster holds now (other users' jobs included);
@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import write_report  # noqa: E402
-from hpcsched import devcluster  # noqa: E402
-from hpcsched.backend import make_backend  # noqa: E402
+from hpcsched.slurm import devcluster  # noqa: E402
+from hpcsched.slurm.observe import make_backend  # noqa: E402
 
 JOB_NAME = "hpcsched-bench-observe"
 

@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import write_report  # noqa: E402
 from hpcsched.policies import POLICIES, make_policy  # noqa: E402
-from hpcsched.policies.goodput import APPLICATIONS, predict_step_time, prior_for  # noqa: E402
-from hpcsched.policies.throughput import clear_caches  # noqa: E402
-from hpcsched.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint  # noqa: E402
+from hpcsched.perf.goodput import APPLICATIONS, predict_step_time, prior_for  # noqa: E402
+from hpcsched.perf.throughput import clear_caches  # noqa: E402
+from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint  # noqa: E402
 
 SCALES = ((64, 160), (1024, 500), (4096, 1000))
 

@@ -1,9 +1,9 @@
 """Alembic environment for the hpcsched daemon's store.
 
-There is no alembic.ini: :func:`hpcsched.store.alembic_config` builds the configuration in code
+There is no alembic.ini: :func:`hpcsched.daemon.store.alembic_config` builds the configuration in code
 (``script_location`` = this directory, ``sqlalchemy.url`` = the database). When the caller
 passes an open connection in ``config.attributes["connection"]`` (as
-:meth:`hpcsched.store.Store.upgrade` does, inside a ``BEGIN IMMEDIATE`` transaction on SQLite),
+:meth:`hpcsched.daemon.store.Store.upgrade` does, inside a ``BEGIN IMMEDIATE`` transaction on SQLite),
 the migrations run on it; otherwise an engine is made from ``sqlalchemy.url`` (or
 ``$HPCSCHED_DATABASE_URL``) with the store's SQLite settings (WAL, foreign keys, busy timeout).
 
@@ -17,7 +17,7 @@ from logging.config import fileConfig
 
 from alembic import context
 
-from hpcsched.store import Base, make_engine
+from hpcsched.daemon.store import Base, make_engine
 
 config = context.config
 if config.config_file_name is not None:

@@ -12,19 +12,19 @@ import sys
 
 import click
 
-from . import __version__
+from hpcsched import __version__
 
 
 class _LazyGroup(click.Group):
     """Click group that imports a subcommand's module only when it is invoked."""
 
     _lazy = {
-        "daemon": ("hpcsched.daemon", "daemon_command"),
-        "db": ("hpcsched.store", "db_group"),
-        "devcluster": ("hpcsched.devcluster", "devcluster"),
-        "resize": ("hpcsched.resize", "resize_command"),
+        "daemon": ("hpcsched.daemon.round", "daemon_command"),
+        "db": ("hpcsched.daemon.store", "db_group"),
+        "devcluster": ("hpcsched.slurm.devcluster", "devcluster"),
+        "resize": ("hpcsched.daemon.actuator", "resize_command"),
         "simulate": ("hpcsched.sim.cli", "simulate_command"),
-        "status": ("hpcsched.status", "status_command"),
+        "status": ("hpcsched.daemon.status", "status_command"),
     }
 
     def list_commands(self, ctx):

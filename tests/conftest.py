@@ -23,7 +23,7 @@ EXAMPLE = ROOT / "jobscripts" / "examples" / "digits_mlp.py"
 @pytest.fixture(scope="session")
 def devcluster():
     """The dev cluster's slurm.conf path; SLURM_CONF is exported for every subprocess."""
-    from hpcsched import devcluster as dc
+    from hpcsched.slurm import devcluster as dc
 
     state = dc.default_state_dir()
     was_up = dc.is_up(state)

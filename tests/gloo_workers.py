@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcsched import control as ctl
-from hpcsched.jobdir import JobDir
+from hpcsched.protocol import files as ctl
+from hpcsched.protocol.jobdir import JobDir
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "jobscripts" / "examples" / "digits_mlp.py"
 

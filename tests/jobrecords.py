@@ -1,4 +1,4 @@
-"""Reading a job's own records (metrics written by hpcsched.elastic) to verify a run.
+"""Reading a job's own records (metrics written by hpcsched.job.elastic) to verify a run.
 
 Used by the end-to-end tests: every sample of every epoch processed exactly once, the
 configuration in force per generation, the loss curve.

@@ -1,4 +1,4 @@
-"""Tests for ``hpcsched.backend``.
+"""Tests for ``hpcsched.slurm.observe``.
 
 * Parsing tests on output captured from the dev cluster (Slurm 22.05.8, openapi v0.0.38),
   trimmed to the fields the parsers read, plus malformed inputs that must raise ``SlurmError``.
@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpcsched.backend import (
+from hpcsched.slurm.observe import (
     Backend,
     BackendUnusable,
     Observation,
@@ -37,9 +37,9 @@ from hpcsched.backend import (
     pyslurm_usable,
 )
 from hpcsched.slurm import SlurmError, SlurmUnavailable
-from hpcsched.snapshot import NodeView
+from hpcsched.policies.snapshot import NodeView
 
-from .conftest import wait_for
+from tests.conftest import wait_for
 
 # --------------------------------------------------------------------------------------------
 # Captured output (Slurm 22.05.8 dev cluster, 4 nodes x gpu:4), trimmed to the fields used
@@ -561,7 +561,7 @@ def _dead_controller_conf(devcluster, tmp_path: Path) -> Path:
 
 _OBSERVE_ONCE = """
 import sys, time
-from hpcsched.backend import make_backend
+from hpcsched.slurm.observe import make_backend
 b = make_backend(sys.argv[1], timeout=float(sys.argv[2]))
 t = time.monotonic()
 try:

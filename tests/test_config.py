@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcsched import config as cfg
-from hpcsched.config import ConfigError
+from hpcsched.daemon import config as cfg
+from hpcsched.daemon.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_ENV: dict[str, str] = {}

@@ -6,7 +6,7 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from hpcsched import control as ctl
+from hpcsched.protocol import files as ctl
 
 
 def _control(**kw):

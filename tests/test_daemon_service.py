@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcsched.store import Store
+from hpcsched.daemon.store import Store
 
-from .conftest import wait_for
+from tests.conftest import wait_for
 
 EXE = str(Path(sys.executable).parent / "hpcsched")
 

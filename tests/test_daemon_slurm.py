@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from hpcsched import slurm
-from hpcsched.jobdir import JobDir
-from hpcsched.store import Store
+from hpcsched.protocol.jobdir import JobDir
+from hpcsched.daemon.store import Store
 
-from .conftest import EXAMPLE, cli, finished, start_daemon, stop_daemon, submit, wait_for
-from .jobrecords import check_exactly_once, load_records
+from tests.conftest import EXAMPLE, cli, finished, start_daemon, stop_daemon, submit, wait_for
+from tests.jobrecords import check_exactly_once, load_records
 
 DIGITS = 1797
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

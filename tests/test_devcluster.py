@@ -1,4 +1,4 @@
-"""Tests for hpcsched.devcluster.
+"""Tests for hpcsched.slurm.devcluster.
 
 Pure tests (config rendering, root check, install errors, zombie handling, down/status when down)
 run anywhere. Tests marked ``slurm`` start the real dev cluster as root when it is not up, in
@@ -20,9 +20,9 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from hpcsched import devcluster as dc
+from hpcsched.slurm import devcluster as dc
 
-from .conftest import wait_for
+from tests.conftest import wait_for
 
 STATE = dc.default_state_dir()
 

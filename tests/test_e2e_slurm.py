@@ -13,12 +13,12 @@ import subprocess
 
 import pytest
 
-from hpcsched import control as ctl
+from hpcsched.protocol import files as ctl
 from hpcsched import slurm
-from hpcsched.jobdir import JobDir
+from hpcsched.protocol.jobdir import JobDir
 
-from .conftest import EXAMPLE, cli, wait_for
-from .jobrecords import check_exactly_once, generations, load_records, mean_loss_by_step
+from tests.conftest import EXAMPLE, cli, wait_for
+from tests.jobrecords import check_exactly_once, generations, load_records, mean_loss_by_step
 
 DIGITS = 1797
 EPOCHS = 60
@@ -117,7 +117,7 @@ def test_unmodified_torch_distributed_script_runs_and_is_not_resized(devcluster,
                        "the job to start")
     if running.state == "RUNNING":
         r = cli("hpcsched", "resize", job_id, "--batch-size", "64", check=False)
-        assert r.returncode == 2 and "does not use hpcsched.elastic" in r.stderr, r.stderr
+        assert r.returncode == 2 and "does not use hpcsched.job.elastic" in r.stderr, r.stderr
     final = wait_for(lambda: (i := slurm.job_info(job_id)) and i.state not in
                      ("PENDING", "RUNNING", "COMPLETING") and i, 120, "the job to finish",
                      interval=0.5)

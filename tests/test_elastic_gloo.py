@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from hpcsched import control as ctl
-from hpcsched.jobdir import JobDir
+from hpcsched.protocol import files as ctl
+from hpcsched.protocol.jobdir import JobDir
 
-from .gloo_workers import join as _join
-from .gloo_workers import launch as _launch
-from .gloo_workers import wait_ack as _wait_ack
-from .gloo_workers import write_control as _control
-from .jobrecords import check_exactly_once, generations, load_records, mean_loss_by_step
+from tests.gloo_workers import join as _join
+from tests.gloo_workers import launch as _launch
+from tests.gloo_workers import wait_ack as _wait_ack
+from tests.gloo_workers import write_control as _control
+from tests.jobrecords import check_exactly_once, generations, load_records, mean_loss_by_step
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "jobscripts" / "examples" / "digits_mlp.py"

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcsched.policies import goodput as gp
-from hpcsched.policies.goodput import (
+from hpcsched.perf import goodput as gp
+from hpcsched.perf.goodput import (
     APPLICATIONS,
     GoodputModel,
     PerfParams,
@@ -25,7 +25,7 @@ from hpcsched.policies.goodput import (
     predict_throughput,
     prior_for,
 )
-from hpcsched.snapshot import JobView, ProfilePoint
+from hpcsched.policies.snapshot import JobView, ProfilePoint
 
 TRUE = PerfParams(alpha_c=0.02, beta_c=0.001, alpha_n=0.12, beta_n=0.004, alpha_r=0.03,
                   beta_r=0.002, gamma=2.0)

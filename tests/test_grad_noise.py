@@ -1,6 +1,6 @@
 """Gradient-noise statistics of the elastic API (Pollux, Qiao et al., OSDI'21, §3.1).
 
-The estimator (:func:`hpcsched.elastic.two_batch_estimate`, McCandlish et al. 2018, App. A.1;
+The estimator (:func:`hpcsched.job.elastic.two_batch_estimate`, McCandlish et al. 2018, App. A.1;
 smoothing as AdaptDL's ``gradient_noise_scale.py``) on synthetic gradients with known ``|G|^2``
 and ``tr(Sigma)``; the single-rank estimators and the checkpoint round trip in-process; the
 multi-rank path with two real gloo processes training the digits example through a resize.
@@ -19,15 +19,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcsched import control as ctl
-from hpcsched.elastic import ElasticJob, GradientNoiseEstimator, two_batch_estimate
-from hpcsched.jobdir import JobDir
+from hpcsched.protocol import files as ctl
+from hpcsched.job.elastic import ElasticJob, GradientNoiseEstimator, two_batch_estimate
+from hpcsched.protocol.jobdir import JobDir
 
-from .gloo_workers import free_port as _free_port
-from .gloo_workers import join as _join
-from .gloo_workers import launch as _launch
-from .gloo_workers import wait_ack as _wait_ack
-from .jobrecords import load_records
+from tests.gloo_workers import free_port as _free_port
+from tests.gloo_workers import join as _join
+from tests.gloo_workers import launch as _launch
+from tests.gloo_workers import wait_ack as _wait_ack
+from tests.jobrecords import load_records
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "jobscripts" / "examples" / "digits_mlp.py"
@@ -327,7 +327,7 @@ def test_progress_fields_are_optional(tmp_path):
 
 _WORKER = r"""
 import json, sys, torch
-from hpcsched.elastic import ElasticJob
+from hpcsched.job.elastic import ElasticJob
 X = torch.arange(8 * 3, dtype=torch.float64).reshape(8, 3).remainder(5) - 2.0
 for name in ("float32", "float64", "bfloat16"):
     dtype = getattr(torch, name)
@@ -355,8 +355,8 @@ def test_multi_rank_reduction_matches_a_direct_computation(tmp_path):
     two-batch estimate computed directly from the per-rank sample means."""
     import torch
 
-    from hpcsched.batching import BatchConfig
-    from hpcsched.elastic import epoch_permutation, rank_micro_batches
+    from hpcsched.protocol.batching import BatchConfig
+    from hpcsched.job.elastic import epoch_permutation, rank_micro_batches
 
     port = _free_port()
     procs = [subprocess.Popen(

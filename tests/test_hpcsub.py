@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcsched.jobdir import JobDir
+from hpcsched.protocol.jobdir import JobDir
 
-from .conftest import EXAMPLE, cli
+from tests.conftest import EXAMPLE, cli
 
 SCRIPT_OK = EXAMPLE
 
@@ -120,7 +120,7 @@ def test_sbatch_refusal_passes_through_with_its_exit_code(devcluster, control_di
 
 def test_rendered_directives_survive_sbatch_quoting(control_dir, tmp_path):
     """A directive value with a backslash, quote or space comes back exactly (sbatch's rules)."""
-    from hpcsched.sbatch_args import read_directives
+    from hpcsched.job.sbatch_args import read_directives
 
     s = tmp_path / "train.py"
     s.write_text('#!/usr/bin/env python3\n#SBATCH --comment="a b\\\\c \\"q\\""\nprint(1)\n')

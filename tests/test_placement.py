@@ -29,7 +29,7 @@ from hpcsched.policies.variability import (
     sensitivity,
     silhouette_1d,
 )
-from hpcsched.snapshot import (
+from hpcsched.policies.snapshot import (
     ClusterSnapshot,
     GPUView,
     JobTarget,

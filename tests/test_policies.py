@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from hpcsched.policies import PolicyError, make_policy
 from hpcsched.policies.dp import _Option, capacity, solve
-from hpcsched.policies.throughput import fit
-from hpcsched.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint
+from hpcsched.perf.throughput import fit
+from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint
 
 
 def _job(job_id, nodes, *, wpn=2, min_nodes=1, max_nodes=3, batch=64, bmin=None, bmax=None,
@@ -145,8 +145,8 @@ def test_dp_never_overcommits_and_respects_limits(jobs, n_nodes):
 
 
 # ---------------------------------------------------------------------------- reconcile
-from hpcsched.reconcile import Costs, reconcile  # noqa: E402
-from hpcsched.snapshot import JobTarget, Plan  # noqa: E402
+from hpcsched.policies.reconcile import Costs, reconcile  # noqa: E402
+from hpcsched.policies.snapshot import JobTarget, Plan  # noqa: E402
 
 
 def _snap_ab():
@@ -286,7 +286,7 @@ def test_gradient_noise_makes_the_dp_stop_growing_the_batch():
 
 
 def test_ones_pal_is_the_default_and_places_without_changing_sizes():
-    from hpcsched.config import defaults
+    from hpcsched.daemon.config import defaults
     from hpcsched.policies import DEFAULT_POLICY
 
     assert defaults().policy.name == DEFAULT_POLICY == "ones-pal"
@@ -314,9 +314,9 @@ def test_ones_starts_an_unmeasured_pending_job_as_large_as_fits():
 
 
 def test_model_for_uses_the_pollux_model_and_its_prior_for_known_applications():
-    from hpcsched.batching import BatchConfig
-    from hpcsched.policies.goodput import predict_step_time, prior_for
-    from hpcsched.policies.throughput import PolluxModel, ThroughputModel, model_for
+    from hpcsched.protocol.batching import BatchConfig
+    from hpcsched.perf.goodput import predict_step_time, prior_for
+    from hpcsched.perf.throughput import PolluxModel, ThroughputModel, model_for
     from hpcsched.policies.variability import class_key
 
     job = replace(_job("A", 2, wpn=4, batch=256, bmax=1024), app_class="cifar10")

@@ -1,4 +1,4 @@
-"""Tests for hpcsched.sbatch_args: splitting hpcsub's command line, #SBATCH directives, geometry."""
+"""Tests for hpcsched.job.sbatch_args: splitting hpcsub's command line, #SBATCH directives, geometry."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcsched.sbatch_args import (
+from hpcsched.job.sbatch_args import (
     Geometry,
     HpcsubArgs,
     UsageError,

@@ -12,7 +12,7 @@ import pytest
 from hpcsched.sim import WorkloadJob
 from hpcsched.sim import workload as wl
 from hpcsched.sim.workload import WorkloadError, load_workload
-from hpcsched.store import Store
+from hpcsched.daemon.store import Store
 
 LOAD_JOBS = {"0.5": 80, "1.0": 160, "1.5": 240, "2.0": 320}
 

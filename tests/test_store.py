@@ -8,8 +8,8 @@ from click.testing import CliRunner
 from sqlalchemy import create_engine, inspect
 from sqlalchemy.exc import IntegrityError
 
-from hpcsched import store as st
-from hpcsched.store import Store
+from hpcsched.daemon import store as st
+from hpcsched.daemon.store import Store
 
 TABLES = {
     "jobs": {"job_id", "job_uid", "user", "script", "workers_per_node", "min_nodes", "max_nodes",

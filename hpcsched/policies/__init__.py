@@ -1,5 +1,5 @@
-"""Scheduling policies: pure functions from a :class:`~hpcsched.snapshot.ClusterSnapshot` to a
-:class:`~hpcsched.snapshot.Plan`, run alike by the daemon and the simulator.
+"""Scheduling policies: pure functions from a :class:`~hpcsched.policies.snapshot.ClusterSnapshot` to a
+:class:`~hpcsched.policies.snapshot.Plan`, run alike by the daemon and the simulator.
 
 Policies are chosen by name (:data:`POLICIES`); :func:`make_policy` builds one from its name and
 the ``[policy.params]`` table of the configuration.
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Callable, Protocol
 
-from ..snapshot import ClusterSnapshot, Plan
+from hpcsched.policies.snapshot import ClusterSnapshot, Plan
 
 
 class Policy(Protocol):
@@ -26,11 +26,11 @@ class PolicyError(ValueError):
 
 
 def _registry() -> dict[str, Callable[..., Policy]]:
-    from .composite import OnesPal
-    from .dp import ElasticDP
-    from .ones import ONES
-    from .static import Static
-    from .tiresias import Tiresias
+    from hpcsched.policies.composite import OnesPal
+    from hpcsched.policies.dp import ElasticDP
+    from hpcsched.policies.ones import ONES
+    from hpcsched.policies.static import Static
+    from hpcsched.policies.tiresias import Tiresias
 
     return {"static": Static, "tiresias": Tiresias, "dp": ElasticDP, "ones": ONES,
             "ones-pal": OnesPal}
@@ -58,7 +58,7 @@ def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
     try:
         policy = reg[name](**params)
         if placement:
-            from .composite import Placed
+            from hpcsched.policies.composite import Placed
 
             policy = Placed(policy, placement, penalty)
         return policy

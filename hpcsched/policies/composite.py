@@ -18,9 +18,9 @@ MASCOTS'20), nodes chosen by PAL (Jain et al., SC'24). Why this combination:
 
 from __future__ import annotations
 
-from ..snapshot import ClusterSnapshot, Plan
-from .ones import ONES
-from .placement import PLACEMENTS, place
+from hpcsched.policies.snapshot import ClusterSnapshot, Plan
+from hpcsched.policies.ones import ONES
+from hpcsched.policies.placement import PLACEMENTS, place
 
 
 class Placed:

@@ -7,8 +7,8 @@ maximise the cluster's total throughput::
     P[j][k] = max_{g in G_j, g <= k}  T_j(g) + P[j-1][k-g],      P[0][k] = 0
 
 where ``T_j(g)`` is the best measured-or-interpolated goodput of job ``j`` over its allowed
-batch sizes at ``g`` GPUs (:func:`hpcsched.policies.throughput.best_at`; the job's throughput
-model is :func:`~hpcsched.policies.throughput.model_for`'s) and ``G_j`` its allowed GPU counts:
+batch sizes at ``g`` GPUs (:func:`hpcsched.perf.throughput.best_at`; the job's throughput
+model is :func:`~hpcsched.perf.throughput.model_for`'s) and ``G_j`` its allowed GPU counts:
 whole nodes, ``g = n * workers_per_node`` for ``n`` in ``[min_nodes, max_nodes]``. The batch
 size chosen for ``g_j`` is the one that gives ``T_j(g_j)``.
 
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..snapshot import ClusterSnapshot, JobTarget, JobView, Plan
-from .throughput import PolluxModel, ThroughputModel, best_at, model_for
+from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
+from hpcsched.perf.throughput import PolluxModel, ThroughputModel, best_at, model_for
 
 EPSILON = 1e-6
 

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..snapshot import ClusterSnapshot, JobTarget, JobView, Plan
-from .dp import ElasticDP, capacity
-from .throughput import best_at, model_for
+from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
+from hpcsched.policies.dp import ElasticDP, capacity
+from hpcsched.perf.throughput import best_at, model_for
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Placement stages: which nodes each job of a :class:`~hpcsched.snapshot.Plan` runs on.
+"""Placement stages: which nodes each job of a :class:`~hpcsched.policies.snapshot.Plan` runs on.
 
 An allocation policy (``static``, ``dp``, ...) decides *how many* nodes and what batch size each
 job gets; :func:`place` then decides *which* nodes, and composes with any of them::
@@ -71,8 +71,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from ..snapshot import ClusterSnapshot, GPUView, JobTarget, JobView, NodeView, Plan
-from .variability import Binning, bin_gpus, class_key, profiles_from_views, sensitivity
+from hpcsched.policies.snapshot import ClusterSnapshot, GPUView, JobTarget, JobView, NodeView, Plan
+from hpcsched.policies.variability import Binning, bin_gpus, class_key, profiles_from_views, sensitivity
 
 PLACEMENTS = ("packed", "pm-first", "pal")
 

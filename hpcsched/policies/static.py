@@ -13,8 +13,8 @@ behind it, as it would without hpcsched.
 
 from __future__ import annotations
 
-from ..snapshot import ClusterSnapshot, JobTarget, Plan
-from .dp import capacity
+from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, Plan
+from hpcsched.policies.dp import capacity
 
 
 class Static:

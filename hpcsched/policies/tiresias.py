@@ -55,9 +55,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..snapshot import ClusterSnapshot, JobTarget, JobView, Plan
-from . import PolicyError
-from .dp import capacity
+from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
+from hpcsched.policies import PolicyError
+from hpcsched.policies.dp import capacity
 
 DEFAULT_QUEUE_THRESHOLDS = (3200.0,)   # GPU-seconds: 2 queues
 

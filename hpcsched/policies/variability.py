@@ -17,7 +17,7 @@ data side of that:
 * :func:`bin_gpus` -- PAL's K-Means binning, with ``k`` chosen by the best mean silhouette;
 * :func:`sensitivity` -- how much a class suffers from variability, which orders the classes;
 * :func:`gpu_views` / :func:`profiles_from_views` -- to and from the snapshot's
-  :class:`~hpcsched.snapshot.GPUView`.
+  :class:`~hpcsched.policies.snapshot.GPUView`.
 
 Everything here is pure and deterministic: file reads only in the ``load_*`` functions (called by
 the daemon or simulator, never by a policy), randomness only from a seed.
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..snapshot import GPUView
+from hpcsched.policies.snapshot import GPUView
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "pal"
 PROFILES_CSV = DATA_DIR / "32gpu-variability.csv"

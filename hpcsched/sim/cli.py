@@ -17,8 +17,8 @@ from pathlib import Path
 
 import click
 
-from ..policies import POLICIES, PolicyError
-from ..policies.placement import PLACEMENTS
+from hpcsched.policies import POLICIES, PolicyError
+from hpcsched.policies.placement import PLACEMENTS
 
 # Pollux's re-implementation of Tiresias (simulator/tiresias.py): 2 queues at 16 GPU-hours.
 POLLUX_TIRESIAS = {"queue_thresholds": [16 * 3600.0]}
@@ -52,8 +52,8 @@ def execute(run: Run):
     """Run one simulation; returns its :class:`~hpcsched.sim.SimResult` (label as policy)."""
     from dataclasses import replace
 
-    from .engine import SimConfig, Simulator
-    from .workload import load_workload
+    from hpcsched.sim.engine import SimConfig, Simulator
+    from hpcsched.sim.workload import load_workload
 
     name, jobs = load_workload(run.workload, seed=run.seed)
     params = dict(run.params)
@@ -158,9 +158,9 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from . import report
-    from .engine import SimulationError
-    from .workload import WorkloadError, load_workload
+    from hpcsched.sim import report
+    from hpcsched.sim.engine import SimulationError
+    from hpcsched.sim.workload import WorkloadError, load_workload
 
     params = _params(raw_params)
     if pollux_tiresias and "queue_thresholds" not in params.get("tiresias", {}):

@@ -8,13 +8,13 @@ What is the same as the daemon (that is the point: a simulated result says somet
 real cluster):
 
 * the cluster is observed through the backend interface (:class:`SimBackend` implements
-  :class:`hpcsched.backend.Backend`; its ``observe()`` returns the same
-  :class:`~hpcsched.backend.Observation` of Slurm nodes and jobs);
+  :class:`hpcsched.slurm.observe.Backend`; its ``observe()`` returns the same
+  :class:`~hpcsched.slurm.observe.Observation` of Slurm nodes and jobs);
 * the policy is the very object the daemon runs (:func:`hpcsched.policies.make_policy`), on a
-  :class:`~hpcsched.snapshot.ClusterSnapshot` built from the same kind of data the daemon has
+  :class:`~hpcsched.policies.snapshot.ClusterSnapshot` built from the same kind of data the daemon has
   (each job's measured profile, gradient noise, remaining work, attained service), with seed
   ``seed + round``;
-* the plan goes through the daemon's :func:`hpcsched.reconcile.reconcile` (restart cost versus
+* the plan goes through the daemon's :func:`hpcsched.policies.reconcile.reconcile` (restart cost versus
   predicted gain, grows only where Slurm can place them now);
 * changes are applied as the actuator applies them on Slurm: a batch-size change in place at no
   cost; a shrink in place, keeping the first nodes of the allocation (Slurm's rule), costing
@@ -46,14 +46,14 @@ from types import MappingProxyType
 
 import numpy as np
 
-from ..backend import Observation
-from ..batching import BatchConfig, BatchSizeError, fit_batch
-from ..policies import make_policy
-from ..reconcile import Change, Costs, reconcile
-from ..slurm import JobInfo
-from ..snapshot import ClusterSnapshot, GPUView, JobView, NodeView, ProfilePoint
-from . import JobResult, SimResult, WorkloadJob
-from .physics import Application, FixedWork, application, draw_gpu_slowdowns
+from hpcsched.slurm.observe import Observation
+from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch
+from hpcsched.policies import make_policy
+from hpcsched.policies.reconcile import Change, Costs, reconcile
+from hpcsched.slurm import JobInfo
+from hpcsched.policies.snapshot import ClusterSnapshot, GPUView, JobView, NodeView, ProfilePoint
+from hpcsched.sim import JobResult, SimResult, WorkloadJob
+from hpcsched.sim.physics import Application, FixedWork, application, draw_gpu_slowdowns
 
 CLASSES = ("A", "B", "C", "D")
 
@@ -163,7 +163,7 @@ class _Job:
 
 
 class SimBackend:
-    """The simulated cluster behind :class:`hpcsched.backend.Backend`: ``observe()`` reports
+    """The simulated cluster behind :class:`hpcsched.slurm.observe.Backend`: ``observe()`` reports
     its nodes and jobs as Slurm would (``squeue``/``sinfo``), one call per observation."""
 
     name = "simulated"

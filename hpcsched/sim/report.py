@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import JobResult, SimResult
+from hpcsched.sim import JobResult, SimResult
 
 if TYPE_CHECKING:
     from rich.table import Table

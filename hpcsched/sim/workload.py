@@ -76,7 +76,7 @@ generator), 10 to 100 yolov3, 100 and more imagenet. Batch size: :func:`default_
 
 Store history
 -------------
-``store[:URL]``: every job in the store's ``jobs`` table (:meth:`hpcsched.store.Store.jobs`)
+``store[:URL]``: every job in the store's ``jobs`` table (:meth:`hpcsched.daemon.store.Store.jobs`)
 becomes a job submitted at its ``submit_time`` (else ``first_seen``) minus the earliest one,
 asking for ``nodes x workers_per_node`` GPUs (``nodes`` from the stored spec, else
 ``max_nodes``) at ``base_batch_size``, application = the job's ``app_class`` when it names a
@@ -99,8 +99,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..policies.variability import APP_CLASSES
-from . import WorkloadJob
+from hpcsched.policies.variability import APP_CLASSES
+from hpcsched.sim import WorkloadJob
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
@@ -291,7 +291,7 @@ def load_store(url: str | None = None) -> list[WorkloadJob]:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-    from ..store import Store
+    from hpcsched.daemon.store import Store
 
     url = _store_url(url)
     where = _store_name(url)
@@ -518,7 +518,7 @@ def _store_url(url: str | None) -> str:
     """``url``, or the daemon's configured database URL when it is None."""
     if url is not None:
         return url
-    from ..config import ConfigError, load
+    from hpcsched.daemon.config import ConfigError, load
 
     try:
         return load().daemon.database_url

@@ -1,7 +1,7 @@
 """The control-file protocol between hpcsched (daemon, ``hpcsched resize``) and a running job.
 
 Specified in ``docs/control-protocol.md``; this module is its only implementation, used by both
-sides. Three files live in the job directory (see :mod:`hpcsched.jobdir`):
+sides. Three files live in the job directory (see :mod:`hpcsched.protocol.jobdir`):
 
 * ``control.json`` -- written only by hpcsched. Asks the job for a configuration: generation
   (only grows), nodes, workers per node, global/local batch size, gradient-accumulation steps,
@@ -118,7 +118,7 @@ class Control:
         nodes: nodes the job should run on.
         workers_per_node: workers (GPU slots) per node.
         global_batch_size, local_batch_size, accumulation_steps: samples; see
-            :class:`hpcsched.batching.BatchConfig`.
+            :class:`hpcsched.protocol.batching.BatchConfig`.
         lr_scale: factor applied to the base learning rate (dimensionless).
         issued_at: Unix time (seconds) of the request.
         issued_by: who wrote it (free text, e.g. ``hpcsched resize``).
@@ -223,7 +223,7 @@ class Progress:
         total_samples: samples the whole run trains on (epochs x dataset size), so the work left
         is ``total_samples - samples_processed``; None if the job does not say.
         grad_sqr, grad_var: the job's smoothed gradient-noise statistics, |G|^2 and tr(Sigma)
-        (per-sample covariance), from :class:`hpcsched.elastic.GradientNoiseEstimator`; None
+        (per-sample covariance), from :class:`hpcsched.job.elastic.GradientNoiseEstimator`; None
         until the first estimate. Optional, so files written before these fields still read.
     """
 

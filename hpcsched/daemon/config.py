@@ -208,11 +208,11 @@ class Settings:
     path: Path | None = None
 
     def control_dir_path(self) -> Path:
-        """The job directories: ``daemon.control_dir``, or :func:`hpcsched.jobdir.control_dir`
+        """The job directories: ``daemon.control_dir``, or :func:`hpcsched.protocol.jobdir.control_dir`
         (``$HPCSCHED_CONTROL_DIR`` or ``~/.hpcsched/jobs``) when it is empty."""
         if self.daemon.control_dir:
             return Path(self.daemon.control_dir).expanduser()
-        from .jobdir import control_dir
+        from hpcsched.protocol.jobdir import control_dir
 
         return control_dir()
 

@@ -20,7 +20,7 @@ Throughput = ``g * b * s / t``.
 
 **Jobs of a known application** (an ``app_class`` with a shipped Pollux prior: cifar10, imagenet,
 bert, ncf, deepspeech2, yolov3) get the full Pollux model instead (:class:`PolluxModel`, from
-:mod:`hpcsched.policies.goodput`): compute linear in the local batch, synchronisation linear in
+:mod:`hpcsched.perf.goodput`): compute linear in the local batch, synchronisation linear in
 the replicas with separate intra- and inter-node terms, overlapped by ``gamma`` (Pollux,
 OSDI'21 §3.2), fitted with scipy's L-BFGS-B to the job's own configurations, the application's
 prior filling in what they cannot determine -- and the prior alone before the job has run. It
@@ -44,11 +44,10 @@ from functools import lru_cache
 import numpy as np
 from scipy.optimize import nnls
 
-from ..batching import BatchConfig, BatchSizeError, fit_batch
-from ..snapshot import JobView, ProfilePoint
-from .goodput import (PerfParams, PerfSample, aggregate, predict_step_time,
-                      prior_for)
-from .goodput import _fit as _perf_fit
+from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch
+from hpcsched.policies.snapshot import JobView, ProfilePoint
+from hpcsched.perf.goodput import PerfParams, PerfSample, aggregate, predict_step_time, prior_for
+from hpcsched.perf.goodput import _fit as _perf_fit
 
 WEIGHT_CAP = 100    # steps: beyond this a profile point's weight in the fit stops growing
 ALPHA_PRIOR = 0.2  # share of a step that does not grow with the batch, before a fit is possible
@@ -132,7 +131,7 @@ def _sig(x: float | None, digits: int = 3) -> float | None:
 
 @dataclass(frozen=True)
 class PolluxModel:
-    """Pollux's step-time model with fitted :class:`~hpcsched.policies.goodput.PerfParams`
+    """Pollux's step-time model with fitted :class:`~hpcsched.perf.goodput.PerfParams`
     (module docstring). ``source`` says where the parameters came from."""
 
     params: PerfParams
@@ -277,7 +276,7 @@ def _best_at(model: ThroughputModel | PolluxModel | None, gpus: int, lo: int, hi
 
 def clear_caches() -> None:
     """Forget every cached fit and decision (benchmarks measure a cold start with it)."""
-    from . import goodput as _gp
+    from hpcsched.perf import goodput as _gp
 
     for f in (fit, _model_for, _pollux_model, _best_at, _candidates, _fit, _wanted, _gp._fit):
         f.cache_clear()

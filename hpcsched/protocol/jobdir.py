@@ -7,7 +7,7 @@ it must be on a file system that the login node and every compute node see)::
         spec.json                     the job's spec and limits (hpcsub, written once)
         job.sbatch                    the rendered batch script that was submitted
         slurm_job_id                  the Slurm job id (hpcsub, after sbatch answered)
-        control.json, ack.json,       the control protocol (see hpcsched.control)
+        control.json, ack.json,       the control protocol (see hpcsched.protocol.files)
         progress.json
         launcher.json                 launcher state: launches, current size (launcher)
         metrics/launch-<L>-rank-<R>.jsonl   per-rank step records (workers, append-only)
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from .control import ProtocolError, write_json_atomic
+from hpcsched.protocol.files import ProtocolError, write_json_atomic
 
 SPEC_SCHEMA = "hpcsched.spec/1"
 ENV_CONTROL_DIR = "HPCSCHED_CONTROL_DIR"

@@ -376,7 +376,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
 def script_location() -> Path:
     """The Alembic migrations: ``<repo>/db`` (source tree) or ``<prefix>/share/hpcsched/db``."""
-    candidates = [Path(__file__).resolve().parent.parent / "db",
+    candidates = [Path(__file__).resolve().parents[2] / "db",
                   Path(sys.prefix) / "share" / "hpcsched" / "db"]
     for c in candidates:
         if (c / "env.py").is_file():
@@ -711,7 +711,7 @@ class Store:
 def _resolve_url(database_url: str | None, config_path: str | None) -> str:
     if database_url:
         return database_url
-    from .config import ConfigError, load
+    from hpcsched.daemon.config import ConfigError, load
 
     try:
         return load(config_path).daemon.database_url

@@ -4,13 +4,13 @@
   whatever the number of jobs). A controller that does not answer ends the round with the
   error recorded and nothing decided: the daemon never acts on stale state.
 * **ingest**: each managed job's new metrics lines into profile samples and per-GPU
-  measurements (:mod:`hpcsched.ingest`).
+  measurements (:mod:`hpcsched.daemon.ingest`).
 * **resume**: actions journaled by an earlier daemon and not finished (``planned`` or
   ``applied``) are driven to the end first, with the actuator's idempotent steps
-  (:class:`hpcsched.resize.Actuator`), so a daemon killed at any point does nothing twice.
+  (:class:`hpcsched.daemon.actuator.Actuator`), so a daemon killed at any point does nothing twice.
 * **decide**: the configured policy, a pure function of an immutable
-  :class:`~hpcsched.snapshot.ClusterSnapshot` (the same code the simulator runs).
-* **reconcile**: :func:`hpcsched.reconcile.reconcile` (gain vs restart cost, placement, order).
+  :class:`~hpcsched.policies.snapshot.ClusterSnapshot` (the same code the simulator runs).
+* **reconcile**: :func:`hpcsched.policies.reconcile.reconcile` (gain vs restart cost, placement, order).
 * **apply**: each change is journaled ``planned`` (committed) before anything is touched, then
   ``applied`` once its request is written, then ``observed`` when the job runs at the new size,
   or ``failed`` with the reason. Resizes go through the very code ``hpcsched resize`` uses.
@@ -35,17 +35,17 @@ from pathlib import Path
 
 import click
 
-from . import control as ctl
-from . import slurm
-from .backend import Backend, Observation, make_backend
-from .config import ConfigError, Settings, load
-from .ingest import ingest_job
-from .jobdir import JobDir, JobSpec
-from .policies import POLICIES, PolicyError, make_policy
-from .reconcile import Change, Costs, reconcile
-from .resize import Action, Actuator, ResizeFailed, ResizeResult, current_from, current_of
-from .snapshot import ClusterSnapshot, GPUView, JobView, ProfilePoint
-from .store import Store
+from hpcsched.protocol import files as ctl
+from hpcsched import slurm
+from hpcsched.slurm.observe import Backend, Observation, make_backend
+from hpcsched.daemon.config import ConfigError, Settings, load
+from hpcsched.daemon.ingest import ingest_job
+from hpcsched.protocol.jobdir import JobDir, JobSpec
+from hpcsched.policies import POLICIES, PolicyError, make_policy
+from hpcsched.policies.reconcile import Change, Costs, reconcile
+from hpcsched.daemon.actuator import Action, Actuator, ResizeFailed, ResizeResult, current_from, current_of
+from hpcsched.policies.snapshot import ClusterSnapshot, GPUView, JobView, ProfilePoint
+from hpcsched.daemon.store import Store
 
 log = logging.getLogger("hpcsched.daemon")
 
@@ -279,7 +279,7 @@ class Daemon:
 def _grad_noise(progress, base_batch_size: int) -> tuple[float, float] | None:
     """``(grad_sqr, grad_var)`` in the units Pollux's efficiency takes.
 
-    The job reports tr(Sigma) per sample (:mod:`hpcsched.elastic`); AdaptDL's efficiency takes
+    The job reports tr(Sigma) per sample (:mod:`hpcsched.job.elastic`); AdaptDL's efficiency takes
     the variance at the base batch size, tr(Sigma) / M0 (M0 = the submitted global batch size).
     """
     if progress is None or progress.grad_sqr is None or progress.grad_var is None:

@@ -1,7 +1,7 @@
 """``hpcsched status``: the hpcsched jobs, as Slurm and their own files describe them.
 
 One ``squeue --json`` call whatever the number of jobs; everything else comes from the job
-directories (:mod:`hpcsched.jobdir`). A job whose files are damaged is still listed, with the
+directories (:mod:`hpcsched.protocol.jobdir`). A job whose files are damaged is still listed, with the
 problem in its ``problems`` field, never a traceback.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import click
 
-from . import control as ctl
-from . import slurm
-from .jobdir import JobDir, control_dir
+from hpcsched.protocol import files as ctl
+from hpcsched import slurm
+from hpcsched.protocol.jobdir import JobDir, control_dir
 
 
 @dataclass
@@ -53,8 +53,8 @@ class JobStatus:
 
 def open_store():
     """The daemon's store if one is configured and exists, else None (status works without)."""
-    from .config import ConfigError, load
-    from .store import Store
+    from hpcsched.daemon.config import ConfigError, load
+    from hpcsched.daemon.store import Store
 
     try:
         url = load().daemon.database_url

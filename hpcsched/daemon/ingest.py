@@ -1,5 +1,5 @@
 """Ingest the jobs' metrics files (``metrics/launch-<L>-rank-<R>.jsonl``, written by
-:mod:`hpcsched.elastic`) into profile samples and per-GPU measurements.
+:mod:`hpcsched.job.elastic`) into profile samples and per-GPU measurements.
 
 Pure aggregation (:func:`aggregate`) is separate from the file reading (:func:`ingest_job`),
 which reads each file from where the last pass stopped (byte offsets kept in the store) up to
@@ -26,7 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
 
-log = logging.getLogger("hpcsched.ingest")
+log = logging.getLogger("hpcsched.daemon.ingest")
 
 WARMUP_STEPS = 2
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
-from hpcsched.slurm import (
+from hpcsched.slurm.commands import (
     DEFAULT_TIMEOUT,
     JobInfo,
     SlurmError,
@@ -58,7 +58,7 @@ from hpcsched.slurm import (
     parse_squeue_json,
     run,
 )
-from hpcsched.snapshot import NodeView
+from hpcsched.policies.snapshot import NodeView
 
 __all__ = [
     "Backend", "BackendUnusable", "Observation", "PyslurmBackend", "SlurmCLIBackend",

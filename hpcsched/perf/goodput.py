@@ -25,7 +25,7 @@ nodes with ``K`` replicas (GPUs), local batch ``m`` and ``s >= 1`` micro-batches
 
 ``gamma`` in [1, 10] is the overlap of compute and communication (1: none, 10 ~ max()). Note on
 counting: here ``s`` (``accum``) is the number of micro-batches per optimizer step, as in
-:class:`hpcsched.batching.BatchConfig`; AdaptDL's ``accum_steps`` counts the *extra* ones
+:class:`hpcsched.protocol.batching.BatchConfig`; AdaptDL's ``accum_steps`` counts the *extra* ones
 (``s - 1``).
 
 Fit (AdaptDL ``fit_perf_params``/``_obj_fn``): minimise over the seven parameters, with L-BFGS-B
@@ -55,7 +55,7 @@ scaled to the data, keeping the better; each RMSE has ``SMOOTH`` = 1e-8 under it
 minimiser does not stall on the kink of an exact fit.
 
 Compute time of a point: the traces give it (``step_time - sync_time``); a job's own
-:class:`~hpcsched.snapshot.ProfilePoint` gives it exactly when it ran on one GPU
+:class:`~hpcsched.policies.snapshot.ProfilePoint` gives it exactly when it ran on one GPU
 (``step_time / accum``, no synchronisation); otherwise only the step time is fitted.
 
 Priors (hpcsched): per application of the Pollux traces (cifar10, imagenet, bert, ncf,
@@ -101,8 +101,8 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import minimize
 
-from ..batching import BatchConfig, BatchSizeError, fit_batch
-from ..snapshot import JobView, ProfilePoint
+from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch
+from hpcsched.policies.snapshot import JobView, ProfilePoint
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "pollux"
 PRIORS_FILE = DATA_DIR / "priors.json"
@@ -664,6 +664,6 @@ if __name__ == "__main__":  # pragma: no cover - tooling
     import sys
 
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m hpcsched.policies.goodput TRACE_ROOT   "
+        sys.exit("usage: python -m hpcsched.perf.goodput TRACE_ROOT   "
                  "(e.g. ../shared/data/pollux/traces)")
     print(json.dumps(build_priors(sys.argv[1])["applications"], indent=1))

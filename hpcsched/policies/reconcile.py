@@ -14,7 +14,7 @@ Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``.
   predicted remaining time, ``remaining_samples`` / its throughput, when that is shorter: a
   job about to end gains nothing from a restart) beats the samples lost to their restarts, and the gain is at least ``min_gain`` of the current throughput. Otherwise
   only the batch-only changes that gain ``min_gain`` on their own are made. Predictions use the
-  same model the policies use (:mod:`hpcsched.policies.throughput`).
+  same model the policies use (:mod:`hpcsched.perf.throughput`).
 * A grow is made only if Slurm can place it now: enough usable nodes with the job's GPUs per
   node free, counting the job's own nodes, which the requeue frees. Otherwise it waits for a
   later round (shrinks made this round free their nodes by then).
@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .batching import BatchSizeError, fit_batch
-from .policies.throughput import model_for
-from .snapshot import ClusterSnapshot, JobView, Plan
+from hpcsched.protocol.batching import BatchSizeError, fit_batch
+from hpcsched.perf.throughput import model_for
+from hpcsched.policies.snapshot import ClusterSnapshot, JobView, Plan
 
 ORDER = {"preempt": 0, "shrink": 1, "batch": 2, "pending": 3, "grow": 4}
 

@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 
 import click
 
-from . import control as ctl
-from . import slurm
-from .batching import BatchConfig, BatchSizeError, fit_batch, lr_scale
-from .jobdir import JobDir, JobNotFound, JobSpec
+from hpcsched.protocol import files as ctl
+from hpcsched import slurm
+from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch, lr_scale
+from hpcsched.protocol.jobdir import JobDir, JobNotFound, JobSpec
 
-log = logging.getLogger("hpcsched.resize")
+log = logging.getLogger("hpcsched.daemon.actuator")
 
 
 # Seconds between a requeue and the job's next start. Slurm holds a requeued job for 121 s

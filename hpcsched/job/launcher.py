@@ -1,0 +1,275 @@
+"""The launcher: the batch step of every hpcsched job.
+
+It starts one worker per GPU slot with ``srun`` across the allocation, and after the workers
+stop it looks at the acknowledgement they left (see :mod:`hpcsched.protocol.files`):
+
+* training ended (no pending resize) -> exit with srun's status;
+* ``checkpointed`` for a ``checkpoint-and-shrink`` -> ``scontrol update
+  JobId=$SLURM_JOB_ID NumNodes=<n>`` **from inside the job** (only then does Slurm write
+  ``slurm_job_<id>_resize.sh`` with the new environment), apply that environment, relaunch the
+  workers on the remaining nodes with explicit ``-N``/``-n``;
+* ``checkpointed`` for a ``checkpoint-and-requeue`` -> wait for hpcsched to requeue the job
+  (Slurm then kills this step and reruns the batch script at the new size); if no requeue comes
+  within ``--requeue-timeout`` seconds, resume at the current size so the job never idles.
+
+Slurm behaviour relied on (measured on 22.05, ``shared/slurm-22.05-notes.md`` §3): a shrink
+SIGKILLs tasks on released nodes (hence checkpoint first); the batch environment is stale after
+a resize unless the resize script is sourced; a plain ``srun`` afterwards fails, so ``-N``/``-n``
+are always explicit.
+
+Usage (from the batch script hpcsub renders): ``python -m hpcsched.launcher --job-dir DIR``
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcsched.protocol import files as ctl
+from hpcsched import slurm
+from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch, lr_scale
+from hpcsched.protocol.jobdir import JobDir, JobSpec
+
+log = logging.getLogger("hpcsched.job.launcher")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """What one launch of the workers runs with."""
+
+    generation: int
+    nodes: int
+    workers_per_node: int
+    batch: BatchConfig
+    lr_scale: float
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.workers_per_node
+
+
+def effective_config(spec: JobSpec, control: ctl.Control | None, nodes: int) -> LaunchConfig:
+    """The configuration to launch with on ``nodes`` nodes (pure).
+
+    The newest control generation wins; when its world size matches the allocation its batch
+    configuration is used as is, otherwise (Slurm gave a different number of nodes, or the job
+    starts for the first time) its global batch size is refitted to the real world size within
+    the job's limits (:func:`hpcsched.protocol.batching.fit_batch`).
+
+    Raises:
+        BatchSizeError: no batch configuration fits the limits at this world size.
+    """
+    wpn = spec.workers_per_node
+    world = nodes * wpn
+    generation = control.generation if control is not None else 0
+    if control is not None and control.world_size == world:
+        batch = BatchConfig(world, control.local_batch_size, control.accumulation_steps)
+    else:
+        target = control.global_batch_size if control is not None else spec.batch_size
+        batch = fit_batch(target, world, min_global=spec.min_batch_size,
+                          max_global=spec.max_batch_size,
+                          max_local_batch_size=spec.max_local_batch_size)
+    scale = lr_scale(spec.lr_scaling, batch.global_batch_size, spec.batch_size)
+    return LaunchConfig(generation, nodes, wpn, batch, scale)
+
+
+def master_port(job_id: str, launch: int) -> int:
+    """A TCP port for rank 0's store, different for every launch of a job (range 20000-49999)."""
+    return 20000 + (int(job_id) * 7919 + launch * 104729) % 30000
+
+
+class Launcher:
+    def __init__(self, job_dir: Path, requeue_timeout: float = 300.0):
+        self.jd = JobDir(job_dir)
+        self.spec = self.jd.read_spec()
+        self.job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID") or "0"
+        self.env = dict(os.environ)
+        self.requeue_timeout = requeue_timeout
+        state = self.jd.read_launcher_state()
+        self.launches = int(state.get("launches", 0))
+        self.resizes = int(state.get("resizes", 0))
+
+    # -------------------------------------------------------------- helpers
+    def _save_state(self, phase: str, cfg: LaunchConfig | None = None, **extra) -> None:
+        st = {
+            "job_id": self.job_id, "launches": self.launches, "resizes": self.resizes,
+            "restarts": int(self.env.get("SLURM_RESTART_COUNT", "0") or 0),
+            "phase": phase, "time": time.time(),
+            "nodelist": self.env.get("SLURM_JOB_NODELIST", ""), **extra,
+        }
+        if cfg is not None:
+            st.update(generation=cfg.generation, nodes=cfg.nodes, world_size=cfg.world_size,
+                      global_batch_size=cfg.batch.global_batch_size)
+        ctl.write_json_atomic(self.jd.launcher_path, st)
+
+    def _read_control(self) -> ctl.Control | None:
+        try:
+            return ctl.read_control(self.jd.control_path, self.jd.uid)
+        except ctl.ProtocolError as exc:
+            log.error("ignoring control file: %s", exc)
+            return None
+
+    def _read_ack(self) -> ctl.Ack | None:
+        try:
+            return ctl.read_ack(self.jd.ack_path, self.jd.uid)
+        except ctl.ProtocolError as exc:
+            log.error("unreadable acknowledgement: %s", exc)
+            return None
+
+    def _nodes(self) -> list[str]:
+        return slurm.hostnames(self.env.get("SLURM_JOB_NODELIST", ""))
+
+    # ------------------------------------------------------------------ run
+    def _forget_resize_scripts(self) -> None:
+        for suffix in ("sh", "csh"):
+            (self.jd.path / f"slurm_job_{self.job_id}_resize.{suffix}").unlink(missing_ok=True)
+
+    def run(self) -> int:
+        self.jd.link_job_id(self.job_id)
+        self._forget_resize_scripts()  # left by an earlier run of this job: stale after a requeue
+        restarts = self.env.get("SLURM_RESTART_COUNT", "0")
+        log.info("job %s (%s) starting: restart %s, nodes %s", self.job_id, self.jd.uid,
+                 restarts, self.env.get("SLURM_JOB_NODELIST"))
+        while True:
+            self._adopt_resize_script()
+            nodes = self._nodes()
+            control = self._read_control()
+            try:
+                cfg = effective_config(self.spec, control, len(nodes))
+            except BatchSizeError as exc:
+                log.error("cannot run on %d node(s): %s", len(nodes), exc)
+                self._save_state("failed", error=str(exc))
+                return 1
+            rc = self._launch(cfg, nodes)
+            ack = self._read_ack()
+            if ack is not None and ack.state == "checkpointed":
+                log.info("workers exited %.2f s after the checkpoint for generation %d",
+                         time.time() - ack.time, ack.generation)
+            pending = self._read_control()
+            if not (ack and ack.state == "checkpointed" and ack.generation > cfg.generation
+                    and pending is not None and pending.generation == ack.generation):
+                self._save_state("finished" if rc == 0 else "failed", cfg, exit_code=rc)
+                log.info("workers exited with status %d; job done", rc)
+                return rc
+            if pending.action == "checkpoint-and-shrink" and pending.nodes < len(nodes):
+                self._shrink(pending.nodes)
+            elif pending.action == "checkpoint-and-requeue":
+                self._wait_for_requeue(pending, cfg)
+            else:
+                log.info("generation %d: relaunching on the same %d node(s)", pending.generation,
+                         len(nodes))
+
+    def _launch(self, cfg: LaunchConfig, nodes: list[str]) -> int:
+        self.launches += 1
+        master = slurm.node_addr(nodes[0]) if nodes else "127.0.0.1"
+        env = dict(self.env)
+        env.update({
+            "MASTER_ADDR": master,
+            "MASTER_PORT": str(master_port(self.job_id, self.launches)),
+            "HPCSCHED_JOB_DIR": str(self.jd.path),
+            "HPCSCHED_LAUNCH": str(self.launches),
+            "HPCSCHED_GENERATION": str(cfg.generation),
+            "HPCSCHED_NODES": str(cfg.nodes),
+            "HPCSCHED_WORKERS_PER_NODE": str(cfg.workers_per_node),
+            "HPCSCHED_WORLD_SIZE": str(cfg.world_size),
+            "HPCSCHED_LOCAL_BATCH_SIZE": str(cfg.batch.local_batch_size),
+            "HPCSCHED_ACCUMULATION_STEPS": str(cfg.batch.accumulation_steps),
+            "HPCSCHED_GLOBAL_BATCH_SIZE": str(cfg.batch.global_batch_size),
+            "HPCSCHED_LR_SCALE": repr(cfg.lr_scale),
+            "HPCSCHED_CHECKPOINT_DIR": self.spec.checkpoint_dir,
+            "HPCSCHED_CHECKPOINT_INTERVAL": str(self.spec.checkpoint_interval),
+            "HPCSCHED_RECORD_SAMPLES": "1" if self.spec.record_samples else "0",
+            "HPCSCHED_PYTHON": self.spec.python,
+            "HPCSCHED_INPLACE_SHRINK": "1",
+        })
+        env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: one worker per GPU, not per core
+        if master.startswith("127."):
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback-only dev cluster
+        cmd = [
+            "srun", f"--nodes={cfg.nodes}", f"--ntasks={cfg.world_size}",
+            f"--ntasks-per-node={cfg.workers_per_node}", "--kill-on-bad-exit=1",
+            f"--job-name={self.env.get('SLURM_JOB_NAME', 'hpcsched')}",
+            self.spec.python, "-m", "hpcsched.worker", self.spec.script, *self.spec.script_args,
+        ]
+        self._save_state("running", cfg)
+        log.info("launch %d: generation %d, %d node(s) x %d worker(s), global batch %d "
+                 "(local %d x %d accumulation), lr scale %.4g", self.launches, cfg.generation,
+                 cfg.nodes, cfg.workers_per_node, cfg.batch.global_batch_size,
+                 cfg.batch.local_batch_size, cfg.batch.accumulation_steps, cfg.lr_scale)
+        proc = subprocess.Popen(cmd, env=env, cwd=self.spec.submit_dir or None)
+        return proc.wait()
+
+    @property
+    def _resize_script(self) -> Path:
+        return self.jd.path / f"slurm_job_{self.job_id}_resize.sh"
+
+    def _adopt_resize_script(self) -> None:
+        """Apply the environment of a resize made since the last look (by us, or in place by
+        the workers' rank 0), so the next srun sees the allocation the job really has."""
+        try:
+            st = self._resize_script.stat()
+        except FileNotFoundError:
+            return
+        if st.st_mtime_ns == getattr(self, "_resize_seen", None):
+            return
+        self._resize_seen = st.st_mtime_ns
+        setv, unset = slurm.parse_resize_script(self._resize_script.read_text())
+        for k in unset:
+            self.env.pop(k, None)
+        self.env.update(setv)
+        self.resizes += 1
+        log.info("allocation is now %s", self.env.get("SLURM_JOB_NODELIST"))
+
+    def _shrink(self, nodes: int) -> None:
+        """Release nodes from inside the job; the next launch adopts Slurm's resize script."""
+        log.info("shrinking job %s to %d node(s)", self.job_id, nodes)
+        self._save_state("resizing", target_nodes=nodes)
+        self._forget_resize_scripts()
+        subprocess.run(["scontrol", "update", f"JobId={self.job_id}", f"NumNodes={nodes}"],
+                       cwd=self.jd.path, env=self.env, check=True, timeout=60)
+        if not self._resize_script.exists():
+            log.warning("Slurm wrote no resize script; reading the allocation from squeue")
+            info = slurm.job_info(self.job_id)
+            for k in ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_TASKS_PER_NODE"):
+                self.env.pop(k, None)
+            self.env.update({"SLURM_JOB_NODELIST": info.nodes, "SLURM_NODELIST": info.nodes,
+                             "SLURM_JOB_NUM_NODES": str(info.node_count),
+                             "SLURM_NNODES": str(info.node_count)})
+
+    def _wait_for_requeue(self, pending: ctl.Control, cfg: LaunchConfig) -> None:
+        log.info("checkpointed for generation %d; waiting up to %.0f s to be requeued at %d "
+                 "node(s)", pending.generation, self.requeue_timeout, pending.nodes)
+        self._save_state("awaiting-requeue", cfg, target_nodes=pending.nodes)
+        deadline = time.monotonic() + self.requeue_timeout
+        while time.monotonic() < deadline:
+            time.sleep(0.5)  # Slurm ends this step when the requeue comes
+        log.warning("no requeue within %.0f s; resuming on the current allocation",
+                    self.requeue_timeout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hpcsched.launcher", description=__doc__.split("\n")[0])
+    parser.add_argument("--job-dir", required=True, type=Path)
+    parser.add_argument("--requeue-timeout", type=float,
+                        default=float(os.environ.get("HPCSCHED_REQUEUE_TIMEOUT", "300")),
+                        help="seconds to wait for a requested requeue before resuming (default 300)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("HPCSCHED_LOG_LEVEL", "INFO").upper(),
+                        format="%(asctime)s hpcsched-launcher %(levelname)s: %(message)s")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return Launcher(args.job_dir, args.requeue_timeout).run()
+    except (ctl.ProtocolError, slurm.SlurmError, subprocess.CalledProcessError) as exc:
+        log.error("launcher failed: %s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

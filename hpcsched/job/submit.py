@@ -1,0 +1,326 @@
+"""``hpcsub``: submit an elastic training job -- sbatch's command line, plus hpcsched options.
+
+    hpcsub [sbatch options] [hpcsched options] train.py [script args]
+
+Every sbatch option, and every ``#SBATCH`` line of ``train.py``, passes through unchanged.
+hpcsched's own options all start with ``--hpcsched-`` (see ``hpcsub --help``). hpcsub renders a
+batch script from ``jobscripts/hpcsched-job.sbatch`` that runs ``train.py`` under the hpcsched
+launcher, submits it with sbatch, prints what sbatch prints (``Submitted batch job N``, or
+``N`` with ``--parsable``) and exits with sbatch's exit status. Bad input: a one-line error,
+exit status 2, nothing submitted.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+from typing import Callable, Sequence
+
+from hpcsched import __version__
+from hpcsched.protocol.batching import LR_RULES
+from hpcsched.protocol.jobdir import JobDir, JobSpec, control_dir
+from hpcsched.job.sbatch_args import UsageError, geometry, quote_directive_word, read_directives, split_argv
+
+TEMPLATE_NAME = "hpcsched-job.sbatch"
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    parse: Callable[[str], object] | None  # None: a flag without value
+    help: str
+    metavar: str = ""
+
+
+def _positive_int(v: str) -> int:
+    n = int(v)
+    if n < 1:
+        raise ValueError("must be >= 1")
+    return n
+
+
+def _nonneg_float(v: str) -> float:
+    x = float(v)
+    if not x >= 0:
+        raise ValueError("must be >= 0")
+    return x
+
+
+def _lr_rule(v: str) -> str:
+    if v not in LR_RULES:
+        raise ValueError(f"must be one of {', '.join(LR_RULES)}")
+    return v
+
+
+OPTIONS = {o.name: o for o in [
+    Option("min-nodes", _positive_int, "fewest nodes hpcsched may shrink the job to (default 1)", "N"),
+    Option("max-nodes", _positive_int, "most nodes hpcsched may grow the job to (default: the submitted node count)", "N"),
+    Option("min-gpus", _positive_int, "like --hpcsched-min-nodes, in GPUs (a multiple of the GPUs per node)", "N"),
+    Option("max-gpus", _positive_int, "like --hpcsched-max-nodes, in GPUs (a multiple of the GPUs per node)", "N"),
+    Option("batch-size", _positive_int, "global batch size to start with, samples (default 32 per GPU)", "B"),
+    Option("min-batch-size", _positive_int, "smallest global batch size hpcsched may choose (default: the starting one)", "B"),
+    Option("max-batch-size", _positive_int, "largest global batch size hpcsched may choose (default: the starting one)", "B"),
+    Option("max-local-batch-size", _positive_int, "per-GPU batch-size limit; above it hpcsched uses gradient accumulation (default: none)", "B"),
+    Option("lr-scaling", _lr_rule, "learning-rate scaling rule when the global batch changes: linear (Goyal et al. 2017), sqrt (Krizhevsky 2014) or none (default linear)", "RULE"),
+    Option("checkpoint-dir", str, "where the job writes checkpoints (default: <job dir>/checkpoints; must be shared by all nodes)", "DIR"),
+    Option("checkpoint-interval", _nonneg_float, "also checkpoint every this many seconds (default 0: only when hpcsched asks)", "SECONDS"),
+    Option("python", str, "Python interpreter for the launcher and workers (default: the one running hpcsub)", "PATH"),
+    Option("record-samples", None, "record each step's sample indices in the metrics (for verification; costs disk)"),
+    Option("print-script", None, "print the batch script that would be submitted and exit"),
+]}
+
+USAGE = "usage: hpcsub [sbatch options] [hpcsched options] train.py [script args]"
+
+
+def help_text() -> str:
+    lines = [USAGE, "", __doc__.split("\n\n", 2)[2].strip(), "", "hpcsched options:"]
+    for o in OPTIONS.values():
+        flag = f"--hpcsched-{o.name}" + (f" {o.metavar}" if o.metavar else "")
+        lines.append(f"  {flag:<38} {o.help}")
+    lines += ["", "Environment: HPCSCHED_CONTROL_DIR (job directories, default ~/.hpcsched/jobs; "
+              "must be on a file system all nodes share)."]
+    return "\n".join(lines)
+
+
+def template_path() -> Path:
+    """Where the batch-script template is: $HPCSCHED_JOBSCRIPTS, the source tree, or the install."""
+    candidates = []
+    if os.environ.get("HPCSCHED_JOBSCRIPTS"):
+        candidates.append(Path(os.environ["HPCSCHED_JOBSCRIPTS"]))
+    candidates.append(Path(__file__).resolve().parents[2] / "jobscripts")
+    candidates.append(Path(sys.prefix) / "share" / "hpcsched" / "jobscripts")
+    for c in candidates:
+        if (c / TEMPLATE_NAME).is_file():
+            return c / TEMPLATE_NAME
+    raise UsageError(f"batch-script template {TEMPLATE_NAME} not found (looked in "
+                     f"{', '.join(map(str, candidates))}); set HPCSCHED_JOBSCRIPTS")
+
+
+def _parse_options(pairs: Sequence[tuple[str, str | None]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for name, value in pairs:
+        opt = OPTIONS.get(name)
+        if opt is None:
+            valid = ", ".join(f"--hpcsched-{n}" for n in OPTIONS)
+            raise UsageError(f"unknown option --hpcsched-{name} (valid: {valid})")
+        if opt.parse is None:
+            out[name] = True
+            continue
+        try:
+            out[name] = opt.parse(value)
+        except ValueError as exc:
+            raise UsageError(f"--hpcsched-{name}={value}: {exc}") from None
+    return out
+
+
+def _check_script(script: str | None, python_override: bool) -> Path:
+    if not script:
+        raise UsageError("no training script given")
+    path = Path(script)
+    if not path.is_file():
+        raise UsageError(f"training script {script} does not exist")
+    if path.suffix != ".py" and not python_override:
+        try:
+            first = path.open("rb").readline(200)
+        except OSError as exc:
+            raise UsageError(f"cannot read {script}: {exc.strerror}") from None
+        if not (first.startswith(b"#!") and b"python" in first):
+            raise UsageError(f"{script} is not a Python script (hpcsched runs Python training "
+                             "scripts; use sbatch for others)")
+    return path.resolve()
+
+
+def build_spec(argv: Sequence[str], job_uid: str, job_dir: Path) -> tuple[JobSpec, list[str], dict]:
+    """Parse and validate the hpcsub command line (pure apart from reading the script).
+
+    Returns ``(spec, sbatch_args, options)``.
+
+    Raises:
+        UsageError: anything wrong with the command line or the script (one line).
+    """
+    args = split_argv(argv, hpcsched_flags=frozenset(n for n, o in OPTIONS.items() if o.parse is None))
+    opts = _parse_options(args.hpcsched_opts)
+    script = _check_script(args.script, "python" in opts)
+    try:
+        directives = read_directives(script.read_text(errors="replace"))
+    except OSError as exc:
+        raise UsageError(f"cannot read {args.script}: {exc.strerror}") from None
+    geo = geometry(directives, args.sbatch_args)
+    if geo.array is not None:
+        raise UsageError("job arrays (--array) are not supported by hpcsub; submit one job per element")
+    if geo.gpus_total is not None and geo.gpus_per_node is None:
+        raise UsageError("give GPUs per node (--gres=gpu:K or --gpus-per-node=K), not --gpus: "
+                         "hpcsched resizes jobs by whole nodes")
+    if geo.nodes_min is not None and geo.nodes_max is not None and geo.nodes_min != geo.nodes_max:
+        raise UsageError(f"-N {geo.nodes_min}-{geo.nodes_max}: give one node count and let "
+                         "--hpcsched-min-nodes/--hpcsched-max-nodes bound the resizes")
+    nodes = geo.nodes_min or 1
+    wpn = geo.gpus_per_node or geo.ntasks_per_node or 1
+    if geo.gpus_per_node and geo.ntasks_per_node and geo.ntasks_per_node != geo.gpus_per_node:
+        raise UsageError(f"--ntasks-per-node={geo.ntasks_per_node} differs from the "
+                         f"{geo.gpus_per_node} GPUs per node: hpcsched runs one worker per GPU")
+
+    def node_limit(kind: str, default: int) -> int:
+        n, g = opts.get(f"{kind}-nodes"), opts.get(f"{kind}-gpus")
+        if n is not None and g is not None:
+            raise UsageError(f"give --hpcsched-{kind}-nodes or --hpcsched-{kind}-gpus, not both")
+        if g is not None:
+            if g % wpn:
+                raise UsageError(f"--hpcsched-{kind}-gpus={g} is not a multiple of the {wpn} "
+                                 "GPUs per node")
+            return g // wpn
+        return n if n is not None else default
+
+    min_nodes, max_nodes = node_limit("min", 1), node_limit("max", nodes)
+    if min_nodes > max_nodes:
+        hint = "" if "max-nodes" in opts or "max-gpus" in opts else (
+            " (the maximum defaults to the submitted node count; raise it with --hpcsched-max-nodes)")
+        raise UsageError(f"minimum size {min_nodes} node(s) exceeds maximum {max_nodes}{hint}")
+    if not min_nodes <= nodes <= max_nodes:
+        raise UsageError(f"the job asks for {nodes} node(s), outside hpcsched's limits "
+                         f"[{min_nodes}, {max_nodes}]")
+    batch = opts.get("batch-size") or 32 * nodes * wpn
+    bmin = opts.get("min-batch-size") or min(batch, opts.get("max-batch-size") or batch)
+    bmax = opts.get("max-batch-size") or max(batch, bmin)
+    if bmin > bmax:
+        raise UsageError(f"--hpcsched-min-batch-size={bmin} exceeds --hpcsched-max-batch-size={bmax}")
+    if not bmin <= batch <= bmax:
+        raise UsageError(f"batch size {batch} is outside [{bmin}, {bmax}]")
+    if bmax < min_nodes * wpn:
+        raise UsageError(f"--hpcsched-max-batch-size={bmax} is smaller than the {min_nodes * wpn} "
+                         "GPUs of the smallest allowed size: every GPU needs at least one sample")
+    spec = JobSpec(
+        job_uid=job_uid,
+        script=str(script),
+        script_args=tuple(args.script_args),
+        python=str(opts.get("python") or sys.executable),
+        submit_dir=os.getcwd(),
+        sbatch_args=tuple(args.sbatch_args),
+        nodes=nodes,
+        workers_per_node=wpn,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        batch_size=batch,
+        min_batch_size=bmin,
+        max_batch_size=bmax,
+        max_local_batch_size=opts.get("max-local-batch-size"),
+        lr_scaling=str(opts.get("lr-scaling") or "linear"),
+        checkpoint_dir=str(opts.get("checkpoint-dir") or job_dir / "checkpoints"),
+        checkpoint_interval=float(opts.get("checkpoint-interval") or 0.0),
+        record_samples=bool(opts.get("record-samples")),
+        user=getpass.getuser(),
+        created_at=time.time(),
+    )
+    defaults = []
+    if geo.ntasks_per_node is None and geo.ntasks is None:
+        defaults.append(f"--ntasks-per-node={wpn}")
+    has_name = any(a in ("-J",) or a.startswith(("--job-name", "-J")) for a in
+                   (*directives, *args.sbatch_args))
+    if not has_name:
+        defaults.append(f"--job-name={script.name}")
+    return spec, list(args.sbatch_args), {"opts": opts, "directives": directives,
+                                           "defaults": defaults, "geometry": geo}
+
+
+def render(spec: JobSpec, job_dir: Path, directives: Sequence[str], defaults: Sequence[str],
+           argv: Sequence[str]) -> str:
+    """The batch script for ``spec`` from the template."""
+    def lines(opts):
+        return "\n".join(f"#SBATCH {quote_directive_word(o)}" for o in opts) or "#   (none)"
+    return Template(template_path().read_text()).substitute(
+        version=__version__,
+        date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        command=shlex.join(["hpcsub", *argv]).replace("\n", " "),
+        default_directives=lines(defaults),
+        script_name=Path(spec.script).name,
+        user_directives=lines(directives),
+        job_uid=spec.job_uid,
+        job_dir=str(job_dir),
+        job_dir_q=shlex.quote(str(job_dir)),
+        python_q=shlex.quote(spec.python),
+    )
+
+
+def submit(argv: Sequence[str]) -> int:
+    """Everything ``hpcsub`` does; returns the exit status."""
+    if any(a in ("-h", "--help") for a in argv[: _script_index(argv)]):
+        print(help_text())
+        return 0
+    if "--version" in argv[: _script_index(argv)]:
+        print(f"hpcsub (hpcsched) {__version__}")
+        return 0
+    root = control_dir()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        jd = JobDir.create(root)
+    except OSError as exc:
+        print(f"hpcsub: error: cannot create a job directory under {root}: {exc.strerror}",
+              file=sys.stderr)
+        return 1
+    try:
+        spec, sbatch_args, extra = build_spec(argv, jd.uid, jd.path)
+        script = render(spec, jd.path, extra["directives"], extra["defaults"], argv)
+    except UsageError as exc:
+        shutil.rmtree(jd.path, ignore_errors=True)
+        print(f"hpcsub: error: {exc}", file=sys.stderr)
+        return 2
+    if extra["opts"].get("print-script"):
+        shutil.rmtree(jd.path, ignore_errors=True)
+        sys.stdout.write(script)
+        return 0
+    jd.write_spec(spec)
+    jd.script_path.write_text(script)
+    return _run_sbatch(jd, sbatch_args, extra["geometry"].parsable)
+
+
+def _run_sbatch(jd: JobDir, sbatch_args: list[str], parsable: bool) -> int:
+    cmd = ["sbatch", "--parsable", *sbatch_args, str(jd.script_path)]
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    except FileNotFoundError:
+        shutil.rmtree(jd.path, ignore_errors=True)
+        print("hpcsub: error: sbatch not found; is Slurm installed and on PATH?", file=sys.stderr)
+        return 1
+    first = proc.stdout.readline()  # sbatch --wait prints the id first, then waits
+    job_id = first.strip().split(";")[0]
+    if job_id.isdigit():
+        jd.link_job_id(job_id)
+        print(first.strip() if parsable else f"Submitted batch job {job_id}", flush=True)
+    elif first:
+        sys.stdout.write(first)
+    sys.stdout.write(proc.stdout.read())
+    rc = proc.wait()
+    if not job_id.isdigit():
+        shutil.rmtree(jd.path, ignore_errors=True)  # nothing was submitted
+    return rc
+
+
+def _script_index(argv: Sequence[str]) -> int:
+    """Index of the script in argv (len(argv) if none), tolerant of bad input."""
+    try:
+        args = split_argv(argv, hpcsched_flags=frozenset(n for n, o in OPTIONS.items() if o.parse is None))
+    except UsageError:
+        return len(argv)
+    if args.script is None:
+        return len(argv)
+    return len(argv) - len(args.script_args) - 1
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        print(USAGE, file=sys.stderr)
+        raise SystemExit(2)
+    raise SystemExit(submit(argv))
+
+
+if __name__ == "__main__":
+    main()
