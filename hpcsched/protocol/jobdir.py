@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Iterator
 
 from hpcsched.protocol.files import ProtocolError, write_json_atomic
+from hpcsched.protocol.limits import JobLimits
 
 SPEC_SCHEMA = "hpcsched.spec/1"
 ENV_CONTROL_DIR = "HPCSCHED_CONTROL_DIR"
@@ -46,14 +47,40 @@ def control_dir() -> Path:
     return Path(os.environ.get(ENV_CONTROL_DIR) or Path.home() / ".hpcsched" / "jobs")
 
 
+# spec.json's key for each JobLimits field, in the file's order (the base batch size is the
+# submitted ``batch_size``)
+_LIMIT_KEYS = {
+    "workers_per_node": "workers_per_node",
+    "min_nodes": "min_nodes",
+    "max_nodes": "max_nodes",
+    "batch_size": "base_batch_size",
+    "min_batch_size": "min_batch_size",
+    "max_batch_size": "max_batch_size",
+    "max_local_batch_size": "max_local_batch_size",
+    "lr_scaling": "lr_scaling",
+}
+
+
 @dataclass(frozen=True)
 class JobSpec:
-    """What a job was submitted with and the limits hpcsched must respect.
+    """What a job was submitted with and the limits hpcsched must respect (``spec.json``).
 
-    Sizes: ``workers_per_node`` is the number of workers (GPU slots) on each node; node
-    limits are in nodes; batch sizes in samples (global = across all workers per optimizer
-    step); ``max_local_batch_size`` is the per-GPU limit. ``checkpoint_interval`` in seconds
-    (0 = only when hpcsched asks).
+    Attributes:
+        job_uid: the job directory's name, chosen by hpcsub before submission.
+        script, script_args, python, submit_dir: what the launcher runs, and where.
+        sbatch_args: the sbatch options given on hpcsub's command line.
+        nodes: the submitted node count.
+        limits: the resize limits (:class:`~hpcsched.protocol.limits.JobLimits`: GPUs per node,
+            node range, global batch-size range, per-GPU limit, base batch size, LR rule).
+        checkpoint_dir: where the job writes checkpoints (shared by all nodes).
+        checkpoint_interval: seconds between the job's own checkpoints (0 = only when hpcsched
+            asks).
+        record_samples: whether workers record each step's sample indices.
+        user, created_at: who submitted, and when (Unix seconds).
+
+    ``spec.json`` is flat: the limits' fields are top-level keys, the base batch size under
+    ``batch_size``. The flat names (``spec.workers_per_node``, ``spec.batch_size``, ...) are
+    also read-only properties here, for callers not yet moved to ``spec.limits``.
     """
 
     job_uid: str
@@ -63,14 +90,7 @@ class JobSpec:
     submit_dir: str
     sbatch_args: tuple[str, ...]
     nodes: int
-    workers_per_node: int
-    min_nodes: int
-    max_nodes: int
-    batch_size: int
-    min_batch_size: int
-    max_batch_size: int
-    max_local_batch_size: int | None
-    lr_scaling: str
+    limits: JobLimits
     checkpoint_dir: str
     checkpoint_interval: float = 0.0
     record_samples: bool = False
@@ -79,31 +99,53 @@ class JobSpec:
     schema: str = SPEC_SCHEMA
     extra: dict = field(default_factory=dict)
 
-    @property
-    def min_gpus(self) -> int:
-        return self.min_nodes * self.workers_per_node
-
-    @property
-    def max_gpus(self) -> int:
-        return self.max_nodes * self.workers_per_node
+    # the flat names of spec.json (same values as ``limits``)
+    workers_per_node = property(lambda self: self.limits.workers_per_node)
+    min_nodes = property(lambda self: self.limits.min_nodes)
+    max_nodes = property(lambda self: self.limits.max_nodes)
+    batch_size = property(lambda self: self.limits.base_batch_size)
+    min_batch_size = property(lambda self: self.limits.min_batch_size)
+    max_batch_size = property(lambda self: self.limits.max_batch_size)
+    max_local_batch_size = property(lambda self: self.limits.max_local_batch_size)
+    lr_scaling = property(lambda self: self.limits.lr_scaling)
+    min_gpus = property(lambda self: self.limits.min_gpus)
+    max_gpus = property(lambda self: self.limits.max_gpus)
 
     def to_json(self) -> dict:
+        """``spec.json``'s object: flat, keys in the order hpcsub has always written them."""
         d = asdict(self)
-        d["script_args"] = list(self.script_args)
-        d["sbatch_args"] = list(self.sbatch_args)
-        return d
+        limits = d.pop("limits")
+        out: dict = {}
+        for name in self.__dataclass_fields__:
+            if name == "limits":
+                out.update({key: limits[attr] for key, attr in _LIMIT_KEYS.items()})
+            else:
+                out[name] = d[name]
+        out["script_args"] = list(self.script_args)
+        out["sbatch_args"] = list(self.sbatch_args)
+        return out
 
     @classmethod
     def from_json(cls, obj: dict, path: Path | str = "spec.json") -> "JobSpec":
+        """The spec in ``obj`` (as :meth:`to_json` writes it; unknown keys are ignored).
+
+        Raises:
+            ProtocolError: not a spec of this schema, a key missing, or limits that break
+                :class:`~hpcsched.protocol.limits.JobLimits`' rules.
+        """
         if not isinstance(obj, dict) or obj.get("schema") != SPEC_SCHEMA:
             raise ProtocolError(f"{path}: not an hpcsched job spec (schema {SPEC_SCHEMA})")
-        known = {f for f in cls.__dataclass_fields__}
+        missing = [key for key in _LIMIT_KEYS if key not in obj]
+        if missing:
+            raise ProtocolError(f"{path}: missing {', '.join(missing)}")
+        known = set(cls.__dataclass_fields__) - {"limits"}
         try:
             kwargs = {k: v for k, v in obj.items() if k in known}
             kwargs["script_args"] = tuple(kwargs.get("script_args", ()))
             kwargs["sbatch_args"] = tuple(kwargs.get("sbatch_args", ()))
-            return cls(**kwargs)
-        except TypeError as exc:
+            limits = JobLimits(**{attr: obj[key] for key, attr in _LIMIT_KEYS.items()})
+            return cls(limits=limits, **kwargs)
+        except (TypeError, ValueError) as exc:
             raise ProtocolError(f"{path}: {exc}") from exc
 
 
