@@ -481,34 +481,42 @@ def geometry(*arg_lists: Sequence[str]) -> Geometry:
     for args in arg_lists:
         for option in _iter_options(args):
             name, value = option.name, option.value or ""
-            match name:
-                case "nodes":
-                    low, high = _parse_nodes(value)
-                    geo = replace(geo, nodes_min=low, nodes_max=high)
-                case "gres":
-                    gres_gpus = _parse_gres_gpus(value)
-                case "gpus-per-node":
-                    per_node_gpus = _parse_gpu_counts(name, value)
-                case "gpus":
-                    geo = replace(geo, gpus_total=_parse_gpu_counts(name, value))
-                case "ntasks":
-                    geo = replace(geo, ntasks=_parse_positive(name, value))
-                case "ntasks-per-node" | "tasks-per-node":
-                    geo = replace(geo, ntasks_per_node=_parse_positive(name, value))
-                case "array":
-                    geo = replace(geo, array=value)
-                case "partition":
-                    geo = replace(geo, partition=value)
-                case "parsable":
-                    geo = replace(geo, parsable=True)
-                case "wait":
-                    geo = replace(geo, wait=True)
-                case "test-only":
-                    geo = replace(geo, test_only=True)
+            if name == "gres":
+                gres_gpus = _parse_gres_gpus(value)
+            elif name == "gpus-per-node":
+                per_node_gpus = _parse_gpu_counts(name, value)
+            else:
+                geo = _with_option(geo, name, value)
     if gres_gpus is not None and per_node_gpus is not None and gres_gpus != per_node_gpus:
         raise UsageError(f"--gres asks for {gres_gpus} GPUs per node but --gpus-per-node for "
                          f"{per_node_gpus}; give one of them")
     return replace(geo, gpus_per_node=per_node_gpus if per_node_gpus is not None else gres_gpus)
+
+
+def _with_option(geo: Geometry, name: str, value: str) -> Geometry:
+    """``geo`` with what option ``name`` (long name, ``value`` "" if none) says; other options
+    leave it as it is. GPUs per node (``--gres``, ``--gpus-per-node``) are not handled here."""
+    match name:
+        case "nodes":
+            low, high = _parse_nodes(value)
+            return replace(geo, nodes_min=low, nodes_max=high)
+        case "gpus":
+            return replace(geo, gpus_total=_parse_gpu_counts(name, value))
+        case "ntasks":
+            return replace(geo, ntasks=_parse_positive(name, value))
+        case "ntasks-per-node" | "tasks-per-node":
+            return replace(geo, ntasks_per_node=_parse_positive(name, value))
+        case "array":
+            return replace(geo, array=value)
+        case "partition":
+            return replace(geo, partition=value)
+        case "parsable":
+            return replace(geo, parsable=True)
+        case "wait":
+            return replace(geo, wait=True)
+        case "test-only":
+            return replace(geo, test_only=True)
+    return geo
 
 
 _COUNT = re.compile(r"[0-9]+")

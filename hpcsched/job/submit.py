@@ -25,9 +25,17 @@ from string import Template
 from typing import Callable, Sequence
 
 from hpcsched import __version__
+from hpcsched.job.sbatch_args import (
+    Geometry,
+    UsageError,
+    geometry,
+    quote_directive_word,
+    read_directives,
+    split_argv,
+)
 from hpcsched.protocol.batching import LR_RULES
 from hpcsched.protocol.jobdir import JobDir, JobSpec, control_dir
-from hpcsched.job.sbatch_args import UsageError, geometry, quote_directive_word, read_directives, split_argv
+from hpcsched.protocol.limits import JobLimits
 
 TEMPLATE_NAME = "hpcsched-job.sbatch"
 
@@ -62,20 +70,37 @@ def _lr_rule(v: str) -> str:
 
 OPTIONS = {o.name: o for o in [
     Option("min-nodes", _positive_int, "fewest nodes hpcsched may shrink the job to (default 1)", "N"),
-    Option("max-nodes", _positive_int, "most nodes hpcsched may grow the job to (default: the submitted node count)", "N"),
-    Option("min-gpus", _positive_int, "like --hpcsched-min-nodes, in GPUs (a multiple of the GPUs per node)", "N"),
-    Option("max-gpus", _positive_int, "like --hpcsched-max-nodes, in GPUs (a multiple of the GPUs per node)", "N"),
-    Option("batch-size", _positive_int, "global batch size to start with, samples (default 32 per GPU)", "B"),
-    Option("min-batch-size", _positive_int, "smallest global batch size hpcsched may choose (default: the starting one)", "B"),
-    Option("max-batch-size", _positive_int, "largest global batch size hpcsched may choose (default: the starting one)", "B"),
-    Option("max-local-batch-size", _positive_int, "per-GPU batch-size limit; above it hpcsched uses gradient accumulation (default: none)", "B"),
-    Option("lr-scaling", _lr_rule, "learning-rate scaling rule when the global batch changes: linear (Goyal et al. 2017), sqrt (Krizhevsky 2014) or none (default linear)", "RULE"),
-    Option("checkpoint-dir", str, "where the job writes checkpoints (default: <job dir>/checkpoints; must be shared by all nodes)", "DIR"),
-    Option("checkpoint-interval", _nonneg_float, "also checkpoint every this many seconds (default 0: only when hpcsched asks)", "SECONDS"),
-    Option("python", str, "Python interpreter for the launcher and workers (default: the one running hpcsub)", "PATH"),
-    Option("record-samples", None, "record each step's sample indices in the metrics (for verification; costs disk)"),
+    Option("max-nodes", _positive_int,
+           "most nodes hpcsched may grow the job to (default: the submitted node count)", "N"),
+    Option("min-gpus", _positive_int,
+           "like --hpcsched-min-nodes, in GPUs (a multiple of the GPUs per node)", "N"),
+    Option("max-gpus", _positive_int,
+           "like --hpcsched-max-nodes, in GPUs (a multiple of the GPUs per node)", "N"),
+    Option("batch-size", _positive_int,
+           "global batch size to start with, samples (default 32 per GPU)", "B"),
+    Option("min-batch-size", _positive_int,
+           "smallest global batch size hpcsched may choose (default: the starting one)", "B"),
+    Option("max-batch-size", _positive_int,
+           "largest global batch size hpcsched may choose (default: the starting one)", "B"),
+    Option("max-local-batch-size", _positive_int,
+           "per-GPU batch-size limit; above it hpcsched uses gradient accumulation (default: none)", "B"),
+    Option("lr-scaling", _lr_rule,
+           "learning-rate scaling rule when the global batch changes: linear (Goyal et al. 2017), "
+           "sqrt (Krizhevsky 2014) or none (default linear)", "RULE"),
+    Option("checkpoint-dir", str,
+           "where the job writes checkpoints (default: <job dir>/checkpoints; must be shared by all nodes)",
+           "DIR"),
+    Option("checkpoint-interval", _nonneg_float,
+           "also checkpoint every this many seconds (default 0: only when hpcsched asks)", "SECONDS"),
+    Option("python", str,
+           "Python interpreter for the launcher and workers (default: the one running hpcsub)", "PATH"),
+    Option("record-samples", None,
+           "record each step's sample indices in the metrics (for verification; costs disk)"),
     Option("print-script", None, "print the batch script that would be submitted and exit"),
 ]}
+
+# the hpcsched options that take no value
+_FLAGS = frozenset(n for n, o in OPTIONS.items() if o.parse is None)
 
 USAGE = "usage: hpcsub [sbatch options] [hpcsched options] train.py [script args]"
 
@@ -141,12 +166,14 @@ def _check_script(script: str | None, python_override: bool) -> Path:
 def build_spec(argv: Sequence[str], job_uid: str, job_dir: Path) -> tuple[JobSpec, list[str], dict]:
     """Parse and validate the hpcsub command line (pure apart from reading the script).
 
-    Returns ``(spec, sbatch_args, options)``.
+    Returns ``(spec, sbatch_args, extra)``; ``extra`` holds ``opts`` (the hpcsched options),
+    ``directives`` (the script's ``#SBATCH`` options), ``defaults`` (directives hpcsub adds) and
+    ``geometry`` (:class:`~hpcsched.job.sbatch_args.Geometry`).
 
     Raises:
         UsageError: anything wrong with the command line or the script (one line).
     """
-    args = split_argv(argv, hpcsched_flags=frozenset(n for n, o in OPTIONS.items() if o.parse is None))
+    args = split_argv(argv, hpcsched_flags=_FLAGS)
     opts = _parse_options(args.hpcsched_opts)
     script = _check_script(args.script, "python" in opts)
     try:
@@ -154,49 +181,7 @@ def build_spec(argv: Sequence[str], job_uid: str, job_dir: Path) -> tuple[JobSpe
     except OSError as exc:
         raise UsageError(f"cannot read {args.script}: {exc.strerror}") from None
     geo = geometry(directives, args.sbatch_args)
-    if geo.array is not None:
-        raise UsageError("job arrays (--array) are not supported by hpcsub; submit one job per element")
-    if geo.gpus_total is not None and geo.gpus_per_node is None:
-        raise UsageError("give GPUs per node (--gres=gpu:K or --gpus-per-node=K), not --gpus: "
-                         "hpcsched resizes jobs by whole nodes")
-    if geo.nodes_min is not None and geo.nodes_max is not None and geo.nodes_min != geo.nodes_max:
-        raise UsageError(f"-N {geo.nodes_min}-{geo.nodes_max}: give one node count and let "
-                         "--hpcsched-min-nodes/--hpcsched-max-nodes bound the resizes")
-    nodes = geo.nodes_min or 1
-    wpn = geo.gpus_per_node or geo.ntasks_per_node or 1
-    if geo.gpus_per_node and geo.ntasks_per_node and geo.ntasks_per_node != geo.gpus_per_node:
-        raise UsageError(f"--ntasks-per-node={geo.ntasks_per_node} differs from the "
-                         f"{geo.gpus_per_node} GPUs per node: hpcsched runs one worker per GPU")
-
-    def node_limit(kind: str, default: int) -> int:
-        n, g = opts.get(f"{kind}-nodes"), opts.get(f"{kind}-gpus")
-        if n is not None and g is not None:
-            raise UsageError(f"give --hpcsched-{kind}-nodes or --hpcsched-{kind}-gpus, not both")
-        if g is not None:
-            if g % wpn:
-                raise UsageError(f"--hpcsched-{kind}-gpus={g} is not a multiple of the {wpn} "
-                                 "GPUs per node")
-            return g // wpn
-        return n if n is not None else default
-
-    min_nodes, max_nodes = node_limit("min", 1), node_limit("max", nodes)
-    if min_nodes > max_nodes:
-        hint = "" if "max-nodes" in opts or "max-gpus" in opts else (
-            " (the maximum defaults to the submitted node count; raise it with --hpcsched-max-nodes)")
-        raise UsageError(f"minimum size {min_nodes} node(s) exceeds maximum {max_nodes}{hint}")
-    if not min_nodes <= nodes <= max_nodes:
-        raise UsageError(f"the job asks for {nodes} node(s), outside hpcsched's limits "
-                         f"[{min_nodes}, {max_nodes}]")
-    batch = opts.get("batch-size") or 32 * nodes * wpn
-    bmin = opts.get("min-batch-size") or min(batch, opts.get("max-batch-size") or batch)
-    bmax = opts.get("max-batch-size") or max(batch, bmin)
-    if bmin > bmax:
-        raise UsageError(f"--hpcsched-min-batch-size={bmin} exceeds --hpcsched-max-batch-size={bmax}")
-    if not bmin <= batch <= bmax:
-        raise UsageError(f"batch size {batch} is outside [{bmin}, {bmax}]")
-    if bmax < min_nodes * wpn:
-        raise UsageError(f"--hpcsched-max-batch-size={bmax} is smaller than the {min_nodes * wpn} "
-                         "GPUs of the smallest allowed size: every GPU needs at least one sample")
+    nodes, wpn = validate_geometry(geo)
     spec = JobSpec(
         job_uid=job_uid,
         script=str(script),
@@ -205,29 +190,106 @@ def build_spec(argv: Sequence[str], job_uid: str, job_dir: Path) -> tuple[JobSpe
         submit_dir=os.getcwd(),
         sbatch_args=tuple(args.sbatch_args),
         nodes=nodes,
-        workers_per_node=wpn,
-        min_nodes=min_nodes,
-        max_nodes=max_nodes,
-        batch_size=batch,
-        min_batch_size=bmin,
-        max_batch_size=bmax,
-        max_local_batch_size=opts.get("max-local-batch-size"),
-        lr_scaling=str(opts.get("lr-scaling") or "linear"),
+        limits=job_limits(opts, nodes, wpn),
         checkpoint_dir=str(opts.get("checkpoint-dir") or job_dir / "checkpoints"),
         checkpoint_interval=float(opts.get("checkpoint-interval") or 0.0),
         record_samples=bool(opts.get("record-samples")),
         user=getpass.getuser(),
         created_at=time.time(),
     )
+    defaults = _default_directives(geo, wpn, [*directives, *args.sbatch_args], script.name)
+    return spec, list(args.sbatch_args), {"opts": opts, "directives": directives,
+                                           "defaults": defaults, "geometry": geo}
+
+
+def validate_geometry(geo: Geometry) -> tuple[int, int]:
+    """The submitted ``(nodes, workers per node)`` of a job shape hpcsched can resize.
+
+    Workers per node = GPUs per node (one worker per GPU), else ``--ntasks-per-node``, else 1.
+
+    Raises:
+        UsageError: a job array, GPUs given only in total (``--gpus``), a node range
+            (``-N N-M``), or ``--ntasks-per-node`` different from the GPUs per node.
+    """
+    if geo.array is not None:
+        raise UsageError("job arrays (--array) are not supported by hpcsub; submit one job per element")
+    if geo.gpus_total is not None and geo.gpus_per_node is None:
+        raise UsageError("give GPUs per node (--gres=gpu:K or --gpus-per-node=K), not --gpus: "
+                         "hpcsched resizes jobs by whole nodes")
+    if geo.nodes_min is not None and geo.nodes_max is not None and geo.nodes_min != geo.nodes_max:
+        raise UsageError(f"-N {geo.nodes_min}-{geo.nodes_max}: give one node count and let "
+                         "--hpcsched-min-nodes/--hpcsched-max-nodes bound the resizes")
+    if geo.gpus_per_node and geo.ntasks_per_node and geo.ntasks_per_node != geo.gpus_per_node:
+        raise UsageError(f"--ntasks-per-node={geo.ntasks_per_node} differs from the "
+                         f"{geo.gpus_per_node} GPUs per node: hpcsched runs one worker per GPU")
+    return geo.nodes_min or 1, geo.gpus_per_node or geo.ntasks_per_node or 1
+
+
+def job_limits(opts: dict[str, object], nodes: int, workers_per_node: int) -> JobLimits:
+    """The resize limits from the hpcsched options, for a job submitted on ``nodes`` nodes.
+
+    Defaults: 1 node to the submitted count; a starting global batch of 32 samples per GPU;
+    the batch-size range is the starting size alone; no per-GPU limit; linear LR scaling.
+
+    Raises:
+        UsageError: contradictory limits, or a submitted size or batch size outside them.
+    """
+    min_nodes, max_nodes = _node_limits(opts, nodes, workers_per_node)
+    batch = opts.get("batch-size") or 32 * nodes * workers_per_node
+    bmin = opts.get("min-batch-size") or min(batch, opts.get("max-batch-size") or batch)
+    bmax = opts.get("max-batch-size") or max(batch, bmin)
+    if bmin > bmax:
+        raise UsageError(f"--hpcsched-min-batch-size={bmin} exceeds --hpcsched-max-batch-size={bmax}")
+    if not bmin <= batch <= bmax:
+        raise UsageError(f"batch size {batch} is outside [{bmin}, {bmax}]")
+    if bmax < min_nodes * workers_per_node:
+        raise UsageError(f"--hpcsched-max-batch-size={bmax} is smaller than the "
+                         f"{min_nodes * workers_per_node} GPUs of the smallest allowed size: "
+                         "every GPU needs at least one sample")
+    try:
+        return JobLimits(workers_per_node=workers_per_node, min_nodes=min_nodes,
+                         max_nodes=max_nodes, min_batch_size=bmin, max_batch_size=bmax,
+                         max_local_batch_size=opts.get("max-local-batch-size"),
+                         base_batch_size=batch, lr_scaling=str(opts.get("lr-scaling") or "linear"))
+    except ValueError as exc:  # every rule is checked above with the option's name; a safety net
+        raise UsageError(str(exc)) from None
+
+
+def _node_limits(opts: dict[str, object], nodes: int, wpn: int) -> tuple[int, int]:
+    """``(min_nodes, max_nodes)`` from ``--hpcsched-{min,max}-{nodes,gpus}``; must hold ``nodes``."""
+    min_nodes, max_nodes = _node_limit(opts, "min", 1, wpn), _node_limit(opts, "max", nodes, wpn)
+    if min_nodes > max_nodes:
+        hint = "" if "max-nodes" in opts or "max-gpus" in opts else (
+            " (the maximum defaults to the submitted node count; raise it with --hpcsched-max-nodes)")
+        raise UsageError(f"minimum size {min_nodes} node(s) exceeds maximum {max_nodes}{hint}")
+    if not min_nodes <= nodes <= max_nodes:
+        raise UsageError(f"the job asks for {nodes} node(s), outside hpcsched's limits "
+                         f"[{min_nodes}, {max_nodes}]")
+    return min_nodes, max_nodes
+
+
+def _node_limit(opts: dict[str, object], kind: str, default: int, wpn: int) -> int:
+    """One node limit (``kind`` = ``min`` or ``max``) from its -nodes or -gpus option."""
+    n, g = opts.get(f"{kind}-nodes"), opts.get(f"{kind}-gpus")
+    if n is not None and g is not None:
+        raise UsageError(f"give --hpcsched-{kind}-nodes or --hpcsched-{kind}-gpus, not both")
+    if g is not None:
+        if g % wpn:
+            raise UsageError(f"--hpcsched-{kind}-gpus={g} is not a multiple of the {wpn} "
+                             "GPUs per node")
+        return g // wpn
+    return n if n is not None else default
+
+
+def _default_directives(geo: Geometry, wpn: int, given: Sequence[str], script_name: str) -> list[str]:
+    """Directives hpcsub adds: one task per GPU and the script's name as the job name, unless
+    the ``given`` sbatch options already say."""
     defaults = []
     if geo.ntasks_per_node is None and geo.ntasks is None:
         defaults.append(f"--ntasks-per-node={wpn}")
-    has_name = any(a in ("-J",) or a.startswith(("--job-name", "-J")) for a in
-                   (*directives, *args.sbatch_args))
-    if not has_name:
-        defaults.append(f"--job-name={script.name}")
-    return spec, list(args.sbatch_args), {"opts": opts, "directives": directives,
-                                           "defaults": defaults, "geometry": geo}
+    if not any(a in ("-J",) or a.startswith(("--job-name", "-J")) for a in given):
+        defaults.append(f"--job-name={script_name}")
+    return defaults
 
 
 def render(spec: JobSpec, job_dir: Path, directives: Sequence[str], defaults: Sequence[str],
@@ -306,7 +368,7 @@ def _run_sbatch(jd: JobDir, sbatch_args: list[str], parsable: bool) -> int:
 def _script_index(argv: Sequence[str]) -> int:
     """Index of the script in argv (len(argv) if none), tolerant of bad input."""
     try:
-        args = split_argv(argv, hpcsched_flags=frozenset(n for n, o in OPTIONS.items() if o.parse is None))
+        args = split_argv(argv, hpcsched_flags=_FLAGS)
     except UsageError:
         return len(argv)
     if args.script is None:
