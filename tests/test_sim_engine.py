@@ -62,23 +62,23 @@ class Checked(Simulator):
 
     def check(self):
         self.checks += 1
-        held = np.zeros(self.free.shape, dtype=int)
+        held = np.zeros(self.cluster.free.shape, dtype=int)
         for j in self.jobs:
             if j.held:
                 assert j.state == "PENDING", (j.wj.name, j.state)
             if j.state == "RUNNING":
-                assert len(j.gpus) == j.n_gpus == j.nodes * j.wpn, (j.wj.name, j.gpus)
+                assert len(j.gpus) == j.n_gpus == j.nodes * j.per_node, (j.wj.name, j.gpus)
                 assert len(set(j.gpus)) == len(j.gpus)
                 per_node = {}
                 for n, g in j.gpus:
                     held[n, g] += 1
                     per_node[n] = per_node.get(n, 0) + 1
-                assert sorted(per_node.values()) == [j.wpn] * j.nodes, (j.wj.name, j.gpus)
-                assert j.node_names == tuple(self.node_names[n] for n in sorted(per_node))
+                assert sorted(per_node.values()) == [j.per_node] * j.nodes, (j.wj.name, j.gpus)
+                assert j.node_names == tuple(self.cluster.node_names[n] for n in sorted(per_node))
             else:
                 assert j.gpus == () and j.node_names == (), (j.wj.name, j.state)
         assert held.max(initial=0) <= 1, "a GPU held by two jobs"
-        assert np.array_equal(held == 1, ~self.free), "free matrix != running jobs' GPUs"
+        assert np.array_equal(held == 1, ~self.cluster.free), "free matrix != running jobs' GPUs"
 
 
 # --- job_shape ----------------------------------------------------------------------------------
@@ -103,8 +103,8 @@ class Observed(Simulator):
         before = self.backend.calls
         obs = self.backend.observe()
         assert self.backend.calls == before + 1 and obs.calls == 1
-        state = {j.job_id: (j.state, j.node_names, j.nodes, j.wpn) for j in self.jobs}
-        self.seen.append((self.now, obs, (~self.free).sum(axis=1).tolist(), state))
+        state = {j.job_id: (j.state, j.node_names, j.nodes, j.per_node) for j in self.jobs}
+        self.seen.append((self.now, obs, (~self.cluster.free).sum(axis=1).tolist(), state))
         super()._round()
 
 
@@ -186,10 +186,10 @@ def test_variability_multiplies_by_the_slowest_gpu(gpus, app_class, seed):
     cfg = SimConfig(nodes=2, variability=True, seed=seed)
     sim = Simulator([fixed("j", 42.0, gpus, 2000, 0.25, app_class=app_class)], "static",
                     config=cfg)
-    assert sim.slow.shape == (2, 4, len(CLASSES))
+    assert sim.cluster.slow.shape == (2, 4, len(CLASSES))
     k = CLASSES.index(app_class)
     nodes, wpn = job_shape(gpus, 4)
-    slowest = float(sim.slow[:nodes, :wpn, k].max())
+    slowest = float(sim.cluster.slow[:nodes, :wpn, k].max())
     assert abs(slowest - 1.0) > 1e-4                   # the case can tell the difference
     penalty = 1.7 if nodes > 1 else 1.0
     (j,) = sim.run().jobs
@@ -198,7 +198,7 @@ def test_variability_multiplies_by_the_slowest_gpu(gpus, app_class, seed):
 
 def test_without_variability_every_gpu_is_a_median_gpu():
     sim = Simulator([fixed("j", 0, 1, 10)], "static", config=SimConfig(nodes=2, seed=9))
-    assert np.array_equal(sim.slow, np.ones((2, 4, 4)))
+    assert np.array_equal(sim.cluster.slow, np.ones((2, 4, 4)))
 
 
 def test_variability_depends_on_the_seed():
@@ -309,7 +309,7 @@ def test_invariants_on_a_crowded_cluster(policy, variability):
     if not variability:     # the run covers what the policy does: requeues, preemptions
         moved = sum(j.restarts for j in res.jobs)
         assert moved == 0 if policy == "static" else moved > 0, res.jobs
-    assert sim.free.all()                              # every GPU free again at the end
+    assert sim.cluster.free.all()                              # every GPU free again at the end
     for j, wj in zip(res.jobs, sorted(CROWDED, key=lambda w: w.submit_time)):
         assert j.name == wj.name
         assert j.finish_time is not None, j

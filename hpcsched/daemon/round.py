@@ -35,17 +35,19 @@ from pathlib import Path
 
 import click
 
-from hpcsched.protocol import files as ctl
 from hpcsched import slurm
-from hpcsched.slurm.observe import Backend, Observation, make_backend
+from hpcsched.daemon import views
+from hpcsched.daemon.actuator import Action, Actuator, ResizeFailed, ResizeResult, current_of
 from hpcsched.daemon.config import ConfigError, Settings, load
 from hpcsched.daemon.ingest import ingest_job
-from hpcsched.protocol.jobdir import JobDir, JobSpec
-from hpcsched.policies import POLICIES, PolicyError, make_policy
-from hpcsched.policies.reconcile import Change, Costs, reconcile
-from hpcsched.daemon.actuator import Action, Actuator, ResizeFailed, ResizeResult, current_from, current_of
-from hpcsched.policies.snapshot import ClusterSnapshot, GPUView, JobView, ProfilePoint
 from hpcsched.daemon.store import Store
+from hpcsched.daemon.views import application_of
+from hpcsched.policies import POLICIES, PolicyError, make_policy
+from hpcsched.policies.reconcile import Change, Costs
+from hpcsched.policies.round import decide_round
+from hpcsched.protocol import files as ctl
+from hpcsched.protocol.jobdir import JobDir, JobSpec
+from hpcsched.slurm.observe import Backend, make_backend
 
 log = logging.getLogger("hpcsched.daemon")
 
@@ -63,6 +65,7 @@ class RoundReport:
     changes: list[Change] = field(default_factory=list)
     outcomes: dict[str, str] = field(default_factory=dict)   # job_id -> observed|failed: why
     notes: list[str] = field(default_factory=list)
+    objective: float | None = None   # the plan's own figure of merit (unit per policy)
     error: str | None = None
 
 
@@ -81,27 +84,9 @@ class Daemon:
         self.control_dir = settings.control_dir_path()
         self.costs = Costs(restart_cost=d.restart_cost, shrink_cost=d.shrink_cost,
                            min_gain=d.min_gain, horizon=d.horizon)
-        self._specs: dict[str, tuple[JobDir, JobSpec]] = {}
+        self.managed = views.ManagedJobs(self.control_dir, d.partitions)
 
     # ----------------------------------------------------------------- jobs
-    def _managed(self, obs: Observation) -> dict[str, tuple[JobDir, JobSpec, slurm.JobInfo]]:
-        parts = set(self.settings.daemon.partitions)
-        out = {}
-        for job_id in JobDir.known_job_ids(self.control_dir):
-            info = obs.jobs.get(job_id)
-            if info is None or (parts and info.partition not in parts):
-                continue
-            if job_id not in self._specs:
-                try:
-                    jd = JobDir.for_job(job_id, self.control_dir)
-                    self._specs[job_id] = (jd, jd.read_spec())
-                except (LookupError, ctl.ProtocolError) as exc:
-                    log.warning("job %s: ignored: %s", job_id, exc)
-                    continue
-            jd, spec = self._specs[job_id]
-            out[job_id] = (jd, spec, info)
-        return out
-
     def _record_job(self, jd: JobDir, spec: JobSpec, info: slurm.JobInfo, now: float) -> None:
         fields = dict(job_id=info.job_id, job_uid=jd.uid, user=spec.user, script=spec.script,
                       workers_per_node=spec.workers_per_node, min_nodes=spec.min_nodes,
@@ -111,46 +96,10 @@ class Daemon:
                       base_batch_size=spec.batch_size, lr_scaling=spec.lr_scaling,
                       spec_json=json.dumps(spec.to_json()), state=info.state,
                       submit_time=spec.created_at or None, last_seen=now,
-                      app_class=Path(spec.script).stem)
+                      app_class=application_of(spec))
         if not info.active:
             fields["finished_at"] = now
         self.store.upsert_job(**fields)
-
-    def _view(self, jd: JobDir, spec: JobSpec, info: slurm.JobInfo, busy: bool) -> JobView:
-        try:
-            ack = ctl.read_ack(jd.ack_path, jd.uid)
-            control = ctl.read_control(jd.control_path, jd.uid)
-            progress = ctl.read_progress(jd.progress_path, jd.uid)
-        except (ctl.ProtocolError, TypeError) as exc:
-            log.warning("job %s: %s", info.job_id, exc)
-            ack = control = progress = None
-            busy = True
-        cur = current_from(spec, info, control, ack)
-        phase = jd.read_launcher_state().get("phase", "")
-        if info.state == "RUNNING":
-            busy = busy or ack is None or phase in ("resizing", "awaiting-requeue") or (
-                control is not None and control.generation > ack.generation)
-        rows = self.store.profile(info.job_id)
-        profile = tuple(ProfilePoint(p.world_size, p.nodes, p.local_batch_size,
-                                     p.accumulation_steps, p.step_time, p.throughput, p.steps)
-                        for p in rows)
-        attained = sum(p.steps * p.step_time * p.world_size for p in rows)  # GPU-seconds
-        return JobView(
-            job_id=info.job_id, state=info.state, nodes=cur.nodes,
-            node_names=tuple(slurm.expand_hostlist(info.nodes)) if info.state == "RUNNING" else (),
-            workers_per_node=spec.workers_per_node, min_nodes=spec.min_nodes,
-            max_nodes=spec.max_nodes, batch_size=cur.global_batch_size,
-            min_batch_size=spec.min_batch_size, max_batch_size=spec.max_batch_size,
-            max_local_batch_size=spec.max_local_batch_size, base_batch_size=spec.batch_size,
-            lr_scaling=spec.lr_scaling, submit_time=spec.created_at, restarts=info.restarts,
-            generation=cur.generation,
-            samples_processed=progress.samples_processed if progress else 0,
-            throughput=progress.throughput if progress else 0.0, profile=profile,
-            app_class=Path(spec.script).stem, busy=busy, user=spec.user,
-            partition=info.partition, attained_gpu_seconds=attained,
-            remaining_samples=(max(0.0, progress.total_samples - progress.samples_processed)
-                               if progress and progress.total_samples else None),
-            grad_noise=_grad_noise(progress, spec.batch_size))
 
     # ---------------------------------------------------------------- round
     def round(self) -> RoundReport:
@@ -169,7 +118,7 @@ class Daemon:
         rep.slurm_calls = slurm.calls() - calls0  # observe, actuator, everything
         self.store.end_round(rid, duration=rep.duration, jobs=rep.jobs, actions=len(rep.changes),
                              slurm_calls=rep.slurm_calls, policy_seconds=rep.policy_seconds,
-                             objective=getattr(rep, "objective", None), error=rep.error)
+                             objective=rep.objective, error=rep.error)
         log.info("round %d: %d job(s), %d change(s), %d Slurm call(s), %.2f s (policy %.3f s)%s",
                  rid, rep.jobs, len(rep.changes), rep.slurm_calls, rep.duration,
                  rep.policy_seconds, f", error: {rep.error}" if rep.error else "")
@@ -177,54 +126,34 @@ class Daemon:
 
     def _round(self, rep: RoundReport) -> None:
         obs = self.backend.observe()
-        managed = self._managed(obs)
+        managed = self.managed.find(obs)
         for job_id, (jd, spec, info) in managed.items():
             self._record_job(jd, spec, info, obs.time)
             if info.state in ("RUNNING", "COMPLETING") or not info.active:
-                ingest_job(self.store, job_id, jd.path, Path(spec.script).stem)
+                ingest_job(self.store, job_id, jd.path, application_of(spec))
         busy = self._resume(managed, rep)
-        views = tuple(self._view(jd, spec, info, job_id in busy)
-                      for job_id, (jd, spec, info) in managed.items()
-                      if info.state == "RUNNING" or (info.state == "PENDING" and _eligible(info)))
-        rep.jobs = len(views)
-        mine = {j.job_id for j in views}
-        other: dict[str, int] = {}
-        for info in obs.jobs.values():
-            if info.job_id not in mine and info.state == "RUNNING" and info.gpus_per_node:
-                for n in slurm.expand_hostlist(info.nodes):
-                    other[n] = other.get(n, 0) + info.gpus_per_node
-        snapshot = ClusterSnapshot(obs.time, obs.nodes, views, tuple(sorted(other.items())),
-                                   tuple(self.settings.daemon.partitions),
-                                   self._gpu_views({j.app_class for j in views}))
+        snapshot = views.daemon_snapshot(obs, managed, self.store, busy,
+                                         self.settings.daemon.partitions)
+        rep.jobs = len(snapshot.jobs)
         t = time.perf_counter()
-        plan = self.policy.decide(snapshot, seed=self.settings.policy.seed + rep.round_id)
+        decision = decide_round(snapshot, self.policy, self.costs,
+                                seed=self.settings.policy.seed + rep.round_id)
         rep.policy_seconds = time.perf_counter() - t
-        rep.objective = plan.objective
-        changes, notes = reconcile(plan, snapshot, self.costs)
-        rep.notes = list(plan.notes) + notes
+        rep.objective = decision.plan.objective if decision.plan is not None else None
+        rep.notes = list(decision.notes)
         for n in rep.notes:
             log.info("round %d: %s", rep.round_id, n)
-        for c in changes:
+        for c in decision.changes:
             verb = "would" if self.settings.daemon.dry_run else "will"
             log.info("round %d: job %s %s %s: %d -> %d node(s), batch %d -> %d: %s",
                      rep.round_id, c.job_id, verb, c.kind, c.from_nodes, c.to_nodes,
                      c.from_batch_size, c.to_batch_size, c.reason)
-        rep.changes = changes
+        rep.changes = list(decision.changes)
         if self.settings.daemon.dry_run:
             return
-        for c in changes:
+        for c in decision.changes:
             jd, spec, info = managed[c.job_id]
             rep.outcomes[c.job_id] = self._apply(c, jd, spec, info, rep.round_id)
-
-    def _gpu_views(self, classes: set[str]) -> tuple[GPUView, ...]:
-        """Per-GPU slowdown by application class, from the measured relative speeds."""
-        slow: dict[tuple[str, int], dict[str, float]] = {}
-        for cls in sorted(classes):
-            for (node, idx), speed in self.store.gpu_speeds(cls).items():
-                if speed > 0 and str(idx).isdigit():
-                    slow.setdefault((node, int(idx)), {})[cls] = 1.0 / speed
-        return tuple(GPUView(node, idx, tuple(sorted(s.items())))
-                     for (node, idx), s in sorted(slow.items()))
 
     def _apply(self, c: Change, jd: JobDir, spec: JobSpec, info: slurm.JobInfo, rid: int) -> str:
         cur = current_of(jd, spec, info)
@@ -274,28 +203,6 @@ class Daemon:
                             a.restarts_at_plan, a.reason, "hpcsched daemon (resumed)")
             rep.outcomes[a.job_id] = self._drive(a.id, action, jd, spec, a.status)
         return touched
-
-
-def _grad_noise(progress, base_batch_size: int) -> tuple[float, float] | None:
-    """``(grad_sqr, grad_var)`` in the units Pollux's efficiency takes.
-
-    The job reports tr(Sigma) per sample (:mod:`hpcsched.job.elastic`); AdaptDL's efficiency takes
-    the variance at the base batch size, tr(Sigma) / M0 (M0 = the submitted global batch size).
-    """
-    if progress is None or progress.grad_sqr is None or progress.grad_var is None:
-        return None
-    return float(progress.grad_sqr), float(progress.grad_var) / max(1, base_batch_size)
-
-
-# pending reasons (squeue %r) of jobs that cannot start now whatever the scheduler does
-_NOT_ELIGIBLE = ("JobHeld", "BeginTime", "Dependency", "DependencyNeverSatisfied",
-                 "PartitionDown", "PartitionInactive", "Reservation")
-
-
-def _eligible(info: slurm.JobInfo) -> bool:
-    """A pending job the policy may plan for: not held, not waiting for a begin time or a
-    dependency (those are someone else's decision)."""
-    return not info.state_reason.startswith(_NOT_ELIGIBLE)
 
 
 # ---------------------------------------------------------------- service

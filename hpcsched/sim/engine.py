@@ -26,9 +26,7 @@ The simulated Slurm (what Slurm does without hpcsched): pending jobs are conside
 order (submission order; a requeued job keeps its place) whenever something changes -- a job is
 submitted or ends, or a round has applied its changes -- and each one that fits now starts (jobs
 behind one that does not fit may start: with unlimited time limits Slurm's backfill can start
-anything that fits). A job with a node list (``ReqNodeList``) starts only on those nodes;
-otherwise on the nodes with the fewest free GPUs that still hold its GPUs per node, lowest name
-first; on a node it takes the lowest-numbered free GPUs. Every start pays the application's
+anything that fits), placed by :class:`~hpcsched.sim.cluster.SimCluster`'s rule. Every start pays the application's
 restart cost (processes, framework import, data loading and checkpoint restore: Pollux's
 simulator charges its 30 s at every allocation, the first included).
 
@@ -44,18 +42,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-import numpy as np
-
-from hpcsched.slurm.observe import Observation
-from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch
+from hpcsched.daemon.views import JobFacts, JobReport, cluster_snapshot, job_view
 from hpcsched.policies import make_policy
-from hpcsched.policies.reconcile import Change, Costs, reconcile
-from hpcsched.slurm import JobInfo
-from hpcsched.policies.snapshot import ClusterSnapshot, GPUView, JobView, NodeView, ProfilePoint
+from hpcsched.policies.reconcile import Change, Costs
+from hpcsched.policies.round import decide_round
+from hpcsched.policies.snapshot import ClusterSnapshot, JobView, ProfilePoint
+from hpcsched.protocol.batching import BatchConfig, BatchSizeError
+from hpcsched.protocol.kinds import ChangeKind
+from hpcsched.protocol.limits import JobLimits
 from hpcsched.sim import JobResult, SimResult, WorkloadJob
-from hpcsched.sim.physics import Application, FixedWork, application, draw_gpu_slowdowns
-
-CLASSES = ("A", "B", "C", "D")
+from hpcsched.sim.cluster import CLASSES, PARTITION, SimBackend, SimCluster, job_info
+from hpcsched.sim.physics import Application, FixedWork, application
 
 
 class SimulationError(ValueError):
@@ -110,29 +107,27 @@ def job_shape(gpus: int, gpus_per_node: int) -> tuple[int, int]:
     that divides it (6 GPUs on 4-GPU nodes: 2 nodes x 3)."""
     if gpus <= gpus_per_node:
         return 1, gpus
-    for wpn in range(gpus_per_node, 0, -1):
-        if gpus % wpn == 0:
-            return gpus // wpn, wpn
-    return gpus, 1  # pragma: no cover - wpn = 1 always divides
+    for per_node in range(gpus_per_node, 0, -1):
+        if gpus % per_node == 0:
+            return gpus // per_node, per_node
+    return gpus, 1  # pragma: no cover - 1 always divides
 
 
 @dataclass
 class _Job:
-    """Mutable simulation state of one job (the engine's own; policies see :class:`JobView`)."""
+    """Mutable simulation state of one job (the engine's own; policies see :class:`JobView`).
+
+    Physics (:mod:`hpcsched.sim.physics`): a Pollux application advances in Pollux progress
+    units (one unit = one step at the base batch size, times the statistical efficiency of the
+    batch size in force); a fixed-work job in iterations.
+    """
 
     wj: WorkloadJob
     job_id: str
     app: Application | None
     fixed: FixedWork | None
-    wpn: int
+    limits: JobLimits
     nodes: int
-    min_nodes: int
-    max_nodes: int
-    batch_size: int
-    min_batch: int
-    max_batch: int
-    max_local: int | None
-    base_batch: int
     cfg: BatchConfig
     state: str = "FUTURE"            # FUTURE, PENDING, RUNNING, DONE
     node_names: tuple[str, ...] = ()
@@ -158,24 +153,104 @@ class _Job:
         return self.fixed.iterations if self.fixed is not None else self.app.total_progress
 
     @property
+    def per_node(self) -> int:
+        """GPUs (workers) per node."""
+        return self.limits.workers_per_node
+
+    @property
     def n_gpus(self) -> int:
-        return self.nodes * self.wpn
+        return self.nodes * self.per_node
+
+    @property
+    def batch_size(self) -> int:
+        return self.cfg.global_batch_size
+
+    def rate(self, progress: float, slowdown: float, locality_penalty: float) -> tuple[float, float]:
+        """``(progress per second, seconds per step)`` while running at ``progress`` on GPUs
+        whose slowest is ``slowdown``."""
+        st = self.st
+        if st is None:
+            if self.fixed is not None:
+                st = self.fixed.step_time(len(self.node_names), slowdown, locality_penalty)
+            else:
+                st = self.app.step_time(tuple(self.per_node for _ in self.node_names),
+                                        self.cfg.local_batch_size,
+                                        self.cfg.accumulation_steps) * slowdown
+            self.st = st
+        if self.fixed is not None:
+            return 1.0 / st, st
+        gain = self.app.gain(self.cfg.global_batch_size, self.app.epoch_at(progress))
+        return gain / st, st
+
+    def segment_end(self, progress: float) -> float:
+        """Progress at which the rate next changes (end of its epoch, or of its work)."""
+        if self.fixed is not None:
+            return self.total
+        return min(self.total, self.app.epoch_end(self.app.epoch_at(progress)))
+
+    def remaining_samples(self) -> float:
+        """Samples left: progress units at the base batch size (iterations at the batch size
+        for fixed work)."""
+        if self.fixed is not None:
+            return (self.total - self.progress) * self.batch_size
+        return (self.total - self.progress) * self.limits.base_batch_size
+
+    def profile(self) -> tuple[ProfilePoint, ...]:
+        """What the job has measured: mean step time and throughput per configuration."""
+        return tuple(
+            ProfilePoint(world_size=w, nodes=n, local_batch_size=m, accumulation_steps=s,
+                         step_time=tt / k, throughput=w * m * s / (tt / k), samples=max(1, int(k)))
+            for (w, n, m, s), (tt, k) in sorted(self.steps.items()) if k >= 1)
+
+    def report(self) -> JobReport:
+        """What the job's progress file would say."""
+        noise = None if self.fixed is not None else self.app.grad_stats(
+            self.cfg.global_batch_size, self.app.epoch_at(self.progress))
+        return JobReport(
+            remaining_samples=self.remaining_samples(), grad_noise=noise,
+            throughput=(self.cfg.global_batch_size / self.last_step_time)
+            if self.last_step_time else 0.0)
+
+    def result(self) -> JobResult:
+        wj = self.wj
+        return JobResult(name=wj.name, application=wj.application, submit_time=wj.submit_time,
+                         start_time=self.start_time, finish_time=self.finish_time,
+                         gpu_seconds=self.gpu_seconds, restarts=self.restarts,
+                         resizes=self.resizes, requested_gpus=wj.gpus, max_gpus=self.max_gpus)
 
 
-class SimBackend:
-    """The simulated cluster behind :class:`hpcsched.slurm.observe.Backend`: ``observe()`` reports
-    its nodes and jobs as Slurm would (``squeue``/``sinfo``), one call per observation."""
+def _limits(wj: WorkloadJob, cfg: SimConfig) -> tuple[Application | None, FixedWork | None,
+                                                        int, JobLimits, int]:
+    """``(application, fixed work, nodes, limits, requested batch size)`` of a workload job.
 
-    name = "simulated"
-
-    def __init__(self, sim: Simulator):
-        self._sim = sim
-        self.calls = 0
-
-    def observe(self) -> Observation:
-        self.calls += 1
-        return Observation(time=self._sim.now, nodes=self._sim.node_views(),
-                           jobs=MappingProxyType(self._sim.job_infos()), calls=1)
+    Raises:
+        SimulationError: the job can never fit the cluster, or its limits are inconsistent.
+    """
+    if wj.gpus > cfg.nodes * cfg.gpus_per_node:
+        raise SimulationError(f"job {wj.name} asks for {wj.gpus} GPUs; the cluster has "
+                              f"{cfg.nodes * cfg.gpus_per_node}")
+    nodes, per_node = job_shape(wj.gpus, cfg.gpus_per_node)
+    if nodes > cfg.nodes:
+        raise SimulationError(f"job {wj.name} asks for {wj.gpus} GPUs, which Slurm gives as "
+                              f"{nodes} node(s) x {per_node} GPU(s); the cluster has {cfg.nodes} "
+                              "node(s)")
+    if wj.iterations is not None:
+        # a fixed-work job's batch size does not change its run time: keep it as close as the
+        # GPUs allow (a whole number of samples per GPU), and never resize it
+        fixed = FixedWork(float(wj.iterations), float(wj.iteration_time or 1.0))
+        per_gpu = max(1, -(-wj.batch_size // (nodes * per_node)))
+        gbs = nodes * per_node * per_gpu
+        limits = JobLimits(per_node, nodes, nodes, gbs, gbs, None, gbs, "sqrt")
+        return None, fixed, nodes, limits, gbs
+    app = application(wj.application)
+    base = app.init_batch_size
+    lo, hi = min(base, wj.batch_size), max(app.max_batch_size, wj.batch_size)
+    max_nodes = max(nodes, min(cfg.nodes, hi // max(1, app.min_local_bsz * per_node)))
+    try:
+        limits = JobLimits(per_node, 1, max_nodes, lo, hi, app.max_local_bsz, base, "sqrt")
+    except ValueError as exc:
+        raise SimulationError(f"job {wj.name}: {exc}") from None
+    return app, None, nodes, limits, wj.batch_size
 
 
 class Simulator:
@@ -194,99 +269,29 @@ class Simulator:
         self.policy = make_policy(policy, dict(policy_params or {}))
         self.workload_name = workload_name
         self.now = 0.0
-        self.node_names = tuple(f"n{i + 1}" for i in range(config.nodes))
-        self._node_index = {n: i for i, n in enumerate(self.node_names)}
-        self.free = np.ones((config.nodes, config.gpus_per_node), dtype=bool)
-        if config.variability:
-            self.slow = draw_gpu_slowdowns(config.nodes * config.gpus_per_node, CLASSES,
-                                           config.seed).reshape(config.nodes, config.gpus_per_node,
-                                                                len(CLASSES))
-        else:
-            self.slow = np.ones((config.nodes, config.gpus_per_node, len(CLASSES)))
+        self.cluster = SimCluster(config.nodes, config.gpus_per_node, config.variability,
+                                  config.seed)
         self.jobs = [self._make_job(i, wj) for i, wj in
                      enumerate(sorted(jobs, key=lambda j: (j.submit_time, j.name)))]
-        self._gpu_views = self._make_gpu_views() if config.variability else ()
         self.backend = SimBackend(self)
         self.rounds = 0
         self.utilization: list[tuple[float, int, int]] = []
         self.notes: list[str] = []
 
-    # ----------------------------------------------------------------------- set-up
     def _make_job(self, i: int, wj: WorkloadJob) -> _Job:
-        c = self.cfg
-        if wj.gpus > c.nodes * c.gpus_per_node:
-            raise SimulationError(f"job {wj.name} asks for {wj.gpus} GPUs; the cluster has "
-                                  f"{c.nodes * c.gpus_per_node}")
-        nodes, wpn = job_shape(wj.gpus, c.gpus_per_node)
-        if nodes > c.nodes:
-            raise SimulationError(f"job {wj.name} asks for {wj.gpus} GPUs, which Slurm gives as "
-                                  f"{nodes} node(s) x {wpn} GPU(s); the cluster has {c.nodes} "
-                                  "node(s)")
-        if wj.iterations is not None:
-            fixed = FixedWork(float(wj.iterations), float(wj.iteration_time or 1.0))
-            app = None
-            lo = hi = base = wj.batch_size
-            max_local = None
-            min_nodes = max_nodes = nodes
-        else:
-            fixed = None
-            app = application(wj.application)
-            base = app.init_batch_size
-            lo, hi = min(base, wj.batch_size), max(app.max_batch_size, wj.batch_size)
-            max_local = app.max_local_bsz
-            min_nodes = 1
-            max_nodes = max(nodes, min(c.nodes, hi // max(1, app.min_local_bsz * wpn)))
-        if fixed is not None:
-            # a fixed-work job's batch size does not change its run time: keep it as close as
-            # the GPUs allow (a whole number of samples per GPU), and never resize it
-            per_gpu = max(1, -(-wj.batch_size // (nodes * wpn)))
-            cfg = BatchConfig(nodes * wpn, per_gpu, 1)
-            lo = hi = base = cfg.global_batch_size
-        else:
-            try:
-                cfg = fit_batch(wj.batch_size, nodes * wpn, min_global=lo, max_global=hi,
-                                max_local_batch_size=max_local)
-            except BatchSizeError as exc:
-                raise SimulationError(f"job {wj.name}: {exc}") from None
-        return _Job(wj=wj, job_id=str(i + 1), app=app, fixed=fixed, wpn=wpn, nodes=nodes,
-                    min_nodes=min_nodes, max_nodes=max_nodes, batch_size=cfg.global_batch_size,
-                    min_batch=lo, max_batch=hi, max_local=max_local, base_batch=base, cfg=cfg)
-
-    def _make_gpu_views(self) -> tuple[GPUView, ...]:
-        return tuple(GPUView(node=self.node_names[n], index=g,
-                             slowdown=tuple((c, float(self.slow[n, g, k]))
-                                            for k, c in enumerate(CLASSES)))
-                     for n in range(self.cfg.nodes) for g in range(self.cfg.gpus_per_node))
+        app, fixed, nodes, limits, batch = _limits(wj, self.cfg)
+        try:
+            cfg = limits.fit_batch(batch, nodes)
+        except BatchSizeError as exc:
+            raise SimulationError(f"job {wj.name}: {exc}") from None
+        return _Job(wj=wj, job_id=str(i + 1), app=app, fixed=fixed, limits=limits, nodes=nodes,
+                    cfg=cfg)
 
     # ----------------------------------------------------------------------- physics
     def _rate(self, j: _Job, progress: float) -> tuple[float, float]:
         """``(progress per second, seconds per step)`` of running job ``j`` at ``progress``."""
-        st = j.st
-        if st is None:
-            if j.fixed is not None:
-                st = j.fixed.step_time(len(j.node_names), self._slowdown(j),
-                                       self.cfg.locality_penalty)
-            else:
-                st = j.app.step_time(tuple(j.wpn for _ in j.node_names), j.cfg.local_batch_size,
-                                     j.cfg.accumulation_steps) * self._slowdown(j)
-            j.st = st
-        if j.fixed is not None:
-            return 1.0 / st, st
-        gain = j.app.gain(j.cfg.global_batch_size, j.app.epoch_at(progress))
-        return gain / st, st
-
-    def _slowdown(self, j: _Job) -> float:
-        """The slowest of the job's GPUs for its class: the pace it runs at (PAL §3)."""
-        if j.wj.app_class not in CLASSES or not j.gpus:
-            return 1.0
-        k = CLASSES.index(j.wj.app_class)
-        return float(max(self.slow[n, g, k] for n, g in j.gpus))
-
-    def _segment_end(self, j: _Job, progress: float) -> float:
-        """Progress at which the job's rate next changes (end of its epoch, or of its work)."""
-        if j.fixed is not None:
-            return j.total
-        return min(j.total, j.app.epoch_end(j.app.epoch_at(progress)))
+        return j.rate(progress, self.cluster.slowdown(j.wj.app_class, j.gpus) if j.st is None
+                      else 1.0, self.cfg.locality_penalty)
 
     def _advance(self, j: _Job, t: float) -> None:
         """Run ``j`` from ``j.updated`` to ``t`` (no further than the end of its work)."""
@@ -297,7 +302,7 @@ class Simulator:
         j.updated = t
         while cur < t and j.progress < j.total:
             rate, st = self._rate(j, j.progress)
-            end = self._segment_end(j, j.progress)
+            end = j.segment_end(j.progress)
             dt = min(t - cur, (end - j.progress) / rate)
             key = (j.n_gpus, j.nodes, j.cfg.local_batch_size, j.cfg.accumulation_steps)
             acc = j.steps.setdefault(key, [0.0, 0.0])
@@ -314,50 +319,25 @@ class Simulator:
             cur, p = max(j.updated, j.blocked_until), j.progress
             while p < j.total * (1 - 1e-12):
                 rate, _ = self._rate(j, p)
-                end = self._segment_end(j, p)
+                end = j.segment_end(p)
                 cur += (end - p) / rate
                 p = end
             j.eta = cur
         return j.eta
 
     # ----------------------------------------------------------------------- Slurm
-    def node_views(self) -> tuple[NodeView, ...]:
-        used = (~self.free).sum(axis=1)
-        return tuple(NodeView(name=n, gpus=self.cfg.gpus_per_node, gpus_allocated=int(used[i]),
-                              state="mixed" if 0 < used[i] < self.cfg.gpus_per_node else
-                              ("allocated" if used[i] else "idle"), partitions=("sim",))
-                     for i, n in enumerate(self.node_names))
-
-    def job_infos(self) -> dict[str, JobInfo]:
-        out = {}
-        for j in self.jobs:
-            if j.state in ("PENDING", "RUNNING"):
-                out[j.job_id] = JobInfo(
-                    job_id=j.job_id, name=j.wj.name, user="sim", state=j.state,
-                    state_reason="None" if j.state == "RUNNING" else "Resources",
-                    partition="sim", nodes=",".join(j.node_names), node_count=j.nodes,
-                    gpus_per_node=j.wpn, restarts=j.restarts, batch_host=(j.node_names or ("",))[0],
-                    priority=len(self.jobs) - int(j.job_id))
-        return out
+    def job_infos(self) -> dict[str, object]:
+        """The active jobs as ``squeue`` reports them."""
+        n = len(self.jobs)
+        return {j.job_id: job_info(j.job_id, j.wj.name, j.state, j.node_names, j.nodes,
+                                   j.per_node, j.restarts, n - int(j.job_id))
+                for j in self.jobs if j.state in ("PENDING", "RUNNING")}
 
     def _try_start(self, j: _Job) -> bool:
-        free = self.free.sum(axis=1)
-        if j.req_nodes:
-            idx = [self._node_index[n] for n in j.req_nodes]
-            if len(idx) != j.nodes or any(free[i] < j.wpn for i in idx):
-                return False
-        else:
-            fits = [i for i in range(self.cfg.nodes) if free[i] >= j.wpn]
-            if len(fits) < j.nodes:
-                return False
-            idx = sorted(sorted(fits, key=lambda i: (free[i], i))[:j.nodes])
-        gpus = []
-        for i in idx:
-            g = np.flatnonzero(self.free[i])[:j.wpn]
-            self.free[i, g] = False
-            gpus.extend((i, int(x)) for x in g)
-        j.gpus = tuple(gpus)
-        j.node_names = tuple(self.node_names[i] for i in idx)
+        got = self.cluster.allocate(j.nodes, j.per_node, j.req_nodes)
+        if got is None:
+            return False
+        j.node_names, j.gpus = got
         j.req_nodes = ()
         j.state = "RUNNING"
         j.updated = self.now
@@ -369,109 +349,108 @@ class Simulator:
         return True
 
     def _release(self, j: _Job) -> None:
-        for n, g in j.gpus:
-            self.free[n, g] = True
+        self.cluster.release(j.gpus)
         j.gpus, j.node_names = (), ()
 
     def _schedule(self) -> None:
         """Slurm's scheduling pass: pending jobs in priority order, each started if it fits."""
-        if not self.free.any():
+        if not self.cluster.free.any():
             return
         for j in self.jobs:
             if j.state == "PENDING" and not j.held:
                 self._try_start(j)
-                if not self.free.any():
+                if not self.cluster.free.any():
                     return
 
     # ----------------------------------------------------------------------- the round
-    def _view(self, j: _Job) -> JobView:
-        profile = tuple(
-            ProfilePoint(world_size=w, nodes=n, local_batch_size=m, accumulation_steps=s,
-                         step_time=tt / k, throughput=w * m * s / (tt / k), samples=max(1, int(k)))
-            for (w, n, m, s), (tt, k) in sorted(j.steps.items()) if k >= 1)
-        if j.fixed is not None:
-            remaining = (j.total - j.progress) * j.batch_size
-            noise = None
-        else:
-            remaining = (j.total - j.progress) * j.base_batch
-            noise = j.app.grad_stats(j.cfg.global_batch_size, j.app.epoch_at(j.progress))
-        return JobView(
-            job_id=j.job_id, state=j.state, nodes=j.nodes,
-            node_names=j.node_names if j.state == "RUNNING" else j.req_nodes,
-            workers_per_node=j.wpn, min_nodes=j.min_nodes, max_nodes=j.max_nodes,
-            batch_size=j.batch_size, min_batch_size=j.min_batch, max_batch_size=j.max_batch,
-            max_local_batch_size=j.max_local, base_batch_size=j.base_batch, lr_scaling="sqrt",
-            submit_time=j.wj.submit_time, start_time=j.start_time, restarts=j.restarts,
-            generation=j.resizes, samples_processed=0,
-            throughput=(j.cfg.global_batch_size / j.last_step_time) if j.last_step_time else 0.0,
+    def _view(self, j: _Job, info) -> JobView:
+        """The job as the daemon's view builder sees it."""
+        return job_view(JobFacts(
+            info=info, limits=j.limits, nodes=j.nodes, batch_size=j.batch_size,
+            generation=j.resizes, submit_time=j.wj.submit_time,
             # a Pollux application by name (its throughput prior; placement maps it to its PAL
             # class), a fixed-work job by its PAL class
-            profile=profile, app_class=j.wj.app_class if j.fixed is not None else j.wj.application,
-            busy=j.state == "RUNNING" and j.blocked_until > self.now, user="sim", partition="sim",
-            attained_gpu_seconds=j.gpu_seconds, remaining_samples=remaining, grad_noise=noise,
-            held=j.held)
+            application=j.wj.app_class if j.fixed is not None else j.wj.application,
+            profile=j.profile(), report=j.report(),
+            busy=j.state == "RUNNING" and j.blocked_until > self.now, held=j.held,
+            requested_nodes=j.req_nodes, start_time=j.start_time))
 
     def snapshot(self) -> ClusterSnapshot:
         """What the daemon would see now (the observation plus the jobs' own reports)."""
         obs = self.backend.observe()
-        active = {j.job_id: j for j in self.jobs if j.state in ("PENDING", "RUNNING")}
-        views = tuple(self._view(active[jid]) for jid in obs.jobs if jid in active)
-        return ClusterSnapshot(time=obs.time, nodes=obs.nodes, jobs=views, partitions=("sim",),
-                               gpus=self._gpu_views)
+        views = tuple(self._view(self.jobs[int(jid) - 1], info) for jid, info in obs.jobs.items())
+        return cluster_snapshot(obs, views, (PARTITION,), self.cluster.gpu_views)
 
     def _apply(self, c: Change) -> None:
         j = self.jobs[int(c.job_id) - 1]
-        if c.kind == "preempt":
+        if c.kind == ChangeKind.PREEMPT:
             c = replace(c, to_nodes=j.nodes)   # keeps its size for when it comes back
         try:
-            cfg = fit_batch(c.to_batch_size, c.to_nodes * j.wpn, min_global=j.min_batch,
-                            max_global=j.max_batch, max_local_batch_size=j.max_local)
+            cfg = j.limits.fit_batch(c.to_batch_size, c.to_nodes)
         except BatchSizeError as exc:
             self.notes.append(f"t={self.now:.0f} job {j.wj.name}: {c.kind} not applied: {exc}")
             return
         j.eta = j.st = None
-        if c.kind == "pending" and j.state == "PENDING":
-            j.nodes, j.cfg, j.batch_size = c.to_nodes, cfg, cfg.global_batch_size
+        if c.kind == ChangeKind.PENDING and j.state == "PENDING":
+            j.nodes, j.cfg = c.to_nodes, cfg
             j.req_nodes = tuple(c.placement)
             j.held = False
-        elif c.kind == "preempt" and j.state == "RUNNING":
+        elif j.state != "RUNNING":
+            return
+        elif c.kind == ChangeKind.PREEMPT:
             self._release(j)
             j.state, j.held = "PENDING", True
             j.restarts += 1
-        elif c.kind == "batch" and j.state == "RUNNING":
-            j.cfg, j.batch_size = cfg, cfg.global_batch_size
-        elif c.kind == "shrink" and j.state == "RUNNING":
-            keep = j.node_names[:c.to_nodes]
-            for n, g in j.gpus:
-                if self.node_names[n] not in keep:
-                    self.free[n, g] = True
-            j.gpus = tuple((n, g) for n, g in j.gpus if self.node_names[n] in keep)
-            j.node_names, j.nodes = keep, c.to_nodes
-            j.cfg, j.batch_size = cfg, cfg.global_batch_size
-            j.blocked_until = max(j.blocked_until, self.now) + self.cfg.shrink_cost
-            j.resizes += 1
-        elif c.kind == "grow" and j.state == "RUNNING":
+        elif c.kind == ChangeKind.BATCH:
+            j.cfg = cfg
+        elif c.kind == ChangeKind.SHRINK:
+            self._shrink(j, c.to_nodes, cfg)
+        elif c.kind == ChangeKind.GROW:
             self._release(j)
             j.state = "PENDING"
-            j.nodes, j.cfg, j.batch_size = c.to_nodes, cfg, cfg.global_batch_size
+            j.nodes, j.cfg = c.to_nodes, cfg
             j.req_nodes = tuple(c.placement)
             j.restarts += 1
             j.resizes += 1
+
+    def _shrink(self, j: _Job, nodes: int, cfg: BatchConfig) -> None:
+        """Shrink in place, keeping the first nodes of the allocation (Slurm's rule)."""
+        keep = j.node_names[:nodes]
+        names = self.cluster.node_names
+        self.cluster.release((n, g) for n, g in j.gpus if names[n] not in keep)
+        j.gpus = tuple((n, g) for n, g in j.gpus if names[n] in keep)
+        j.node_names, j.nodes, j.cfg = keep, nodes, cfg
+        j.blocked_until = max(j.blocked_until, self.now) + self.cfg.shrink_cost
+        j.resizes += 1
 
     def _round(self) -> None:
         for j in self.jobs:
             if j.state == "RUNNING":
                 self._advance(j, self.now)
-        snap = self.snapshot()
-        if snap.jobs:
-            plan = self.policy.decide(snap, seed=self.cfg.seed + self.rounds)
-            changes, _ = reconcile(plan, snap, self.cfg.costs)
-            for c in changes:
-                self._apply(c)
+        decision = decide_round(self.snapshot(), self.policy, self.cfg.costs,
+                                seed=self.cfg.seed + self.rounds)
+        for c in decision.changes:
+            self._apply(c)
         self.rounds += 1
         self._schedule()
 
     # ----------------------------------------------------------------------- main loop
+    def _finish(self, j: _Job, t: float) -> None:
+        self.now = t
+        self._advance(j, t)
+        j.finish_time = t
+        j.state = "DONE"
+        j.progress = j.total
+        self._release(j)
+        self._schedule()
+
+    def _arrive(self, arrivals: list[tuple[float, int]]) -> None:
+        while arrivals and arrivals[0][0] <= self.now:
+            _, i = heapq.heappop(arrivals)
+            self.jobs[i - 1].state = "PENDING"
+            self.jobs[i - 1].held = self.cfg.hold_new_jobs
+        self._schedule()
+
     def run(self, progress: Callable[[float, int, int], None] | None = None) -> SimResult:
         """Run to the end of the workload (or ``max_time``) and report.
 
@@ -480,8 +459,7 @@ class Simulator:
         t0 = time.perf_counter()
         arrivals = [(j.wj.submit_time, int(j.job_id)) for j in self.jobs]
         heapq.heapify(arrivals)
-        done = 0
-        total = len(self.jobs)
+        done, total = 0, len(self.jobs)
         next_round = 0.0
         while done < total and self.now <= self.cfg.max_time:
             # the next event: an arrival, a round, or the first finish before them
@@ -492,46 +470,34 @@ class Simulator:
                 next_round = max(next_round, math.ceil(t_arr / self.cfg.interval)
                                  * self.cfg.interval)
             horizon = min(t_arr, next_round)
-            etas = [(self._eta(j), int(j.job_id)) for j in running]
-            t_fin, jid = min(etas, default=(math.inf, 0))
+            t_fin, jid = min(((self._eta(j), int(j.job_id)) for j in running),
+                             default=(math.inf, 0))
             if t_fin <= horizon:
-                j = self.jobs[jid - 1]
-                self.now = t_fin
-                self._advance(j, t_fin)
-                j.finish_time = t_fin
-                j.state = "DONE"
-                j.progress = j.total
-                self._release(j)
+                self._finish(self.jobs[jid - 1], t_fin)
                 done += 1
-                self._schedule()
-                continue
-            if t_arr <= next_round:
+            elif t_arr <= next_round:
                 self.now = t_arr
-                while arrivals and arrivals[0][0] <= self.now:
-                    _, i = heapq.heappop(arrivals)
-                    self.jobs[i - 1].state = "PENDING"
-                    self.jobs[i - 1].held = self.cfg.hold_new_jobs
-                self._schedule()
-                continue
-            self.now = next_round
-            self._round()
-            busy = int((~self.free).sum())
-            self.utilization.append((self.now, busy, self.free.size))
-            next_round += self.cfg.interval
-            if progress is not None:
-                progress(self.now, done, total)
+                self._arrive(arrivals)
+            else:
+                self.now = next_round
+                self._round()
+                self.utilization.append((self.now, int((~self.cluster.free).sum()),
+                                         self.cluster.free.size))
+                next_round += self.cfg.interval
+                if progress is not None:
+                    progress(self.now, done, total)
+        return self._result(time.perf_counter() - t0)
+
+    def _result(self, wall: float) -> SimResult:
+        c = self.cfg
         return SimResult(
             policy=self.policy_name, workload=self.workload_name,
-            jobs=tuple(JobResult(
-                name=j.wj.name, application=j.wj.application, submit_time=j.wj.submit_time,
-                start_time=j.start_time, finish_time=j.finish_time, gpu_seconds=j.gpu_seconds,
-                restarts=j.restarts, resizes=j.resizes, requested_gpus=j.wj.gpus,
-                max_gpus=j.max_gpus) for j in self.jobs),
-            utilization=tuple(self.utilization), total_gpus=int(self.free.size),
-            rounds=self.rounds, wall_seconds=time.perf_counter() - t0,
-            params={"nodes": self.cfg.nodes, "gpus_per_node": self.cfg.gpus_per_node,
-                    "interval": self.cfg.interval, "variability": self.cfg.variability,
-                    "seed": self.cfg.seed, "restart_cost": dict(self.cfg.restart_cost)})
+            jobs=tuple(j.result() for j in self.jobs),
+            utilization=tuple(self.utilization), total_gpus=int(self.cluster.free.size),
+            rounds=self.rounds, wall_seconds=wall,
+            params={"nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "interval": c.interval,
+                    "variability": c.variability, "seed": c.seed,
+                    "restart_cost": dict(c.restart_cost)})
 
 
 def simulate(jobs: Sequence[WorkloadJob], policy: str, **kw) -> SimResult:
@@ -539,5 +505,5 @@ def simulate(jobs: Sequence[WorkloadJob], policy: str, **kw) -> SimResult:
     return Simulator(jobs, policy, **kw).run()
 
 
-__all__ = ["SimBackend", "SimConfig", "SimulationError", "Simulator", "job_shape", "simulate",
-]
+__all__ = ["CLASSES", "SimBackend", "SimConfig", "SimulationError", "Simulator", "job_shape",
+           "simulate"]

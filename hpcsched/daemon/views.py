@@ -1,0 +1,261 @@
+"""Job views and the cluster snapshot: what a policy sees, built one way for the daemon and the
+simulator.
+
+A round observes Slurm, gathers what each managed job is known to be (:class:`JobFacts`: Slurm's
+record, the job's limits, the configuration in force, its measured profile and its own progress
+report), turns each into a :class:`~hpcsched.policies.snapshot.JobView` with :func:`job_view`
+and puts them into a :class:`~hpcsched.policies.snapshot.ClusterSnapshot` with
+:func:`cluster_snapshot`. The daemon gathers the facts from Slurm, the job directories and the
+store (:func:`daemon_job_facts`); the simulator from its simulated Slurm and job physics
+(:mod:`hpcsched.sim.engine`). Everything derived -- attained service, remaining work, the
+current size and its nodes, GPUs held by jobs hpcsched does not manage -- is defined here once.
+
+Units: seconds, samples, samples/s, GPUs, GPU-seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcsched import slurm
+from hpcsched.daemon.actuator import current_from
+from hpcsched.daemon.store import Store
+from hpcsched.policies.snapshot import ClusterSnapshot, GPUView, JobView, ProfilePoint
+from hpcsched.protocol import files as ctl
+from hpcsched.protocol.jobdir import JobDir, JobSpec
+from hpcsched.protocol.limits import JobLimits
+from hpcsched.slurm.observe import Observation
+
+log = logging.getLogger("hpcsched.daemon")
+
+# pending reasons (squeue %r) of jobs that cannot start now whatever the scheduler does
+NOT_ELIGIBLE = ("JobHeld", "BeginTime", "Dependency", "DependencyNeverSatisfied",
+                "PartitionDown", "PartitionInactive", "Reservation")
+
+
+@dataclass(frozen=True)
+class JobReport:
+    """What a job says about its own training (``progress.json``), in the policies' units.
+
+    Attributes:
+        samples_processed: samples trained on since the job began (all epochs, all ranks).
+        remaining_samples: samples left to train on, or ``None`` if the job does not say.
+        throughput: samples/s, latest.
+        grad_noise: ``(grad_sqr, grad_var)`` as Pollux's statistical efficiency takes them
+            (|G|^2, and tr(Sigma) at the base batch size), or ``None`` until measured.
+    """
+
+    samples_processed: float = 0.0
+    remaining_samples: float | None = None
+    throughput: float = 0.0
+    grad_noise: tuple[float, float] | None = None
+
+    @classmethod
+    def from_progress(cls, progress: ctl.Progress | None, base_batch_size: int) -> JobReport:
+        """The report in a job's :class:`~hpcsched.protocol.files.Progress` (``None``: nothing
+        reported yet).
+
+        The job reports tr(Sigma) per sample (:mod:`hpcsched.job.gradient_noise`); Pollux's
+        efficiency (Qiao et al., OSDI'21, §3.1; AdaptDL's ``goodput.py``) takes the variance at
+        the base batch size M0 (the submitted global batch size): tr(Sigma) / M0.
+        """
+        if progress is None:
+            return cls()
+        noise = None
+        if progress.grad_sqr is not None and progress.grad_var is not None:
+            noise = (float(progress.grad_sqr), float(progress.grad_var) / max(1, base_batch_size))
+        remaining = None
+        if progress.total_samples:
+            # the work left is what the job says it trains on in all, less what it has done
+            remaining = max(0.0, progress.total_samples - progress.samples_processed)
+        return cls(samples_processed=progress.samples_processed, remaining_samples=remaining,
+                   throughput=progress.throughput, grad_noise=noise)
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """Everything known about one managed job at one instant.
+
+    Attributes:
+        info: Slurm's record of the job (state, nodes allocated, restarts, partition, user).
+        limits: the job's resize limits.
+        nodes: node count in force (running) or asked for (pending).
+        batch_size: global batch size in force (samples).
+        generation: the control generation in force or requested.
+        submit_time: when the job was submitted (seconds).
+        application: what the job trains (selects the throughput prior and the variability
+            class; the daemon uses the script's file name).
+        profile: measured step times and throughput per configuration.
+        report: the job's own progress report.
+        busy: a resize is in flight or the job is starting: policies must leave it as it is.
+        held: pending because hpcsched holds it after a preemption.
+        requested_nodes: a pending job's required node list (``ReqNodeList``), where known.
+        start_time: when the job (last) started, where known (seconds).
+    """
+
+    info: slurm.JobInfo
+    limits: JobLimits
+    nodes: int
+    batch_size: int
+    generation: int
+    submit_time: float
+    application: str
+    profile: tuple[ProfilePoint, ...] = ()
+    report: JobReport = JobReport()
+    busy: bool = False
+    held: bool = False
+    requested_nodes: tuple[str, ...] = ()
+    start_time: float | None = None
+
+
+def attained_gpu_seconds(profile: Iterable[ProfilePoint]) -> float:
+    """GPU-seconds of training a job has received: sum over its measured configurations of
+    steps x seconds per step x GPUs (Tiresias' attained service, Gu et al., NSDI'19 §3.1: GPUs x
+    executed time). Time spent starting, checkpointing or restarting is not service."""
+    return sum(p.samples * p.step_time * p.world_size for p in profile)
+
+
+def job_view(f: JobFacts) -> JobView:
+    """The policy's view of one job (see :class:`JobFacts`)."""
+    lim = f.limits
+    running = f.info.state == "RUNNING"
+    return JobView(
+        job_id=f.info.job_id, state=f.info.state, nodes=f.nodes,
+        node_names=tuple(slurm.expand_hostlist(f.info.nodes)) if running else f.requested_nodes,
+        workers_per_node=lim.workers_per_node, min_nodes=lim.min_nodes, max_nodes=lim.max_nodes,
+        batch_size=f.batch_size, min_batch_size=lim.min_batch_size,
+        max_batch_size=lim.max_batch_size, max_local_batch_size=lim.max_local_batch_size,
+        base_batch_size=lim.base_batch_size, lr_scaling=lim.lr_scaling,
+        submit_time=f.submit_time, start_time=f.start_time, restarts=f.info.restarts,
+        generation=f.generation, samples_processed=int(f.report.samples_processed),
+        throughput=f.report.throughput, profile=f.profile, app_class=f.application,
+        busy=f.busy, user=f.info.user, partition=f.info.partition,
+        attained_gpu_seconds=attained_gpu_seconds(f.profile),
+        remaining_samples=f.report.remaining_samples, grad_noise=f.report.grad_noise,
+        held=f.held)
+
+
+def cluster_snapshot(obs: Observation, jobs: Sequence[JobView], partitions: Sequence[str] = (),
+                     gpus: Sequence[GPUView] = ()) -> ClusterSnapshot:
+    """The snapshot of ``obs`` with the managed ``jobs``; GPUs that running jobs hpcsched does
+    not manage hold on each node are counted from Slurm's records (their GPUs per node)."""
+    mine = {j.job_id for j in jobs}
+    other: dict[str, int] = {}
+    for info in obs.jobs.values():
+        if info.job_id not in mine and info.state == "RUNNING" and info.gpus_per_node:
+            for n in slurm.expand_hostlist(info.nodes):
+                other[n] = other.get(n, 0) + info.gpus_per_node
+    return ClusterSnapshot(time=obs.time, nodes=obs.nodes, jobs=tuple(jobs),
+                           other_gpus_allocated=tuple(sorted(other.items())),
+                           partitions=tuple(partitions), gpus=tuple(gpus))
+
+
+def eligible(info: slurm.JobInfo) -> bool:
+    """A job the policy may plan for: running, or pending and free to start (not held, not
+    waiting for a begin time, a dependency or a reservation: those are someone else's
+    decision)."""
+    if info.state == "RUNNING":
+        return True
+    return info.state == "PENDING" and not info.state_reason.startswith(NOT_ELIGIBLE)
+
+
+# ----------------------------------------------------------------------------- the daemon's facts
+ManagedJob = tuple[JobDir, JobSpec, slurm.JobInfo]
+
+
+class ManagedJobs:
+    """Which Slurm jobs are hpcsched's: those with a job directory (``by-id/<id>``) under the
+    control directory, in a managed partition. Specs are read once per job and cached."""
+
+    def __init__(self, control_dir: Path, partitions: Sequence[str] = ()):
+        self.control_dir = control_dir
+        self.partitions = set(partitions)
+        self._specs: dict[str, tuple[JobDir, JobSpec]] = {}
+
+    def find(self, obs: Observation) -> dict[str, ManagedJob]:
+        """The managed jobs Slurm knows in ``obs``, by Slurm job id. A job directory that cannot
+        be read is skipped with a warning."""
+        out = {}
+        for job_id in JobDir.known_job_ids(self.control_dir):
+            info = obs.jobs.get(job_id)
+            if info is None or (self.partitions and info.partition not in self.partitions):
+                continue
+            if job_id not in self._specs:
+                try:
+                    jd = JobDir.for_job(job_id, self.control_dir)
+                    self._specs[job_id] = (jd, jd.read_spec())
+                except (LookupError, ctl.ProtocolError) as exc:
+                    log.warning("job %s: ignored: %s", job_id, exc)
+                    continue
+            jd, spec = self._specs[job_id]
+            out[job_id] = (jd, spec, info)
+        return out
+
+
+def application_of(spec: JobSpec) -> str:
+    """What a daemon-managed job trains: its script's file name without extension."""
+    return Path(spec.script).stem
+
+
+def daemon_job_facts(jd: JobDir, spec: JobSpec, info: slurm.JobInfo, store: Store,
+                     busy: bool) -> JobFacts:
+    """A managed job's facts from Slurm (``info``), its job directory and the store.
+
+    ``busy`` (an action of the journal is open for the job) is widened: a job whose files cannot
+    be read, that has not acknowledged yet, whose launcher is mid-resize or that has a control
+    generation it has not acknowledged is busy too.
+    """
+    try:
+        ack = ctl.read_ack(jd.ack_path, jd.uid)
+        control = ctl.read_control(jd.control_path, jd.uid)
+        progress = ctl.read_progress(jd.progress_path, jd.uid)
+    except (ctl.ProtocolError, TypeError) as exc:
+        log.warning("job %s: %s", info.job_id, exc)
+        ack = control = progress = None
+        busy = True
+    cur = current_from(spec, info, control, ack)
+    if info.state == "RUNNING":
+        busy = busy or ack is None or _launcher_in_transition(jd) or (
+            control is not None and control.generation > ack.generation)
+    profile = tuple(ProfilePoint(p.world_size, p.nodes, p.local_batch_size, p.accumulation_steps,
+                                 p.step_time, p.throughput, p.steps)
+                    for p in store.profile(info.job_id))
+    return JobFacts(info=info, limits=spec.limits, nodes=cur.nodes,
+                    batch_size=cur.global_batch_size, generation=cur.generation,
+                    submit_time=spec.created_at, application=application_of(spec),
+                    profile=profile, report=JobReport.from_progress(progress, spec.batch_size),
+                    busy=busy)
+
+
+def _launcher_in_transition(jd: JobDir) -> bool:
+    """The job's launcher is shrinking its allocation or waiting for a requeue."""
+    phase = jd.read_launcher_state().get("phase", "")
+    return phase in ("resizing", "awaiting-requeue")
+
+
+def measured_gpu_views(store: Store, applications: Iterable[str]) -> tuple[GPUView, ...]:
+    """Per-GPU slowdown by application, from the relative speeds the store has measured
+    (slowdown = 1 / relative speed; 1 = the median GPU of the job)."""
+    slow: dict[tuple[str, int], dict[str, float]] = {}
+    for app in sorted(set(applications)):
+        for (node, idx), speed in store.gpu_speeds(app).items():
+            if speed > 0 and str(idx).isdigit():
+                slow.setdefault((node, int(idx)), {})[app] = 1.0 / speed
+    return tuple(GPUView(node, idx, tuple(sorted(s.items())))
+                 for (node, idx), s in sorted(slow.items()))
+
+
+def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: Store,
+                    busy: set[str], partitions: Sequence[str]) -> ClusterSnapshot:
+    """The daemon's snapshot: every eligible managed job's view, and the measured GPUs."""
+    views = tuple(job_view(daemon_job_facts(jd, spec, info, store, job_id in busy))
+                  for job_id, (jd, spec, info) in managed.items() if eligible(info))
+    return cluster_snapshot(obs, views, partitions,
+                            measured_gpu_views(store, {j.app_class for j in views}))
+
+
+__all__ = ["JobFacts", "JobReport", "ManagedJobs", "attained_gpu_seconds", "cluster_snapshot",
+           "daemon_job_facts", "daemon_snapshot", "eligible", "job_view", "measured_gpu_views"]

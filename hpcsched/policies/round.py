@@ -1,0 +1,59 @@
+"""One scheduling decision, the same in the daemon and the simulator.
+
+``decide_round(snapshot, policy, costs, seed) -> RoundDecision(plan, changes, notes)``: the pure
+middle of a round, between observing the cluster and acting on it. The daemon
+(:mod:`hpcsched.daemon.round`) calls it on a snapshot built from Slurm and the job directories;
+the simulator (:mod:`hpcsched.sim.engine`) on a snapshot built from its simulated Slurm. Both
+build the snapshot with the same job-view builder (:mod:`hpcsched.daemon.views`), so a
+simulated result speaks for the daemon's decisions.
+
+Pure: no I/O, no clock; randomness only from ``seed`` (the daemon and the simulator pass the
+configured seed plus the round number). A stateful policy (ONES keeps its population between
+rounds) carries its own state, which is the only state a round changes.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from hpcsched.policies import Policy
+from hpcsched.policies.reconcile import Change, Costs, reconcile
+from hpcsched.policies.snapshot import ClusterSnapshot, Plan
+
+
+class RoundDecision(NamedTuple):
+    """What one round decided.
+
+    Attributes:
+        plan: the policy's plan (a target per job it has an opinion on), or ``None`` when there
+            was no job to decide for (the policy is not called).
+        changes: the changes to make now, in the order to make them (reconcile's output).
+        notes: the policy's notes, then reconcile's (why something was or was not changed).
+    """
+
+    plan: Plan | None
+    changes: tuple[Change, ...]
+    notes: tuple[str, ...]
+
+
+def decide_round(snapshot: ClusterSnapshot, policy: Policy, costs: Costs, seed: int) -> RoundDecision:
+    """The policy's plan for ``snapshot`` and the changes worth making now.
+
+    Args:
+        snapshot: the cluster and the managed jobs at one instant.
+        policy: a policy from :func:`hpcsched.policies.make_policy`.
+        costs: reconcile's parameters (restart and shrink costs in seconds, ``min_gain``,
+            ``horizon``; see :class:`~hpcsched.policies.reconcile.Costs`).
+        seed: the policy's seed for this round.
+
+    Raises:
+        Whatever the policy raises on a snapshot it cannot handle (a bug: policies are total).
+    """
+    if not snapshot.jobs:
+        return RoundDecision(None, (), ())
+    plan = policy.decide(snapshot, seed=seed)
+    changes, notes = reconcile(plan, snapshot, costs)
+    return RoundDecision(plan, tuple(changes), tuple(plan.notes) + tuple(notes))
+
+
+__all__ = ["RoundDecision", "decide_round"]
