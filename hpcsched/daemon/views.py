@@ -19,15 +19,18 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpcsched import slurm
 from hpcsched.daemon.actuator import current_from
-from hpcsched.daemon.store import Store
 from hpcsched.policies.snapshot import ClusterSnapshot, GPUView, JobView, ProfilePoint
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir, JobSpec
 from hpcsched.protocol.limits import JobLimits
 from hpcsched.slurm.observe import Observation
+
+if TYPE_CHECKING:  # pragma: no cover - the simulator builds views without a store
+    from hpcsched.daemon.store import Store
 
 log = logging.getLogger("hpcsched.daemon")
 

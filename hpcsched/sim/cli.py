@@ -155,10 +155,6 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
       hpcsched simulate -w pal:1 -p static --placement packed --placement pal --variability
       hpcsched simulate -w pollux:3@2.0 -p dp --json dp.json --out results/
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    from hpcsched.sim import report
     from hpcsched.sim.engine import SimulationError
     from hpcsched.sim.workload import WorkloadError, load_workload
 
@@ -175,27 +171,46 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
                 nodes, gpus_per_node, interval, costs, shrink_cost, variability,
                 locality_penalty, seed, max_days * 86400.0, hold_new_jobs)
             for w in workloads for p in policies for pl in (placements or (None,))]
-    err = Console(stderr=True)
-    results = [None] * len(runs)
     try:
-        with Progress("[progress.description]{task.description}", BarColumn(),
-                      MofNCompleteColumn(), TimeElapsedColumn(), console=err,
-                      disable=quiet, transient=False) as bar:
-            task = bar.add_task("simulating", total=len(runs))
-            if n_procs == 1 or len(runs) == 1:
-                for i, r in enumerate(runs):
-                    bar.update(task, description=f"{r.label} on {r.workload}")
-                    results[i] = execute(r)
-                    bar.advance(task)
-            else:
-                with ProcessPoolExecutor(max_workers=n_procs) as pool:
-                    futs = {pool.submit(execute, r): i for i, r in enumerate(runs)}
-                    for f in as_completed(futs):
-                        results[futs[f]] = f.result()
-                        bar.advance(task)
+        results = _run_all(runs, n_procs, quiet)
     except (SimulationError, WorkloadError, PolicyError) as exc:
         click.echo(f"hpcsched simulate: error: {exc}", err=True)
         sys.exit(2)
+    _report(results, json_path, out_dir, quiet)
+
+
+def _run_all(runs: list[Run], n_procs: int, quiet: bool) -> list:
+    """Every run's :class:`~hpcsched.sim.SimResult`, in the order of ``runs``, ``n_procs`` at a
+    time, with a progress bar on stderr unless ``quiet``."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    results = [None] * len(runs)
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True),
+                  disable=quiet, transient=False) as bar:
+        task = bar.add_task("simulating", total=len(runs))
+        if n_procs == 1 or len(runs) == 1:
+            for i, r in enumerate(runs):
+                bar.update(task, description=f"{r.label} on {r.workload}")
+                results[i] = execute(r)
+                bar.advance(task)
+        else:
+            with ProcessPoolExecutor(max_workers=n_procs) as pool:
+                futs = {pool.submit(execute, r): i for i, r in enumerate(runs)}
+                for f in as_completed(futs):
+                    results[futs[f]] = f.result()
+                    bar.advance(task)
+    return results
+
+
+def _report(results: list, json_path: str | None, out_dir: str | None, quiet: bool) -> None:
+    """The table on stdout (unless ``quiet``), the summaries as JSON, and the per-job CSVs,
+    summaries and plots in ``out_dir``."""
+    from rich.console import Console
+
+    from hpcsched.sim import report
+
     summaries = [report.summarize(r) for r in results]
     if not quiet:
         Console().print(report.render_table(summaries))
@@ -210,7 +225,7 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
         report.plot_jct_cdf(results, out / "jct-cdf.png")
         report.plot_utilization(results, out / "utilization.png")
         if not quiet:
-            err.print(f"results in {out}/")
+            Console(stderr=True).print(f"results in {out}/")
 
 
 def _safe(s: str) -> str:
