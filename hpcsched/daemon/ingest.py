@@ -32,8 +32,20 @@ WARMUP_STEPS = 2
 
 
 def aggregate(records: Iterable[dict], job_id: str, app_class: str = "") -> tuple[list[dict], list[dict]]:
-    """(profile sample rows, GPU measurement rows) from step records of one job."""
+    """(profile sample rows, GPU measurement rows) from step records of one job.
+
+    ``records`` are the metrics lines (any order, any ranks); those without ``step`` and
+    ``rank`` are ignored. Rows are dicts with the store's column names
+    (:meth:`hpcsched.daemon.store.Store.add_profile_samples`, ``add_gpu_measurements``); see the
+    module docstring for what they hold.
+    """
     recs = [r for r in records if isinstance(r, dict) and "step" in r and "rank" in r]
+    return _profile_rows(recs, job_id), _gpu_rows(recs, job_id, app_class)
+
+
+def _profile_rows(recs: list[dict], job_id: str) -> list[dict]:
+    """One row per configuration of rank 0's steps: mean step time (s) and throughput
+    (samples/s) over the steps after the first :data:`WARMUP_STEPS`, with a positive step time."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in sorted(recs, key=lambda r: (r.get("launch", 0), r["step"])):
         if r["rank"] != 0:
@@ -43,8 +55,7 @@ def aggregate(records: Iterable[dict], job_id: str, app_class: str = "") -> tupl
         groups[key].append(r)
     profile = []
     for (launch, gen, world, nodes, local, accum), rs in groups.items():
-        rs = rs[WARMUP_STEPS:]
-        rs = [r for r in rs if r.get("step_time", 0) > 0]
+        rs = [r for r in rs[WARMUP_STEPS:] if r.get("step_time", 0) > 0]
         if not rs:
             continue
         total_t = sum(r["step_time"] for r in rs)
@@ -55,6 +66,12 @@ def aggregate(records: Iterable[dict], job_id: str, app_class: str = "") -> tupl
             "accumulation_steps": accum, "global_batch_size": rs[-1].get("global_batch_size", 0),
             "step_time": total_t / len(rs), "throughput": samples / total_t, "steps": len(rs),
         })
+    return profile
+
+
+def _gpu_rows(recs: list[dict], job_id: str, app_class: str) -> list[dict]:
+    """One row per device: mean relative speed (median compute time of a step's ranks / the
+    rank's own) over the steps whose records from every rank (``world_size`` >= 2) are here."""
     by_step: dict[tuple, list[dict]] = defaultdict(list)
     for r in recs:
         if r.get("compute_time"):
@@ -66,16 +83,21 @@ def aggregate(records: Iterable[dict], job_id: str, app_class: str = "") -> tupl
             continue
         med = statistics.median(r["compute_time"] for r in rs)
         for r in rs:
-            d = r.get("device") or {}
-            key = (d.get("node", "?"), int(d.get("local_rank", r["rank"])), d.get("gpu_index"),
-                   d.get("gpu_uuid"))
+            key = _device_key(r)
             speeds[key].append(med / r["compute_time"])
             last_t[key] = max(last_t.get(key, 0.0), r.get("t", 0.0))
-    gpus = [{"job_id": job_id, "time": last_t[k], "node": k[0], "local_rank": k[1],
+    return [{"job_id": job_id, "time": last_t[k], "node": k[0], "local_rank": k[1],
              "gpu_index": k[2], "gpu_uuid": k[3], "app_class": app_class,
              "relative_speed": statistics.fmean(v), "steps": len(v)}
             for k, v in speeds.items()]
-    return profile, gpus
+
+
+def _device_key(r: dict) -> tuple:
+    """(node, local rank, GPU index, GPU UUID) of a record's device; the rank stands in for the
+    local rank of a record without one."""
+    d = r.get("device") or {}
+    return (d.get("node", "?"), int(d.get("local_rank", r["rank"])), d.get("gpu_index"),
+            d.get("gpu_uuid"))
 
 
 def read_new_lines(path: Path, offset: int) -> tuple[list[dict], int, int]:
