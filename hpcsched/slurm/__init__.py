@@ -1,7 +1,11 @@
 """Every Slurm call and every Slurm text format, behind one narrow interface.
 
 * :mod:`hpcsched.slurm.commands`: running Slurm's commands (argument lists, never a shell;
-  timeouts; one call counter) and the ``scontrol`` recipes the mechanism uses.
+  timeouts; one call counter) and the ``scontrol``/``squeue`` wrappers the mechanism uses.
+* :mod:`hpcsched.slurm.parse`: the formats (``squeue --json``, ``sinfo --json``, the one
+  GRES/TRES GPU parser :func:`~hpcsched.slurm.parse.gpu_count`, the resize script); pure.
+* :mod:`hpcsched.slurm.hostlist`: hostlist expressions (``n[1-3]``); pure.
+* :mod:`hpcsched.slurm.errors`: :class:`SlurmError` and :class:`SlurmUnavailable`.
 * :mod:`hpcsched.slurm.observe`: the backend interface (:class:`~hpcsched.slurm.observe.Backend`)
   that observes the cluster in one call per round, through the CLI or pyslurm.
 * :mod:`hpcsched.slurm.devcluster`: the local Slurm used for development, demos and tests.
@@ -12,19 +16,21 @@ reads as the Slurm API it is.
 
 from hpcsched.slurm.commands import (  # noqa: F401
     DEFAULT_TIMEOUT,
-    JobInfo,
-    SlurmError,
-    SlurmUnavailable,
     calls,
-    expand_hostlist,
-    gpus_from_tres,
+    count_call,
     hostnames,
     job_info,
     node_addr,
-    parse_resize_script,
-    parse_squeue_json,
     requeue,
     run,
     squeue,
     update_job,
+)
+from hpcsched.slurm.errors import SlurmError, SlurmUnavailable  # noqa: F401
+from hpcsched.slurm.hostlist import expand_hostlist  # noqa: F401
+from hpcsched.slurm.parse import (  # noqa: F401
+    JobInfo,
+    gpu_count,
+    parse_resize_script,
+    parse_squeue_json,
 )

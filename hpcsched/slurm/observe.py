@@ -13,23 +13,9 @@ Two backends implement the same interface and pass the same contract tests
 
 :func:`make_backend` picks one (``"auto"``: pyslurm when :func:`pyslurm_usable`, else the CLI).
 
-What Slurm 22.05.8 really prints (measured on the dev cluster, ``hpcsched devcluster up``)::
-
-    sinfo --json -> {"meta": {...}, "errors": [], "nodes": [{
-        "name": "n1", "state": "mixed", "state_flags": [],          # flags e.g. ["DRAIN"]
-        "gres": "gpu:4",                                             # configured
-        "gres_used": "gpu:2",     # allocated; "gpu:0" when idle, no "(IDX:...)" suffix in 22.05
-        "gres_drained": "N/A", "partitions": ["gpu"],
-        "tres": "cpu=8,mem=16000M,billing=8,gres/gpu=4",
-        "tres_used": "cpu=2,gres/gpu=2",                             # null when idle
-        ...}]}
-    squeue --json -> {"meta": {...}, "errors": [], "jobs": [{"job_id": 55, "job_state": "RUNNING",
-        "nodes": "n[1-3]", "node_count": 3, "tres_per_node": "gres:gpu:2",
-        "gres_detail": ["gpu:2(IDX:0-1)", ...], ...}]}   # every job slurmctld still holds
-
-The GRES parser also accepts the forms other versions and configurations print: typed
-(``gpu:a100:4``), several types (``gpu:a100:2,gpu:v100:2``), index and socket suffixes
-(``gpu:2(IDX:0-1)``, ``gpu:a100:4(S:0-1)``), ``gpu:(null):0(IDX:N/A)``, ``(null)`` and ``N/A``.
+What each command prints and how it is parsed: :mod:`hpcsched.slurm.parse`; GPU counts go through
+its one GRES/TRES parser, :func:`~hpcsched.slurm.parse.gpu_count`. Every Slurm call either backend
+makes is also counted in :func:`hpcsched.slurm.calls`, the figure a daemon round records.
 Units: times are Unix seconds, GPU counts are GPUs per node.
 """
 
@@ -45,25 +31,22 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
-from hpcsched.slurm.commands import (
-    DEFAULT_TIMEOUT,
-    JobInfo,
-    SlurmError,
-    SlurmUnavailable,
-    _UNREACHABLE,
-    gpus_from_tres,
-    _load_doc,
-    _split_top,
-    expand_hostlist,
-    parse_squeue_json,
-    run,
-)
 from hpcsched.policies.snapshot import NodeView
+from hpcsched.slurm.commands import DEFAULT_TIMEOUT, count_call, run
+from hpcsched.slurm.errors import SlurmError, SlurmUnavailable, says_unreachable
+from hpcsched.slurm.hostlist import expand_hostlist
+from hpcsched.slurm.parse import (
+    JobInfo,
+    gpu_count,
+    name_list,
+    node_state,
+    parse_sinfo_json,
+    parse_squeue_json,
+)
 
 __all__ = [
     "Backend", "BackendUnusable", "Observation", "PyslurmBackend", "SlurmCLIBackend",
-    "expand_hostlist", "gres_count", "make_backend", "parse_sinfo_json", "parse_squeue_output",
-    "pyslurm_usable", "slurm_version",
+    "make_backend", "pyslurm_usable", "slurm_version",
 ]
 
 log = logging.getLogger(__name__)
@@ -108,146 +91,14 @@ class Backend(Protocol):
     ``observe()`` raises :class:`~hpcsched.slurm.SlurmUnavailable` when the controller does
     not answer, and :class:`~hpcsched.slurm.SlurmError` when it answers with an error or with
     output that is not what Slurm documents. ``calls`` is the running total of Slurm calls made
-    through this backend (read by ``benchmarks/observe_calls.py``).
+    through this backend (read by ``benchmarks/observe_calls.py``); each of them is also counted
+    in the process-wide :func:`hpcsched.slurm.calls`.
     """
 
     name: str
     calls: int
 
     def observe(self) -> Observation: ...
-
-
-# --------------------------------------------------------------------------------------------
-# Parsing helpers (pure)
-# --------------------------------------------------------------------------------------------
-
-
-_NO_VALUE = {"", "(null)", "n/a", "none"}
-
-
-def gres_count(gres: object, name: str = "gpu") -> int:
-    """Count of GRES ``name`` in a node GRES string, summed over its types.
-
-    ``"gpu:4"`` -> 4, ``"gpu:a100:2,gpu:v100:2"`` -> 4, ``"gpu:2(IDX:0-1)"`` -> 2,
-    ``"gpu:(null):0(IDX:N/A)"`` -> 0, ``"gres:gpu:4"`` / ``"gres/gpu=4"`` -> 4, ``None`` /
-    ``"(null)"`` / ``"N/A"`` -> 0, a bare ``"gpu"`` or ``"gpu:a100"`` -> 1 (Slurm's default count,
-    slurm.conf(5) ``Gres=``). Other GRES (``mps:100``, ``shard:8``) are ignored.
-
-    Raises:
-        SlurmError: ``gres`` is not a string (or None), or a ``name`` entry has a count that is
-            not a whole number.
-    """
-    if gres is None:
-        return 0
-    if not isinstance(gres, str):
-        raise SlurmError(f"GRES: expected a string, got {type(gres).__name__} {gres!r:.80}")
-    if gres.strip().lower() in _NO_VALUE:
-        return 0
-    total = 0
-    for item in _split_top(gres):
-        item = re.sub(r"\([^)]*\)", "", item).strip()        # (IDX:0-1), (S:0-1)
-        for prefix in ("gres:", "gres/"):
-            if item.startswith(prefix):
-                item = item[len(prefix):]
-        if "=" in item:                                       # TRES form gres/gpu=4
-            key, _, cnt = item.partition("=")
-            parts = key.split(":") + [cnt]
-        else:
-            parts = item.split(":")
-        if parts[0] != name:
-            continue
-        if len(parts) == 1 or (len(parts) == 2 and not parts[1].isdigit()):
-            total += 1                                        # "gpu" / "gpu:a100": count 1
-            continue
-        cnt = parts[-1].strip()
-        if not cnt.isdigit():
-            raise SlurmError(f"GRES {gres!r}: count {cnt!r} of {name} is not a whole number")
-        total += int(cnt)
-    return total
-
-
-def _tres_gpus(tres: object) -> int | None:
-    """GPUs in a TRES string (``cpu=2,gres/gpu=2``); ``None`` when it names none."""
-    if not isinstance(tres, str):
-        return None
-    m = re.search(r"(?:^|,)gres/gpu(?::[^=,]+)?=(\d+)", tres)
-    if not m:
-        return None
-    # typed entries (gres/gpu:a100=2) are also counted in the untyped total; take that one
-    untyped = re.search(r"(?:^|,)gres/gpu=(\d+)", tres)
-    return int((untyped or m).group(1))
-
-
-def _node_state(state: object, flags: object) -> str:
-    """``"idle"``, ``"mixed+drain"``, ``"down+not_responding"``: base state and flags, lower
-    case, joined by ``+`` (the form ``scontrol show node`` prints, lowered). 22.05 gives the
-    base state as a string and the flags as a list; later openapi versions give one list."""
-    if isinstance(state, list):
-        words = [str(s) for s in state]
-    elif isinstance(state, str):
-        words = [w for w in state.split("+") if w]
-    elif state is None:
-        words = []
-    else:
-        raise SlurmError(f"node state: expected a string or list, got {state!r:.80}")
-    if flags is not None:
-        if not isinstance(flags, list):
-            raise SlurmError(f"node state_flags: expected a list, got {flags!r:.80}")
-        words += [str(f) for f in flags]
-    out: list[str] = []
-    for w in words:
-        w = w.strip().lower()
-        if w and w not in out:
-            out.append(w)
-    return "+".join(out) or "unknown"
-
-
-def _str_list(value: object, what: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return tuple(p for p in (s.strip() for s in value.split(",")) if p)
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    raise SlurmError(f"{what}: expected a list of names, got {value!r:.80}")
-
-
-
-def parse_sinfo_json(text: str | bytes) -> tuple[NodeView, ...]:
-    """Parse ``sinfo --json`` (Slurm 22.05, openapi v0.0.38; sinfo(1) ``--json``) into nodes.
-
-    Per node: ``name`` (``hostname`` if missing), ``gpus`` from ``gres``, ``gpus_allocated``
-    from ``gres_used`` (falling back to ``tres_used`` ``gres/gpu=N``, then 0), ``state`` from
-    ``state`` + ``state_flags`` (see :func:`_node_state`), ``partitions``. A node listed more
-    than once (once per partition) is merged: one :class:`NodeView`, partitions united, in first
-    appearance order. Missing optional fields default to 0 / ``"unknown"`` / ``()``.
-
-    Raises:
-        SlurmError: not JSON (e.g. truncated), no ``nodes`` list, a node that is not an object
-            or has no name, or a field of the wrong type.
-    """
-    nodes = _load_doc(text, "sinfo --json", "nodes")
-    merged: dict[str, NodeView] = {}
-    for i, n in enumerate(nodes):
-        name = n.get("name") or n.get("hostname")
-        if not isinstance(name, str) or not name:
-            raise SlurmError(f"sinfo --json: nodes[{i}] has no name: {n!r:.120}")
-        gpus = gres_count(n.get("gres"))
-        used_raw = n.get("gres_used")
-        if isinstance(used_raw, str) and used_raw.strip().lower() not in _NO_VALUE:
-            used = gres_count(used_raw)
-        else:
-            used = _tres_gpus(n.get("tres_used")) or 0
-        state = _node_state(n.get("state"), n.get("state_flags"))
-        parts = _str_list(n.get("partitions"), f"sinfo --json: nodes[{i}].partitions")
-        old = merged.get(name)
-        if old is not None:
-            parts = old.partitions + tuple(p for p in parts if p not in old.partitions)
-            merged[name] = NodeView(old.name, max(old.gpus, gpus),
-                                    max(old.gpus_allocated, used), old.state, parts)
-        else:
-            merged[name] = NodeView(name, gpus, used, state, parts)
-    return tuple(merged.values())
 
 
 def _restrict(nodes: tuple[NodeView, ...], partitions: Sequence[str]) -> tuple[NodeView, ...]:
@@ -267,7 +118,7 @@ class SlurmCLIBackend:
     :meth:`observe`, whatever the number of jobs, started side by side.
 
     Slurm 22.05's ``squeue --json`` ignores ``--jobs``/``--states`` and reports every job it
-    still holds (``hpcsched/slurm.py``), so no filter is passed; ``sinfo --json`` is filtered
+    still holds (:func:`hpcsched.slurm.job_info`), so no filter is passed; ``sinfo --json`` is filtered
     here (``partitions``), not with ``-p``.
 
     Args:
@@ -319,7 +170,7 @@ class SlurmCLIBackend:
             # An unreachable controller is the more useful thing to report.
             errors.sort(key=lambda e: not isinstance(e, SlurmUnavailable))
             raise errors[0]
-        jobs = parse_squeue_output(results[0])
+        jobs = parse_squeue_json(results[0])
         nodes = _restrict(parse_sinfo_json(results[1]), self.partitions)
         return Observation(time=t, nodes=nodes, jobs=MappingProxyType(jobs), calls=2)
 
@@ -395,28 +246,6 @@ def _attr(obj: Any, *names: str, default: Any = None) -> Any:
     return default
 
 
-def _gres_dict_count(gres: Any, name: str = "gpu") -> int:
-    """GPUs in a pyslurm GRES dict (``{"gpu": 4}``, ``{"gpu:a100": 2}``,
-    ``{"gpu": {"count": "2", "indexes": "0-1"}}``), or a GRES string."""
-    if not gres:
-        return 0
-    if isinstance(gres, str):
-        return gres_count(gres, name)
-    if not isinstance(gres, Mapping):
-        raise SlurmError(f"pyslurm GRES: expected a dict, got {gres!r:.80}")
-    total = 0
-    for key, val in gres.items():
-        if str(key).split(":")[0] != name:
-            continue
-        if isinstance(val, Mapping):
-            val = val.get("count", 0)
-        try:
-            total += int(val)
-        except (TypeError, ValueError) as exc:
-            raise SlurmError(f"pyslurm GRES {key}={val!r}: not a count") from exc
-    return total
-
-
 class PyslurmBackend:
     """Observe Slurm through pyslurm's new API (pyslurm >= 22.5.2): ``pyslurm.Jobs.load()`` and
     ``pyslurm.Nodes.load()``, mapped onto the same :class:`Observation` as the CLI backend.
@@ -426,8 +255,9 @@ class PyslurmBackend:
     pyslurm's documentation and source (pyslurm.github.io/22.5, ``pyslurm/core/job/job.pyx``,
     ``pyslurm/core/node.pyx``), and the contract tests skip it with :func:`pyslurm_usable`'s reason.
 
-    ``calls`` counts 2 per observation (one ``load()`` each); ``Nodes.load()`` sends two RPCs
-    itself (nodes and partitions). libslurm has no per-call timeout: a dead controller makes it
+    ``calls`` counts 2 per observation (one ``load()`` each), and so does the process-wide
+    :func:`hpcsched.slurm.calls` that the daemon's round statistics read; ``Nodes.load()`` sends
+    two RPCs itself (nodes and partitions). libslurm has no per-call timeout: a dead controller makes it
     wait ``MessageTimeout`` (slurm.conf(5)) per retry, so ``timeout`` is accepted for interface
     parity and ignored. Known pyslurm < 23.2.3 quirks handled: ``allocated_gres`` may be empty
     (then GPUs in use are summed from running jobs), and a partly used node may read
@@ -453,11 +283,12 @@ class PyslurmBackend:
 
     def _load(self, what: str, fn: Callable[[], Any]) -> Any:
         self.calls += 1
+        count_call()
         try:
             return fn()
-        except Exception as exc:  # noqa: BLE001 - pyslurm.RPCError and friends
+        except Exception as exc:  # pyslurm.RPCError and friends
             msg = f"pyslurm {what}: {exc}"
-            if _UNREACHABLE.search(str(exc)) or "communication" in str(exc).lower():
+            if says_unreachable(exc) or "communication" in str(exc).lower():
                 raise SlurmUnavailable(msg) from exc
             raise SlurmError(msg) from exc
 
@@ -475,7 +306,7 @@ class PyslurmBackend:
             nodes = [self._node(n) for n in self._values(nodes_raw)]
         except SlurmError:
             raise
-        except Exception as exc:  # noqa: BLE001 - attribute surprises between pyslurm versions
+        except Exception as exc:  # attribute surprises between pyslurm versions
             raise SlurmError(f"pyslurm: unexpected data ({type(exc).__name__}: {exc})") from exc
         nodes = self._fill_allocated(nodes, jobs)
         return Observation(time=t, nodes=_restrict(tuple(nodes), self.partitions),
@@ -483,8 +314,6 @@ class PyslurmBackend:
 
     @staticmethod
     def _job(j: Any) -> JobInfo:
-        gres = _attr(j, "gres_per_node", default={})
-        gpn = _gres_dict_count(gres) if not isinstance(gres, str) else gpus_from_tres(gres)
         return JobInfo(
             job_id=str(_attr(j, "id", "job_id")),
             name=str(_attr(j, "name", default="")),
@@ -494,7 +323,7 @@ class PyslurmBackend:
             partition=str(_attr(j, "partition", default="")),
             nodes=str(_attr(j, "allocated_nodes", "nodes", default="")),
             node_count=int(_attr(j, "num_nodes", default=0)),
-            gpus_per_node=gpn,
+            gpus_per_node=gpu_count(_attr(j, "gres_per_node", default={})),
             restarts=int(_attr(j, "requeue_count", "restart_cnt", default=0)),
             batch_host=str(_attr(j, "batch_host", default="")),
             priority=int(_attr(j, "priority", default=0)),
@@ -506,10 +335,10 @@ class PyslurmBackend:
         parts = _attr(n, "partitions", default=())
         return NodeView(
             name=str(n.name),
-            gpus=_gres_dict_count(_attr(n, "configured_gres", "gres", default={})),
-            gpus_allocated=_gres_dict_count(_attr(n, "allocated_gres", "alloc_gres", default={})),
-            state=_node_state(state, None),
-            partitions=_str_list(list(parts) if not isinstance(parts, str) else parts, "partitions"),
+            gpus=gpu_count(_attr(n, "configured_gres", "gres", default={})),
+            gpus_allocated=gpu_count(_attr(n, "allocated_gres", "alloc_gres", default={})),
+            state=node_state(state, None),
+            partitions=name_list(list(parts) if not isinstance(parts, str) else parts, "partitions"),
         )
 
     @staticmethod
@@ -559,6 +388,3 @@ def make_backend(prefer: str = "auto", **kw: Any) -> Backend:
     log.info("using the Slurm CLI backend: %s", reason)
     return SlurmCLIBackend(**kw)
 
-
-# squeue's parser lives in hpcsched.slurm (the actuator needs the same checks)
-parse_squeue_output = parse_squeue_json

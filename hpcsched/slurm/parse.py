@@ -1,0 +1,453 @@
+"""Every Slurm text format hpcsched reads, parsed without calling Slurm (pure).
+
+* ``squeue --json`` -> ``{job_id: JobInfo}`` (:func:`parse_squeue_json`),
+* ``sinfo --json`` -> ``(NodeView, ...)`` (:func:`parse_sinfo_json`),
+* the GPU count of any GRES or TRES string, or of pyslurm's GRES dict (:func:`gpu_count`: the
+  one parser; squeue's ``tres_per_node``, sinfo's ``gres``/``gres_used``/``tres_used`` and the
+  pyslurm backend all go through it),
+* ``slurm_job_<id>_resize.sh`` (:func:`parse_resize_script`).
+
+What Slurm 22.05.8 really prints (measured on the dev cluster, ``hpcsched devcluster up``;
+``shared/slurm-22.05-notes.md`` §3)::
+
+    sinfo --json -> {"meta": {...}, "errors": [], "nodes": [{
+        "name": "n1", "state": "mixed", "state_flags": [],          # flags e.g. ["DRAIN"]
+        "gres": "gpu:4",                                             # configured
+        "gres_used": "gpu:2",     # allocated; "gpu:0" when idle, no "(IDX:...)" suffix in 22.05
+        "gres_drained": "N/A", "partitions": ["gpu"],
+        "tres": "cpu=8,mem=16000M,billing=8,gres/gpu=4",
+        "tres_used": "cpu=2,gres/gpu=2",                             # null when idle
+        ...}]}
+    squeue --json -> {"meta": {...}, "errors": [], "jobs": [{"job_id": 55, "job_state": "RUNNING",
+        "nodes": "n[1-3]", "node_count": 3, "tres_per_node": "gres:gpu:2",
+        "gres_detail": ["gpu:2(IDX:0-1)", ...], ...}]}   # every job slurmctld still holds
+
+Both documents follow openapi v0.0.38; later versions' list-valued states are accepted too.
+Units: GPU counts are GPUs per node; times are Unix seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from hpcsched.policies.snapshot import NodeView
+from hpcsched.slurm.errors import SlurmError, SlurmUnavailable, says_unreachable
+from hpcsched.slurm.hostlist import split_top
+
+#: Job states in which Slurm still holds resources for the job or may start it again.
+ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED",
+                           "REQUEUED", "RESIZING"})
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One job as ``squeue --json`` reports it (fields we use; times in Unix seconds)."""
+
+    job_id: str
+    name: str
+    user: str
+    state: str              # PENDING, RUNNING, COMPLETING, COMPLETED, FAILED, CANCELLED, ...
+    state_reason: str
+    partition: str
+    nodes: str              # Slurm hostlist expression, "" while pending
+    node_count: int
+    gpus_per_node: int      # gpu_count(tres_per_node), e.g. "gres:gpu:4" -> 4 (0 if none)
+    restarts: int
+    batch_host: str
+    priority: int
+    cpus_per_task: int = 1  # from cpus / tasks: 22.05's JSON leaves cpus_per_task null
+
+    @property
+    def active(self) -> bool:
+        """Slurm still holds or may (re)start this job: see :data:`ACTIVE_STATES`."""
+        return self.state in ACTIVE_STATES
+
+
+# --------------------------------------------------------------------------------------------
+# GPUs in a GRES or TRES string: the one parser
+# --------------------------------------------------------------------------------------------
+
+_GPU = "gpu"
+_NO_VALUE = frozenset({"", "(null)", "n/a", "none"})
+_SUFFIX = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3, "t": 1024 ** 4, "p": 1024 ** 5}
+_NUMBER = re.compile(r"(\d+)([kmgtp]?)", re.IGNORECASE)
+_PAREN = re.compile(r"\([^)]*\)")
+_IDX = re.compile(r"\(IDX:([^)]*)\)")
+
+
+class _Entry(NamedTuple):
+    """One ``name[:type]`` entry of a GRES/TRES list with its count."""
+
+    type: str            # "" when untyped
+    count: int
+    tres: bool           # "gres/gpu=4" (TRES form) rather than "gpu:4" (GRES form)
+
+
+def _number(text: str) -> int | None:
+    """A GRES count: digits with an optional K/M/G/T/P suffix (x1024 each, sbatch(1) --gres),
+    or None when ``text`` is not one."""
+    m = _NUMBER.fullmatch(text.strip())
+    return int(m.group(1)) * _SUFFIX[m.group(2).lower()] if m else None
+
+
+def _count(text: object, whole: object) -> int:
+    n = _number(str(text))
+    if n is None:
+        raise SlurmError(f"GRES {whole!r}: count {str(text)!r} of {_GPU} is not a whole number")
+    return n
+
+
+def _strip_prefix(key: str) -> str:
+    for prefix in ("gres:", "gres/"):
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key
+
+
+def _indexes(item: str, whole: str) -> int | None:
+    """How many device indexes an ``(IDX:0-1,3)`` suffix lists (``N/A`` -> 0), None without one."""
+    m = _IDX.search(item)
+    if m is None:
+        return None
+    body = m.group(1).strip()
+    if body.upper() in ("", "N/A"):
+        return 0
+    total = 0
+    for rng in body.split(","):
+        lo, _, hi = rng.strip().partition("-")
+        if not lo.isdigit() or not (hi or lo).isdigit() or int(hi or lo) < int(lo):
+            raise SlurmError(f"GRES {whole!r}: bad index range {rng!r}")
+        total += int(hi or lo) - int(lo) + 1
+    return total
+
+
+def _gres_entry(item: str, bare: str, whole: str) -> _Entry:
+    """One list item, ``bare`` being it without prefix and parenthesised suffixes:
+    ``[gres:|gres/]gpu[:type][:no_consume][:count][(IDX:..)(S:..)]`` or
+    ``[gres/]gpu[:type]=count`` (TRES). A count omitted is 1 (sbatch(1) ``--gres``: "The count is
+    the number of those resources with a default value of 1"), or the number of indexes when an
+    ``(IDX:...)`` list stands in for it (``scontrol show job -d`` ``GRES=gpu(IDX:0-3)``). A
+    second field that is a number is the count, anything else the type (``gpu:2`` vs
+    ``gpu:a100``), as Slurm reads it."""
+    if "=" in bare:
+        key, _, cnt = bare.partition("=")
+        return _Entry(key.partition(":")[2], _count(cnt, whole), True)
+    rest = [p for p in bare.split(":")[1:] if p != "no_consume"]
+    if len(rest) >= 2:
+        return _Entry(rest[0], _count(rest[-1], whole), False)
+    n = _number(rest[0]) if rest else None
+    if n is not None:
+        return _Entry("", n, False)
+    implied = _indexes(item, whole)
+    return _Entry(rest[0] if rest else "", 1 if implied is None else implied, False)
+
+
+def _dict_entry(key: object, val: object, whole: object) -> _Entry:
+    """pyslurm's form: ``{"gpu": 4}``, ``{"gpu:a100": "2"}``, ``{"gpu": {"count": 2, ...}}``."""
+    if isinstance(val, Mapping):
+        val = val.get("count", 0)
+    if val is None or isinstance(val, bool):
+        raise SlurmError(f"GRES {whole!r}: count {val!r} of {key} is not a whole number")
+    return _Entry(_strip_prefix(str(key)).partition(":")[2], _count(val, whole), False)
+
+
+def _name(key: str) -> str:
+    return re.split("[:=]", key, maxsplit=1)[0]
+
+
+def _entries(value: str | Mapping) -> list[_Entry]:
+    if isinstance(value, Mapping):
+        return [_dict_entry(k, v, value) for k, v in value.items()
+                if _name(_strip_prefix(str(k))) == _GPU]
+    if value.strip().lower() in _NO_VALUE:
+        return []
+    out = []
+    for item in split_top(value):
+        bare = _strip_prefix(_PAREN.sub("", item).strip())    # (IDX:0-1), (S:0-1), (null)
+        if _name(bare) == _GPU:
+            out.append(_gres_entry(item, bare, value))
+    return out
+
+
+def gpu_count(value: str | Mapping | None) -> int:
+    """GPUs in a Slurm GRES or TRES string, or in a pyslurm GRES dict.
+
+    One parser for every place Slurm reports GPUs (per node, in GPUs): squeue's ``tres_per_node``
+    (``gres:gpu:4``; ``gres/gpu:4`` in later versions), sinfo's ``gres`` and ``gres_used``
+    (``gpu:4``, ``gpu:a100:2(S:0-1)``, ``gpu:(null):0(IDX:N/A)``), TRES strings (``tres_used``:
+    ``cpu=2,gres/gpu=2``) and pyslurm's ``{"gpu:a100": 2}``. The rules, with their sources:
+
+    * a count omitted is 1: ``gpu`` -> 1, ``gpu:a100`` -> 1 (sbatch(1) ``--gres``
+      ``name[[:type]:count]``, "a default value of 1"), unless an ``(IDX:...)`` list stands in
+      for it: ``gpu(IDX:0-3)`` -> 4; a count may carry K/M/G/T/P (x1024, sbatch(1));
+    * GRES entries add up, types included: ``gpu:a100:2,gpu:v100:2`` -> 4 (a job asking
+      ``--gres=gpu:a100:2,gpu:v100:2`` gets both; slurm.conf(5) ``Gres=gpu:tesla:2,gpu:kepler:2``
+      is 4 GPUs);
+    * in a TRES string an untyped ``gres/gpu=N`` is the total over types and typed entries
+      ``gres/gpu:a100=M`` are counted inside it, so with an untyped entry only that is used;
+      without one the typed entries add up (slurm.conf(5) ``AccountingStorageTRES``: "gres/gpu"
+      tracks "allocated GPUs of any type", typed ones the jobs of that type);
+    * index, socket and link suffixes in parentheses do not change a given count
+      (``gpu:2(IDX:0,2)`` -> 2, ``gpu:2(S:0)`` -> 2); ``None``, ``""``, ``(null)``, ``N/A`` -> 0;
+      other GRES (``mps:100``, ``shard:8``, ``gres/gpumem=1G``) are not GPUs.
+
+    Raises:
+        SlurmError: ``value`` is neither a string, a mapping nor None, or a GPU entry has a
+            count that is not a whole number (``gpu:a100:four``).
+    """
+    if value is None:
+        return 0
+    if not isinstance(value, (str, Mapping)):
+        raise SlurmError(f"GRES: expected a string, got {type(value).__name__} {value!r:.80}")
+    entries = _entries(value)
+    gres = sum(e.count for e in entries if not e.tres)
+    untyped = [e.count for e in entries if e.tres and not e.type]
+    tres = sum(untyped) if untyped else sum(e.count for e in entries if e.tres)
+    return gres + tres
+
+
+# --------------------------------------------------------------------------------------------
+# --json documents
+# --------------------------------------------------------------------------------------------
+
+
+def _load_doc(text: object, what: str, key: str) -> list[dict]:
+    """Decode a ``--json`` document and return its ``key`` list, or raise SlurmError."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if not isinstance(text, str):
+        raise SlurmError(f"{what}: expected text, got {type(text).__name__}")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        tail = "(empty)" if not text.strip() else f"(at char {exc.pos} of {len(text)})"
+        raise SlurmError(f"{what}: output is not valid JSON, truncated? {tail}: {exc.msg}") from exc
+    if not isinstance(doc, dict):
+        raise SlurmError(f"{what}: expected a JSON object at top level, got {type(doc).__name__}")
+    if doc.get("errors"):
+        raise _reported_error(what, doc["errors"], doc.get(key))
+    if key not in doc:
+        raise SlurmError(f"{what}: no {key!r} in the output (keys: {sorted(doc)[:8]})")
+    items = doc[key]
+    if not isinstance(items, list):
+        raise SlurmError(f"{what}: {key!r} should be a list, got {type(items).__name__} {items!r:.80}")
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise SlurmError(f"{what}: {key}[{i}] should be an object, got {item!r:.80}")
+    return items
+
+
+def _error_text(e: object) -> tuple[str, bool]:
+    """One entry of a document's ``errors`` list: (its text, whether it says unreachable)."""
+    if not isinstance(e, dict):
+        return str(e), says_unreachable(e)
+    num = e.get("error_number", e.get("errno"))
+    text = "; ".join(str(e[k]) for k in ("source", "description", "error") if e.get(k))
+    text += f" (errno {num})" if num is not None else ""
+    src = str(e.get("source") or "")
+    return text, num == -1 or src.startswith("slurm_load_") or says_unreachable(e)
+
+
+def _reported_error(what: str, errors: object, items: object) -> SlurmError:
+    """The exception for a document whose ``errors`` list is not empty.
+
+    Measured on 22.05.8: with the controller unreachable, ``squeue --json`` and ``sinfo --json``
+    exit **0** after about 9 s (the client's connect retries), print nothing on stderr, and print
+    ``{"errors": [{"error": "Unspecified error", "errno": -1}], "nodes": []}`` (sinfo) or
+    ``{"errors": [{"description": "Failed while looking for jobs", "error_number": -1,
+    "error": "Unspecified error", "source": "slurm_load_jobs"}], "jobs": []}`` (squeue). Taking
+    that for "no jobs, no nodes" would be a disaster, so any error fails the observation: with no
+    data and an unspecified error (errno -1) or a failed ``slurm_load_*``, it is
+    :class:`SlurmUnavailable`; otherwise :class:`SlurmError`.
+    """
+    parsed = [_error_text(e) for e in (errors if isinstance(errors, list) else [errors])]
+    msg = f"{what} reported errors: {' | '.join(t for t, _ in parsed)[:300]}"
+    if any(u for _, u in parsed) and not items:
+        return SlurmUnavailable(msg + " (the controller did not answer?)")
+    return SlurmError(msg)
+
+
+# --------------------------------------------------------------------------------------------
+# squeue --json
+# --------------------------------------------------------------------------------------------
+
+
+def _job_state(j: dict) -> str:
+    state = j.get("job_state") or ""
+    if isinstance(state, list):  # newer openapi versions report a list of flags
+        state = state[0] if state else ""
+    return str(state)
+
+
+def _cpus_per_task(j: dict) -> int:
+    """``cpus_per_task``, else ``cpus // tasks`` (22.05 leaves cpus_per_task null), at least 1."""
+    if j.get("cpus_per_task"):
+        return max(1, int(j["cpus_per_task"]))
+    return max(1, int(j.get("cpus") or 0) // max(1, int(j.get("tasks") or 1)))
+
+
+def _job_from_json(j: dict) -> JobInfo:
+    return JobInfo(
+        job_id=str(j["job_id"]),
+        name=str(j.get("name") or ""),
+        user=str(j.get("user_name") or j.get("user_id") or ""),
+        state=_job_state(j),
+        state_reason=str(j.get("state_reason") or ""),
+        partition=str(j.get("partition") or ""),
+        nodes=str(j.get("nodes") or ""),
+        node_count=int(j.get("node_count") or 0),
+        gpus_per_node=gpu_count(j.get("tres_per_node")),
+        restarts=int(j.get("restart_cnt") or 0),
+        batch_host=str(j.get("batch_host") or ""),
+        priority=int(j.get("priority") or 0),
+        cpus_per_task=_cpus_per_task(j),
+    )
+
+
+def parse_squeue_json(text: str | bytes) -> dict[str, JobInfo]:
+    """Parse ``squeue --json`` output into ``{job_id: JobInfo}``.
+
+    Raises:
+        SlurmUnavailable: the document reports that the controller could not be reached (22.05
+            then exits 0 with an empty list: see :func:`_reported_error`).
+        SlurmError: anything else that is not the JSON squeue documents (e.g. truncated).
+    """
+    jobs = _load_doc(text, "squeue --json", "jobs")
+    out = {}
+    for i, j in enumerate(jobs):
+        if j.get("job_id") is None:
+            raise SlurmError(f"squeue --json: jobs[{i}] has no job_id: {j!r:.120}")
+        try:
+            info = _job_from_json(j)
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise SlurmError(f"squeue --json: jobs[{i}]: unexpected value ({exc})") from exc
+        out[info.job_id] = info
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# sinfo --json
+# --------------------------------------------------------------------------------------------
+
+
+def _state_words(state: object) -> list[str]:
+    if isinstance(state, list):
+        return [str(s) for s in state]
+    if isinstance(state, str):
+        return [w for w in state.split("+") if w]
+    if state is None:
+        return []
+    raise SlurmError(f"node state: expected a string or list, got {state!r:.80}")
+
+
+def node_state(state: object, flags: object) -> str:
+    """``"idle"``, ``"mixed+drain"``, ``"down+not_responding"``: base state and flags, lower
+    case, joined by ``+`` (the form ``scontrol show node`` prints, lowered). 22.05 gives the
+    base state as a string and the flags as a list; later openapi versions give one list, and
+    pyslurm gives ``"IDLE+DRAIN"``.
+
+    Raises:
+        SlurmError: ``state`` is not a string, list or None, or ``flags`` not a list or None.
+    """
+    words = _state_words(state)
+    if flags is not None:
+        if not isinstance(flags, list):
+            raise SlurmError(f"node state_flags: expected a list, got {flags!r:.80}")
+        words += [str(f) for f in flags]
+    out: list[str] = []
+    for w in (w.strip().lower() for w in words):
+        if w and w not in out:
+            out.append(w)
+    return "+".join(out) or "unknown"
+
+
+def name_list(value: object, what: str) -> tuple[str, ...]:
+    """A list of names from a JSON list of strings or a comma-separated string (``None`` -> ()).
+
+    Raises:
+        SlurmError: anything else (``what`` names the field in the message).
+    """
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return tuple(p for p in (s.strip() for s in value.split(",")) if p)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise SlurmError(f"{what}: expected a list of names, got {value!r:.80}")
+
+
+def _has_value(text: object) -> bool:
+    return isinstance(text, str) and text.strip().lower() not in _NO_VALUE
+
+
+def _node_from_json(n: dict, i: int) -> NodeView:
+    name = n.get("name") or n.get("hostname")
+    if not isinstance(name, str) or not name:
+        raise SlurmError(f"sinfo --json: nodes[{i}] has no name: {n!r:.120}")
+    used = n.get("gres_used")
+    return NodeView(
+        name=name,
+        gpus=gpu_count(n.get("gres")),
+        gpus_allocated=gpu_count(used if _has_value(used) else n.get("tres_used")),
+        state=node_state(n.get("state"), n.get("state_flags")),
+        partitions=name_list(n.get("partitions"), f"sinfo --json: nodes[{i}].partitions"),
+    )
+
+
+def parse_sinfo_json(text: str | bytes) -> tuple[NodeView, ...]:
+    """Parse ``sinfo --json`` (Slurm 22.05, openapi v0.0.38; sinfo(1) ``--json``) into nodes.
+
+    Per node: ``name`` (``hostname`` if missing), ``gpus`` from ``gres``, ``gpus_allocated``
+    from ``gres_used`` (falling back to ``tres_used`` ``gres/gpu=N``, then 0), all through
+    :func:`gpu_count`; ``state`` from ``state`` + ``state_flags`` (see :func:`node_state`),
+    ``partitions``. A node listed more than once (once per partition) is merged: one
+    :class:`NodeView`, partitions united, in first appearance order. Missing optional fields
+    default to 0 / ``"unknown"`` / ``()``.
+
+    Raises:
+        SlurmUnavailable: the document reports that the controller could not be reached.
+        SlurmError: not JSON (e.g. truncated), no ``nodes`` list, a node that is not an object
+            or has no name, or a field of the wrong type.
+    """
+    merged: dict[str, NodeView] = {}
+    for i, n in enumerate(_load_doc(text, "sinfo --json", "nodes")):
+        node = _node_from_json(n, i)
+        old = merged.get(node.name)
+        if old is not None:
+            parts = old.partitions + tuple(p for p in node.partitions if p not in old.partitions)
+            node = NodeView(old.name, max(old.gpus, node.gpus),
+                            max(old.gpus_allocated, node.gpus_allocated), old.state, parts)
+        merged[node.name] = node
+    return tuple(merged.values())
+
+
+# --------------------------------------------------------------------------------------------
+# The resize script
+# --------------------------------------------------------------------------------------------
+
+_EXPORT = re.compile(r'export\s+([A-Za-z_][A-Za-z0-9_]*)=(?:"([^"]*)"|(\S*))')
+_UNSET = re.compile(r"unset\s+([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def parse_resize_script(text: str) -> tuple[dict[str, str], list[str]]:
+    """Parse ``slurm_job_<id>_resize.sh`` into (variables to set, variables to unset).
+
+    Slurm writes ``export NAME="value"`` and ``unset NAME`` lines (22.05, measured: see the
+    notes §3). Anything else is ignored.
+    """
+    setv: dict[str, str] = {}
+    unset: list[str] = []
+    for line in text.splitlines():
+        line = line.strip()
+        m = _EXPORT.match(line)
+        if m:
+            setv[m.group(1)] = m.group(2) if m.group(2) is not None else m.group(3)
+            continue
+        m = _UNSET.match(line)
+        if m:
+            unset.append(m.group(1))
+    return setv, unset
