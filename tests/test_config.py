@@ -222,3 +222,11 @@ def test_policy_name_validated_against_registry(tmp_path):
     msg = str(info.value)
     assert "unknown policy 'fifo'" in msg and "dp, greedy" in msg and str(p) in msg
     assert cfg.load(p, env=NO_ENV, policy_names=["fifo"]).policy.name == "fifo"
+
+
+def test_policy_help_names_every_registered_policy_and_the_default_is_one():
+    from hpcsched.policies import POLICIES
+
+    (line,) = [ln for ln in cfg.example_toml().splitlines() if ln.startswith("# scheduling policy")]
+    assert line == f"# scheduling policy ({', '.join(POLICIES)})"
+    assert cfg.defaults().policy.name in POLICIES

@@ -32,6 +32,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from hpcsched.policies import DEFAULT_POLICY, POLICIES
+
 DEFAULT_PATH = Path("/etc/hpcsched/hpcsched.toml")
 ENV_CONFIG = "HPCSCHED_CONFIG"
 ENV_DATABASE_URL = "HPCSCHED_DATABASE_URL"
@@ -191,7 +193,8 @@ class PolicySettings:
     tuples); the policy validates it, not this module.
     """
 
-    name: str = _opt("ones-pal", _string(nonempty=True), "scheduling policy (static, tiresias, dp, ones, ones-pal)")
+    name: str = _opt(DEFAULT_POLICY, _string(nonempty=True),
+                     f"scheduling policy ({', '.join(POLICIES)})")
     seed: int = _opt(0, _integer, "seed for the policy's random choices")
     params: Mapping[str, Any] = _opt(
         lambda: MappingProxyType({}), _table,
