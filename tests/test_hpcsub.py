@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from hpcsched.job.sbatch_args import Geometry, UsageError
+from hpcsched.job.submit import job_limits, validate_geometry
 from hpcsched.protocol.jobdir import JobDir
+from hpcsched.protocol.limits import JobLimits
 
 from tests.conftest import EXAMPLE, cli
 
@@ -74,7 +77,8 @@ def test_python_script_without_py_suffix_is_accepted_by_shebang(control_dir, tmp
 
 def test_print_script_renders_directives_and_defaults(control_dir, tmp_path):
     s = tmp_path / "train.py"
-    s.write_text("#!/usr/bin/env python3\n#SBATCH --time=01:00:00\n#SBATCH -p gpu  # the GPU partition\nimport torch\n#SBATCH --ignored\n")
+    s.write_text("#!/usr/bin/env python3\n#SBATCH --time=01:00:00\n#SBATCH -p gpu  # the GPU partition\n"
+                 "import torch\n#SBATCH --ignored\n")
     r = _hpcsub("-N", "2", "--gres=gpu:4", "--hpcsched-print-script", s, "--lr", "0.1")
     assert r.returncode == 0, r.stderr
     text = r.stdout
@@ -129,3 +133,43 @@ def test_rendered_directives_survive_sbatch_quoting(control_dir, tmp_path):
     r = _hpcsub("--hpcsched-print-script", s)
     assert r.returncode == 0, r.stderr
     assert want in read_directives(r.stdout)
+
+
+# -- the pure parts of build_spec ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("geo,expected", [
+    (Geometry(), (1, 1)),
+    (Geometry(nodes_min=2, nodes_max=2, gpus_per_node=4), (2, 4)),
+    (Geometry(ntasks_per_node=3), (1, 3)),
+    (Geometry(gpus_per_node=4, ntasks_per_node=4), (1, 4)),
+    (Geometry(gpus_total=8, gpus_per_node=4), (1, 4)),
+])
+def test_validate_geometry(geo, expected):
+    assert validate_geometry(geo) == expected
+
+
+@pytest.mark.parametrize("opts,nodes,wpn,expected", [
+    ({}, 2, 4, JobLimits(4, 1, 2, 256, 256, None, 256, "linear")),
+    ({"batch-size": 100}, 1, 1, JobLimits(1, 1, 1, 100, 100, None, 100, "linear")),
+    ({"max-batch-size": 512}, 1, 4, JobLimits(4, 1, 1, 128, 512, None, 128, "linear")),
+    ({"min-batch-size": 64}, 1, 4, JobLimits(4, 1, 1, 64, 128, None, 128, "linear")),
+    ({"min-gpus": 8, "max-gpus": 16}, 2, 4, JobLimits(4, 2, 4, 256, 256, None, 256, "linear")),
+    ({"max-nodes": 3, "max-local-batch-size": 8, "lr-scaling": "sqrt"}, 1, 2,
+     JobLimits(2, 1, 3, 64, 64, 8, 64, "sqrt")),
+])
+def test_job_limits_and_their_defaults(opts, nodes, wpn, expected):
+    assert job_limits(opts, nodes, wpn) == expected
+
+
+@pytest.mark.parametrize("opts,nodes,wpn,message", [
+    ({"min-nodes": 2, "min-gpus": 8}, 2, 4, "give --hpcsched-min-nodes or --hpcsched-min-gpus, not both"),
+    ({"min-gpus": 6}, 2, 4, "--hpcsched-min-gpus=6 is not a multiple of the 4 GPUs per node"),
+    ({"min-nodes": 2, "batch-size": 4}, 2, 4,
+     "--hpcsched-max-batch-size=4 is smaller than the 8 GPUs of the smallest allowed size"),
+    ({"batch-size": 64, "max-batch-size": 32}, 1, 1, "batch size 64 is outside [32, 32]"),
+])
+def test_job_limits_refuses(opts, nodes, wpn, message):
+    with pytest.raises(UsageError) as exc:
+        job_limits(opts, nodes, wpn)
+    assert message in str(exc.value)
