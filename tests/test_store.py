@@ -24,14 +24,17 @@ TABLES = {
     "rounds": {"id", "started_at", "duration", "policy", "objective", "jobs", "actions",
                "slurm_calls", "policy_seconds", "error", "dry_run"},
     "actions": {"id", "round_id", "job_id", "kind", "generation", "from_nodes", "to_nodes",
-                "from_batch_size", "to_batch_size", "reason", "status", "error", "created_at",
-                "updated_at", "restarts_at_plan"},
+                "from_batch_size", "to_batch_size", "reason", "phase", "error", "created_at",
+                "updated_at", "restarts_at_plan", "history", "placement"},
     "ingest_offsets": {"path", "offset", "updated_at"},
 }
 
 JOB = dict(job_uid="uid-1", user="alice", script="train.py", workers_per_node=4, min_nodes=1,
            max_nodes=4, min_batch_size=32, max_batch_size=512, base_batch_size=128,
            lr_scaling="linear", spec_json='{"x": 1}', state="RUNNING")
+
+
+HEAD = "0002"
 
 
 def _url(path) -> str:
@@ -63,14 +66,14 @@ def _plan(db, job_id="1", **kw):
 
 def test_upgrade_creates_every_table(tmp_path):
     s = Store(_url(tmp_path / "sub" / "dir" / "h.db"))  # the directory is created
-    assert s.upgrade() == "0001"
+    assert s.upgrade() == HEAD
     insp = inspect(s.engine)
     assert set(insp.get_table_names()) == set(TABLES) | {"alembic_version"}
     for table, columns in TABLES.items():
         assert {c["name"] for c in insp.get_columns(table)} == columns, table
     idx = {tuple(i["column_names"]) for i in insp.get_indexes("profile_samples")}
     assert ("job_id", "world_size", "local_batch_size") in idx
-    assert ("job_id", "status") in {tuple(i["column_names"]) for i in insp.get_indexes("actions")}
+    assert ("job_id", "phase") in {tuple(i["column_names"]) for i in insp.get_indexes("actions")}
     assert {fk["referred_table"] for fk in insp.get_foreign_keys("actions")} == {"jobs", "rounds"}
     assert [u["column_names"] for u in insp.get_unique_constraints("jobs")] == [["job_uid"]]
     s.close()
@@ -85,9 +88,9 @@ def test_store_creates_no_tables(tmp_path):
 
 def test_upgrade_twice_is_a_noop(db):
     _job(db)
-    assert db.current_revision() == "0001"
-    assert db.upgrade() == "0001"
-    assert db.upgrade() == "0001"
+    assert db.current_revision() == HEAD
+    assert db.upgrade() == HEAD
+    assert db.upgrade() == HEAD
     assert db.job("1") is not None
     with db.engine.connect() as c:
         assert c.exec_driver_sql("SELECT count(*) FROM alembic_version").scalar() == 1
@@ -115,7 +118,73 @@ def test_downgrade_and_upgrade_through_env_without_connection(tmp_path):
     assert s.current_revision() is None
     assert set(inspect(s.engine).get_table_names()) == {"alembic_version"}
     command.upgrade(cfg, "head")
-    assert s.current_revision() == "0001"
+    assert s.current_revision() == HEAD
+    s.close()
+
+
+def _insert_0001_action(conn, id_, status, kind="grow", created=10.0, updated=20.0):
+    conn.exec_driver_sql(
+        "INSERT INTO actions (id, round_id, job_id, kind, generation, from_nodes, to_nodes, "
+        "from_batch_size, to_batch_size, reason, status, error, created_at, updated_at, "
+        f"restarts_at_plan) VALUES ({id_}, NULL, '1', '{kind}', {id_}, 1, 2, 32, 64, 'why', "
+        f"'{status}', NULL, {created}, {updated}, 1)")
+
+
+# 0001's status -> 0002's phase and history (from created_at / updated_at)
+MIGRATED = [
+    ("planned", "requested", (("requested", 10.0),)),
+    ("applied", "requested", (("requested", 10.0),)),
+    ("observed", "running", (("requested", 10.0), ("running", 20.0))),
+    ("failed", "failed", (("requested", 10.0), ("failed", 20.0))),
+]
+
+
+def test_upgrade_from_0001_keeps_the_journal(tmp_path):
+    """A database at 0001 with a journal in it: every row's status becomes a phase with its
+    history; open ones stay open, and the resumed journal takes the new phases and kinds."""
+    from alembic import command
+
+    url = _url(tmp_path / "old.db")
+    s = Store(url)
+    command.upgrade(st.alembic_config(url), "0001")
+    with s.engine.begin() as c:
+        c.exec_driver_sql("INSERT INTO jobs (job_id, job_uid, user, script, workers_per_node, "
+                          "min_nodes, max_nodes, min_batch_size, max_batch_size, "
+                          "base_batch_size, lr_scaling, spec_json, state, first_seen, last_seen, "
+                          "app_class) VALUES ('1', 'u1', 'a', 't.py', 2, 1, 2, 8, 256, 32, "
+                          "'linear', '{}', 'RUNNING', 1.0, 1.0, '')")
+        for i, (status, _, _) in enumerate(MIGRATED, start=1):
+            _insert_0001_action(c, i, status)
+    assert s.upgrade() == HEAD
+    rows = {a.id: a for a in s.actions()}
+    for i, (_, phase, history) in enumerate(MIGRATED, start=1):
+        assert (rows[i].phase, rows[i].history, rows[i].placement) == (phase, history, ()), i
+        assert (rows[i].kind, rows[i].to_batch_size, rows[i].restarts_at_plan) == ("grow", 64, 1)
+    assert [a.id for a in s.open_actions()] == [1, 2]
+    s.set_action_phase(1, "checkpointed", at=30.0)
+    assert s.actions()[-1].history == (("requested", 10.0), ("checkpointed", 30.0))
+    _plan(s, kind="preempt")
+    s.close()
+
+
+def test_downgrade_to_0001_maps_phases_back(tmp_path):
+    from alembic import command
+
+    url = _url(tmp_path / "h.db")
+    s = Store(url)
+    s.upgrade()
+    _job(s)
+    a, b, c, d = (_plan(s) for _ in range(4))
+    s.set_action_phase(b, "checkpointed")
+    s.set_action_phase(c, "running")
+    s.set_action_phase(d, "failed", error="gone")
+    _plan(s, kind="preempt")
+    command.downgrade(st.alembic_config(url), "0001")
+    with s.engine.connect() as conn:
+        got = conn.exec_driver_sql("SELECT id, status, kind FROM actions ORDER BY id").all()
+    assert got == [(a, "applied", "grow"), (b, "applied", "grow"), (c, "observed", "grow"),
+                   (d, "failed", "grow")], "preempt rows go: 0001 cannot hold them"
+    assert s.upgrade() == HEAD
     s.close()
 
 
@@ -292,46 +361,54 @@ def test_rounds(db):
 def test_journal_legal_transitions(db):
     _job(db)
     rid = db.begin_round("dp", 1.0, False)
-    a = _plan(db, round_id=rid, restarts_at_plan=2)
+    a = _plan(db, round_id=rid, restarts_at_plan=2, placement=("n1", "n2"))
     b = _plan(db, kind="shrink", generation=2, from_nodes=2, to_nodes=1)
     c = _plan(db, kind="batch", generation=3, from_nodes=1, to_nodes=1)
     row = db.actions()[-1]
-    assert row.id == a and row.status == "planned" and row.round_id == rid
+    assert row.id == a and row.phase == "requested" and row.round_id == rid
+    assert row.status == row.phase, "status is the phase's old name"
     assert row.restarts_at_plan == 2 and row.created_at == row.updated_at == 5.0
+    assert row.placement == ("n1", "n2") and row.history == (("requested", 5.0),)
     assert [x.id for x in db.open_actions()] == [a, b, c]
 
-    db.set_action_status(a, "applied", at=6.0)
-    db.set_action_status(a, "observed", at=7.0)
-    db.set_action_status(b, "failed", error="scontrol: invalid node count", at=8.0)
-    db.set_action_status(c, "applied")
-    db.set_action_status(c, "failed", error="no ack in 180 s")
+    for t, phase in enumerate(("checkpointed", "requeued", "released", "rescheduled", "running")):
+        db.set_action_phase(a, phase, at=6.0 + t)
+    db.set_action_phase(b, "failed", error="scontrol: invalid node count", at=8.0)
+    db.set_action_phase(c, "running")
 
     by_id = {x.id: x for x in db.actions("1")}
-    assert by_id[a].status == "observed" and by_id[a].updated_at == 7.0
-    assert by_id[b].status == "failed" and by_id[b].error == "scontrol: invalid node count"
-    assert by_id[c].status == "failed" and by_id[c].error == "no ack in 180 s"
+    assert by_id[a].phase == "running" and by_id[a].updated_at == 10.0
+    assert by_id[a].history == (("requested", 5.0), ("checkpointed", 6.0), ("requeued", 7.0),
+                                ("released", 8.0), ("rescheduled", 9.0), ("running", 10.0))
+    assert by_id[b].phase == "failed" and by_id[b].error == "scontrol: invalid node count"
+    assert by_id[b].history == (("requested", 5.0), ("failed", 8.0))
+    assert by_id[c].phase == "running" and by_id[c].error is None
+    assert by_id[c].placement == ()
     assert db.open_actions() == []
 
 
 @pytest.mark.parametrize("path, bad", [
-    ((), "observed"),                        # planned -> observed skips applied
-    ((), "planned"),
-    (("applied",), "applied"),
-    (("applied",), "planned"),
-    (("applied", "observed"), "failed"),     # final states are final
-    (("applied", "observed"), "applied"),
-    (("failed",), "applied"),
+    ((), "requeued"),                        # requested -> requeued skips the checkpoint
+    ((), "requested"),                       # no staying put in the journal
+    (("checkpointed",), "checkpointed"),
+    (("checkpointed",), "requested"),        # never backwards
+    (("checkpointed", "requeued"), "rescheduled"),   # released first
+    (("running",), "failed"),                # final phases are final
+    (("running",), "checkpointed"),
+    (("failed",), "running"),
     (("failed",), "failed"),
-    ((), "done"),                            # not a status at all
+    ((), "done"),                            # not a phase at all
+    ((), "observed"),                        # nor are the old statuses
+    ((), "applied"),
 ])
 def test_journal_illegal_transitions(db, path, bad):
     _job(db)
     a = _plan(db)
-    for status in path:
-        db.set_action_status(a, status)
+    for phase in path:
+        db.set_action_phase(a, phase)
     before = db.actions()[0]
     with pytest.raises(ValueError):
-        db.set_action_status(a, bad)
+        db.set_action_phase(a, bad)
     assert db.actions()[0] == before, "a refused transition changes nothing"
 
 
@@ -339,18 +416,30 @@ def test_journal_misc(db):
     _job(db, "1")
     _job(db, "2")
     with pytest.raises(KeyError):
-        db.set_action_status(12345, "applied")
+        db.set_action_phase(12345, "running")
     with pytest.raises(ValueError, match="kind"):
         _plan(db, kind="explode")
     with pytest.raises(ValueError, match="missing field"):
         db.plan_action(job_id="1", kind="grow")
     with pytest.raises(TypeError):
-        _plan(db, status="applied")            # a new action is always planned
+        _plan(db, phase="running")            # a new action is always requested
+    with pytest.raises(TypeError):
+        _plan(db, history="[]")
     ids = [_plan(db, "1"), _plan(db, "2"), _plan(db, "1")]
     assert [a.id for a in db.actions()] == ids[::-1]
     assert [a.id for a in db.actions("1")] == [ids[2], ids[0]]
     assert [a.id for a in db.actions(limit=1)] == [ids[2]]
     assert [a.id for a in db.open_actions("2")] == [ids[1]]
+
+
+def test_journal_takes_every_change_kind(db):
+    """The store refuses no kind reconcile can emit (preempt included)."""
+    from hpcsched.protocol.kinds import ChangeKind
+
+    _job(db)
+    for kind in ChangeKind:
+        a = _plan(db, kind=kind)
+        assert db.actions(limit=1)[0].kind == kind.value and db.actions(limit=1)[0].id == a
 
 
 def test_planned_action_is_durable_before_plan_returns(db, tmp_path):
@@ -395,7 +484,7 @@ def _writer(url, name, n, barrier, errors):
             r = s.begin_round(name, float(i), False)
             a = s.plan_action(job_id=jid, round_id=r, kind="grow", generation=1, from_nodes=1,
                               to_nodes=2, from_batch_size=4, to_batch_size=8)
-            s.set_action_status(a, "applied")
+            s.set_action_phase(a, "checkpointed")
             s.add_profile_samples([dict(job_id="shared", time=float(i), world_size=1, nodes=1,
                                         local_batch_size=4, step_time=0.1, throughput=40.0)])
             s.set_ingest_offset(f"/metrics/{name}", i + 1)
@@ -425,7 +514,7 @@ def test_two_processes_write_concurrently(db, tmp_path):
     assert [p.exitcode for p in procs] == [0, 0]
     assert len(db.jobs()) == 2 * n + 1
     assert len(db.actions(limit=10_000)) == 2 * n
-    assert all(a.status == "applied" for a in db.actions(limit=10_000))
+    assert all(a.phase == "checkpointed" for a in db.actions(limit=10_000))
     assert len(db.rounds(limit=10_000)) == 2 * n
     assert db.profile("shared")[0].steps == 2 * n
     assert db.ingest_offset("/metrics/a") == n and db.ingest_offset("/metrics/b") == n
@@ -435,7 +524,7 @@ def _upgrader(url, barrier, errors):
     try:
         s = Store(url)
         barrier.wait(timeout=60)
-        assert s.upgrade() == "0001"
+        assert s.upgrade() == HEAD
         s.close()
     except BaseException:
         errors.put(traceback.format_exc())
@@ -457,7 +546,7 @@ def test_two_processes_upgrade_one_fresh_file(tmp_path):
     assert not msgs, "\n".join(msgs)
     assert [p.exitcode for p in procs] == [0, 0]
     s = Store(url)
-    assert s.current_revision() == "0001"
+    assert s.current_revision() == HEAD
     s.close()
 
 
@@ -473,15 +562,15 @@ def test_db_cli(tmp_path, monkeypatch):
     assert res.exit_code == 0 and res.output.strip() == "none"
     res = runner.invoke(st.db_group, ["upgrade", "--database-url", url])
     assert res.exit_code == 0, res.output
-    assert res.output.strip() == "0001"
+    assert res.output.strip() == HEAD
     res = runner.invoke(st.db_group, ["current", "--database-url", url])
-    assert res.output.strip() == "0001"
+    assert res.output.strip() == HEAD
 
     # URL from a config file, and from the environment over the config file
     conf = tmp_path / "hpcsched.toml"
     conf.write_text(f'[daemon]\ndatabase_url = "{_url(tmp_path / "conf.db")}"\n')
     res = runner.invoke(st.db_group, ["upgrade", "--config", str(conf)])
-    assert res.exit_code == 0 and res.output.strip() == "0001"
+    assert res.exit_code == 0 and res.output.strip() == HEAD
     assert (tmp_path / "conf.db").exists()
     monkeypatch.setenv("HPCSCHED_DATABASE_URL", _url(tmp_path / "env.db"))
     res = runner.invoke(st.db_group, ["upgrade", "--config", str(conf)])

@@ -1,0 +1,466 @@
+"""The resize state machine, pure: phases, legal transitions, and :func:`next_step`.
+
+A resize (an :class:`Action`) moves through :class:`ResizePhase` phases, each journaled by the
+daemon with its time (:class:`History`). :func:`next_step` takes what was read this round
+(:class:`Observed`: the job's control generation and acknowledgement, Slurm's view of the job,
+the time) and returns the next phase with the effects that carry it out, as data
+(:data:`Effect`); :class:`hpcsched.daemon.actuator.Actuator` executes them. Nothing here reads a
+file, asks Slurm or looks at a clock, so every transition has a table-driven test
+(``tests/test_actuator.py``). The design follows Ray autoscaler v2's instance manager: an
+explicit table of legal transitions, a history with timestamps, timeouts computed from the
+history (``has_timeout``), and a reconciler that runs one pass per tick and never waits.
+
+Paths by change kind (:class:`~hpcsched.protocol.kinds.ChangeKind`)::
+
+    batch, pending   requested -> running
+    shrink           requested -> checkpointed -> running
+    grow             requested -> checkpointed -> requeued -> released -> rescheduled -> running
+    any              ... -> failed
+
+=============  =========================================================================
+phase          meaning (what has been done; what the next step waits for)
+=============  =========================================================================
+requested      journaled; the control generation is written by the first step (and again
+               by any later step that does not see it); waits for the job's ack
+checkpointed   the job acknowledged ``checkpointed``: a shrink finishes by itself; a grow
+               is requeued once Slurm shows it RUNNING at the restart count of the plan
+requeued       ``scontrol requeue`` done (Slurm's restart count went up); waits for PENDING
+released       PENDING job resized (``NumNodes``...) and ``StartTime=now+2`` set
+rescheduled    ``StartTime=now`` sent, at least :data:`REQUEUE_START_DELAY_S` after the requeue
+running        the job acknowledged ``applied`` for the generation (a pending job: the
+               generation is written and the job still pends, so its launcher starts with it)
+failed         ended, superseded, rejected, refused by Slurm, or timed out (``why`` says)
+=============  =========================================================================
+
+Timeouts (:class:`Timeouts`), from the history: ``ack`` seconds from ``requested`` until the job
+checkpoints or applies (then a generation never acknowledged is cancelled by a ``continue``
+generation at the job's current size, so a late acknowledgement never starts a stale resize);
+``start`` seconds from ``requeued`` until the job runs again.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from hpcsched.protocol.kinds import ACTION_FOR_KIND, AckState, ChangeKind, ControlAction
+
+if TYPE_CHECKING:
+    from hpcsched.protocol.files import Ack
+    from hpcsched.slurm import JobInfo
+
+#: Seconds between a requeue and the job's next start. Slurm holds a requeued job for 121 s
+#: (credential expiry) unless told otherwise, but a job started again within the second of the
+#: requeue is killed by slurmd ("Killing non-startable batch JobId=N: Job credential revoked")
+#: and ends FAILED (measured on 22.05.8, dev cluster). Credential times have 1 s resolution, so
+#: 2 s is the least that is always safe.
+REQUEUE_START_DELAY_S = 2
+
+#: Slurm job states after which a job runs no more (``squeue --json`` ``job_state``)
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+         "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+
+
+class ResizePhase(StrEnum):
+    """Where a resize is (the journal's ``actions.phase``; module docstring for each)."""
+
+    REQUESTED = "requested"
+    CHECKPOINTED = "checkpointed"
+    REQUEUED = "requeued"
+    RELEASED = "released"
+    RESCHEDULED = "rescheduled"
+    RUNNING = "running"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return not TRANSITIONS[self]
+
+
+P = ResizePhase
+#: The legal transitions. A step may also stay in its phase (with or without effects).
+TRANSITIONS: dict[ResizePhase, frozenset[ResizePhase]] = {
+    # the job checkpointed (shrink, grow); applied (batch, pending: straight to running)
+    P.REQUESTED: frozenset({P.CHECKPOINTED, P.RUNNING, P.FAILED}),
+    # a grow's requeue; a shrink applied in place or by relaunch
+    P.CHECKPOINTED: frozenset({P.REQUEUED, P.RUNNING, P.FAILED}),
+    # released once PENDING; running if Slurm started it by itself (the 121 s hold passed
+    # while no daemon ran) and it applied
+    P.REQUEUED: frozenset({P.RELEASED, P.RUNNING, P.FAILED}),
+    P.RELEASED: frozenset({P.RESCHEDULED, P.RUNNING, P.FAILED}),
+    P.RESCHEDULED: frozenset({P.RUNNING, P.FAILED}),
+    P.RUNNING: frozenset(),
+    P.FAILED: frozenset(),
+}
+OPEN_PHASES = tuple(p for p in ResizePhase if TRANSITIONS[p])
+TERMINAL_PHASES = tuple(p for p in ResizePhase if not TRANSITIONS[p])
+
+#: the phases each kind passes through when all goes well (documentation and tests)
+PATHS: dict[ChangeKind, tuple[ResizePhase, ...]] = {
+    ChangeKind.BATCH: (P.REQUESTED, P.RUNNING),
+    ChangeKind.PENDING: (P.REQUESTED, P.RUNNING),
+    ChangeKind.SHRINK: (P.REQUESTED, P.CHECKPOINTED, P.RUNNING),
+    ChangeKind.GROW: (P.REQUESTED, P.CHECKPOINTED, P.REQUEUED, P.RELEASED, P.RESCHEDULED,
+                      P.RUNNING),
+    ChangeKind.PREEMPT: (P.REQUESTED, P.FAILED),   # not applied by the daemon yet
+}
+
+
+class IllegalTransition(ValueError):
+    """A transition that :data:`TRANSITIONS` does not allow."""
+
+
+def check_transition(old: str, new: str) -> None:
+    """Raise :class:`IllegalTransition` unless ``old -> new`` is legal (strings or phases).
+
+    Raises:
+        IllegalTransition: ``new`` is not a phase, or not a legal successor of ``old``.
+    """
+    try:
+        a, b = ResizePhase(old), ResizePhase(new)
+    except ValueError:
+        raise IllegalTransition(f"unknown phase in {old!r} -> {new!r}; valid: "
+                                f"{'|'.join(ResizePhase)}") from None
+    if b not in TRANSITIONS[a]:
+        raise IllegalTransition(f"illegal transition {a} -> {b}")
+
+
+@dataclass(frozen=True)
+class History:
+    """The phases an action has been in, with the Unix time (s) it entered each, oldest first."""
+
+    entries: tuple[tuple[ResizePhase, float], ...]
+
+    @classmethod
+    def begin(cls, at: float) -> History:
+        """A new action, ``requested`` at ``at``."""
+        return cls(((ResizePhase.REQUESTED, float(at)),))
+
+    @classmethod
+    def parse(cls, pairs) -> History:
+        """From the journal's ``[[phase, time], ...]``."""
+        return cls(tuple((ResizePhase(p), float(t)) for p, t in pairs))
+
+    @property
+    def phase(self) -> ResizePhase:
+        return self.entries[-1][0]
+
+    @property
+    def started(self) -> float:
+        """When the action was requested (Unix s)."""
+        return self.entries[0][1]
+
+    def entered(self, phase: ResizePhase) -> float | None:
+        """When the action last entered ``phase`` (Unix s), or None."""
+        for p, t in reversed(self.entries):
+            if p == phase:
+                return t
+        return None
+
+    def then(self, phase: ResizePhase, at: float) -> History:
+        """This history followed by ``phase`` at ``at``; the same history for a stay.
+
+        Raises:
+            IllegalTransition: see :data:`TRANSITIONS`.
+        """
+        if phase == self.phase:
+            return self
+        check_transition(self.phase, phase)
+        return History(self.entries + ((ResizePhase(phase), float(at)),))
+
+    def has_timeout(self, since: ResizePhase, timeout: float, now: float) -> bool:
+        """More than ``timeout`` s have passed since the action entered ``since``."""
+        t = self.entered(since)
+        return t is not None and now - t > timeout
+
+
+@dataclass(frozen=True)
+class Action:
+    """A resize in flight: what it takes to resume it after a crash (the daemon journals it).
+
+    Sizes in nodes, ``batch_size`` in samples (global). ``restarts_at_plan`` is Slurm's restart
+    count of the job when the action was planned: a grow requeues the job only while the count
+    is unchanged, so a resumed action never requeues twice. ``placement``: nodes to start on (a
+    pending job, or a grow after its requeue); empty lets Slurm choose.
+    """
+
+    job_id: str
+    kind: ChangeKind
+    generation: int
+    nodes: int
+    batch_size: int
+    restarts_at_plan: int
+    reason: str = ""
+    issued_by: str = "hpcsched resize"
+    placement: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What was read for one step.
+
+    Attributes:
+        now: Unix time (s) of the reading.
+        control_generation: the generation in ``control.json``; None when there is none (or it
+            cannot be read: it is then written again).
+        ack: ``ack.json``, or None (none yet, or unreadable).
+        job: Slurm's view of the job; None when Slurm no longer knows it.
+    """
+
+    now: float
+    control_generation: int | None
+    ack: Ack | None
+    job: JobInfo | None
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds: ``ack`` from the request to the job's checkpoint or application; ``start`` from
+    the requeue to the job's first step at the new size."""
+
+    ack: float = 180.0
+    start: float = 300.0
+
+
+# -- effects: what a step asks the executor to do, in order -----------------------------------
+
+
+@dataclass(frozen=True)
+class WriteControl:
+    """Write ``control.json`` generation ``generation`` (batch refitted to the job's limits)."""
+
+    generation: int
+    action: ControlAction
+    nodes: int
+    global_batch_size: int
+
+
+@dataclass(frozen=True)
+class CancelGeneration:
+    """Supersede an unanswered generation by a ``continue`` at what the job runs now (the
+    acknowledged configuration's nodes and batch split)."""
+
+    generation: int
+    nodes: int
+    global_batch_size: int
+    local_batch_size: int
+    accumulation_steps: int
+    why: str
+
+
+@dataclass(frozen=True)
+class ResizePendingJob:
+    """``scontrol update NumNodes=<n>-<n> NumTasks NumCPUs ReqNodeList`` on a PENDING job.
+    ``required``: a refusal fails the action (else it is a note, and the job starts at what
+    Slurm allows)."""
+
+    nodes: int
+    placement: tuple[str, ...]
+    cpus_per_task: int
+    required: bool
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """``scontrol requeue`` the job (only ever emitted at the restart count of the plan)."""
+
+
+@dataclass(frozen=True)
+class SetStartTime:
+    """``scontrol update StartTime=<when>``; a job already started is not an error."""
+
+    when: str
+
+
+Effect = WriteControl | CancelGeneration | ResizePendingJob | Requeue | SetStartTime
+
+
+@dataclass(frozen=True)
+class Step:
+    """:func:`next_step`'s answer: the phase to journal (the same one: stay), the effects to
+    execute first, ``why`` for ``failed``, and a ``note`` worth logging."""
+
+    phase: ResizePhase
+    effects: tuple[Effect, ...] = ()
+    why: str = ""
+    note: str = ""
+
+
+def requeue_start_due(requeued_at: float) -> float:
+    """The earliest Unix time for ``StartTime=now`` after a requeue at ``requeued_at``: slurmd
+    revokes the credential within the second the requeue reached it, and a credential dated at
+    least one whole second later is valid (measured, Slurm 22.05.8)."""
+    return math.floor(requeued_at) + REQUEUE_START_DELAY_S + 0.05
+
+
+# -- the step ------------------------------------------------------------------------------------
+
+
+def next_step(action: Action, history: History, obs: Observed,
+              timeouts: Timeouts = Timeouts()) -> Step:
+    """The next phase of ``action`` given ``history`` and this reading (pure).
+
+    Checks in order: terminal phase (stay); kind ``preempt`` (failed: not applied by the daemon
+    yet); the job ended or is gone; a newer generation superseded this one; the job rejected or
+    applied it; then the phase's own rule (:data:`_RULES`), which may time out.
+    """
+    phase = history.phase
+    if phase.terminal:
+        return Step(phase)
+    return (_refused(action) or _ended(action, obs) or _superseded(action, obs)
+            or _answered(action, obs) or _RULES[phase](action, history, obs, timeouts))
+
+
+def _refused(a: Action) -> Step | None:
+    if a.kind == ChangeKind.PREEMPT:
+        return Step(P.FAILED, why=f"job {a.job_id}: preemption is not applied by the daemon yet; "
+                                  "the job keeps running")
+    return None
+
+
+def _ended(a: Action, obs: Observed) -> Step | None:
+    if obs.job is None or obs.job.state in ENDED:
+        state = obs.job.state if obs.job is not None else "gone"
+        return Step(P.FAILED, why=f"job {a.job_id} ended ({state}) before it applied generation "
+                                  f"{a.generation}")
+    return None
+
+
+def _superseded(a: Action, obs: Observed) -> Step | None:
+    newer = max(obs.control_generation or 0, obs.ack.generation if obs.ack else 0)
+    if newer > a.generation:
+        return Step(P.FAILED, why=f"job {a.job_id}: generation {a.generation} was superseded by "
+                                  f"{newer}")
+    return None
+
+
+def _answered(a: Action, obs: Observed) -> Step | None:
+    ack = obs.ack
+    if ack is None or ack.generation != a.generation:
+        return None
+    if ack.state == AckState.REJECTED:
+        return Step(P.FAILED, why=f"job {a.job_id} rejected generation {a.generation}: "
+                                  f"{ack.message}")
+    if ack.state == AckState.APPLIED:
+        note = (f"Slurm started the job on {ack.nodes} node(s), not {a.nodes}"
+                if ack.nodes != a.nodes else "")
+        return Step(P.RUNNING, note=note)
+    return None  # checkpointed: the phase's rule
+
+
+def _requested(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
+    if obs.control_generation is None or obs.control_generation < a.generation:
+        return _request(a, obs)
+    if a.kind == ChangeKind.PENDING and obs.job.state == "PENDING":
+        return Step(P.RUNNING)  # the launcher starts with this generation
+    if obs.ack is not None and obs.ack.generation == a.generation:  # checkpointed
+        return Step(P.CHECKPOINTED)
+    if h.has_timeout(P.REQUESTED, t.ack, obs.now):
+        return _unanswered(a, obs, t)
+    return Step(P.REQUESTED)
+
+
+def _request(a: Action, obs: Observed) -> Step:
+    """Write the generation; a pending job is given its size first (it may start any moment,
+    and its launcher starts with the generation in force)."""
+    job = obs.job
+    effects: list[Effect] = []
+    if a.kind == ChangeKind.PENDING and job.state == "PENDING" and job.node_count != a.nodes:
+        effects.append(ResizePendingJob(a.nodes, a.placement, job.cpus_per_task, required=True))
+    effects.append(WriteControl(a.generation, ACTION_FOR_KIND[a.kind], a.nodes, a.batch_size))
+    return Step(P.REQUESTED, tuple(effects))
+
+
+def _unanswered(a: Action, obs: Observed, t: Timeouts) -> Step:
+    """No acknowledgement in time: cancel the generation by a ``continue`` at what the job runs
+    (when it has ever acknowledged anything), so a late acknowledgement starts nothing stale."""
+    why = (f"job {a.job_id} did not acknowledge generation {a.generation} within "
+           f"{t.ack:.0f} s (does the script use hpcsched.elastic?)")
+    ack = obs.ack
+    cancel = () if ack is None else (CancelGeneration(
+        a.generation + 1, ack.nodes, ack.global_batch_size, ack.local_batch_size,
+        ack.accumulation_steps, why),)
+    return Step(P.FAILED, cancel, why=why)
+
+
+def _late(a: Action) -> Step:
+    """After a checkpoint the job is never cancelled: its launcher resumes it by itself."""
+    return Step(P.FAILED, why=f"job {a.job_id} did not run again at generation {a.generation} "
+                              "in time")
+
+
+def _checkpointed(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
+    job = obs.job
+    if a.kind == ChangeKind.GROW:
+        if job.restarts > a.restarts_at_plan:   # requeued already (by a daemon that died)
+            return Step(P.REQUEUED, note=f"requeued before (restart count {job.restarts})")
+        if job.state == "RUNNING":
+            return Step(P.REQUEUED, (Requeue(),))
+    if h.has_timeout(P.REQUESTED, t.ack, obs.now):
+        return _late(a)
+    return Step(P.CHECKPOINTED)   # a shrink: the job's launcher or workers finish it
+
+
+def _requeued(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
+    if obs.job.state == "PENDING":
+        # the hold must go whether or not Slurm takes the new size
+        return Step(P.RELEASED, (ResizePendingJob(a.nodes, a.placement, obs.job.cpus_per_task,
+                                                  required=False),
+                                 SetStartTime(f"now+{REQUEUE_START_DELAY_S}")))
+    return _waiting_to_start(a, h, obs, t, P.REQUEUED)
+
+
+def _released(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
+    if obs.job.state == "PENDING" and obs.now >= requeue_start_due(h.entered(P.REQUEUED)):
+        # an update wakes the scheduler at once; a begin time that merely passes waits for its
+        # next periodic pass (13 s measured)
+        return Step(P.RESCHEDULED, (SetStartTime("now"),))
+    return _waiting_to_start(a, h, obs, t, P.RELEASED)
+
+
+def _rescheduled(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
+    return _waiting_to_start(a, h, obs, t, P.RESCHEDULED)
+
+
+def _waiting_to_start(a: Action, h: History, obs: Observed, t: Timeouts,
+                      phase: ResizePhase) -> Step:
+    if h.has_timeout(P.REQUEUED, t.start, obs.now):
+        return _late(a)
+    return Step(phase)
+
+
+#: each open phase's own rule, after the checks common to all
+_RULES = {
+    P.REQUESTED: _requested,
+    P.CHECKPOINTED: _checkpointed,
+    P.REQUEUED: _requeued,
+    P.RELEASED: _released,
+    P.RESCHEDULED: _rescheduled,
+}
+
+__all__ = [
+    "ENDED",
+    "OPEN_PHASES",
+    "PATHS",
+    "REQUEUE_START_DELAY_S",
+    "TERMINAL_PHASES",
+    "TRANSITIONS",
+    "Action",
+    "CancelGeneration",
+    "Effect",
+    "History",
+    "IllegalTransition",
+    "Observed",
+    "Requeue",
+    "ResizePendingJob",
+    "ResizePhase",
+    "SetStartTime",
+    "Step",
+    "Timeouts",
+    "WriteControl",
+    "check_transition",
+    "next_step",
+    "requeue_start_due",
+]

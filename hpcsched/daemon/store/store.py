@@ -1,0 +1,315 @@
+"""The daemon's store: SQLAlchemy 2.0 ORM over SQLite by default, any SQLAlchemy URL accepted.
+
+What is kept (times are UTC Unix seconds, floats; durations in seconds; sizes in nodes or
+workers; batch sizes in samples):
+
+- ``jobs``: every hpcsched job the daemon has seen: its Slurm id, spec and limits, last state;
+- ``profile_samples``: measured step time and throughput per job and configuration;
+- ``gpu_measurements``: how fast each GPU ran relative to the job's median rank;
+- ``rounds``: one row per scheduling round;
+- ``actions``: the journal of resizes (:mod:`hpcsched.daemon.store.journal`). Every action is
+  written here (``requested``) and committed before the daemon acts, then moved along its
+  phases (:mod:`hpcsched.daemon.phases`) to ``running`` or ``failed``, one committed
+  transition at a time, so a daemon killed mid-resize resumes without doing anything twice;
+- ``ingest_offsets``: how far each per-rank metrics file has been read, in bytes.
+
+SQLite: every connection gets ``journal_mode=WAL``, ``foreign_keys=ON`` and
+``busy_timeout=5000`` (ms); write transactions start with ``BEGIN IMMEDIATE`` so that two
+writers wait for each other (up to the busy timeout) instead of failing. **The SQLite file must
+be on a local disk, not NFS or another network file system**: WAL needs shared memory between
+the processes using the file, and network file systems break SQLite's locking. Put the jobs'
+directories on the shared file system, and the daemon's database next to the daemon.
+
+The schema (:mod:`hpcsched.daemon.store.schema`) is created and migrated by Alembic (migrations
+in ``db/``): :meth:`Store.upgrade` or ``hpcsched db upgrade``. ``Store(url)`` itself never
+creates tables.
+
+Every method returns plain frozen dataclasses (:mod:`hpcsched.daemon.store.rows`), never ORM
+objects, and every write method commits its own short transaction, so callers never hold a
+session.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Self
+
+from sqlalchemy import String, cast, func, insert, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from hpcsched.daemon.store.journal import JournalMixin
+from hpcsched.daemon.store.rows import (
+    JobRow,
+    ProfileRow,
+    RoundRow,
+    check_keys,
+    columns,
+    require,
+    to_row,
+)
+from hpcsched.daemon.store.schema import (
+    GpuMeasurement,
+    IngestOffset,
+    Job,
+    ProfileSample,
+    Round,
+    alembic_config,
+    make_engine,
+    safe_url,
+)
+
+_JOB_REQUIRED = ("job_uid", "workers_per_node", "min_nodes", "max_nodes", "min_batch_size",
+                 "max_batch_size", "base_batch_size")
+_SAMPLE_REQUIRED = ("job_id", "time", "world_size", "nodes", "local_batch_size", "step_time",
+                    "throughput")
+_GPU_REQUIRED = ("job_id", "time", "node", "local_rank", "relative_speed")
+_ROUND_END_FIELDS = {"duration", "objective", "jobs", "actions", "slurm_calls",
+                     "policy_seconds", "error"}
+
+
+class Store(JournalMixin):
+    """The daemon's database. ``url``: any SQLAlchemy URL (SQLite on a local disk by default).
+
+    Creating a Store opens nothing and creates no tables; run :meth:`upgrade` once (or
+    ``hpcsched db upgrade``) before using it. Methods are safe to call from several processes
+    on one SQLite file: writers wait for each other up to the busy timeout (5 s).
+    """
+
+    def __init__(self, url: str):
+        self.url = url
+        self.engine = make_engine(url)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        with self._sessions() as s:
+            yield s
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        """A session whose transaction takes SQLite's write lock at once and commits on exit."""
+        with self._sessions() as s:
+            s.connection(execution_options={"hpcsched_write": True})
+            try:
+                yield s
+                s.commit()
+            except BaseException:
+                s.rollback()
+                raise
+
+    # -- schema ------------------------------------------------------------------------------
+
+    def upgrade(self, revision: str = "head") -> str:
+        """Migrate the schema to ``revision`` (default: the newest); returns the revision reached.
+
+        Safe to run again (a no-op when already there) and from two processes at once. For a
+        SQLite file, its directory is created when missing.
+        """
+        from alembic import command
+
+        sa_url = make_url(self.url)
+        if sa_url.get_backend_name() == "sqlite" and sa_url.database not in (None, "",
+                                                                             ":memory:"):
+            Path(sa_url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        cfg = alembic_config(self.url)
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(hpcsched_write=True)
+            with conn.begin():
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, revision)
+        reached = self.current_revision()
+        if reached is None:
+            raise RuntimeError(f"{safe_url(self.url)}: no schema revision after upgrade to {revision}")
+        return reached
+
+    def current_revision(self) -> str | None:
+        """The schema revision of the database, or None when it was never migrated."""
+        from alembic.runtime.migration import MigrationContext
+
+        with self.engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+
+    # -- jobs --------------------------------------------------------------------------------
+
+    def upsert_job(self, **fields: Any) -> None:
+        """Insert or update the job ``job_id``; only the given fields change.
+
+        Fields are :class:`JobRow`'s. A new job needs ``job_uid``, ``workers_per_node``,
+        the node limits and the batch sizes. ``last_seen`` defaults to now; ``first_seen``
+        is set when the job is inserted (default: ``last_seen``) and never changed after.
+        """
+        check_keys("upsert_job", fields, columns(Job))
+        require("upsert_job", fields, ["job_id"])
+        fields = dict(fields)
+        fields.setdefault("last_seen", time.time())
+        with self._write() as s:
+            job = s.get(Job, fields["job_id"])
+            if job is None:
+                require(f"upsert_job: new job {fields['job_id']}", fields, _JOB_REQUIRED)
+                fields.setdefault("first_seen", fields["last_seen"])
+                s.add(Job(**fields))
+            else:
+                fields.pop("first_seen", None)
+                for k, v in fields.items():
+                    setattr(job, k, v)
+
+    def job(self, job_id: str) -> JobRow | None:
+        """The job with this Slurm job id, or None."""
+        with self._read() as s:
+            job = s.get(Job, job_id)
+            return None if job is None else to_row(JobRow, job)
+
+    def jobs(self, active_only: bool = False) -> list[JobRow]:
+        """All jobs (``active_only``: those without ``finished_at``), oldest first."""
+        q = select(Job).order_by(Job.first_seen, Job.job_id)
+        if active_only:
+            q = q.where(Job.finished_at.is_(None))
+        with self._read() as s:
+            return [to_row(JobRow, j) for j in s.scalars(q)]
+
+    # -- profile samples ---------------------------------------------------------------------
+
+    def add_profile_samples(self, rows: Iterable[dict]) -> int:
+        """Store profile samples; returns how many. Each row: ``job_id``, ``time`` (Unix s),
+        ``world_size``, ``nodes``, ``local_batch_size``, ``step_time`` (s, mean over the
+        steps), ``throughput`` (samples/s); optional ``accumulation_steps`` (1), ``steps``
+        (how many step records the row aggregates, >= 1, default 1), ``launch`` (0),
+        ``generation`` (0), ``global_batch_size`` (default world_size x local_batch_size x
+        accumulation_steps). The job must exist."""
+        allowed = columns(ProfileSample) - {"id"}
+        batch = []
+        for r in rows:
+            check_keys("add_profile_samples", r, allowed)
+            require("add_profile_samples", r, _SAMPLE_REQUIRED)
+            r = {"launch": 0, "generation": 0, "accumulation_steps": 1, "steps": 1, **r}
+            if r.get("global_batch_size") is None:
+                r["global_batch_size"] = (r["world_size"] * r["local_batch_size"]
+                                          * r["accumulation_steps"])
+            if r["steps"] < 1:
+                raise ValueError(f"add_profile_samples: steps must be >= 1, got {r['steps']}")
+            batch.append(r)
+        if batch:
+            with self._write() as s:
+                s.execute(insert(ProfileSample), batch)
+        return len(batch)
+
+    def profile(self, job_id: str) -> list[ProfileRow]:
+        """The job's profile: one row per (world_size, nodes, local_batch_size,
+        accumulation_steps), with steps-weighted mean step time (s) and throughput
+        (samples/s), total steps and the latest sample time; ordered by those keys."""
+        P = ProfileSample
+        total = func.sum(P.steps)
+        q = (select(P.world_size, P.nodes, P.local_batch_size, P.accumulation_steps,
+                    func.max(P.global_batch_size),
+                    func.sum(P.step_time * P.steps) / total,
+                    func.sum(P.throughput * P.steps) / total,
+                    total, func.count(), func.max(P.time))
+             .where(P.job_id == job_id)
+             .group_by(P.world_size, P.nodes, P.local_batch_size, P.accumulation_steps)
+             .order_by(P.world_size, P.nodes, P.local_batch_size, P.accumulation_steps))
+        with self._read() as s:
+            return [ProfileRow(job_id, ws, n, lbs, acc, int(gbs), float(st), float(tp),
+                               int(steps), int(count), float(t))
+                    for ws, n, lbs, acc, gbs, st, tp, steps, count, t in s.execute(q)]
+
+    # -- GPU measurements --------------------------------------------------------------------
+
+    def add_gpu_measurements(self, rows: Iterable[dict]) -> int:
+        """Store per-rank speed measurements; returns how many. Each row: ``job_id``, ``time``
+        (Unix s), ``node``, ``local_rank``, ``relative_speed`` (the rank's speed over its job's
+        median rank; >1 = faster); optional ``gpu_index`` (str, e.g. from
+        CUDA_VISIBLE_DEVICES), ``gpu_uuid``, ``app_class`` (""), ``steps`` (>= 1, default 1).
+        The job must exist."""
+        allowed = columns(GpuMeasurement) - {"id"}
+        batch = []
+        for r in rows:
+            check_keys("add_gpu_measurements", r, allowed)
+            require("add_gpu_measurements", r, _GPU_REQUIRED)
+            r = {"gpu_index": None, "gpu_uuid": None, "app_class": "", "steps": 1, **r}
+            if r["gpu_index"] is not None:
+                r["gpu_index"] = str(r["gpu_index"])
+            if r["steps"] < 1:
+                raise ValueError(f"add_gpu_measurements: steps must be >= 1, got {r['steps']}")
+            batch.append(r)
+        if batch:
+            with self._write() as s:
+                s.execute(insert(GpuMeasurement), batch)
+        return len(batch)
+
+    def gpu_speeds(self, app_class: str | None = None, since: float | None = None
+                   ) -> dict[tuple[str, str], float]:
+        """Relative speed per GPU: ``(node, gpu_index)`` -> steps-weighted mean
+        ``relative_speed`` (1.0 = the median rank of its job). Where no ``gpu_index`` was
+        recorded the key is ``(node, str(local_rank))``. ``app_class`` restricts to one
+        application class (None: all); ``since`` to measurements at or after that time."""
+        G = GpuMeasurement
+        gpu = func.coalesce(G.gpu_index, cast(G.local_rank, String))
+        q = (select(G.node, gpu, func.sum(G.relative_speed * G.steps) / func.sum(G.steps))
+             .group_by(G.node, gpu))
+        if app_class is not None:
+            q = q.where(G.app_class == app_class)
+        if since is not None:
+            q = q.where(G.time >= since)
+        with self._read() as s:
+            return {(node, str(g)): float(v) for node, g, v in s.execute(q)}
+
+    # -- rounds ------------------------------------------------------------------------------
+
+    def begin_round(self, policy: str, started_at: float, dry_run: bool) -> int:
+        """Record the start of a round (``started_at``: Unix s); returns its id."""
+        with self._write() as s:
+            r = Round(policy=policy, started_at=started_at, dry_run=bool(dry_run))
+            s.add(r)
+            s.flush()
+            return r.id
+
+    def end_round(self, round_id: int, **fields: Any) -> None:
+        """Complete a round: any of ``duration`` (s), ``objective``, ``jobs``, ``actions``,
+        ``slurm_calls`` (counts), ``policy_seconds`` (s), ``error`` (text)."""
+        check_keys("end_round", fields, _ROUND_END_FIELDS)
+        with self._write() as s:
+            r = s.get(Round, round_id)
+            if r is None:
+                raise KeyError(f"no round {round_id}")
+            for k, v in fields.items():
+                setattr(r, k, v)
+
+    def rounds(self, limit: int = 20) -> list[RoundRow]:
+        """The latest ``limit`` rounds, newest first."""
+        with self._read() as s:
+            q = select(Round).order_by(Round.id.desc()).limit(limit)
+            return [to_row(RoundRow, r) for r in s.scalars(q)]
+
+    # -- ingest bookkeeping ------------------------------------------------------------------
+
+    def ingest_offset(self, path: str) -> int:
+        """How many bytes of the file at ``path`` were ingested (0 if never seen)."""
+        with self._read() as s:
+            row = s.get(IngestOffset, str(path))
+            return 0 if row is None else row.offset
+
+    def set_ingest_offset(self, path: str, offset: int, *, at: float | None = None) -> None:
+        """Record that ``offset`` bytes of ``path`` are ingested (``at``: Unix s, default now)."""
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
+        now = time.time() if at is None else at
+        with self._write() as s:
+            row = s.get(IngestOffset, str(path))
+            if row is None:
+                s.add(IngestOffset(path=str(path), offset=offset, updated_at=now))
+            else:
+                row.offset, row.updated_at = offset, now
