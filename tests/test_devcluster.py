@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpcsched.slurm import devcluster as dc
-
+from hpcsched.slurm.devcluster import cli, install, processes
 from tests.conftest import wait_for
 
 STATE = dc.default_state_dir()
@@ -127,23 +127,23 @@ def test_up_requires_root(monkeypatch, tmp_path):
 
 
 def test_no_install_with_missing_binary_is_a_clear_error(monkeypatch):
-    real_bin = dc._bin
-    monkeypatch.setattr(dc, "_bin", lambda name: None if name == "slurmdbd" else real_bin(name))
+    real_bin = install.find_bin
+    monkeypatch.setattr(install, "find_bin", lambda name: None if name == "slurmdbd" else real_bin(name))
     with pytest.raises(dc.DevClusterError, match=r"missing slurmdbd and --no-install given"):
-        dc._ensure_installed(install=False)
+        install.ensure_installed(install=False)
 
 
 def test_failed_install_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(dc, "_bin", lambda name: "/usr/bin/apt-get" if name == "apt-get" else None)
+    monkeypatch.setattr(install, "find_bin", lambda name: "/usr/bin/apt-get" if name == "apt-get" else None)
     calls = []
 
     def fake_run(args, **kwargs):
         calls.append(args)
         raise dc.DevClusterError("`apt-get update` failed (exit 100): E: could not resolve deb.debian.org")
 
-    monkeypatch.setattr(dc, "_run", fake_run)
+    monkeypatch.setattr(install, "run_cmd", fake_run)
     with pytest.raises(dc.DevClusterError, match=r"^installing slurm-wlm munge slurmdbd mariadb-server failed: "):
-        dc._ensure_installed(install=True)
+        install.ensure_installed(install=True)
     assert calls == [["/usr/bin/apt-get", "update"]]
 
 
@@ -151,14 +151,14 @@ def test_zombie_counts_as_dead():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     try:
         deadline = time.monotonic() + 10
-        while dc._proc_state(child.pid)[1] != "Z":  # exited, not yet reaped: a zombie
+        while processes.proc_state(child.pid)[1] != "Z":  # exited, not yet reaped: a zombie
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        assert not dc._alive(child.pid)
+        assert not processes.alive(child.pid)
     finally:
         child.wait()
-    assert dc._alive(os.getpid())
-    assert not dc._alive(os.getpid(), comm="slurmctld")  # a reused PID is not our daemon
+    assert processes.alive(os.getpid())
+    assert not processes.alive(os.getpid(), comm="slurmctld")  # a reused PID is not our daemon
 
 
 def test_down_and_status_when_down(tmp_path):
@@ -172,6 +172,32 @@ def test_down_and_status_when_down(tmp_path):
     st = json.loads(result.stdout)
     assert st["up"] is False and st["nodes"] == [] and st["geometry"] is None
     assert runner.invoke(dc.devcluster, ["status", "--state-dir", str(state)]).exit_code == 3
+
+
+def test_status_text_of_an_up_cluster(monkeypatch, tmp_path):
+    st = {"up": True, "state_dir": str(tmp_path), "slurm_conf": f"{tmp_path}/etc/slurm.conf",
+          "geometry": {"nodes": 2, "gpus": 4, "cpus": 8},
+          "daemons": [{"name": "munged", "pid": 7, "running": True, "started_by_us": False},
+                      {"name": "slurmctld", "pid": 9, "running": True, "started_by_us": True},
+                      {"name": "slurmd-n2", "pid": None, "running": False, "started_by_us": True}],
+          "nodes": [{"name": "n1", "state": "idle", "flags": [], "gres": "gpu:4", "cpus": 8, "reason": ""},
+                    {"name": "n2", "state": "down", "flags": ["NOT_RESPONDING"], "gres": "", "cpus": 8,
+                     "reason": "gone"}],
+          "error": "sinfo: slow"}
+    monkeypatch.setattr(cli, "status", lambda state_dir: st)
+    result = CliRunner().invoke(dc.devcluster, ["status", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 0
+    assert result.stdout.splitlines() == [
+        f"dev cluster {tmp_path}: up (2 nodes x 4 GPUs x 8 CPUs)",
+        "  munged       running, pid 7 (not started by devcluster)",
+        "  slurmctld    running, pid 9",
+        "  slurmd-n2    not running",
+        "nodes:",
+        "  n1     idle         gres=gpu:4 cpus=8",
+        "  n2     down+NOT_RESPONDING gres=- cpus=8  (gone)",
+        "sinfo: sinfo: slow",
+        f"export SLURM_CONF={tmp_path}/etc/slurm.conf",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,6 +298,6 @@ def test_sacct_records_the_job(cluster, gpu_job):
         line = _slurm(cluster.env, "sacct", "-j", gpu_job.id, "-X", "-n", "-P", "-o", "State,NNodes,AllocTRES").strip()
         return line if line.startswith("COMPLETED|") else None  # slurmdbd is written asynchronously
 
-    state, nnodes, tres = wait_for(accounted, 30, f"sacct to show job {gpu_job.id} COMPLETED").split("|")
+    _, nnodes, tres = wait_for(accounted, 30, f"sacct to show job {gpu_job.id} COMPLETED").split("|")
     assert nnodes == "2"
     assert "gres/gpu=8" in tres.split(",")
