@@ -39,8 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import write_report  # noqa: E402
 from hpcsched.policies import POLICIES, make_policy  # noqa: E402
-from hpcsched.perf.goodput import APPLICATIONS, predict_step_time, prior_for  # noqa: E402
-from hpcsched.perf.throughput import clear_caches  # noqa: E402
+from hpcsched.perf.pollux import step_time  # noqa: E402
+from hpcsched.perf.priors import APPLICATIONS, prior_for  # noqa: E402
+from hpcsched.perf.model import clear_caches  # noqa: E402
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint  # noqa: E402
 
 SCALES = ((64, 160), (1024, 500), (4096, 1000))
@@ -71,7 +72,7 @@ def snapshot(gpus: int, jobs: int, seed: int = 0, model: str = "linear") -> Clus
             def step(w):
                 m = max(1, batch // (w * wpn))
                 if model == "pollux":
-                    return scale * predict_step_time(prior_for(app), w, w * wpn, m, 1)
+                    return scale * step_time(prior_for(app), w, w * wpn, m, 1)
                 return alpha + beta * m
             profile = tuple(ProfilePoint(w * wpn, w, max(1, batch // (w * wpn)), 1, step(w),
                                          batch / step(w), 50)

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcsched.policies import PolicyError, make_policy
 from hpcsched.policies.dp import _Option, capacity, solve
-from hpcsched.perf.throughput import fit
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint
 
 
@@ -44,13 +41,6 @@ def test_dp_recurrence_on_a_hand_solved_instance():
     total, picks = solve([j1, j2], 6)          # 6 GPUs: (2, 4) -> 27 beats (4, 2) -> 21
     assert total == 27.0 and picks == [0, 2]
     assert solve([j1, [_Option(4, 1.0, 1)]], 4) is None   # minimums 2 + 4 > 4
-
-
-def test_fit_recovers_linear_step_time():
-    # step time 0.01 + 0.001 * local, measured at two local batch sizes
-    m = fit((_pt(2, 32, 0.042), _pt(4, 16, 0.026)))
-    assert m.fitted and m.alpha == pytest.approx(0.01, rel=1e-6) and m.beta == pytest.approx(0.001, rel=1e-6)
-    assert fit(()) is None
 
 
 def test_dp_moves_gpus_from_a_job_that_does_not_scale_to_one_that_does():
@@ -311,30 +301,3 @@ def test_ones_starts_an_unmeasured_pending_job_as_large_as_fits():
     other = _job("B", 1, batch=96, profile=[_pt(2, 48, 0.096)], state="PENDING", submit=1.0)
     plan = ONES().decide(_cluster(3, 4, [pend, other]), seed=0)   # 12 GPUs: room for both
     assert plan.target("P").nodes == 2, plan
-
-
-def test_model_for_uses_the_pollux_model_and_its_prior_for_known_applications():
-    from hpcsched.protocol.batching import BatchConfig
-    from hpcsched.perf.goodput import predict_step_time, prior_for
-    from hpcsched.perf.throughput import PolluxModel, ThroughputModel, model_for
-    from hpcsched.policies.variability import class_key
-
-    job = replace(_job("A", 2, wpn=4, batch=256, bmax=1024), app_class="cifar10")
-    m = model_for(job)   # not measured yet: the application's prior as is
-    assert isinstance(m, PolluxModel) and m.params == prior_for("cifar10")
-    cfg = BatchConfig(8, 32, 1)
-    # Pollux's model: the same 8 GPUs synchronise slower across nodes than within one
-    assert m.throughput(cfg, nodes=2) < m.throughput(BatchConfig(4, 64, 1), nodes=1) * 2
-    assert m.step_time_at(2, 8, 32, 1) == pytest.approx(
-        predict_step_time(m.params, 2, 8, 32, 1), rel=1e-12)
-    # one measured configuration: the prior scaled to reproduce it exactly
-    t = 1.7 * predict_step_time(prior_for("cifar10"), 2, 8, 32, 1)
-    one = model_for(replace(job, profile=(ProfilePoint(8, 2, 32, 1, t, 256 / t, 50),)))
-    assert isinstance(one, PolluxModel) and "1 configuration" in one.source
-    assert one.step_time_at(2, 8, 32, 1) == pytest.approx(t, rel=2e-3)   # key: 3 digits
-    # no known application: the linear model, fitted to the profile (None without one)
-    assert model_for(replace(job, app_class="")) is None
-    lin = model_for(replace(job, app_class="", profile=(_pt(8, 32, 0.2),)))
-    assert isinstance(lin, ThroughputModel)
-    # placement knows an application by its PAL class
-    assert class_key("cifar10") == "A" and class_key("ncf") == "D" and class_key("classB") == "B"

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
-from hpcsched.perf.throughput import PolluxModel, ThroughputModel, best_at, model_for
+from hpcsched.perf.model import JobModel, best_at, model_for
 
 EPSILON = 1e-6
 
@@ -53,7 +53,7 @@ class _Option:
     batch: int
 
 
-def _options(job: JobView, model: ThroughputModel | PolluxModel | None, lo_nodes: int) -> list[_Option]:
+def _options(job: JobView, model: JobModel | None, lo_nodes: int) -> list[_Option]:
     wpn = job.workers_per_node
     if model is None and job.state == "PENDING":
         # not started yet: may start smaller, down to its minimum (it was admitted at that)

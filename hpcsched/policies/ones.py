@@ -35,7 +35,7 @@ import numpy as np
 
 from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 from hpcsched.policies.dp import ElasticDP, capacity
-from hpcsched.perf.throughput import best_at, model_for
+from hpcsched.perf.model import best_at, model_for
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hpcsched.protocol.batching import BatchSizeError, fit_batch
-from hpcsched.perf.throughput import model_for
+from hpcsched.perf.model import job_throughput
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView, Plan
 
 ORDER = {"preempt": 0, "shrink": 1, "batch": 2, "pending": 3, "grow": 4}
@@ -66,16 +65,7 @@ class Change:
 
 def predict(job: JobView, nodes: int, batch_size: int) -> float | None:
     """Predicted samples/s of ``job`` at ``nodes`` nodes and global ``batch_size``."""
-    model = model_for(job)
-    if model is None or nodes <= 0:
-        return None
-    try:
-        cfg = fit_batch(batch_size, nodes * job.workers_per_node,
-                        min_global=job.min_batch_size, max_global=job.max_batch_size,
-                        max_local_batch_size=job.max_local_batch_size)
-    except BatchSizeError:
-        return None
-    return model.throughput(cfg, nodes)
+    return job_throughput(job, nodes, batch_size)
 
 
 def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()) -> tuple[list[Change], list[str]]:

@@ -22,7 +22,8 @@ whose measured traces ship in ``hpcsched/data/pollux/traces/<app>/`` (Apache-2.0
 * **Statistical efficiency.** Each ``validation-<B>.csv`` is one training run at global batch
   ``B``: per epoch, the progress reached and the gradient statistics ``grad_sqr, grad_var`` (at
   the base batch size). At batch ``M`` the job gains ``(var + sqr) / (var / r + sqr)`` progress per
-  step, ``r = M / M0`` (AdaptDL's gain; Pollux §3.1), with the statistics of the current epoch
+  step, ``r = M / M0`` (AdaptDL's gain; Pollux §3.1; :func:`hpcsched.perf.pollux.gain`, the
+  formula the policies' statistical efficiency uses), with the statistics of the current epoch
   interpolated linearly between the two measured batch sizes around ``M`` (clamped to the
   measured range).
 * **Work.** Epoch ``e`` ends at progress ``P(e)`` = the least progress any measured run reached
@@ -49,6 +50,8 @@ from pathlib import Path
 import numpy as np
 from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
 from threadpoolctl import threadpool_limits
+
+from hpcsched.perf import pollux
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 TRACES = DATA / "pollux" / "traces"
@@ -242,12 +245,10 @@ class Application:
                 float((1 - w) * vlo["grad_var"][e] + w * vhi["grad_var"][e]))
 
     def gain(self, batch_size: float, epoch: int) -> float:
-        """Progress per optimizer step at global ``batch_size`` in ``epoch`` (1 at M0)."""
+        """Progress per optimizer step at global ``batch_size`` in ``epoch`` (1 at M0):
+        :func:`hpcsched.perf.pollux.gain` of the measured statistics."""
         sqr, var = self.grad_stats(batch_size, epoch)
-        r = batch_size / self.init_batch_size
-        sqr, var = max(sqr, 0.0), max(var, 0.0)
-        denom = var / r + sqr
-        return (var + sqr) / denom if denom > 0 else 1.0
+        return pollux.gain(sqr, var, batch_size / self.init_batch_size)
 
 
 class _ScaledNearest:

@@ -1,35 +1,43 @@
-"""Pollux-style goodput model: step-time formula, fit, shipped priors, statistical efficiency,
-best batch size. Hand-computed cases plus invariants."""
+"""hpcsched.perf: Pollux's step-time formula, its fit, statistical efficiency, the shipped priors,
+the linear model, and the one objective (goodput) with its best configuration. Hand-computed
+cases plus invariants."""
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcsched.perf import goodput as gp
-from hpcsched.perf.goodput import (
-    APPLICATIONS,
-    GoodputModel,
+from hpcsched.perf import linear, priors
+from hpcsched.perf.linear import ThroughputModel
+from hpcsched.perf.model import (
+    best_at,
+    candidates,
+    goodput,
+    job_goodput,
+    model_for,
+)
+from hpcsched.perf.pollux import (
     PerfParams,
     PerfSample,
+    PolluxModel,
     efficiency,
     fit_perf_params,
-    predict_step_time,
-    predict_sync_time,
-    predict_throughput,
-    prior_for,
+    gain,
+    step_time,
+    sync_time,
+    throughput,
 )
+from hpcsched.perf.priors import APPLICATIONS, prior_for
 from hpcsched.policies.snapshot import JobView, ProfilePoint
+from hpcsched.protocol.batching import BatchConfig
 
 TRUE = PerfParams(alpha_c=0.02, beta_c=0.001, alpha_n=0.12, beta_n=0.004, alpha_r=0.03,
                   beta_r=0.002, gamma=2.0)
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "pollux"
 
 
 def _job(*, profile=(), app="", batch=128, bmin=None, bmax=None, max_local=None, base=None,
@@ -42,8 +50,14 @@ def _job(*, profile=(), app="", batch=128, bmin=None, bmax=None, max_local=None,
 
 
 def _point(params, nodes, world, local, accum=1, samples=20):
-    t = predict_step_time(params, nodes, world, local, accum)
+    t = step_time(params, nodes, world, local, accum)
     return ProfilePoint(world, nodes, local, accum, t, world * local * accum / t, samples)
+
+
+def _pt(world, local, step, accum=1):
+    """A linear-model profile point: ``world // 2`` nodes."""
+    return ProfilePoint(world, world // 2, local, accum, step, world * local * accum / step,
+                        samples=50)
 
 
 # ------------------------------------------------------------------------------ step-time model
@@ -53,18 +67,33 @@ def test_step_time_formula_by_hand():
     # T_grad = 0.02 + 0.001 * 64 = 0.084; T_sync = 0.12 + 0.004 * (8 - 2) = 0.144
     # T_step = 2 * 0.084 + sqrt(0.084^2 + 0.144^2) = 0.168 + 0.166710... = 0.334710...
     expect = 2 * 0.084 + math.hypot(0.084, 0.144)
-    assert predict_step_time(TRUE, 2, 8, 64, 3) == pytest.approx(expect, rel=1e-12)
-    assert predict_throughput(TRUE, 2, 8, 64, 3) == pytest.approx(8 * 64 * 3 / expect, rel=1e-12)
+    assert step_time(TRUE, 2, 8, 64, 3) == pytest.approx(expect, rel=1e-12)
+    assert throughput(TRUE, 2, 8, 64, 3) == pytest.approx(8 * 64 * 3 / expect, rel=1e-12)
     # one node, 4 replicas: intra-node parameters; one replica: no synchronisation at all
-    assert predict_sync_time(TRUE, 1, 4) == pytest.approx(0.03 + 0.002 * 2)
-    assert predict_sync_time(TRUE, 1, 2) == pytest.approx(0.03)
-    assert predict_sync_time(TRUE, 1, 1) == 0.0
-    assert predict_step_time(TRUE, 1, 1, 64, 1) == pytest.approx(0.084)
+    assert sync_time(TRUE, 1, 4) == pytest.approx(0.03 + 0.002 * 2)
+    assert sync_time(TRUE, 1, 2) == pytest.approx(0.03)
+    assert sync_time(TRUE, 1, 1) == 0.0
+    assert step_time(TRUE, 1, 1, 64, 1) == pytest.approx(0.084)
     # arrays broadcast
-    arr = predict_step_time(TRUE, np.array([1, 1, 2]), np.array([1, 4, 8]), 64)
+    arr = step_time(TRUE, np.array([1, 1, 2]), np.array([1, 4, 8]), 64)
     assert arr.shape == (3,) and arr[0] == pytest.approx(0.084)
     with pytest.raises(ValueError):
-        predict_step_time(TRUE, 2, 1, 64)          # more nodes than replicas
+        step_time(TRUE, 2, 1, 64)          # more nodes than replicas
+    with pytest.raises(ValueError):
+        step_time(TRUE, np.array([1, 2]), np.array([1, 1]), 64)
+
+
+@pytest.mark.parametrize(("nodes", "gpus", "local", "accum"),
+                         [(1, 1, 64, 1), (1, 4, 32, 2), (2, 8, 64, 3), (4, 16, 8, 1), (3, 3, 1, 1)])
+def test_the_policies_model_is_the_one_step_time(nodes, gpus, local, accum):
+    """PolluxModel (the policies' inner loop), the scalar and the array form agree: one formula."""
+    m = PolluxModel(TRUE, "given")
+    cfg = BatchConfig(gpus, local, accum)
+    assert m.step_time(cfg, nodes) == step_time(TRUE, nodes, gpus, local, accum)
+    assert m.throughput(cfg, nodes) == pytest.approx(throughput(TRUE, nodes, gpus, local, accum),
+                                                     rel=1e-15)
+    arr = step_time(TRUE, np.array([nodes]), np.array([gpus]), np.array([local]), np.array([accum]))
+    assert arr[0] == pytest.approx(m.step_time(cfg, nodes), rel=1e-14)
 
 
 @settings(max_examples=60, deadline=None)
@@ -75,12 +104,11 @@ def test_more_replicas_never_lower_throughput_without_sync_cost(nodes, k, local,
                                                                gamma):
     p = PerfParams(ac, bc, 0.0, 0.0, 0.0, 0.0, gamma)
     k = max(k, nodes)
-    a = predict_throughput(p, nodes, k, local, accum)
-    b = predict_throughput(p, nodes, k + 1, local, accum)
+    a = throughput(p, nodes, k, local, accum)
+    b = throughput(p, nodes, k + 1, local, accum)
     assert b >= a * (1 - 1e-12)
     # and a single node, growing: same
-    assert predict_throughput(p, 1, k + 1, local, accum) >= predict_throughput(p, 1, k, local,
-                                                                               accum) * (1 - 1e-12)
+    assert throughput(p, 1, k + 1, local, accum) >= throughput(p, 1, k, local, accum) * (1 - 1e-12)
 
 
 # ------------------------------------------------------------------------------------- fitting
@@ -90,8 +118,7 @@ def _grid_samples(params, with_compute=True):
     for nodes, k in [(1, 1), (1, 2), (1, 4), (2, 2), (2, 4), (2, 8), (4, 16), (8, 32)]:
         for local in (16, 32, 64, 128, 256):
             comp = params.alpha_c + params.beta_c * local if with_compute else None
-            out.append(PerfSample(nodes, k, local, 1, predict_step_time(params, nodes, k, local),
-                                  comp))
+            out.append(PerfSample(nodes, k, local, 1, step_time(params, nodes, k, local), comp))
     return out
 
 
@@ -100,8 +127,8 @@ def test_fit_recovers_known_parameters():
     for name, true in TRUE.as_dict().items():
         assert getattr(fitted, name) == pytest.approx(true, rel=0.05), name
     for nodes, k, local in [(4, 12, 48), (1, 3, 200), (16, 64, 8)]:
-        assert (predict_step_time(fitted, nodes, k, local)
-                == pytest.approx(predict_step_time(TRUE, nodes, k, local), rel=0.01))
+        assert (step_time(fitted, nodes, k, local)
+                == pytest.approx(step_time(TRUE, nodes, k, local), rel=0.01))
 
 
 def test_fit_from_a_jobs_own_profile_points():
@@ -111,8 +138,8 @@ def test_fit_from_a_jobs_own_profile_points():
             (2, 4, 128, 1), (4, 16, 32, 2), (1, 4, 256, 1)]]
     fitted = fit_perf_params(pts)
     for n, k, b, s in [(2, 8, 100, 1), (3, 12, 64, 1), (1, 4, 64, 3)]:
-        assert (predict_step_time(fitted, n, k, b, s)
-                == pytest.approx(predict_step_time(TRUE, n, k, b, s), rel=0.03))
+        assert (step_time(fitted, n, k, b, s)
+                == pytest.approx(step_time(TRUE, n, k, b, s), rel=0.03))
     assert fit_perf_params(list(reversed(pts))) == fitted          # order does not matter
     with pytest.raises(ValueError):
         fit_perf_params([ProfilePoint(1, 1, 32, 1, 0.0, 0.0)])      # nothing usable
@@ -126,91 +153,75 @@ def test_fit_fixes_what_the_points_cannot_tell_as_adaptdl():
     assert p.alpha_c == pytest.approx((0.02 + 0.001 * 64) / 2)
     assert p.alpha_n >= 1.1 * p.alpha_r and p.beta_n >= 1.1 * p.beta_r
     for k in (1, 2, 4):
-        assert predict_step_time(p, 1, k, 64) == pytest.approx(predict_step_time(TRUE, 1, k, 64),
-                                                               rel=0.02)
+        assert step_time(p, 1, k, 64) == pytest.approx(step_time(TRUE, 1, k, 64), rel=0.02)
     # with a prior, what cannot be told comes from the prior scaled to the job (here 2x slower)
     slow = [_point(TRUE.scaled(2.0), 1, k, b) for k, b in [(1, 32), (1, 64), (2, 64), (4, 64)]]
     q = fit_perf_params(slow, prior=TRUE)
     assert q.alpha_n == pytest.approx(2 * TRUE.alpha_n, rel=0.02)
-    assert predict_step_time(q, 4, 16, 64) == pytest.approx(
-        2 * predict_step_time(TRUE, 4, 16, 64), rel=0.05)
+    assert step_time(q, 4, 16, 64) == pytest.approx(2 * step_time(TRUE, 4, 16, 64), rel=0.05)
+
+
+def test_linear_fit_recovers_linear_step_time():
+    # step time 0.01 + 0.001 * local, measured at two local batch sizes
+    m = linear.fit((_pt(2, 32, 0.042), _pt(4, 16, 0.026)))
+    assert m.fitted and m.alpha == pytest.approx(0.01, rel=1e-6)
+    assert m.beta == pytest.approx(0.001, rel=1e-6)
+    assert linear.fit(()) is None
 
 
 # -------------------------------------------------------------------------------------- priors
 
 def test_prior_for_every_shipped_application():
-    assert set(gp.prior_apps()) == set(APPLICATIONS)
-    shipped = gp.read_shipped_profiles()
+    assert set(priors.prior_apps()) == set(APPLICATIONS)
     for app in APPLICATIONS:
         p = prior_for(app)
         assert p is not None, app
         assert all(v > 0 for v in p.as_dict().values()) and 1.0 <= p.gamma <= 10.0
-        samples = gp.samples_from_rows(shipped[app])
-        assert len(samples) >= 200
-        rep = gp.fit_report(p, samples)
-        assert rep["median_abs_rel_error"] < 0.15, (app, rep)
         # sanity: scaling out still helps somewhere (throughput at 16 GPUs > at 1 GPU)
-        b = samples[len(samples) // 2].local_bsz
-        assert predict_throughput(p, 4, 16, b) > predict_throughput(p, 1, 1, b)
+        assert throughput(p, 4, 16, 32) > throughput(p, 1, 1, 32)
     assert prior_for(" CIFAR10 ") == prior_for("cifar10")
     assert prior_for("A") is None and prior_for("") is None
 
 
-def test_shipped_priors_are_the_fit_of_the_shipped_profiles():
-    doc = json.loads(gp.PRIORS_FILE.read_text())
-    shipped = gp.read_shipped_profiles()
-    for app in ("cifar10", "bert"):
-        refit = fit_perf_params(gp.samples_from_rows(shipped[app]))
-        stored = PerfParams.from_dict(doc["applications"][app]["params"])
-        for n, k, b in [(1, 1, 32), (1, 4, 8), (4, 16, 12), (16, 64, 64)]:
-            assert predict_step_time(refit, n, k, b) == pytest.approx(
-                predict_step_time(stored, n, k, b), rel=1e-3)
-
-
-def test_shipped_data_is_small_licensed_and_sourced():
-    files = {p.name: p for p in gp.DATA_DIR.iterdir()}
-    assert {"LICENSE.apache2", "SOURCE.md", "priors.json", "profiles.csv"} <= set(files)
-    assert files["priors.json"].stat().st_size + files["profiles.csv"].stat().st_size < 300_000
-    # everything shipped under data/pollux (the simulator's traces and workloads too) stays small
-    assert sum(p.stat().st_size for p in gp.DATA_DIR.rglob("*") if p.is_file()) < 3_000_000
-    assert "Apache License" in files["LICENSE.apache2"].read_text()
-    if (SHARED / "LICENSE.apache2").exists():
-        assert files["LICENSE.apache2"].read_bytes() == (SHARED / "LICENSE.apache2").read_bytes()
-    src = files["SOURCE.md"].read_text()
-    assert "petuum/adaptdl" in src and "c793c7089bd307462686339d29707925c461f9a9" in src
-
-
-@pytest.mark.skipif(not (SHARED / "traces").exists(), reason="reference traces not present")
-def test_shipped_profiles_match_the_original_traces():
-    rows = gp.read_pollux_traces(SHARED / "traces", "yolov3")
-    shipped = gp.read_shipped_profiles()["yolov3"]
-    assert len(rows) == len(shipped)
-    for a, b in zip(rows, shipped, strict=True):
-        assert (a["num_nodes"], a["num_replicas"], a["local_bsz"]) == (
-            int(b["num_nodes"]), int(b["num_replicas"]), int(b["local_bsz"]))
-        assert a["step_time"] == pytest.approx(float(b["step_time"]), rel=1e-5)
-
-
-def test_job_parameters_prior_scaled_to_a_single_measurement():
+def test_model_parameters_prior_scaled_to_a_single_measurement():
     prior = prior_for("cifar10")
-    measured = 1.7 * predict_step_time(prior, 1, 4, 64)
+    measured = 0.5      # 3 significant digits: model_for's cache key keeps it exactly
     pt = ProfilePoint(4, 1, 64, 1, measured, 4 * 64 / measured, 30)
-    m = GoodputModel(_job(profile=[pt, pt], app="cifar10"))     # same configuration twice
+    m = model_for(_job(profile=[pt, pt], app="cifar10"))     # same configuration twice
     assert "prior" in m.source and "1 configuration" in m.source
-    assert m.step_time(1, 4, 64) == pytest.approx(measured, rel=1e-9)
-    assert m.step_time(4, 16, 32) == pytest.approx(1.7 * predict_step_time(prior, 4, 16, 32),
-                                                   rel=1e-9)
+    assert m.step_time(BatchConfig(4, 64, 1), 1) == pytest.approx(measured, rel=1e-9)
+    ratio = measured / step_time(prior, 1, 4, 64)
+    assert m.step_time(BatchConfig(16, 32, 1), 4) == pytest.approx(
+        ratio * step_time(prior, 4, 16, 32), rel=1e-9)
     # not measured: the prior as is; no prior and no measurement: no throughput model
-    assert GoodputModel(_job(app="cifar10")).params == prior
-    blank = GoodputModel(_job(app="mystery"))
-    assert blank.params is None and blank.efficiency(128) == 1.0
-    with pytest.raises(ValueError):
-        blank.throughput(1, 4, 32)
+    assert model_for(_job(app="cifar10")).params == prior
+    assert model_for(_job(app="mystery")) is None
+    assert job_goodput(_job(app="mystery"), 1, 128) is None
     # two configurations: its own fit
     pts = [_point(TRUE, 1, 4, 32), _point(TRUE, 2, 8, 32), _point(TRUE, 1, 1, 32)]
-    own = GoodputModel(_job(profile=pts, app="cifar10"))
+    own = model_for(_job(profile=pts, app="cifar10"))
     assert own.source.startswith("fitted to 3")
-    assert own.step_time(2, 8, 32) == pytest.approx(predict_step_time(TRUE, 2, 8, 32), rel=0.02)
+    assert own.step_time(BatchConfig(8, 32, 1), 2) == pytest.approx(step_time(TRUE, 2, 8, 32),
+                                                                    rel=0.02)
+
+
+def test_model_for_uses_the_pollux_model_and_its_prior_for_known_applications():
+    job = _job(batch=256, bmax=1024, app="cifar10", nodes=2)
+    m = model_for(job)   # not measured yet: the application's prior as is
+    assert isinstance(m, PolluxModel) and m.params == prior_for("cifar10")
+    cfg = BatchConfig(8, 32, 1)
+    # Pollux's model: the same 8 GPUs synchronise slower across nodes than within one
+    assert m.throughput(cfg, nodes=2) < m.throughput(BatchConfig(4, 64, 1), nodes=1) * 2
+    assert m.step_time(cfg, 2) == pytest.approx(step_time(m.params, 2, 8, 32, 1), rel=1e-12)
+    # one measured configuration: the prior scaled to reproduce it exactly
+    t = 1.7 * step_time(prior_for("cifar10"), 2, 8, 32, 1)
+    one = model_for(replace(job, profile=(ProfilePoint(8, 2, 32, 1, t, 256 / t, 50),)))
+    assert isinstance(one, PolluxModel) and "1 configuration" in one.source
+    assert one.step_time(cfg, 2) == pytest.approx(t, rel=2e-3)   # key: 3 digits
+    # no known application: the linear model, fitted to the profile (None without one)
+    assert model_for(replace(job, app_class="")) is None
+    lin = model_for(replace(job, app_class="", profile=(_pt(8, 32, 0.2),)))
+    assert isinstance(lin, ThroughputModel)
 
 
 # ---------------------------------------------------------------------------------- efficiency
@@ -219,6 +230,7 @@ def test_efficiency_worked_example():
     # grad_sqr 1, grad_var 4, M0 = 32, M = 128: r = 4, denominator 4/4 + 1 = 2,
     # gain (4 + 1) / 2 = 2.5, E = 2.5 / 4 = 0.625.
     # Same through the noise scale: phi = 32 * 4 / 1 = 128, (128 + 32) / (128 + 128) = 0.625
+    assert gain(1.0, 4.0, 4.0) == pytest.approx(2.5)
     assert efficiency(1.0, 4.0, 32, 128) == pytest.approx(0.625)
     assert efficiency(1.0, 4.0, 32, 32) == pytest.approx(1.0)
     phi = 32 * 4.0 / 1.0
@@ -245,48 +257,66 @@ def test_efficiency_is_in_unit_interval_and_never_rises_with_batch(sqr, var, m0,
     e = efficiency(sqr, var, m0, m)
     assert 0.0 < e <= 1.0
     assert efficiency(sqr, var, m0, m + dm) <= e + 1e-12
+    assert e == min(1.0, gain(sqr, var, m / m0) / (m / m0))      # efficiency is gain / r
 
 
-# ---------------------------------------------------------------------------------- best batch
+# ----------------------------------------------------------------- goodput: the one objective
 
-def test_best_batch_respects_the_jobs_limits():
+@pytest.mark.parametrize("app", ["cifar10", ""])
+def test_best_at_respects_the_jobs_limits(app):
     job = _job(profile=[_point(TRUE, 1, 4, 32), _point(TRUE, 2, 8, 32), _point(TRUE, 1, 1, 32)],
-               batch=256, bmin=64, bmax=3000, max_local=100, noise=(1.0, 50.0))
-    m = GoodputModel(job)
+               batch=256, bmin=64, bmax=3000, max_local=100, noise=(1.0, 50.0), app=app)
+    m = model_for(job)
     for nodes, k in [(1, 1), (1, 4), (2, 8), (4, 16)]:
-        cfgs = m.batch_configs(k)
+        cfgs = candidates(job, k)
         assert cfgs
         for c in cfgs:
             assert 64 <= c.global_batch_size <= 3000 and c.local_batch_size <= 100
-        g, local, accum, good = m.best_batch(nodes, k)
+        good, cfg = best_at(job, m, k)
+        g, local, accum = cfg.global_batch_size, cfg.local_batch_size, cfg.accumulation_steps
         assert g == k * local * accum and 64 <= g <= 3000 and 1 <= local <= 100
-        assert good == pytest.approx(m.goodput(nodes, k, local, accum))
-        assert good >= max(m.goodput(nodes, k, c.local_batch_size, c.accumulation_steps)
+        assert good == goodput(m, cfg, nodes, job.grad_noise, job.base_batch_size)
+        if k == nodes * job.workers_per_node:      # job_goodput: whole nodes
+            assert good == job_goodput(job, nodes, g)
+        assert good >= max(goodput(m, c, nodes, job.grad_noise, job.base_batch_size)
                            for c in cfgs) - 1e-9
     # no batch size fits 64 GPUs under max 32 samples: none
-    assert _job(batch=32, bmin=16, bmax=32).max_batch_size == 32
-    assert GoodputModel(_job(batch=32, bmin=16, bmax=32), params=TRUE).best_batch(16, 64) is None
+    small = _job(batch=32, bmin=16, bmax=32, app=app, profile=job.profile)
+    assert best_at(small, model_for(small), 64) == (0.0, None)
 
 
-def test_best_batch_follows_the_gradient_noise():
+def test_best_at_follows_the_gradient_noise():
     base = {"profile": [_point(TRUE, 1, 4, 32), _point(TRUE, 1, 1, 32), _point(TRUE, 2, 8, 64)],
-            "batch": 128, "bmin": 128, "bmax": 4096, "base": 128}
+            "batch": 128, "bmin": 128, "bmax": 4096, "base": 128, "app": "cifar10"}
+
+    def best(noise):
+        job = _job(noise=noise, **base)
+        return best_at(job, model_for(job), 4)
+
     # no gradient noise: E = M0 / M, goodput = M0 / T_step, so the smallest batch wins
-    quiet = GoodputModel(_job(noise=(1.0, 0.0), **base)).best_batch(1, 4)
-    assert quiet[0] == 128
+    assert best((1.0, 0.0))[1].global_batch_size == 128
     # very noisy gradients: E ~ 1, throughput grows with the batch, so the largest wins
-    noisy = GoodputModel(_job(noise=(1e-6, 1e3), **base)).best_batch(1, 4)
-    assert noisy[0] == 4096
+    assert best((1e-6, 1e3))[1].global_batch_size == 4096
     # in between: an interior optimum, and goodput there beats both ends
-    mid = GoodputModel(_job(noise=(1.0, 8.0), **base))
-    g, _, _, good = mid.best_batch(1, 4)
-    assert 128 < g < 4096
-    assert good > mid.goodput(1, 4, 32, 1) and good > mid.goodput(1, 4, 1024, 1)
+    good, cfg = best((1.0, 8.0))
+    assert 128 < cfg.global_batch_size < 4096
+    job = _job(noise=(1.0, 8.0), **base)
+    m = model_for(job)
+    for end in (BatchConfig(4, 32, 1), BatchConfig(4, 1024, 1)):
+        assert good > goodput(m, end, 1, job.grad_noise, 128)
 
 
-def test_goodput_model_is_deterministic():
+def test_goodput_is_throughput_times_efficiency():
+    m = PolluxModel(TRUE, "given")
+    cfg = BatchConfig(8, 64, 2)     # global 1024
+    x = m.throughput(cfg, 2)
+    assert goodput(m, cfg, 2, None, 128) == x
+    assert goodput(m, cfg, 2, (1.0, 4.0), 128) == pytest.approx(x * efficiency(1.0, 4.0, 128, 1024))
+    assert goodput(m, cfg, 2, (float("nan"), 4.0), 128) == x
+
+
+def test_best_at_is_deterministic():
     job = _job(profile=[_point(TRUE, 1, 4, 32), _point(TRUE, 2, 8, 32)], app="bert",
                batch=64, bmin=32, bmax=512, noise=(1.0, 10.0))
-    a, b = GoodputModel(job), GoodputModel(job)
-    assert a.params == b.params
-    assert a.best_batch(2, 8) == b.best_batch(2, 8)
+    assert model_for(job) == model_for(replace(job))
+    assert best_at(job, model_for(job), 8) == best_at(replace(job), model_for(replace(job)), 8)

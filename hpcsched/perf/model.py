@@ -1,0 +1,207 @@
+"""The one objective: a job's goodput at a configuration, and the best configuration at a size.
+
+Pure, deterministic, cached. Units: seconds, samples, samples/s, GPUs.
+
+* :func:`model_for` picks a job's throughput model: Pollux's step-time model
+  (:class:`~hpcsched.perf.pollux.PolluxModel`) when the job's application has a shipped prior
+  (:mod:`hpcsched.perf.priors`), else the linear model fitted to its profile
+  (:class:`~hpcsched.perf.linear.ThroughputModel`), ``None`` before it has measured anything.
+  Pollux's model: compute linear in the local batch, synchronisation linear in the replicas
+  with separate intra- and inter-node terms, overlapped by ``gamma`` (Pollux, OSDI'21 §3.2),
+  fitted with L-BFGS-B to the job's own configurations, the application's prior filling in what
+  they cannot determine -- and the prior alone before the job has run. For a job's parameters:
+
+  - >= 2 distinct configurations measured: fitted to its own points
+    (:func:`~hpcsched.perf.pollux.fit_samples`, the prior for the rest);
+  - 1 configuration: the prior, every time parameter scaled by ``measured / predicted`` step
+    time so the model reproduces the measurement (the model is homogeneous of degree 1 in the
+    time parameters);
+  - none: the prior as is.
+
+  Fits are cached on the measured configurations with step times rounded to 3 significant
+  digits: a job is refitted when a measurement moves by more than about 0.1 %, not every round.
+* :func:`goodput` = throughput x statistical efficiency (Pollux §3, eq. 1;
+  :func:`~hpcsched.perf.pollux.efficiency`, from the job's gradient-noise statistics; 1 without
+  them, so larger batches only ever look better and the job's declared batch-size limits keep
+  them in check). The policies rank configurations by it (:func:`best_at`), and reconcile
+  judges a plan by it.
+* :func:`candidates`: the batch sizes a policy may choose at a size (the one search space).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from hpcsched.perf import linear, pollux, priors
+from hpcsched.perf.linear import ThroughputModel
+from hpcsched.perf.pollux import PerfSample, PolluxModel
+from hpcsched.policies.snapshot import JobView, ProfilePoint
+from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch
+
+JobModel = ThroughputModel | PolluxModel
+CANDIDATES = 12     # global batch sizes tried per size, spread geometrically over the range
+
+
+def _sig(x: float | None, digits: int = 3) -> float | None:
+    if x is None or not math.isfinite(x) or x <= 0:
+        return x
+    return float(f"{x:.{digits - 1}e}")
+
+
+def model_for(job: JobView) -> JobModel | None:
+    """The throughput model for ``job`` (module docstring); ``None`` when its application has
+    no prior and it has no usable profile point yet. Pure and cached."""
+    if priors.prior_for(job.app_class) is None:
+        return linear.fit(job.profile)
+    return _model_for(job.profile, job.app_class.strip().lower())
+
+
+@lru_cache(maxsize=8192)
+def _model_for(profile: tuple[ProfilePoint, ...], app: str) -> PolluxModel:
+    key = tuple(PerfSample(a.nodes, a.replicas, a.local_bsz, a.accum, _sig(a.step_time),
+                           _sig(a.compute_time)) for a in pollux.aggregate(profile))
+    return _pollux_model(key, app)
+
+
+@lru_cache(maxsize=8192)
+def _pollux_model(key: tuple[PerfSample, ...], app: str) -> PolluxModel:
+    prior = priors.prior_for(app)
+    if len(key) >= 2:
+        return PolluxModel(pollux.fit_samples(key, prior),
+                           f"fitted to {len(key)} configurations ({app} prior for the rest)")
+    if len(key) == 1:
+        s = key[0]
+        ratio = s.step_time / pollux.step_time(prior, s.nodes, s.replicas, s.local_bsz, s.accum)
+        return PolluxModel(prior.scaled(ratio), f"{app} prior x {ratio:.3g} (1 configuration)")
+    return PolluxModel(prior, f"{app} prior (not measured yet)")
+
+
+def goodput(model: JobModel, cfg: BatchConfig, nodes: int,
+            grad_noise: tuple[float, float] | None, base_batch_size: int) -> float:
+    """Goodput in samples/s: ``model``'s throughput at ``cfg`` on ``nodes`` nodes times the
+    statistical efficiency of ``cfg.global_batch_size`` relative to ``base_batch_size``, given
+    the job's ``(grad_sqr, grad_var)`` (``None``: efficiency 1). 0 when not finite.
+
+    Raises:
+        ValueError: ``grad_noise`` given and ``base_batch_size`` not positive.
+    """
+    x = model.throughput(cfg, nodes)
+    if grad_noise is not None:
+        x *= pollux.efficiency(grad_noise[0], grad_noise[1], base_batch_size,
+                               cfg.global_batch_size)
+    return x if math.isfinite(x) else 0.0
+
+
+def nodes_for(job: JobView, gpus: int) -> int:
+    """Nodes ``gpus`` GPUs take at the job's workers per node (at least 1)."""
+    return max(1, -(-gpus // max(1, job.workers_per_node)))
+
+
+def job_goodput(job: JobView, nodes: int, batch_size: int) -> float | None:
+    """Predicted goodput of ``job`` at ``nodes`` nodes and global ``batch_size`` (samples/s);
+    ``None`` without a model, at 0 nodes, or when the batch size cannot be cut over the GPUs
+    within the job's limits."""
+    cfg = _config(job, nodes, batch_size)
+    model = model_for(job) if cfg is not None else None
+    if model is None:
+        return None
+    return goodput(model, cfg, nodes, job.grad_noise, job.base_batch_size)
+
+
+def job_throughput(job: JobView, nodes: int, batch_size: int) -> float | None:
+    """Predicted raw throughput of ``job`` at ``nodes`` nodes and global ``batch_size``
+    (samples/s); ``None`` as :func:`job_goodput`."""
+    cfg = _config(job, nodes, batch_size)
+    model = model_for(job) if cfg is not None else None
+    if model is None:
+        return None
+    return model.throughput(cfg, nodes)
+
+
+def _config(job: JobView, nodes: int, batch_size: int) -> BatchConfig | None:
+    if nodes <= 0:
+        return None
+    return _fit_batch(batch_size, nodes * job.workers_per_node, job.min_batch_size,
+                      job.max_batch_size, job.max_local_batch_size)
+
+
+@lru_cache(maxsize=4096)
+def _wanted(lo: int, hi: int, current: int, limit: int) -> tuple[int, ...]:
+    wanted = {current, lo, hi}
+    if hi > lo:
+        wanted.update(int(round(x)) for x in np.geomspace(lo, hi, num=limit))
+    return tuple(sorted(wanted))
+
+
+@lru_cache(maxsize=65536)
+def _fit_batch(b: int, gpus: int, lo: int, hi: int, max_local: int | None) -> BatchConfig | None:
+    try:
+        return fit_batch(b, gpus, min_global=lo, max_global=hi, max_local_batch_size=max_local)
+    except BatchSizeError:
+        return None
+
+
+def candidates(job: JobView, gpus: int) -> tuple[BatchConfig, ...]:
+    """Configurations a policy may choose at ``gpus`` GPUs: the job's current batch size, its
+    limits and up to :data:`CANDIDATES` sizes spread geometrically over its allowed range, each
+    cut to a configuration that fits (:func:`~hpcsched.protocol.batching.fit_batch`),
+    duplicates dropped. Cached."""
+    return _candidates(gpus, job.min_batch_size, job.max_batch_size, job.batch_size,
+                       job.max_local_batch_size)
+
+
+@lru_cache(maxsize=65536)
+def _candidates(gpus: int, lo: int, hi: int, batch_size: int, max_local: int | None
+                ) -> tuple[BatchConfig, ...]:
+    seen: dict[int, BatchConfig] = {}
+    for b in _wanted(lo, hi, batch_size, CANDIDATES):
+        cfg = _fit_batch(b, gpus, lo, hi, max_local)
+        if cfg is not None:
+            seen.setdefault(cfg.global_batch_size, cfg)
+    return tuple(seen.values())
+
+
+def best_at(job: JobView, model: JobModel | None, gpus: int) -> tuple[float, BatchConfig | None]:
+    """T_j(g): the best :func:`goodput` over the job's :func:`candidates` at ``gpus`` GPUs, and
+    the configuration that gives it (ties: the batch size nearest the current one); ``(0, None)``
+    when none fits.
+
+    Without a model (the job has not reported yet) the job's current batch size is kept and
+    its goodput is taken as proportional to its GPUs (relative units), so the job is neither
+    favoured nor starved. Pure; cached on everything it depends on (policies ask for the same
+    job and size many times per round, and again next round).
+    """
+    return _best_at(model, gpus, job.min_batch_size, job.max_batch_size, job.batch_size,
+                    job.max_local_batch_size, job.base_batch_size, job.grad_noise,
+                    nodes_for(job, gpus))
+
+
+@lru_cache(maxsize=65536)
+def _best_at(model: JobModel | None, gpus: int, lo: int, hi: int, batch_size: int,
+             max_local: int | None, base: int, grad_noise: tuple[float, float] | None,
+             nodes: int) -> tuple[float, BatchConfig | None]:
+    if gpus <= 0:
+        return 0.0, None
+    cfgs = _candidates(gpus, lo, hi, batch_size, max_local)
+    if not cfgs:
+        return 0.0, None
+    if model is None:
+        cfg = next((c for c in cfgs if c.global_batch_size == batch_size), cfgs[0])
+        return float(gpus), cfg
+    best, best_key = None, None
+    for c in cfgs:
+        x = goodput(model, c, nodes, grad_noise, base)
+        key = (x, -abs(c.global_batch_size - batch_size))   # ties: nearest the current batch
+        if best_key is None or key > best_key:
+            best, best_key = c, key
+    return best_key[0], best
+
+
+def clear_caches() -> None:
+    """Forget every cached fit and decision (benchmarks measure a cold start with it)."""
+    for f in (linear.fit, _model_for, _pollux_model, _best_at, _candidates, _fit_batch, _wanted,
+              pollux.fit_samples):
+        f.cache_clear()
