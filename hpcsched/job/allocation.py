@@ -1,0 +1,49 @@
+"""The one Slurm call a job makes on itself: release nodes from inside the allocation.
+
+Both ways a job shrinks use it: rank 0 of the workers in an in-place shrink
+(:func:`hpcsched.job.collective.ProcessGroup.shrink_in_place`) and the launcher when it
+relaunches on fewer nodes (:meth:`hpcsched.job.launcher.Launcher._shrink`).
+
+Slurm 22.05 (measured, ``shared/slurm-22.05-notes.md`` §3): ``scontrol update JobId=<id>
+NumNodes=<n>`` run inside the job keeps the first ``n`` nodes of the allocation and writes
+``slurm_job_<id>_resize.sh`` (the environment of the smaller allocation) into the *current
+directory*; run from outside it writes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+
+from hpcsched import slurm
+
+log = logging.getLogger(__name__)
+
+#: seconds to wait for ``scontrol update`` (the controller may be busy; the job waits anyway)
+UPDATE_TIMEOUT = 60.0
+
+
+def shrink_from_inside(job_id: str, nodes: int, job_dir: Path) -> str | None:
+    """``scontrol update JobId=<job_id> NumNodes=<nodes>`` through
+    :func:`hpcsched.slurm.update_job`, run in ``job_dir`` so that Slurm's resize script lands
+    there (where the launcher looks for it).
+
+    Error policy (the same for both callers): a failed update is not fatal. By the time this
+    runs a checkpoint is on disk and the workers that stay can carry on, so the job keeps
+    running on the allocation Slurm left it; the failure is logged here at ERROR and returned
+    for the caller to report (in the acknowledgement, or the launcher's log).
+
+    Returns:
+        None when Slurm shrank the allocation, else Slurm's error message.
+    """
+    try:
+        # update_job has no working-directory argument and Slurm writes the resize script to
+        # the current directory, so change it for the call (process-wide, but short, and the
+        # caller waits on it: rank 0 between two steps, the launcher between two launches)
+        with contextlib.chdir(job_dir):
+            slurm.update_job(job_id, timeout=UPDATE_TIMEOUT, NumNodes=nodes)
+    except (slurm.SlurmError, OSError) as exc:
+        log.error("scontrol update JobId=%s NumNodes=%d failed: %s", job_id, nodes, exc)
+        return str(exc).strip() or type(exc).__name__
+    return None
