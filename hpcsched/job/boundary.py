@@ -1,0 +1,212 @@
+"""The step-boundary protocol of the workers (``docs/control-protocol.md``).
+
+At the start of each optimizer step rank 0 looks at ``control.json`` (one ``stat``) and at
+the checkpoint interval, and broadcasts what it found as a :class:`Decision`, so that every
+rank applies a new generation at the same step. Rank 0 answers in ``ack.json`` and reports
+where training is in ``progress.json`` (:class:`Reporter`).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from dataclasses import dataclass
+from typing import ClassVar
+
+from hpcsched.protocol import files as ctl
+from hpcsched.protocol.batching import BatchConfig, split_global_batch
+from hpcsched.protocol.env import LaunchEnv
+from hpcsched.protocol.jobdir import JobDir
+from hpcsched.protocol.kinds import AckState, ControlAction
+
+log = logging.getLogger(__name__)
+
+#: seconds between two progress reports
+PROGRESS_INTERVAL = 2.0
+
+
+@dataclass
+class InForce:
+    """The configuration a rank runs with; it changes only at a step boundary.
+
+    Attributes:
+        generation: control generation in force. nodes: nodes of the job.
+        batch: the batch configuration (its ``world_size`` is the number of workers).
+        lr_scale: factor on the base learning rate.
+    """
+
+    generation: int
+    nodes: int
+    batch: BatchConfig
+    lr_scale: float
+
+    @property
+    def world_size(self) -> int:
+        return self.batch.world_size
+
+    @classmethod
+    def at_launch(cls, launch: LaunchEnv, world_size: int, batch_size: int) -> InForce:
+        """The launcher's configuration; without one (not run by hpcsched) ``batch_size``
+        split over ``world_size`` workers and lr scale 1."""
+        if launch.local_batch_size is not None:
+            batch = BatchConfig(world_size, launch.local_batch_size, launch.accumulation_steps)
+            return cls(launch.generation, launch.nodes, batch, launch.lr_scale)
+        batch = split_global_batch(max(batch_size, world_size), world_size)
+        return cls(launch.generation, launch.nodes, batch, 1.0)
+
+    def record(self) -> dict:
+        """The fields of a metrics record that come from the configuration."""
+        return {"world_size": self.world_size, "nodes": self.nodes,
+                "global_batch_size": self.batch.global_batch_size}
+
+
+def _float_bits(x: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", x))[0]
+
+
+def _bits_float(n: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", n))[0]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What every rank does at a step boundary, as rank 0 found it.
+
+    Attributes:
+        generation: a control generation newer than the one in force, 0 = none.
+        action, nodes, workers_per_node, local_batch_size, accumulation_steps, lr_scale,
+            world_size: that generation's request (see :class:`hpcsched.protocol.files.Control`).
+        checkpoint_due: the checkpoint interval has passed.
+
+    Travels as 9 int64 values (:meth:`encode`, :meth:`decode`): the action as its index in
+    :class:`~hpcsched.protocol.kinds.ControlAction`, ``lr_scale`` as the bits of its float64.
+    """
+
+    generation: int = 0
+    action: ControlAction = ControlAction.CONTINUE
+    nodes: int = 0
+    workers_per_node: int = 0
+    local_batch_size: int = 0
+    accumulation_steps: int = 0
+    lr_scale: float = 0.0
+    world_size: int = 0
+    checkpoint_due: bool = False
+
+    _ACTIONS: ClassVar[tuple[ControlAction, ...]] = tuple(ControlAction)
+
+    @classmethod
+    def of(cls, control: ctl.Control | None, checkpoint_due: bool) -> Decision:
+        """The decision for a new ``control`` generation (None: no new generation)."""
+        if control is None:
+            return cls(checkpoint_due=checkpoint_due)
+        return cls(control.generation, ControlAction(control.action), control.nodes,
+                   control.workers_per_node, control.local_batch_size,
+                   control.accumulation_steps, float(control.lr_scale), control.world_size,
+                   checkpoint_due)
+
+    def encode(self) -> list[int]:
+        return [self.generation, self._ACTIONS.index(self.action), self.nodes,
+                self.workers_per_node, self.local_batch_size, self.accumulation_steps,
+                _float_bits(self.lr_scale), int(self.checkpoint_due), self.world_size]
+
+    @classmethod
+    def decode(cls, values: list[int]) -> Decision:
+        gen, code, nodes, wpn, local, accum, lr_bits, due, world = (int(v) for v in values)
+        return cls(gen, cls._ACTIONS[code], nodes, wpn, local, accum, _bits_float(lr_bits),
+                   world, bool(due))
+
+
+class ControlWatcher:
+    """Rank 0's view of ``control.json``: the request when the file changed since the last
+    look (its ``stat`` signature) and is valid; an invalid file is logged and ignored."""
+
+    def __init__(self, jd: JobDir | None):
+        self.path = jd.control_path if jd is not None else None
+        self.job_uid = jd.uid if jd is not None else ""
+        self._sig: tuple | None = None
+
+    def changed(self) -> ctl.Control | None:
+        if self.path is None:
+            return None
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        sig = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if sig == self._sig:
+            return None
+        self._sig = sig
+        try:
+            return ctl.read_control(self.path, self.job_uid)
+        except ctl.ProtocolError as exc:
+            log.warning("ignoring control file: %s", exc)
+            return None
+
+
+def agree(watcher: ControlWatcher, group, torch, rank: int, generation: int,
+          checkpoint_due: bool) -> Decision:
+    """Collective: every rank gets rank 0's decision (a control generation newer than
+    ``generation``, and whether a checkpoint is due); ``group`` None = one rank."""
+    d = Decision()
+    if rank == 0:
+        c = watcher.changed()
+        d = Decision.of(c if c is not None and c.generation > generation else None,
+                        checkpoint_due)
+    if group is not None:
+        d = Decision.decode(group.broadcast_ints(torch, d.encode()))
+    return d
+
+
+class Reporter:
+    """Rank 0's acknowledgements (``ack.json``) and progress reports (``progress.json``);
+    other ranks, and a job without a job directory, write nothing.
+
+    Args:
+        jd: the job directory (None: not run by hpcsched).
+        rank: this process's rank.
+        total_samples: samples the whole run trains on.
+    """
+
+    def __init__(self, jd: JobDir | None, rank: int, total_samples: int):
+        self.jd = jd if rank == 0 else None
+        self.total_samples = total_samples
+        self._last = 0.0
+        self._mark = (time.monotonic(), 0)
+
+    def ack(self, state: AckState, generation: int, cfg: InForce, step: int,
+            checkpoint: str = "", message: str = "") -> None:
+        if self.jd is None:
+            return
+        ctl.write_ack(self.jd.ack_path, ctl.Ack(
+            job_uid=self.jd.uid, generation=generation, state=state,
+            world_size=cfg.world_size, nodes=cfg.nodes,
+            global_batch_size=cfg.batch.global_batch_size,
+            local_batch_size=cfg.batch.local_batch_size,
+            accumulation_steps=cfg.batch.accumulation_steps, step=step,
+            time=time.time(), checkpoint=checkpoint, message=message,
+        ))
+
+    @property
+    def progress_due(self) -> bool:
+        return self.jd is not None and time.monotonic() - self._last >= PROGRESS_INTERVAL
+
+    def progress(self, cfg: InForce, data, noise: tuple[float, float] | None,
+                 finished: bool = False) -> None:
+        """Report ``data`` (a :class:`hpcsched.job.data.DataPosition`); ``throughput`` is
+        samples/s since the last report."""
+        if self.jd is None:
+            return
+        now = time.monotonic()
+        t0, s0 = self._mark
+        rate = (data.samples_processed - s0) / (now - t0) if now > t0 else 0.0
+        self._mark = (now, data.samples_processed)
+        self._last = now
+        ctl.write_progress(self.jd.progress_path, ctl.Progress(
+            job_uid=self.jd.uid, generation=cfg.generation, step=data.step,
+            epoch=data.epoch, samples_processed=data.samples_processed,
+            epoch_position=data.position, throughput=rate, world_size=cfg.world_size,
+            global_batch_size=cfg.batch.global_batch_size, time=time.time(), finished=finished,
+            total_samples=self.total_samples,
+            grad_sqr=noise[0] if noise else None, grad_var=noise[1] if noise else None,
+        ))
