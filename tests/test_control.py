@@ -1,12 +1,15 @@
 """The control-file protocol: valid round trips, and malformed or foreign files refused."""
 
 import json
+import logging
 import os
 from dataclasses import asdict, replace
 
 import pytest
 
 from hpcsched.protocol import files as ctl
+from hpcsched.protocol.jobdir import JobDir
+from hpcsched.protocol.kinds import AckState, ControlAction, LauncherPhase
 
 
 def _control(**kw):
@@ -29,6 +32,20 @@ def test_round_trip(tmp_path):
 def test_absent_file_is_none(tmp_path):
     assert ctl.read_control(tmp_path / "control.json") is None
     assert ctl.read_ack(tmp_path / "ack.json") is None
+    assert ctl.read_launcher_state(tmp_path / "launcher.json") is None
+
+
+def test_the_vocabulary_is_the_enums():
+    assert ctl.ACTIONS == ("continue", "checkpoint-and-shrink", "checkpoint-and-requeue")
+    assert ctl.ACK_STATES == ("applied", "checkpointed", "rejected")
+    assert ctl.LAUNCHER_PHASES == ("running", "resizing", "awaiting-requeue", "finished", "failed")
+
+
+def test_read_gives_enum_members(tmp_path):
+    ctl.write_control(tmp_path / "control.json", _control(action="checkpoint-and-shrink"))
+    assert ctl.read_control(tmp_path / "control.json").action is ControlAction.CHECKPOINT_AND_SHRINK
+    ctl.write_ack(tmp_path / "ack.json", _ack())
+    assert ctl.read_ack(tmp_path / "ack.json").state is AckState.APPLIED
 
 
 def test_generation_only_grows(tmp_path):
@@ -106,14 +123,92 @@ def test_broken_file_on_disk_is_replaced_not_trusted(tmp_path):
     assert ctl.read_control(p).generation == 1
 
 
+def _ack(**kw):
+    base = {"job_uid": "abc123", "generation": 0, "state": "applied", "world_size": 4, "nodes": 2,
+            "global_batch_size": 64, "local_batch_size": 16, "accumulation_steps": 1, "step": 0,
+            "time": 1.0}
+    base.update(kw)
+    return ctl.Ack(**base)
+
+
 def test_ack_round_trip_and_validation(tmp_path):
     p = tmp_path / "ack.json"
-    a = ctl.Ack(job_uid="abc123", generation=0, state="applied", world_size=4, nodes=2,
-                global_batch_size=64, local_batch_size=16, accumulation_steps=1, step=0, time=1.0)
+    a = _ack()
     ctl.write_ack(p, a)
     assert ctl.read_ack(p, "abc123") == a
     with pytest.raises(ctl.ProtocolError, match="state 'done'"):
         ctl.write_ack(p, replace(a, state="done"))
+
+
+# ------------------------------------------------------------------------ launcher.json
+
+def _launcher(**kw):
+    base = {"job_uid": "abc123", "job_id": "17", "phase": "running", "launches": 1, "resizes": 0,
+            "restarts": 0, "time": 1.0, "nodelist": "n[1-2]", "generation": 0, "nodes": 2,
+            "world_size": 4, "global_batch_size": 64}
+    base.update(kw)
+    return ctl.LauncherState(**base)
+
+
+@pytest.mark.parametrize("state", [
+    _launcher(),
+    _launcher(phase="resizing", generation=None, nodes=None, world_size=None,
+              global_batch_size=None, target_nodes=1),
+    _launcher(phase="awaiting-requeue", target_nodes=3, launches=4, resizes=2, restarts=1),
+    _launcher(phase="finished", exit_code=0),
+    _launcher(phase="failed", exit_code=-9),
+    _launcher(phase="failed", generation=None, error="cannot run on 9 node(s)"),
+])
+def test_launcher_state_round_trip(tmp_path, state):
+    p = tmp_path / "launcher.json"
+    ctl.write_launcher_state(p, state)
+    got = ctl.read_launcher_state(p, "abc123")
+    assert got == state and isinstance(got.phase, LauncherPhase)
+    assert json.loads(p.read_text())["schema"] == "hpcsched.launcher/1"
+    assert got.phase.in_transition == (state.phase in ("resizing", "awaiting-requeue"))
+
+
+@pytest.mark.parametrize("content,message", [
+    # what launchers wrote before launcher.json had a schema (no schema, no job_uid)
+    ({"job_id": "17", "launches": 1, "resizes": 0, "restarts": 0, "phase": "running",
+      "time": 1.0, "nodelist": "n1"}, "schema None is not 'hpcsched.launcher/1'"),
+    ({**asdict(_launcher()), "schema": "hpcsched.launcher/2"}, "schema 'hpcsched.launcher/2'"),
+    ({**asdict(_launcher()), "job_uid": "other"}, "not this job"),
+    ({**asdict(_launcher()), "phase": "dancing"}, "phase 'dancing' is not one of running,"),
+    ({**asdict(_launcher()), "launches": -1}, "'launches' must be >= 0"),
+    ({**asdict(_launcher()), "restarts": "1"}, "'restarts' must be int"),
+    ({**asdict(_launcher()), "time": None}, "'time' must be int/float"),
+    ({**asdict(_launcher()), "target_nodes": 1.5}, "'target_nodes' must be int"),
+    ({**asdict(_launcher()), "exit_code": "0"}, "'exit_code' must be int"),
+    ({k: v for k, v in asdict(_launcher()).items() if k != "phase"}, "missing field 'phase'"),
+])
+def test_invalid_launcher_state_is_refused(tmp_path, content, message):
+    p = tmp_path / "launcher.json"
+    p.write_text(json.dumps(content))
+    with pytest.raises(ctl.ProtocolError, match=message):
+        ctl.read_launcher_state(p, "abc123")
+
+
+def test_an_invalid_launcher_state_is_not_written(tmp_path):
+    with pytest.raises(ctl.ProtocolError, match="phase 'idle'"):
+        ctl.write_launcher_state(tmp_path / "launcher.json", _launcher(phase="idle"))
+    assert not (tmp_path / "launcher.json").exists()
+
+
+@pytest.mark.parametrize("content", [
+    '{"job_id": "17", "launches": 1, "phase": "resizing", "time": 1.0}',   # an older launcher's
+    "{not json",
+])
+def test_job_dir_reads_an_untrusted_launcher_state_as_unknown(tmp_path, caplog, content):
+    jd = JobDir.create(tmp_path)
+    assert jd.read_launcher_state() is None                     # no file yet: nothing logged
+    assert not caplog.records
+    jd.launcher_path.write_text(content)
+    with caplog.at_level(logging.WARNING):
+        assert jd.read_launcher_state() is None
+    assert "launcher state unknown" in caplog.text
+    ctl.write_launcher_state(jd.launcher_path, _launcher(job_uid=jd.uid, phase="resizing"))
+    assert jd.read_launcher_state().phase is LauncherPhase.RESIZING
 
 
 def test_atomic_write_survives_failure(tmp_path, monkeypatch):

@@ -1,8 +1,8 @@
 """Gradient-noise statistics of the elastic API (Pollux, Qiao et al., OSDI'21, §3.1).
 
-The estimator (:func:`hpcsched.job.elastic.two_batch_estimate`, McCandlish et al. 2018, App. A.1;
-smoothing as AdaptDL's ``gradient_noise_scale.py``) on synthetic gradients with known ``|G|^2``
-and ``tr(Sigma)``; the single-rank estimators and the checkpoint round trip in-process; the
+The estimator (:func:`hpcsched.job.gradient_noise.two_batch_estimate`, McCandlish et al. 2018,
+App. A.1; smoothing as AdaptDL's ``gradient_noise_scale.py``) on synthetic gradients with known
+``|G|^2`` and ``tr(Sigma)``; the single-rank estimators and the checkpoint round trip in-process; the
 multi-rank path with two real gloo processes training the digits example through a resize.
 """
 
@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hpcsched.elastic import ElasticJob
+from hpcsched.job.gradient_noise import GradientNoiseEstimator, two_batch_estimate
 from hpcsched.protocol import files as ctl
-from hpcsched.job.elastic import ElasticJob, GradientNoiseEstimator, two_batch_estimate
 from hpcsched.protocol.jobdir import JobDir
-
 from tests.gloo_workers import free_port as _free_port
 from tests.gloo_workers import join as _join
 from tests.gloo_workers import launch as _launch
@@ -221,8 +221,8 @@ def test_single_rank_accumulation_uses_micro_batches(solo):
     _train(job, X, y, model, opt, on_step)
     assert [len(v) for v in seen.values()] == [2, 2, 2, 2]
     assert seen[3][1][0] == 4                      # 60 = 3 x 16 + 12: micro-batches 8 + 4
-    assert job._gns.count == ref.count == 4
-    assert job._gns.raw == pytest.approx(ref.raw, rel=1e-4)
+    assert job._noise.estimator.count == ref.count == 4
+    assert job._noise.estimator.raw == pytest.approx(ref.raw, rel=1e-4)
     sqr, var = job.grad_noise
     assert sqr > 0 and var > 0 and job.gradient_noise_scale == pytest.approx(var / sqr)
     job.close()
@@ -251,8 +251,8 @@ def test_single_rank_without_accumulation_differences_consecutive_steps(solo):
         ref.update((n1 * _sq(g1) + n2 * _sq(g2)) / (n1 + n2), _sq(big), (n1 + n2) / 2,
                    n1 + n2, biased=True)
     assert [n for n, _ in grads] == [16, 16, 16, 12]
-    assert job._gns.count == 3 and job._gns.biased
-    assert job._gns.raw == pytest.approx(ref.raw, rel=1e-4)
+    assert job._noise.estimator.count == 3 and job._noise.estimator.biased
+    assert job._noise.estimator.raw == pytest.approx(ref.raw, rel=1e-4)
     job.close()
 
 
@@ -267,9 +267,9 @@ def test_tracking_can_be_switched_off(solo):
     job.register(model=model, optimizer=opt)
     _train(job, X, y, model, opt)
     assert job.grad_noise is None and job.gradient_noise_scale is None
-    assert job._gns_micro is None                  # no hooks were installed
+    assert job._noise.micro is None              # no hooks were installed
     solo.setenv("HPCSCHED_GRAD_NOISE", "0")
-    assert not ElasticJob(dataset_size=60, epochs=1)._gns_on
+    assert not ElasticJob(dataset_size=60, epochs=1)._noise.enabled
 
 
 def test_checkpoint_round_trip_keeps_the_averages_across_a_resize(solo, tmp_path):
@@ -287,7 +287,7 @@ def test_checkpoint_round_trip_keeps_the_averages_across_a_resize(solo, tmp_path
     job.register(model=model, optimizer=opt)
     _train(job, X, y, model, opt)
     path = job.checkpoint()
-    saved = job._gns.state_dict()
+    saved = job._noise.estimator.state_dict()
     assert saved["count"] == 4 and saved["base_batch_size"] == 16
     ck = torch.load(path, map_location="cpu", weights_only=True)
     assert ck["grad_noise"] == saved
@@ -300,11 +300,11 @@ def test_checkpoint_round_trip_keeps_the_averages_across_a_resize(solo, tmp_path
     opt2 = torch.optim.SGD(model2.parameters(), lr=0.01)
     job2 = ElasticJob(dataset_size=60, epochs=2, seed=1)
     assert job2.register(model=model2, optimizer=opt2)
-    assert job2._gns.state_dict() == saved
-    assert job2.grad_noise == job._gns.estimate
+    assert job2._noise.estimator.state_dict() == saved
+    assert job2.grad_noise == job._noise.estimator.estimate
     _train(job2, X, y, model2, opt2)
-    assert job2._gns.count == 4 + 5                # 60 / 12 steps more, nothing reset
-    assert job2._gns.base_batch_size == 16         # the smoothing keeps the job's base
+    assert job2._noise.estimator.count == 4 + 5          # 60 / 12 steps more, nothing reset
+    assert job2._noise.estimator.base_batch_size == 16   # the smoothing keeps the job's base
     job2.close()
     prog = ctl.read_progress(jd.progress_path, jd.uid)
     assert prog.finished and prog.total_samples == 120 and prog.samples_processed == 120
@@ -327,7 +327,7 @@ def test_progress_fields_are_optional(tmp_path):
 
 _WORKER = r"""
 import json, sys, torch
-from hpcsched.job.elastic import ElasticJob
+from hpcsched.elastic import ElasticJob
 X = torch.arange(8 * 3, dtype=torch.float64).reshape(8, 3).remainder(5) - 2.0
 for name in ("float32", "float64", "bfloat16"):
     dtype = getattr(torch, name)
@@ -341,10 +341,10 @@ for name in ("float32", "float64", "bfloat16"):
                 ((X[idx].to(dtype) @ w).sum() / step.global_samples).backward()
         job.reduce_gradients([w])
         job.grad_noise  # folds this step in (otherwise done at the end of the step)
-        raw.append(job._gns.raw)
+        raw.append(job._noise.estimator.raw)
     if job.rank == 0:
         print(json.dumps({name: raw}), flush=True)
-job._dist.barrier()
+job._group.barrier()
 job.close()
 """
 
@@ -355,8 +355,8 @@ def test_multi_rank_reduction_matches_a_direct_computation(tmp_path):
     two-batch estimate computed directly from the per-rank sample means."""
     import torch
 
+    from hpcsched.job.data import epoch_permutation, rank_micro_batches
     from hpcsched.protocol.batching import BatchConfig
-    from hpcsched.job.elastic import epoch_permutation, rank_micro_batches
 
     port = _free_port()
     procs = [subprocess.Popen(

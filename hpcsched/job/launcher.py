@@ -6,8 +6,10 @@ stop it looks at the acknowledgement they left (see :mod:`hpcsched.protocol.file
 * training ended (no pending resize) -> exit with srun's status;
 * ``checkpointed`` for a ``checkpoint-and-shrink`` -> ``scontrol update
   JobId=$SLURM_JOB_ID NumNodes=<n>`` **from inside the job** (only then does Slurm write
-  ``slurm_job_<id>_resize.sh`` with the new environment), apply that environment, relaunch the
-  workers on the remaining nodes with explicit ``-N``/``-n``;
+  ``slurm_job_<id>_resize.sh`` with the new environment;
+  :func:`hpcsched.job.allocation.shrink_from_inside`), apply that environment, relaunch the
+  workers on the remaining nodes with explicit ``-N``/``-n``. If Slurm refuses the update, the
+  workers are relaunched on the allocation the job still has;
 * ``checkpointed`` for a ``checkpoint-and-requeue`` -> wait for hpcsched to requeue the job
   (Slurm then kills this step and reruns the batch script at the new size); if no requeue comes
   within ``--requeue-timeout`` seconds, resume at the current size so the job never idles.
@@ -16,6 +18,10 @@ Slurm behaviour relied on (measured on 22.05, ``shared/slurm-22.05-notes.md`` §
 SIGKILLs tasks on released nodes (hence checkpoint first); the batch environment is stale after
 a resize unless the resize script is sourced; a plain ``srun`` afterwards fails, so ``-N``/``-n``
 are always explicit.
+
+The launcher tells the workers what to run with through their environment
+(:class:`hpcsched.protocol.env.LaunchEnv`) and tells hpcsched what it is doing in
+``launcher.json`` (:class:`hpcsched.protocol.files.LauncherState`).
 
 Usage (from the batch script hpcsub renders): ``python -m hpcsched.launcher --job-dir DIR``
 """
@@ -32,10 +38,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcsched.protocol import files as ctl
 from hpcsched import slurm
-from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch, lr_scale
+from hpcsched.job.allocation import shrink_from_inside
+from hpcsched.protocol import files as ctl
+from hpcsched.protocol.batching import BatchConfig, BatchSizeError
+from hpcsched.protocol.env import LaunchEnv
 from hpcsched.protocol.jobdir import JobDir, JobSpec
+from hpcsched.protocol.kinds import AckState, ControlAction, LauncherPhase
 
 log = logging.getLogger("hpcsched.job.launcher")
 
@@ -66,18 +75,16 @@ def effective_config(spec: JobSpec, control: ctl.Control | None, nodes: int) -> 
     Raises:
         BatchSizeError: no batch configuration fits the limits at this world size.
     """
-    wpn = spec.workers_per_node
-    world = nodes * wpn
+    limits = spec.limits
+    world = nodes * limits.workers_per_node
     generation = control.generation if control is not None else 0
     if control is not None and control.world_size == world:
         batch = BatchConfig(world, control.local_batch_size, control.accumulation_steps)
     else:
-        target = control.global_batch_size if control is not None else spec.batch_size
-        batch = fit_batch(target, world, min_global=spec.min_batch_size,
-                          max_global=spec.max_batch_size,
-                          max_local_batch_size=spec.max_local_batch_size)
-    scale = lr_scale(spec.lr_scaling, batch.global_batch_size, spec.batch_size)
-    return LaunchConfig(generation, nodes, wpn, batch, scale)
+        target = control.global_batch_size if control is not None else limits.base_batch_size
+        batch = limits.fit_batch(target, nodes)
+    return LaunchConfig(generation, nodes, limits.workers_per_node, batch,
+                        limits.lr_scale(batch.global_batch_size))
 
 
 def master_port(job_id: str, launch: int) -> int:
@@ -92,22 +99,24 @@ class Launcher:
         self.job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID") or "0"
         self.env = dict(os.environ)
         self.requeue_timeout = requeue_timeout
-        state = self.jd.read_launcher_state()
-        self.launches = int(state.get("launches", 0))
-        self.resizes = int(state.get("resizes", 0))
+        state = self.jd.read_launcher_state()  # from the runs before a requeue
+        self.launches = state.launches if state is not None else 0
+        self.resizes = state.resizes if state is not None else 0
 
     # -------------------------------------------------------------- helpers
-    def _save_state(self, phase: str, cfg: LaunchConfig | None = None, **extra) -> None:
-        st = {
-            "job_id": self.job_id, "launches": self.launches, "resizes": self.resizes,
-            "restarts": int(self.env.get("SLURM_RESTART_COUNT", "0") or 0),
-            "phase": phase, "time": time.time(),
-            "nodelist": self.env.get("SLURM_JOB_NODELIST", ""), **extra,
-        }
+    def _save_state(self, phase: LauncherPhase, cfg: LaunchConfig | None = None,
+                    **extra) -> None:
+        """Write ``launcher.json``; ``extra``: ``target_nodes``, ``exit_code`` or ``error``."""
+        config = {}
         if cfg is not None:
-            st.update(generation=cfg.generation, nodes=cfg.nodes, world_size=cfg.world_size,
-                      global_batch_size=cfg.batch.global_batch_size)
-        ctl.write_json_atomic(self.jd.launcher_path, st)
+            config = {"generation": cfg.generation, "nodes": cfg.nodes,
+                      "world_size": cfg.world_size,
+                      "global_batch_size": cfg.batch.global_batch_size}
+        ctl.write_launcher_state(self.jd.launcher_path, ctl.LauncherState(
+            job_uid=self.jd.uid, job_id=self.job_id, phase=phase, launches=self.launches,
+            resizes=self.resizes, restarts=int(self.env.get("SLURM_RESTART_COUNT", "0") or 0),
+            time=time.time(), nodelist=self.env.get("SLURM_JOB_NODELIST", ""), **config,
+            **extra))
 
     def _read_control(self) -> ctl.Control | None:
         try:
@@ -145,22 +154,23 @@ class Launcher:
                 cfg = effective_config(self.spec, control, len(nodes))
             except BatchSizeError as exc:
                 log.error("cannot run on %d node(s): %s", len(nodes), exc)
-                self._save_state("failed", error=str(exc))
+                self._save_state(LauncherPhase.FAILED, error=str(exc))
                 return 1
             rc = self._launch(cfg, nodes)
             ack = self._read_ack()
-            if ack is not None and ack.state == "checkpointed":
+            if ack is not None and ack.state == AckState.CHECKPOINTED:
                 log.info("workers exited %.2f s after the checkpoint for generation %d",
                          time.time() - ack.time, ack.generation)
             pending = self._read_control()
-            if not (ack and ack.state == "checkpointed" and ack.generation > cfg.generation
+            if not (ack and ack.state == AckState.CHECKPOINTED and ack.generation > cfg.generation
                     and pending is not None and pending.generation == ack.generation):
-                self._save_state("finished" if rc == 0 else "failed", cfg, exit_code=rc)
+                self._save_state(LauncherPhase.FINISHED if rc == 0 else LauncherPhase.FAILED, cfg,
+                                 exit_code=rc)
                 log.info("workers exited with status %d; job done", rc)
                 return rc
-            if pending.action == "checkpoint-and-shrink" and pending.nodes < len(nodes):
+            if pending.action == ControlAction.CHECKPOINT_AND_SHRINK and pending.nodes < len(nodes):
                 self._shrink(pending.nodes)
-            elif pending.action == "checkpoint-and-requeue":
+            elif pending.action == ControlAction.CHECKPOINT_AND_REQUEUE:
                 self._wait_for_requeue(pending, cfg)
             else:
                 log.info("generation %d: relaunching on the same %d node(s)", pending.generation,
@@ -170,25 +180,7 @@ class Launcher:
         self.launches += 1
         master = slurm.node_addr(nodes[0]) if nodes else "127.0.0.1"
         env = dict(self.env)
-        env.update({
-            "MASTER_ADDR": master,
-            "MASTER_PORT": str(master_port(self.job_id, self.launches)),
-            "HPCSCHED_JOB_DIR": str(self.jd.path),
-            "HPCSCHED_LAUNCH": str(self.launches),
-            "HPCSCHED_GENERATION": str(cfg.generation),
-            "HPCSCHED_NODES": str(cfg.nodes),
-            "HPCSCHED_WORKERS_PER_NODE": str(cfg.workers_per_node),
-            "HPCSCHED_WORLD_SIZE": str(cfg.world_size),
-            "HPCSCHED_LOCAL_BATCH_SIZE": str(cfg.batch.local_batch_size),
-            "HPCSCHED_ACCUMULATION_STEPS": str(cfg.batch.accumulation_steps),
-            "HPCSCHED_GLOBAL_BATCH_SIZE": str(cfg.batch.global_batch_size),
-            "HPCSCHED_LR_SCALE": repr(cfg.lr_scale),
-            "HPCSCHED_CHECKPOINT_DIR": self.spec.checkpoint_dir,
-            "HPCSCHED_CHECKPOINT_INTERVAL": str(self.spec.checkpoint_interval),
-            "HPCSCHED_RECORD_SAMPLES": "1" if self.spec.record_samples else "0",
-            "HPCSCHED_PYTHON": self.spec.python,
-            "HPCSCHED_INPLACE_SHRINK": "1",
-        })
+        env.update(self.launch_env(cfg, master).to_env())
         env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: one worker per GPU, not per core
         if master.startswith("127."):
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback-only dev cluster
@@ -198,13 +190,26 @@ class Launcher:
             f"--job-name={self.env.get('SLURM_JOB_NAME', 'hpcsched')}",
             self.spec.python, "-m", "hpcsched.worker", self.spec.script, *self.spec.script_args,
         ]
-        self._save_state("running", cfg)
+        self._save_state(LauncherPhase.RUNNING, cfg)
         log.info("launch %d: generation %d, %d node(s) x %d worker(s), global batch %d "
                  "(local %d x %d accumulation), lr scale %.4g", self.launches, cfg.generation,
                  cfg.nodes, cfg.workers_per_node, cfg.batch.global_batch_size,
                  cfg.batch.local_batch_size, cfg.batch.accumulation_steps, cfg.lr_scale)
         proc = subprocess.Popen(cmd, env=env, cwd=self.spec.submit_dir or None)
         return proc.wait()
+
+    def launch_env(self, cfg: LaunchConfig, master_addr: str) -> LaunchEnv:
+        """What the workers of the next launch (number ``self.launches``) are told."""
+        spec = self.spec
+        return LaunchEnv(
+            job_dir=str(self.jd.path), launch=self.launches, generation=cfg.generation,
+            nodes=cfg.nodes, workers_per_node=cfg.workers_per_node, world_size=cfg.world_size,
+            local_batch_size=cfg.batch.local_batch_size,
+            accumulation_steps=cfg.batch.accumulation_steps,
+            global_batch_size=cfg.batch.global_batch_size, lr_scale=cfg.lr_scale,
+            checkpoint_dir=spec.checkpoint_dir, checkpoint_interval=spec.checkpoint_interval,
+            record_samples=spec.record_samples, python=spec.python, inplace_shrink=True,
+            master_addr=master_addr, master_port=master_port(self.job_id, self.launches))
 
     @property
     def _resize_script(self) -> Path:
@@ -228,12 +233,17 @@ class Launcher:
         log.info("allocation is now %s", self.env.get("SLURM_JOB_NODELIST"))
 
     def _shrink(self, nodes: int) -> None:
-        """Release nodes from inside the job; the next launch adopts Slurm's resize script."""
+        """Release nodes from inside the job; the next launch adopts Slurm's resize script.
+
+        When Slurm refuses, the next launch runs on the allocation the job still has
+        (:func:`~hpcsched.job.allocation.shrink_from_inside`'s error policy, logged there).
+        """
         log.info("shrinking job %s to %d node(s)", self.job_id, nodes)
-        self._save_state("resizing", target_nodes=nodes)
+        self._save_state(LauncherPhase.RESIZING, target_nodes=nodes)
         self._forget_resize_scripts()
-        subprocess.run(["scontrol", "update", f"JobId={self.job_id}", f"NumNodes={nodes}"],
-                       cwd=self.jd.path, env=self.env, check=True, timeout=60)
+        if shrink_from_inside(self.job_id, nodes, self.jd.path) is not None:
+            log.warning("relaunching on the current %s", self.env.get("SLURM_JOB_NODELIST"))
+            return
         if not self._resize_script.exists():
             log.warning("Slurm wrote no resize script; reading the allocation from squeue")
             info = slurm.job_info(self.job_id)
@@ -246,7 +256,7 @@ class Launcher:
     def _wait_for_requeue(self, pending: ctl.Control, cfg: LaunchConfig) -> None:
         log.info("checkpointed for generation %d; waiting up to %.0f s to be requeued at %d "
                  "node(s)", pending.generation, self.requeue_timeout, pending.nodes)
-        self._save_state("awaiting-requeue", cfg, target_nodes=pending.nodes)
+        self._save_state(LauncherPhase.AWAITING_REQUEUE, cfg, target_nodes=pending.nodes)
         deadline = time.monotonic() + self.requeue_timeout
         while time.monotonic() < deadline:
             time.sleep(0.5)  # Slurm ends this step when the requeue comes
@@ -266,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         return Launcher(args.job_dir, args.requeue_timeout).run()
-    except (ctl.ProtocolError, slurm.SlurmError, subprocess.CalledProcessError) as exc:
+    except (ctl.ProtocolError, slurm.SlurmError) as exc:
         log.error("launcher failed: %s", exc)
         return 1
 

@@ -1,40 +1,51 @@
 """Per-task shim started by ``srun``: maps Slurm's task variables onto the torch.distributed
 environment and replaces itself with the training script.
 
-``RANK`` = ``SLURM_PROCID``, ``WORLD_SIZE`` = ``SLURM_NTASKS``, ``LOCAL_RANK`` =
-``SLURM_LOCALID``, ``LOCAL_WORLD_SIZE`` = workers on this node; ``MASTER_ADDR`` and
-``MASTER_PORT`` come from the launcher. This is what lets an unmodified script that only reads
-the standard torch.distributed environment run under hpcsub.
+``RANK`` = ``SLURM_PROCID``, ``WORLD_SIZE`` = the launch's world size (``SLURM_NTASKS``
+without a launcher), ``LOCAL_RANK`` = ``SLURM_LOCALID``, ``LOCAL_WORLD_SIZE`` = workers on this
+node, ``GROUP_RANK`` = ``SLURM_NODEID``; ``MASTER_ADDR`` and ``MASTER_PORT`` come from the
+launcher (:class:`hpcsched.protocol.env.LaunchEnv`). This is what lets an unmodified script that
+only reads the standard torch.distributed environment run under hpcsub.
 
-Usage (by the launcher): ``python -m hpcsched.job.worker SCRIPT [ARGS...]``
+Usage (by the launcher): ``python -m hpcsched.worker SCRIPT [ARGS...]``
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
+
+from hpcsched.protocol.env import LaunchEnv
 
 
-def torch_env(env: dict[str, str]) -> dict[str, str]:
-    """The torch.distributed variables for one srun task, from its Slurm variables."""
-    out = {}
-    out["RANK"] = env.get("SLURM_PROCID", "0")
-    out["WORLD_SIZE"] = env.get("HPCSCHED_WORLD_SIZE") or env.get("SLURM_NTASKS", "1")
-    out["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
-    out["LOCAL_WORLD_SIZE"] = env.get("HPCSCHED_WORKERS_PER_NODE") or env.get(
-        "SLURM_NTASKS_PER_NODE", "1")
-    out["GROUP_RANK"] = env.get("SLURM_NODEID", "0")
-    return out
+def torch_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The torch.distributed variables for one srun task, from its Slurm variables and the
+    launch (:class:`~hpcsched.protocol.env.LaunchEnv`) in ``env``.
+
+    Raises:
+        ValueError: a launch variable that does not parse.
+    """
+    launch = LaunchEnv.from_env(env)
+    return {
+        "RANK": env.get("SLURM_PROCID", "0"),
+        "WORLD_SIZE": str(launch.world_size) if launch.world_size is not None
+        else env.get("SLURM_NTASKS", "1"),
+        "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+        "LOCAL_WORLD_SIZE": str(launch.workers_per_node) if launch.workers_per_node is not None
+        else env.get("SLURM_NTASKS_PER_NODE", "1"),
+        "GROUP_RANK": env.get("SLURM_NODEID", "0"),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
-        sys.stderr.write("usage: python -m hpcsched.job.worker SCRIPT [ARGS...]\n")
+        sys.stderr.write("usage: python -m hpcsched.worker SCRIPT [ARGS...]\n")
         raise SystemExit(2)
     env = dict(os.environ)
     env.update(torch_env(env))
-    python = env.get("HPCSCHED_PYTHON") or sys.executable
+    python = LaunchEnv.from_env(env).python or sys.executable
     os.execvpe(python, [python, *argv], env)
 
 

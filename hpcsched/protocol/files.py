@@ -11,6 +11,8 @@ sides. Three files live in the job directory (see :mod:`hpcsched.protocol.jobdir
   last generation it has seen and what it did about it (``checkpointed``, ``applied``,
   ``rejected``).
 * ``progress.json`` -- written only by rank 0, every few seconds: where training is.
+* ``launcher.json`` -- written only by the job's launcher, at each phase change: what it is doing
+  (:class:`LauncherState`).
 
 Every write is atomic: a temporary file in the same directory, ``fsync``, then ``rename``
 (POSIX rename is atomic within a file system), so a reader sees the old file or the new one,
@@ -23,21 +25,25 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
+
+from hpcsched.protocol.kinds import AckState, ControlAction, LauncherPhase
 
 CONTROL_SCHEMA = "hpcsched.control/1"
 ACK_SCHEMA = "hpcsched.ack/1"
 PROGRESS_SCHEMA = "hpcsched.progress/1"
+LAUNCHER_SCHEMA = "hpcsched.launcher/1"
 
-ACTIONS = ("continue", "checkpoint-and-shrink", "checkpoint-and-requeue")
-ACK_STATES = ("applied", "checkpointed", "rejected")
+ACTIONS = tuple(a.value for a in ControlAction)
+ACK_STATES = tuple(s.value for s in AckState)
+LAUNCHER_PHASES = tuple(p.value for p in LauncherPhase)
 
 
 class ProtocolError(ValueError):
-    """A control, acknowledgement or progress file that must not be acted on."""
+    """A control, acknowledgement, progress or launcher file that must not be acted on."""
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -59,7 +65,12 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         raise
 
 
-def _load(path: Path) -> dict[str, Any] | None:
+def load_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None if the file does not exist.
+
+    Raises:
+        ProtocolError: unreadable, not JSON, or not an object.
+    """
     try:
         raw = Path(path).read_text()
     except FileNotFoundError:
@@ -104,6 +115,12 @@ def _expect(path: Path, name: str, value: Any, typ: type | tuple, minimum: float
         raise ProtocolError(f"{path}: field {name!r} must be >= {minimum}, got {value!r}")
 
 
+def _expect_member(path: Path, name: str, value: Any, kind: type[StrEnum]) -> None:
+    values = tuple(m.value for m in kind)
+    if value not in values:
+        raise ProtocolError(f"{path}: {name} {value!r} is not one of {', '.join(values)}")
+
+
 @dataclass(frozen=True)
 class Control:
     """One request from hpcsched to a job (``control.json``).
@@ -127,7 +144,7 @@ class Control:
 
     job_uid: str
     generation: int
-    action: str
+    action: ControlAction
     nodes: int
     workers_per_node: int
     global_batch_size: int
@@ -143,12 +160,11 @@ class Control:
     def world_size(self) -> int:
         return self.nodes * self.workers_per_node
 
-    def validate(self, path: Path | str = "control.json") -> "Control":
+    def validate(self, path: Path | str = "control.json") -> Control:
         path = Path(path)
         _expect(path, "job_uid", self.job_uid, str)
         _expect(path, "generation", self.generation, int, 1)
-        if self.action not in ACTIONS:
-            raise ProtocolError(f"{path}: action {self.action!r} is not one of {', '.join(ACTIONS)}")
+        _expect_member(path, "action", self.action, ControlAction)
         for name in ("nodes", "workers_per_node", "global_batch_size", "local_batch_size",
                      "accumulation_steps"):
             _expect(path, name, getattr(self, name), int, 1)
@@ -185,7 +201,7 @@ class Ack:
 
     job_uid: str
     generation: int
-    state: str
+    state: AckState
     world_size: int
     nodes: int
     global_batch_size: int
@@ -197,11 +213,10 @@ class Ack:
     message: str = ""
     schema: str = ACK_SCHEMA
 
-    def validate(self, path: Path | str = "ack.json") -> "Ack":
+    def validate(self, path: Path | str = "ack.json") -> Ack:
         path = Path(path)
         _expect(path, "generation", self.generation, int, 0)
-        if self.state not in ACK_STATES:
-            raise ProtocolError(f"{path}: state {self.state!r} is not one of {', '.join(ACK_STATES)}")
+        _expect_member(path, "state", self.state, AckState)
         for name in ("world_size", "nodes", "global_batch_size", "local_batch_size",
                      "accumulation_steps"):
             _expect(path, name, getattr(self, name), int, 1)
@@ -244,6 +259,63 @@ class Progress:
     schema: str = PROGRESS_SCHEMA
 
 
+@dataclass(frozen=True)
+class LauncherState:
+    """What the job's launcher is doing (``launcher.json``), written at each phase change.
+
+    Attributes:
+        job_uid: as in :class:`Control`.
+        job_id: the Slurm job id the launcher runs in.
+        phase: :class:`~hpcsched.protocol.kinds.LauncherPhase` (``running``, ``resizing``,
+            ``awaiting-requeue``, ``finished``, ``failed``); the daemon gives a job whose phase
+            is ``in_transition`` no other change.
+        launches: ``srun`` launches of the workers so far in this Slurm run (and the runs before
+            a requeue, whose state it read back).
+        resizes: allocation changes the launcher adopted (Slurm's resize script).
+        restarts: Slurm requeues of the job so far (``SLURM_RESTART_COUNT``).
+        time: Unix time (seconds) of the write.
+        nodelist: the allocation (Slurm hostlist expression) when written.
+        generation, nodes, world_size, global_batch_size: the launch configuration in force
+            (None outside a launch, e.g. while resizing).
+        target_nodes: the node count a resize in progress goes to (``resizing``,
+            ``awaiting-requeue``).
+        exit_code: the workers' ``srun`` exit status (``finished``, ``failed``).
+        error: why the launcher failed (``failed``), "" otherwise.
+    """
+
+    job_uid: str
+    job_id: str
+    phase: LauncherPhase
+    launches: int
+    resizes: int
+    restarts: int
+    time: float
+    nodelist: str = ""
+    generation: int | None = None
+    nodes: int | None = None
+    world_size: int | None = None
+    global_batch_size: int | None = None
+    target_nodes: int | None = None
+    exit_code: int | None = None
+    error: str = ""
+    schema: str = LAUNCHER_SCHEMA
+
+    def validate(self, path: Path | str = "launcher.json") -> LauncherState:
+        path = Path(path)
+        _expect(path, "job_uid", self.job_uid, str)
+        _expect(path, "job_id", self.job_id, str)
+        _expect_member(path, "phase", self.phase, LauncherPhase)
+        for name in ("launches", "resizes", "restarts"):
+            _expect(path, name, getattr(self, name), int, 0)
+        _expect(path, "time", self.time, (int, float))
+        for name in ("generation", "nodes", "world_size", "global_batch_size", "target_nodes"):
+            if getattr(self, name) is not None:
+                _expect(path, name, getattr(self, name), int, 0)
+        if self.exit_code is not None:
+            _expect(path, "exit_code", self.exit_code, int)
+        return self
+
+
 def write_control(path: Path, control: Control) -> None:
     """Validate and atomically write ``control``.
 
@@ -269,10 +341,11 @@ def read_control(path: Path, job_uid: str | None = None) -> Control | None:
     Raises:
         ProtocolError: malformed, wrong schema, wrong job, or invalid values.
     """
-    obj = _load(path)
+    obj = load_json_object(path)
     if obj is None:
         return None
-    return Control(**_check_fields(path, obj, Control, CONTROL_SCHEMA, job_uid)).validate(path)
+    c = Control(**_check_fields(path, obj, Control, CONTROL_SCHEMA, job_uid)).validate(path)
+    return replace(c, action=ControlAction(c.action))
 
 
 def write_ack(path: Path, ack: Ack) -> None:
@@ -283,10 +356,11 @@ def write_ack(path: Path, ack: Ack) -> None:
 
 def read_ack(path: Path, job_uid: str | None = None) -> Ack | None:
     """Read ``ack.json``; ``None`` if absent. Raises :class:`ProtocolError` if malformed."""
-    obj = _load(path)
+    obj = load_json_object(path)
     if obj is None:
         return None
-    return Ack(**_check_fields(path, obj, Ack, ACK_SCHEMA, job_uid)).validate(path)
+    a = Ack(**_check_fields(path, obj, Ack, ACK_SCHEMA, job_uid)).validate(path)
+    return replace(a, state=AckState(a.state))
 
 
 def write_progress(path: Path, progress: Progress) -> None:
@@ -295,12 +369,32 @@ def write_progress(path: Path, progress: Progress) -> None:
 
 def read_progress(path: Path, job_uid: str | None = None) -> Progress | None:
     """Read ``progress.json``; ``None`` if absent. Raises :class:`ProtocolError` if malformed."""
-    obj = _load(path)
+    obj = load_json_object(path)
     if obj is None:
         return None
     return Progress(**_check_fields(path, obj, Progress, PROGRESS_SCHEMA, job_uid))
 
 
-def now() -> float:
-    """Unix time in seconds (one place to read the wall clock for protocol timestamps)."""
-    return time.time()
+def write_launcher_state(path: Path, state: LauncherState) -> None:
+    """Validate and atomically write ``state`` (``launcher.json``).
+
+    Raises:
+        ProtocolError: ``state`` is invalid.
+    """
+    state.validate(path)
+    write_json_atomic(path, asdict(state))
+
+
+def read_launcher_state(path: Path, job_uid: str | None = None) -> LauncherState | None:
+    """Read ``launcher.json``; ``None`` if absent.
+
+    Raises:
+        ProtocolError: malformed, wrong schema (a launcher older than the schema wrote none:
+            ``schema None``), wrong job, or invalid values.
+    """
+    obj = load_json_object(path)
+    if obj is None:
+        return None
+    st = LauncherState(**_check_fields(path, obj, LauncherState, LAUNCHER_SCHEMA, job_uid))
+    st.validate(path)
+    return replace(st, phase=LauncherPhase(st.phase))

@@ -31,7 +31,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from hpcsched.protocol.files import ProtocolError, write_json_atomic
+from hpcsched.protocol.files import (
+    LauncherState,
+    ProtocolError,
+    read_launcher_state,
+    write_json_atomic,
+)
 from hpcsched.protocol.limits import JobLimits
 
 SPEC_SCHEMA = "hpcsched.spec/1"
@@ -236,11 +241,20 @@ class JobDir:
         except FileNotFoundError:
             return None
 
-    def read_launcher_state(self) -> dict:
+    def read_launcher_state(self) -> LauncherState | None:
+        """What the job's launcher is doing (``launcher.json``), or None when unknown.
+
+        Unknown means: no file yet, or one that cannot be trusted. A launcher older than the
+        file's schema wrote no ``schema`` and no ``job_uid``; such a file, like a malformed or a
+        foreign one, is read as None with a warning in the log, never raised.
+        """
+        import logging
+
         try:
-            return json.loads(self.launcher_path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
+            return read_launcher_state(self.launcher_path, self.uid)
+        except ProtocolError as exc:
+            logging.getLogger(__name__).warning("launcher state unknown: %s", exc)
+            return None
 
     @contextmanager
     def resize_lock(self, blocking: bool = False) -> Iterator[None]:
