@@ -396,7 +396,7 @@ def _checkpointed(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
     if a.kind == ChangeKind.GROW:
         if job.restarts > a.restarts_at_plan:   # requeued already (by a daemon that died)
             return Step(P.REQUEUED, note=f"requeued before (restart count {job.restarts})")
-        if job.state == "RUNNING":
+        if job.state == "RUNNING" and job.restarts == a.restarts_at_plan:
             return Step(P.REQUEUED, (Requeue(),))
     if h.has_timeout(P.REQUESTED, t.ack, obs.now):
         return _late(a)

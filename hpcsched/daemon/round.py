@@ -5,15 +5,19 @@
   error recorded and nothing decided: the daemon never acts on stale state.
 * **ingest**: each managed job's new metrics lines into profile samples and per-GPU
   measurements (:mod:`hpcsched.daemon.ingest`).
-* **resume**: actions journaled by an earlier daemon and not finished (``planned`` or
-  ``applied``) are driven to the end first, with the actuator's idempotent steps
-  (:class:`hpcsched.daemon.actuator.Actuator`), so a daemon killed at any point does nothing twice.
+* **advance**: every open action of the journal (not ``running`` or ``failed``; also those an
+  earlier daemon left) takes one step of its state machine (:mod:`hpcsched.daemon.phases`,
+  executed by :class:`hpcsched.daemon.actuator.Actuator`) on this round's observation; each
+  transition is journaled. Nothing waits for a job: a resize spans as many rounds as it needs,
+  many at once, and its job is ``busy`` for the policy meanwhile. A daemon killed at any point
+  resumes from the journaled phase and does nothing twice.
 * **decide**: the configured policy, a pure function of an immutable
   :class:`~hpcsched.policies.snapshot.ClusterSnapshot` (the same code the simulator runs).
 * **reconcile**: :func:`hpcsched.policies.reconcile.reconcile` (gain vs restart cost, placement, order).
-* **apply**: each change is journaled ``planned`` (committed) before anything is touched, then
-  ``applied`` once its request is written, then ``observed`` when the job runs at the new size,
-  or ``failed`` with the reason. Resizes go through the very code ``hpcsched resize`` uses.
+* **apply**: each change is journaled ``requested`` (committed) before anything is touched, then
+  takes its first step (the control generation is written). Later rounds move it on to
+  ``running`` when the job runs at the new size, or ``failed`` with the reason. Resizes go
+  through the state machine ``hpcsched resize`` steps too.
 * **record**: the round (time, duration, policy, objective, Slurm calls, policy time).
 
 Jobs are hpcsched's when their Slurm id has a job directory (``by-id/<id>``) under the
@@ -37,16 +41,18 @@ import click
 
 from hpcsched import slurm
 from hpcsched.daemon import views
-from hpcsched.daemon.actuator import Action, Actuator, ResizeFailed, ResizeResult, current_of
+from hpcsched.daemon.actuator import Action, Actuator, current_of, journaled
 from hpcsched.daemon.config import ConfigError, Settings, load
 from hpcsched.daemon.ingest import ingest_job
+from hpcsched.daemon.phases import History, ResizePhase, Timeouts
 from hpcsched.daemon.store import Store
 from hpcsched.daemon.views import application_of
 from hpcsched.policies import POLICIES, PolicyError, make_policy
 from hpcsched.policies.reconcile import Change, Costs
 from hpcsched.policies.round import decide_round
-from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir, JobSpec
+from hpcsched.protocol.kinds import ChangeKind
+from hpcsched.slurm.control import CLISlurmControl
 from hpcsched.slurm.observe import Backend, make_backend
 
 log = logging.getLogger("hpcsched.daemon")
@@ -63,7 +69,9 @@ class RoundReport:
     policy_seconds: float = 0.0
     jobs: int = 0
     changes: list[Change] = field(default_factory=list)
-    outcomes: dict[str, str] = field(default_factory=dict)   # job_id -> observed|failed: why
+    # job_id -> the phase its action reached this round, "failed: <why>", or "interrupted"
+    # (Slurm did not answer an effect: the step is taken again next round)
+    outcomes: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     objective: float | None = None   # the plan's own figure of merit (unit per policy)
     error: str | None = None
@@ -80,7 +88,9 @@ class Daemon:
                                                partitions=d.partitions)
         self.store = store or Store(d.database_url)
         self.policy = make_policy(settings.policy.name, settings.policy.params)
-        self.actuator = Actuator(ack_timeout=d.ack_timeout, start_timeout=max(300.0, d.ack_timeout))
+        self.actuator = Actuator(CLISlurmControl(timeout=d.slurm_timeout),
+                                 Timeouts(ack=d.ack_timeout, start=max(300.0, d.ack_timeout)))
+        self._stepped: set[int] = set()   # journal ids this process has advanced
         self.control_dir = settings.control_dir_path()
         self.costs = Costs(restart_cost=d.restart_cost, shrink_cost=d.shrink_cost,
                            min_gain=d.min_gain, horizon=d.horizon)
@@ -156,52 +166,60 @@ class Daemon:
             rep.outcomes[c.job_id] = self._apply(c, jd, spec, info, rep.round_id)
 
     def _apply(self, c: Change, jd: JobDir, spec: JobSpec, info: slurm.JobInfo, rid: int) -> str:
+        """Journal ``c`` as ``requested`` (committed), then take its first step."""
         cur = current_of(jd, spec, info)
-        action = Action(c.job_id, c.kind, cur.generation + 1, c.to_nodes, c.to_batch_size,
-                        info.restarts, c.reason, f"hpcsched daemon (round {rid})", c.placement)
+        action = Action(c.job_id, ChangeKind(c.kind), cur.generation + 1, c.to_nodes,
+                        c.to_batch_size, info.restarts, c.reason, f"hpcsched daemon (round {rid})",
+                        tuple(c.placement))
+        created = time.time()
         aid = self.store.plan_action(
             round_id=rid, job_id=c.job_id, kind=c.kind, generation=action.generation,
             from_nodes=c.from_nodes, to_nodes=c.to_nodes, from_batch_size=c.from_batch_size,
-            to_batch_size=c.to_batch_size, reason=c.reason, restarts_at_plan=info.restarts)
-        return self._drive(aid, action, jd, spec, "planned")
+            to_batch_size=c.to_batch_size, reason=c.reason, restarts_at_plan=info.restarts,
+            placement=action.placement, created_at=created)
+        self._stepped.add(aid)
+        return self._drive(aid, action, History.begin(created), jd, spec, info)
 
-    def _drive(self, aid: int, action: Action, jd: JobDir, spec: JobSpec, status: str) -> str:
-        result = ResizeResult(action.job_id, None, time.time())
+    def _drive(self, aid: int, action: Action, history: History, jd: JobDir, spec: JobSpec,
+               info: slurm.JobInfo) -> str:
+        """One step of journal entry ``aid``, each transition journaled; returns the outcome."""
+        def journal(phase: ResizePhase, at: float, why: str) -> None:
+            self.store.set_action_phase(aid, phase, error=why or None, at=at)
+
         try:
-            if status == "planned":
-                self.actuator.start(action, jd, spec)
-                self.store.set_action_status(aid, "applied")
-            self.actuator.drive(action, jd, spec, result)
+            adv = self.actuator.advance(action, history, jd, spec, info, journal)
         except slurm.SlurmUnavailable as exc:
-            # not a failure of the resize: it stays open and the next round resumes it
+            # not a failure of the resize: it stays open and the next round takes the step again
             log.warning("job %s: %s interrupted, Slurm did not answer (%s); resumes next round",
                         action.job_id, action.kind, exc)
             return "interrupted"
-        except (ResizeFailed, slurm.SlurmError, ctl.ProtocolError) as exc:
-            self.store.set_action_status(aid, "failed", error=str(exc))
-            log.error("job %s: %s to %d node(s) failed: %s", action.job_id, action.kind,
-                      action.nodes, exc)
-            return f"failed: {exc}"
-        self.store.set_action_status(aid, "observed")
-        note = f" ({'; '.join(result.notes)})" if result.notes else ""
-        log.info("job %s: %s to %d node(s), batch %d observed after %.1f s%s", action.job_id,
-                 action.kind, action.nodes, action.batch_size, time.time() - result.started, note)
-        return "observed"
+        for note in adv.notes:
+            log.warning("job %s: %s", action.job_id, note)
+        if adv.phase == ResizePhase.FAILED:
+            return f"failed: {adv.why}"
+        if adv.phase == ResizePhase.RUNNING:
+            log.info("job %s: %s to %d node(s), batch %d running after %.1f s", action.job_id,
+                     action.kind, action.nodes, action.batch_size,
+                     adv.history.entries[-1][1] - history.started)
+        return str(adv.phase)
 
     def _resume(self, managed, rep: RoundReport) -> set[str]:
-        """Finish actions an earlier daemon left open; returns the jobs they touched."""
+        """Advance every open action one step; returns their jobs (busy for the policy)."""
         touched = set()
         for a in self.store.open_actions():
             touched.add(a.job_id)
             if a.job_id not in managed:
-                self.store.set_action_status(a.id, "failed", error="job no longer known to Slurm")
+                why = "job no longer known to Slurm"
+                self.store.set_action_phase(a.id, ResizePhase.FAILED, error=why)
+                rep.outcomes[a.job_id] = f"failed: {why}"
                 continue
             jd, spec, info = managed[a.job_id]
-            log.info("job %s: resuming %s action %d (generation %d, %s)", a.job_id, a.kind, a.id,
-                     a.generation, a.status)
-            action = Action(a.job_id, a.kind, a.generation, a.to_nodes, a.to_batch_size,
-                            a.restarts_at_plan, a.reason, "hpcsched daemon (resumed)")
-            rep.outcomes[a.job_id] = self._drive(a.id, action, jd, spec, a.status)
+            if a.id not in self._stepped:
+                log.info("job %s: resuming %s action %d (generation %d, %s)", a.job_id, a.kind,
+                         a.id, a.generation, a.phase)
+                self._stepped.add(a.id)
+            action, history = journaled(a)
+            rep.outcomes[a.job_id] = self._drive(a.id, action, history, jd, spec, info)
         return touched
 
 

@@ -1,0 +1,631 @@
+"""The resize actuator without Slurm: every transition of the pure state machine
+(:func:`hpcsched.daemon.phases.next_step`, table-driven), its invariants (hypothesis), the
+executor over a fake :class:`~hpcsched.slurm.control.SlurmControl` with real job files and a
+real journal, a daemon killed between (or within) any two transitions, and the planning
+functions ``plan_resize`` and ``current_from``."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpcsched import slurm
+from hpcsched.daemon import actuator as act
+from hpcsched.daemon.actuator import (
+    Actuator,
+    Current,
+    ResizeRefused,
+    current_from,
+    plan_resize,
+)
+from hpcsched.daemon.phases import (
+    ENDED,
+    PATHS,
+    TRANSITIONS,
+    Action,
+    CancelGeneration,
+    History,
+    IllegalTransition,
+    Observed,
+    Requeue,
+    ResizePendingJob,
+    ResizePhase,
+    SetStartTime,
+    Timeouts,
+    WriteControl,
+    next_step,
+)
+from hpcsched.daemon.store import Store
+from hpcsched.protocol import files as ctl
+from hpcsched.protocol.jobdir import JobDir, JobSpec
+from hpcsched.protocol.kinds import AckState, ChangeKind, ControlAction
+from hpcsched.protocol.limits import JobLimits
+
+P = ResizePhase
+GEN = 3
+T0 = 1000.0
+TO = Timeouts(ack=180.0, start=300.0)
+JOB = "7"
+
+
+def info(state="RUNNING", restarts=0, node_count=1, cpus_per_task=1, **kw) -> slurm.JobInfo:
+    fields = {"job_id": JOB, "name": "", "user": "bob", "state": state, "state_reason": "None",
+              "partition": "gpu", "nodes": "n1" if node_count == 1 else "n[1-2]",
+              "node_count": node_count, "gpus_per_node": 2, "restarts": restarts,
+              "batch_host": "n1", "priority": 1, "cpus_per_task": cpus_per_task}
+    return slurm.JobInfo(**{**fields, **kw})
+
+
+def ack(generation=GEN, state="checkpointed", nodes=1, gbs=64, message="") -> ctl.Ack:
+    return ctl.Ack(job_uid="u", generation=generation, state=AckState(state), world_size=2 * nodes,
+                   nodes=nodes, global_batch_size=gbs, local_batch_size=gbs // (2 * nodes),
+                   accumulation_steps=1, step=5, time=T0 + 1, message=message)
+
+
+def action(kind="grow", nodes=2, batch=64, restarts=0, placement=()) -> Action:
+    return Action(JOB, ChangeKind(kind), GEN, nodes, batch, restarts, "why", "test", placement)
+
+
+def history(*phases_at) -> History:
+    """``history(P.CHECKPOINTED, 10)``: requested at T0, then each phase at T0 + its offset."""
+    entries = [(P.REQUESTED, T0)]
+    for phase, dt in zip(phases_at[::2], phases_at[1::2]):
+        entries.append((phase, T0 + dt))
+    return History(tuple(entries))
+
+
+def seen(control=GEN, ack=None, job="running", now=T0 + 5) -> Observed:
+    job = info() if job == "running" else job
+    return Observed(now, control, ack, job)
+
+
+# -- next_step, one row per transition rule ------------------------------------------------------
+
+RUNNING_NOTE = "Slurm started the job on 1 node(s), not 2"
+CASES = {
+    # requested: write the generation (again) until the job's file holds it
+    "grow: nothing written yet": (
+        action(), history(), seen(control=None),
+        P.REQUESTED, (WriteControl(GEN, ControlAction.CHECKPOINT_AND_REQUEUE, 2, 64),), ""),
+    "batch: an older generation on disk": (
+        action("batch", nodes=1, batch=128), history(), seen(control=GEN - 1),
+        P.REQUESTED, (WriteControl(GEN, ControlAction.CONTINUE, 1, 128),), ""),
+    "shrink: written as checkpoint-and-shrink": (
+        action("shrink", nodes=1), history(), seen(control=None, job=info(node_count=2)),
+        P.REQUESTED, (WriteControl(GEN, ControlAction.CHECKPOINT_AND_SHRINK, 1, 64),), ""),
+    "pending: resized in Slurm before its generation": (
+        action("pending", placement=("n3", "n4")), history(),
+        seen(control=None, job=info("PENDING", cpus_per_task=2)),
+        P.REQUESTED, (ResizePendingJob(2, ("n3", "n4"), 2, required=True),
+                      WriteControl(GEN, ControlAction.CONTINUE, 2, 64)), ""),
+    "pending: Slurm already has the size": (
+        action("pending"), history(), seen(control=None, job=info("PENDING", node_count=2)),
+        P.REQUESTED, (WriteControl(GEN, ControlAction.CONTINUE, 2, 64),), ""),
+    "pending: written while it pends -> running": (
+        action("pending"), history(), seen(job=info("PENDING")), P.RUNNING, (), ""),
+    "pending: it started meanwhile, waits for its ack": (
+        action("pending"), history(), seen(ack=ack(GEN - 1, "applied")), P.REQUESTED, (), ""),
+    "batch: applied -> running": (
+        action("batch", nodes=1), history(), seen(ack=ack(state="applied")), P.RUNNING, (), ""),
+    "grow: applied on fewer nodes than asked (noted)": (
+        action(), history(), seen(ack=ack(state="applied", nodes=1)), P.RUNNING, (), ""),
+    "grow: checkpointed": (
+        action(), history(), seen(ack=ack()), P.CHECKPOINTED, (), ""),
+    "no answer yet, within the ack timeout": (
+        action("batch", nodes=1), history(), seen(ack=ack(GEN - 1, "applied"), now=T0 + 180),
+        P.REQUESTED, (), ""),
+    "no answer within the ack timeout: cancelled at what runs": (
+        action("batch", nodes=1), history(),
+        seen(ack=ack(GEN - 1, "applied", nodes=1, gbs=32), now=T0 + 181),
+        P.FAILED, (CancelGeneration(GEN + 1, 1, 32, 16, 1, "job 7 did not acknowledge generation 3 "
+                                    "within 180 s (does the script use hpcsched.elastic?)"),),
+        "did not acknowledge generation 3 within 180 s"),
+    "never answered anything: nothing to cancel with": (
+        action("batch", nodes=1), history(), seen(ack=None, now=T0 + 181),
+        P.FAILED, (), "did not acknowledge generation 3"),
+    # failures common to every open phase
+    "rejected": (
+        action("batch", nodes=1), history(), seen(ack=ack(state="rejected", message="too big")),
+        P.FAILED, (), "rejected generation 3: too big"),
+    "superseded by a newer control generation": (
+        action(), history(P.CHECKPOINTED, 1), seen(control=GEN + 1, ack=ack()),
+        P.FAILED, (), "generation 3 was superseded by 4"),
+    "superseded by a newer acknowledgement": (
+        action("shrink", nodes=1), history(), seen(ack=ack(GEN + 1, "applied")),
+        P.FAILED, (), "superseded by 4"),
+    "the job ended": (
+        action(), history(P.CHECKPOINTED, 1, P.REQUEUED, 2),
+        seen(ack=ack(), job=info("COMPLETED", restarts=1)),
+        P.FAILED, (), "job 7 ended (COMPLETED) before it applied generation 3"),
+    "Slurm forgot the job": (
+        action("batch", nodes=1), history(), seen(job=None), P.FAILED, (), "ended (gone)"),
+    "preempt is refused for now": (
+        action("preempt", nodes=0), history(), seen(control=None),
+        P.FAILED, (), "preemption is not applied by the daemon yet"),
+    # checkpointed
+    "grow: requeued at the restart count of the plan": (
+        action(restarts=4), history(P.CHECKPOINTED, 1), seen(ack=ack(), job=info(restarts=4)),
+        P.REQUEUED, (Requeue(),), ""),
+    "grow: requeued before (restart count moved): never twice": (
+        action(restarts=4), history(P.CHECKPOINTED, 1),
+        seen(ack=ack(), job=info("PENDING", restarts=5)), P.REQUEUED, (), ""),
+    "grow: restart count below the plan's (a stale view): never requeue": (
+        action(restarts=1), history(P.CHECKPOINTED, 1), seen(ack=ack(), job=info(restarts=0)),
+        P.CHECKPOINTED, (), ""),
+    "grow: not RUNNING (completing): wait": (
+        action(), history(P.CHECKPOINTED, 1), seen(ack=ack(), job=info("COMPLETING")),
+        P.CHECKPOINTED, (), ""),
+    "shrink: the job finishes it": (
+        action("shrink", nodes=1), history(P.CHECKPOINTED, 1),
+        seen(ack=ack(nodes=2), job=info(node_count=2)), P.CHECKPOINTED, (), ""),
+    "shrink: applied -> running": (
+        action("shrink", nodes=1), history(P.CHECKPOINTED, 1),
+        seen(ack=ack(state="applied", nodes=1)), P.RUNNING, (), ""),
+    "shrink: not applied within the ack timeout: no cancel after a checkpoint": (
+        action("shrink", nodes=1), history(P.CHECKPOINTED, 1),
+        seen(ack=ack(nodes=2), job=info(node_count=2), now=T0 + 181),
+        P.FAILED, (), "did not run again at generation 3 in time"),
+    # requeued, released, rescheduled
+    "requeued: PENDING -> resized and released (StartTime=now+2)": (
+        action(placement=("n1", "n2")), history(P.CHECKPOINTED, 1, P.REQUEUED, 2),
+        seen(ack=ack(), job=info("PENDING", restarts=1, cpus_per_task=3)),
+        P.RELEASED, (ResizePendingJob(2, ("n1", "n2"), 3, required=False),
+                     SetStartTime("now+2")), ""),
+    "requeued: still COMPLETING (an update now would be lost)": (
+        action(), history(P.CHECKPOINTED, 1, P.REQUEUED, 2),
+        seen(ack=ack(), job=info("COMPLETING", restarts=1)), P.REQUEUED, (), ""),
+    "requeued: not running again within the start timeout": (
+        action(), history(P.CHECKPOINTED, 1, P.REQUEUED, 2),
+        seen(ack=ack(), job=info("COMPLETING", restarts=1), now=T0 + 303),
+        P.FAILED, (), "did not run again at generation 3 in time"),
+    "requeued: Slurm started it by itself and it applied": (
+        action(), history(P.CHECKPOINTED, 1, P.REQUEUED, 2),
+        seen(ack=ack(state="applied", nodes=2), job=info(restarts=1, node_count=2)),
+        P.RUNNING, (), ""),
+    "released: not yet 2 s after the requeue (at T0+20.4; due T0+22.05)": (
+        action(), history(P.CHECKPOINTED, 1, P.REQUEUED, 20.4, P.RELEASED, 20.5),
+        seen(ack=ack(), job=info("PENDING", restarts=1), now=T0 + 22.0), P.RELEASED, (), ""),
+    "released: 2 s after the requeue -> StartTime=now": (
+        action(), history(P.CHECKPOINTED, 1, P.REQUEUED, 20.4, P.RELEASED, 20.5),
+        seen(ack=ack(), job=info("PENDING", restarts=1), now=T0 + 22.1),
+        P.RESCHEDULED, (SetStartTime("now"),), ""),
+    "released: it started already: wait for its ack": (
+        action(), history(P.CHECKPOINTED, 1, P.REQUEUED, 20.4, P.RELEASED, 20.5),
+        seen(ack=ack(), job=info(restarts=1, node_count=2), now=T0 + 30), P.RELEASED, (), ""),
+    "rescheduled: applied -> running": (
+        action(), history(P.CHECKPOINTED, 1, P.REQUEUED, 2, P.RELEASED, 3, P.RESCHEDULED, 5),
+        seen(ack=ack(state="applied", nodes=2), job=info(restarts=1, node_count=2)),
+        P.RUNNING, (), ""),
+    "rescheduled: within the start timeout": (
+        action(), history(P.CHECKPOINTED, 1, P.REQUEUED, 2, P.RELEASED, 3, P.RESCHEDULED, 5),
+        seen(ack=ack(), job=info("PENDING", restarts=1), now=T0 + 302), P.RESCHEDULED, (), ""),
+    "rescheduled: past the start timeout (from the requeue)": (
+        action(), history(P.CHECKPOINTED, 1, P.REQUEUED, 2, P.RELEASED, 3, P.RESCHEDULED, 5),
+        seen(ack=ack(), job=info("PENDING", restarts=1), now=T0 + 303),
+        P.FAILED, (), "did not run again"),
+    # terminal phases stay, whatever is observed
+    "running stays running": (
+        action(), history(P.RUNNING, 1), seen(control=None, job=None), P.RUNNING, (), ""),
+    "failed stays failed": (
+        action(), history(P.FAILED, 1), seen(control=None), P.FAILED, (), ""),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_next_step(name):
+    a, h, obs, phase, effects, why = CASES[name]
+    step = next_step(a, h, obs, TO)
+    assert (step.phase, step.effects) == (phase, effects)
+    assert why in step.why and bool(step.why) == (phase == P.FAILED and h.phase != P.FAILED)
+    assert step.phase == h.phase or step.phase in TRANSITIONS[h.phase], "an illegal transition"
+
+
+def test_next_step_notes_a_smaller_start():
+    step = next_step(action(), history(), seen(ack=ack(state="applied", nodes=1)), TO)
+    assert step.note == RUNNING_NOTE
+
+
+def test_every_path_is_legal_and_every_phase_has_a_rule():
+    for kind, path in PATHS.items():
+        assert path[0] == P.REQUESTED and path[-1].terminal, kind
+        for a, b in itertools.pairwise(path):
+            assert b in TRANSITIONS[a], (kind, a, b)
+    assert {p for p in P if not p.terminal} == set(act.next_step.__globals__["_RULES"])
+
+
+@pytest.mark.parametrize("old, new", [
+    (P.REQUESTED, P.REQUEUED), (P.CHECKPOINTED, P.RELEASED), (P.RUNNING, P.FAILED),
+    (P.FAILED, P.RUNNING), (P.RELEASED, P.REQUEUED)])
+def test_history_refuses_illegal_transitions(old, new):
+    h = History(((old, T0),))
+    with pytest.raises(IllegalTransition):
+        h.then(new, T0 + 1)
+
+
+def test_history_times_and_timeouts():
+    h = history(P.CHECKPOINTED, 1, P.REQUEUED, 2)
+    assert h.then(P.REQUEUED, T0 + 9) is h, "staying adds nothing"
+    assert (h.phase, h.started, h.entered(P.REQUEUED), h.entered(P.RELEASED)) == (
+        P.REQUEUED, T0, T0 + 2, None)
+    assert h.has_timeout(P.REQUEUED, 10, T0 + 12.5) and not h.has_timeout(P.REQUEUED, 10, T0 + 12)
+    assert not h.has_timeout(P.RELEASED, 0, T0 + 1e9), "never entered: no timeout"
+    assert History.parse([["requested", 1], ["checkpointed", 2.5]]).entries == (
+        (P.REQUESTED, 1.0), (P.CHECKPOINTED, 2.5))
+
+
+_phases = st.sampled_from([p for p in P if not p.terminal])
+_jobs = st.one_of(st.none(), st.builds(
+    info, state=st.sampled_from(["RUNNING", "PENDING", "COMPLETING", *ENDED]),
+    restarts=st.integers(0, 3), node_count=st.integers(1, 3)))
+_acks = st.one_of(st.none(), st.builds(
+    ack, generation=st.integers(GEN - 1, GEN + 1),
+    state=st.sampled_from(list(AckState)), nodes=st.integers(1, 3)))
+
+
+@settings(max_examples=400, deadline=None)
+@given(kind=st.sampled_from(list(ChangeKind)), phase=_phases, job=_jobs, a=_acks,
+       control=st.one_of(st.none(), st.integers(GEN - 1, GEN + 1)),
+       restarts=st.integers(0, 3), now=st.floats(T0, T0 + 1000))
+def test_next_step_invariants(kind, phase, job, a, control, restarts, now):
+    """Any reading, any open phase: a legal transition; a requeue only of a RUNNING job at the
+    restart count of the plan; a generation written only when the file does not hold it;
+    failed always says why."""
+    path = PATHS[ChangeKind.GROW]   # every open phase lies on it
+    h = History(tuple((p, T0 + i) for i, p in enumerate(path[:path.index(phase) + 1])))
+    step = next_step(action(kind, restarts=restarts), h, Observed(now, control, a, job), TO)
+    assert step.phase == phase or step.phase in TRANSITIONS[phase]
+    if any(isinstance(e, Requeue) for e in step.effects):
+        assert job.state == "RUNNING" and job.restarts == restarts and kind == ChangeKind.GROW
+    if any(isinstance(e, WriteControl) for e in step.effects):
+        assert control is None or control < GEN
+    if any(isinstance(e, SetStartTime | ResizePendingJob) for e in step.effects):
+        assert job.state == "PENDING"
+    assert (step.phase == P.FAILED) == bool(step.why)
+
+
+# -- the executor: real job files, a fake Slurm, a real journal --------------------------------
+
+
+class FakeSlurm:
+    """A :class:`~hpcsched.slurm.control.SlurmControl` over one job: records every call; a
+    requeue makes the job PENDING with one more restart; ``StartTime=now`` starts it at its
+    requested size."""
+
+    def __init__(self, job: slurm.JobInfo, refuse: dict[str, Exception] | None = None):
+        self.info = job
+        self.calls: list[tuple] = []
+        self.refuse = refuse or {}
+
+    def _call(self, *call):
+        self.calls.append(call)
+        exc = self.refuse.get(call[0])
+        if exc is not None:
+            raise exc
+
+    def job(self, job_id):
+        self._call("job", job_id)
+        return self.info
+
+    def update(self, job_id, **fields):
+        self._call("update", job_id, tuple(sorted(fields.items())))
+        if "NumNodes" in fields:
+            self.info = replace(self.info, node_count=int(str(fields["NumNodes"]).split("-")[0]))
+        if fields.get("StartTime") == "now" and self.info.state == "PENDING":
+            self.info = replace(self.info, state="RUNNING")
+
+    def requeue(self, job_id):
+        self._call("requeue", job_id)
+        self.info = replace(self.info, state="PENDING", restarts=self.info.restarts + 1)
+
+    def hold(self, job_id):
+        self._call("hold", job_id)
+
+    def release(self, job_id):
+        self._call("release", job_id)
+
+    def cancel(self, job_id):
+        self._call("cancel", job_id)
+
+    def count(self, name, **fields):
+        return sum(1 for c in self.calls if c[0] == name
+                   and all((k, v) in (c[2] if len(c) > 2 else ()) for k, v in fields.items()))
+
+
+def job_side(jd: JobDir, sl: FakeSlurm) -> None:
+    """What ElasticJob and the launcher do with a new generation (docs/control-protocol.md)."""
+    c = ctl.read_control(jd.control_path, jd.uid)
+    a = ctl.read_ack(jd.ack_path, jd.uid)
+    if c is None or (a is not None and a.generation > c.generation):
+        return
+    answer = None
+    if a is None or a.generation < c.generation:
+        answer = "applied" if c.action == ControlAction.CONTINUE else "checkpointed"
+    elif a.state == "checkpointed" and c.action == ControlAction.CHECKPOINT_AND_SHRINK:
+        answer = "applied"
+    elif a.state == "checkpointed" and sl.info.state == "RUNNING" and sl.info.restarts > 0:
+        answer = "applied"   # the requeued job runs again from its checkpoint
+    if answer is not None:
+        wpn = 2
+        ctl.write_ack(jd.ack_path, ctl.Ack(
+            job_uid=jd.uid, generation=c.generation, state=answer, world_size=c.nodes * wpn,
+            nodes=c.nodes, global_batch_size=c.global_batch_size,
+            local_batch_size=c.local_batch_size, accumulation_steps=c.accumulation_steps,
+            step=10, time=T0))
+
+
+@pytest.fixture
+def jd(control_dir):
+    d = JobDir.create(control_dir)
+    d.write_spec(JobSpec(job_uid=d.uid, script="/s/train.py", script_args=(), python="python3",
+                         submit_dir="/s", sbatch_args=(), nodes=1,
+                         limits=JobLimits(2, 1, 4, 16, 512, None, 64, "linear"),
+                         checkpoint_dir=str(d.path / "checkpoints"), user="alice"))
+    d.link_job_id(JOB)
+    ctl.write_ack(d.ack_path, ctl.Ack(job_uid=d.uid, generation=0, state="applied",
+                                      world_size=2, nodes=1, global_batch_size=64,
+                                      local_batch_size=32, accumulation_steps=1, step=0, time=T0))
+    return d
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(f"sqlite:///{tmp_path / 'h.db'}")
+    s.upgrade()
+    s.upsert_job(job_id=JOB, job_uid="u", workers_per_node=2, min_nodes=1, max_nodes=4,
+                 min_batch_size=16, max_batch_size=512, base_batch_size=64)
+    yield s
+    s.close()
+
+
+class Clock:
+    def __init__(self, t=T0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+class Crash(Exception):
+    """The daemon dies here."""
+
+
+def run_action(jd, spec, sl, store, kind, nodes, batch, crash_at=None, crash_before_commit=False,
+               clock=None, steps=40):
+    """Journal a change as the daemon does, then advance it once per 'round' (1.5 s apart) with
+    the job answering in between, until it ends. ``crash_at``: the daemon dies at its n-th
+    journal write (after committing it, or just before: its effects done, the journal not), and
+    a fresh actuator resumes from the journal."""
+    clock = clock or Clock()
+    a = Action(JOB, ChangeKind(kind), 1, nodes, batch, sl.info.restarts, "test", "test")
+    aid = store.plan_action(job_id=JOB, kind=kind, generation=1, from_nodes=sl.info.node_count,
+                            to_nodes=nodes, from_batch_size=64, to_batch_size=batch,
+                            restarts_at_plan=sl.info.restarts, reason="test", created_at=clock())
+    writes = [0]
+
+    def journal(phase, at, why):
+        writes[0] += 1
+        if writes[0] == crash_at and crash_before_commit:
+            raise Crash
+        store.set_action_phase(aid, phase, error=why or None, at=at)
+        if writes[0] == crash_at:
+            raise Crash
+
+    actuator = Actuator(sl, TO, clock)
+    for _ in range(steps):
+        (row,) = [r for r in store.actions() if r.id == aid]
+        if P(row.phase).terminal:
+            return row
+        action, hist = act.journaled(row, "test")
+        assert action == a
+        try:
+            actuator.advance(action, hist, jd, spec, sl.info, journal)
+        except Crash:
+            actuator = Actuator(sl, TO, clock)   # a new daemon process
+        clock.t += 1.5
+        job_side(jd, sl)
+    raise AssertionError(f"not finished in {steps} rounds: {store.actions()}")
+
+
+@pytest.fixture
+def writes(monkeypatch):
+    """Every control generation written, in order."""
+    written = []
+    real = ctl.write_control
+
+    def counting(path, control):
+        written.append(control.generation)
+        real(path, control)
+
+    monkeypatch.setattr(act.ctl, "write_control", counting)
+    return written
+
+
+@pytest.mark.parametrize("kind, nodes, batch, start", [
+    ("batch", 1, 128, info()),
+    ("shrink", 1, 64, info(node_count=2)),
+    ("grow", 2, 64, info()),
+    ("pending", 2, 64, info("PENDING")),
+])
+def test_each_kind_runs_its_path_once(jd, store, writes, kind, nodes, batch, start):
+    sl = FakeSlurm(start)
+    row = run_action(jd, jd.read_spec(), sl, store, kind, nodes, batch)
+    assert (row.phase, tuple(p for p, _ in row.history)) == ("running", PATHS[ChangeKind(kind)])
+    assert writes == [1]
+    expected = {"batch": {}, "shrink": {},
+                "grow": {"requeue": 1, "update": 3},   # resize + StartTime=now+2, StartTime=now
+                "pending": {"update": 1}}[kind]
+    assert {k: sl.count(k) for k in ("requeue", "update")} == {
+        "requeue": expected.get("requeue", 0), "update": expected.get("update", 0)}
+    assert sl.count("job") == 0, "the actuator asks Slurm nothing: the round observed it"
+
+
+def test_grow_updates_are_the_measured_recipe(jd, store, writes):
+    sl = FakeSlurm(info(cpus_per_task=2))
+    run_action(jd, jd.read_spec(), sl, store, "grow", 2, 64)
+    updates = [dict(c[2]) for c in sl.calls if c[0] == "update"]
+    assert updates == [
+        {"NumNodes": "2-2", "NumTasks": 4, "NumCPUs": 8, "ReqNodeList": ""},
+        {"StartTime": "now+2"},
+        {"StartTime": "now"},
+    ]
+    hist = dict(store.actions()[0].history)
+    assert hist["rescheduled"] >= int(hist["requeued"]) + 2, "StartTime=now 2 s after the requeue"
+
+
+GROW_TRANSITIONS = len(PATHS[ChangeKind.GROW]) - 1
+
+
+@pytest.mark.parametrize("before_commit", [False, True], ids=["after-commit", "before-commit"])
+@pytest.mark.parametrize("crash_at", range(1, GROW_TRANSITIONS + 1))
+def test_grow_killed_at_any_transition_resumes_without_doing_anything_twice(
+        jd, store, writes, crash_at, before_commit):
+    sl = FakeSlurm(info())
+    row = run_action(jd, jd.read_spec(), sl, store, "grow", 2, 64, crash_at=crash_at,
+                     crash_before_commit=before_commit)
+    path = tuple(p for p, _ in row.history)
+    assert sl.count("requeue") == 1, "requeued twice"
+    assert sl.info.restarts == 1 and writes == [1], "a generation written twice"
+    if not before_commit:   # between two transitions: not one effect repeated
+        assert (row.phase, path) == ("running", PATHS[ChangeKind.GROW])
+        assert sl.count("update") == 3
+    else:
+        # its effects done, the transition not journaled: the resumed step sees their result
+        # (the requeue in the restart count, a started job) or repeats an idempotent update
+        assert row.phase == "running"
+        assert path == tuple(p for p in PATHS[ChangeKind.GROW] if p in path)
+        assert len(path) >= len(PATHS[ChangeKind.GROW]) - 1
+
+
+@pytest.mark.parametrize("crash_at", range(1, 3))
+def test_shrink_killed_at_any_transition(jd, store, writes, crash_at):
+    sl = FakeSlurm(info(node_count=2))
+    row = run_action(jd, jd.read_spec(), sl, store, "shrink", 1, 64, crash_at=crash_at)
+    assert row.phase == "running" and writes == [1] and sl.calls == []
+
+
+def test_refused_effects_fail_the_action_with_slurms_reason(jd, store, writes):
+    sl = FakeSlurm(info(), refuse={"requeue": slurm.SlurmError("scontrol requeue 7: Invalid job")})
+    row = run_action(jd, jd.read_spec(), sl, store, "grow", 2, 64)
+    assert row.phase == "failed" and "Invalid job" in row.error
+    assert [p for p, _ in row.history] == ["requested", "checkpointed", "failed"]
+
+
+def test_refused_pending_resize_fails_before_writing(jd, store, writes):
+    sl = FakeSlurm(info("PENDING"), refuse={"update": slurm.SlurmError("not pending")})
+    row = run_action(jd, jd.read_spec(), sl, store, "pending", 2, 64)
+    assert row.phase == "failed" and "could not be resized while pending" in row.error
+    assert writes == [], "no generation for a size Slurm refused"
+
+
+def test_refused_resize_after_requeue_still_releases(jd, store, writes):
+    class Picky(FakeSlurm):
+        def update(self, job_id, **fields):
+            if "NumNodes" in fields:
+                self.calls.append(("update", job_id, ()))
+                raise slurm.SlurmError("Requested node configuration is not available")
+            super().update(job_id, **fields)
+
+    sl = Picky(info())
+    row = run_action(jd, jd.read_spec(), sl, store, "grow", 2, 64)
+    assert row.phase == "running" and sl.count("requeue") == 1
+    assert sl.count("update", StartTime="now") == 1, "the hold must go"
+
+
+def test_slurm_unavailable_leaves_the_step_for_the_next_round(jd, store, writes):
+    sl = FakeSlurm(info(), refuse={"requeue": slurm.SlurmUnavailable("timed out")})
+    spec = jd.read_spec()
+    a = Action(JOB, ChangeKind.GROW, 1, 2, 64, 0)
+    h = History.begin(T0)
+    actuator = Actuator(sl, TO, Clock())
+    h = actuator.advance(a, h, jd, spec, sl.info).history
+    job_side(jd, sl)
+    journaled = []
+    with pytest.raises(slurm.SlurmUnavailable):
+        actuator.advance(a, h, jd, spec, sl.info, lambda *x: journaled.append(x))
+    assert [p for p, _, _ in journaled] == [P.CHECKPOINTED], "the requeue's step is not journaled"
+    sl.refuse.clear()
+    h = actuator.advance(a, h.then(P.CHECKPOINTED, T0 + 1), jd, spec, sl.info).history
+    assert h.phase == P.REQUEUED and sl.count("requeue") == 2  # one refused, one done
+
+
+def test_cancel_after_ack_timeout_writes_a_continue_generation(jd, store, writes):
+    clock = Clock()
+    spec = jd.read_spec()
+    a = Action(JOB, ChangeKind.BATCH, 1, 1, 128, 0, "bigger", "test")
+    actuator = Actuator(FakeSlurm(info()), TO, clock)
+    h = actuator.advance(a, History.begin(T0), jd, spec, info()).history
+    clock.t += 181
+    adv = actuator.advance(a, h, jd, spec, info())
+    assert adv.phase == P.FAILED and "did not acknowledge" in adv.why
+    c = ctl.read_control(jd.control_path, jd.uid)
+    assert (c.generation, c.action, c.nodes, c.global_batch_size) == (2, "continue", 1, 64)
+    assert c.reason.startswith("cancelled: ") and writes == [1, 2]
+
+
+# -- planning --------------------------------------------------------------------------------------
+
+SPEC = JobSpec(job_uid="u", script="t.py", script_args=(), python="python3", submit_dir="/",
+               sbatch_args=(), nodes=2, limits=JobLimits(4, 1, 4, 32, 512, 32, 128, "linear"),
+               checkpoint_dir="/c")
+
+
+@pytest.mark.parametrize("state, nodes_now, gbs_now, nodes, batch, kind, to_nodes, split", [
+    ("RUNNING", 2, 128, None, 256, "batch", 2, (256, 32, 1)),
+    ("RUNNING", 2, 128, 1, None, "shrink", 1, (128, 32, 1)),
+    ("RUNNING", 2, 128, 4, None, "grow", 4, (128, 8, 1)),
+    ("RUNNING", 1, 512, None, None, "noop", 1, (512, 32, 4)),    # accumulation above 32/GPU
+    ("PENDING", 2, 128, 3, 96, "pending", 3, (96, 8, 1)),
+])
+def test_plan_resize(state, nodes_now, gbs_now, nodes, batch, kind, to_nodes, split):
+    plan = plan_resize(SPEC, Current(state, nodes_now, gbs_now, 5), nodes, batch)
+    b = plan.batch
+    assert (plan.kind, plan.nodes, plan.from_nodes, plan.generation) == (kind, to_nodes,
+                                                                         nodes_now, 6)
+    assert (b.global_batch_size, b.local_batch_size, b.accumulation_steps) == split
+    assert plan.lr_scale == pytest.approx(b.global_batch_size / 128)
+
+
+@pytest.mark.parametrize("current, nodes, batch, message", [
+    (Current("COMPLETED", 2, 128, 0), 1, None, "only RUNNING or PENDING"),
+    (Current("RUNNING", 2, 128, 0), 5, None, "outside the job's limits [1, 4] nodes"),
+    (Current("RUNNING", 2, 128, 0), None, 1024, "outside the job's limits [32, 512]"),
+    (Current("RUNNING", 2, 128, 0), 3, 100, "cannot be cut evenly over 12 GPUs"),
+])
+def test_plan_resize_refusals(current, nodes, batch, message):
+    with pytest.raises(ResizeRefused, match=message.replace("[", r"\[").replace("]", r"\]")):
+        plan_resize(SPEC, current, nodes, batch)
+
+
+def _control(gen, nodes=2, gbs=256):
+    return ctl.Control(job_uid="u", generation=gen, action="continue", nodes=nodes,
+                       workers_per_node=4, global_batch_size=gbs,
+                       local_batch_size=gbs // (4 * nodes), accumulation_steps=1, lr_scale=1.0,
+                       issued_at=0.0)
+
+
+@pytest.mark.parametrize("job, control, ack_, expected", [
+    # nothing written: Slurm's nodes, the submitted batch
+    (info(node_count=2), None, None, Current("RUNNING", 2, 128, 0)),
+    # requested, not applied: the batch applied last, the highest generation
+    (info(node_count=2), _control(2), ack(1, "applied", nodes=2, gbs=64),
+     Current("RUNNING", 2, 64, 2)),
+    # checkpointed for it (no applied ack in the file): the requested batch
+    (info(node_count=2), _control(2), ack(2, "checkpointed", nodes=2, gbs=64),
+     Current("RUNNING", 2, 256, 2)),
+    # applied: what the job acknowledged
+    (info(node_count=2), _control(2), ack(2, "applied", nodes=2, gbs=192),
+     Current("RUNNING", 2, 192, 2)),
+    # a running job's nodes are Slurm's, whatever was requested
+    (info(node_count=1), _control(3, nodes=2), None, Current("RUNNING", 1, 256, 3)),
+    # a pending job's nodes: the requested ones, else Slurm's, else the submitted ones
+    (info("PENDING", node_count=3), _control(1, nodes=1, gbs=128), None,
+     Current("PENDING", 1, 128, 1)),
+    (info("PENDING", node_count=3), None, None, Current("PENDING", 3, 128, 0)),
+    (info("PENDING", node_count=0), None, None, Current("PENDING", 2, 128, 0)),
+])
+def test_current_from(job, control, ack_, expected):
+    assert current_from(SPEC, job, control, ack_) == expected

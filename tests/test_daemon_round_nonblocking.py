@@ -1,0 +1,170 @@
+"""The daemon's round acts without waiting for any job: two resizes requested in one round, one
+of them slow to answer, each advanced one step per later round on the round's own observation,
+journaled at every transition. Slurm is a fake (the observation and a
+:class:`~hpcsched.slurm.control.SlurmControl`); the job files, the journal and the round are real.
+The same scenario runs on the dev cluster in ``tests/test_daemon_actuation_slurm.py``."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from types import MappingProxyType
+
+import pytest
+
+from hpcsched import slurm
+from hpcsched.daemon import round as daemon_round
+from hpcsched.daemon.actuator import Actuator
+from hpcsched.daemon.config import load
+from hpcsched.daemon.phases import PATHS, Timeouts
+from hpcsched.daemon.round import Daemon
+from hpcsched.daemon.store import Store
+from hpcsched.policies.reconcile import Change
+from hpcsched.policies.round import RoundDecision
+from hpcsched.protocol import files as ctl
+from hpcsched.protocol.jobdir import JobDir, JobSpec
+from hpcsched.protocol.kinds import ChangeKind, ControlAction
+from hpcsched.protocol.limits import JobLimits
+from hpcsched.slurm.observe import Observation
+
+
+def info(job_id, state="RUNNING", node_count=1, restarts=0) -> slurm.JobInfo:
+    return slurm.JobInfo(job_id=job_id, name="", user="bob", state=state, state_reason="None",
+                         partition="gpu", nodes="n1" if state == "RUNNING" else "",
+                         node_count=node_count, gpus_per_node=2, restarts=restarts,
+                         batch_host="n1", priority=1)
+
+
+class FakeCluster:
+    """Slurm for the round (``observe``) and for the actuator (:class:`SlurmControl`): a requeue
+    makes a job PENDING with one more restart, ``StartTime=now`` starts it."""
+
+    name = "fake"
+
+    def __init__(self, *infos: slurm.JobInfo):
+        self.jobs = {i.job_id: i for i in infos}
+        self.calls: list[tuple] = []
+
+    def observe(self) -> Observation:
+        return Observation(time.time(), (), MappingProxyType(dict(self.jobs)), 2)
+
+    def job(self, job_id):
+        raise AssertionError("the round's observation must do: no second squeue")
+
+    def update(self, job_id, **fields):
+        self.calls.append(("update", job_id, fields))
+        j = self.jobs[job_id]
+        if "NumNodes" in fields:
+            self.jobs[job_id] = j = replace(j, node_count=int(fields["NumNodes"].split("-")[0]))
+        if fields.get("StartTime") == "now":
+            self.jobs[job_id] = replace(j, state="RUNNING", nodes="n[1-2]")
+
+    def requeue(self, job_id):
+        self.calls.append(("requeue", job_id))
+        j = self.jobs[job_id]
+        self.jobs[job_id] = replace(j, state="PENDING", nodes="", restarts=j.restarts + 1)
+
+    def hold(self, job_id):
+        raise AssertionError("no hold")
+
+    release = cancel = hold
+
+
+def answer(jd: JobDir, cluster: FakeCluster, job_id: str) -> None:
+    """The job's side: acknowledge the generation as ElasticJob and the launcher do."""
+    c = ctl.read_control(jd.control_path, jd.uid)
+    a = ctl.read_ack(jd.ack_path, jd.uid)
+    if c is None or a.generation > c.generation or (a.generation == c.generation
+                                                    and a.state == "applied"):
+        return
+    state = None
+    if a.generation < c.generation:
+        state = "applied" if c.action == ControlAction.CONTINUE else "checkpointed"
+    elif cluster.jobs[job_id].state == "RUNNING" and cluster.jobs[job_id].restarts:
+        state = "applied"   # requeued and running again at the new size
+    if state:
+        ctl.write_ack(jd.ack_path, ctl.Ack(
+            job_uid=jd.uid, generation=c.generation, state=state, world_size=2 * c.nodes,
+            nodes=c.nodes, global_batch_size=c.global_batch_size,
+            local_batch_size=c.local_batch_size, accumulation_steps=c.accumulation_steps,
+            step=3, time=time.time()))
+
+
+def make_job(control_dir, job_id) -> JobDir:
+    d = JobDir.create(control_dir)
+    d.write_spec(JobSpec(job_uid=d.uid, script="/s/train.py", script_args=(), python="python3",
+                         submit_dir="/s", sbatch_args=(), nodes=1,
+                         limits=JobLimits(2, 1, 2, 16, 256, None, 64, "linear"),
+                         checkpoint_dir=str(d.path / "ck"), user="bob"))
+    d.link_job_id(job_id)
+    ctl.write_ack(d.ack_path, ctl.Ack(job_uid=d.uid, generation=0, state="applied", world_size=2,
+                                      nodes=1, global_batch_size=64, local_batch_size=32,
+                                      accumulation_steps=1, step=0, time=time.time()))
+    return d
+
+
+@pytest.fixture
+def daemon(tmp_path, control_dir, monkeypatch):
+    monkeypatch.delenv("HPCSCHED_DATABASE_URL", raising=False)
+    cfg = tmp_path / "hpcsched.toml"
+    cfg.write_text(f'[daemon]\ncontrol_dir = "{control_dir}"\n'
+                   f'database_url = "sqlite:///{tmp_path / "h.db"}"\n[policy]\nname = "static"\n')
+    settings = load(cfg)
+    store = Store(settings.daemon.database_url)
+    store.upgrade()
+    cluster = FakeCluster(info("7"), info("8"))
+    d = Daemon(settings, backend=cluster, store=store)
+    shift = [0.0]   # the actuator's clock runs ahead of the wall clock by this (s)
+    d.actuator = Actuator(cluster, Timeouts(ack=180, start=300), lambda: time.time() + shift[0])
+    yield d, cluster, shift
+    store.close()
+
+
+def test_two_resizes_in_one_round_proceed_over_later_rounds(daemon, control_dir, monkeypatch):
+    d, cluster, shift = daemon
+    jobs = {"7": make_job(control_dir, "7"), "8": make_job(control_dir, "8")}
+    changes = (Change("7", "grow", 1, 2, 64, 64, "test: grow"),
+               Change("8", "batch", 1, 1, 64, 128, "test: batch, slow to answer"))
+    snapshots = []
+
+    def decide(snapshot, policy, costs, seed):
+        snapshots.append(snapshot)
+        return RoundDecision(None, changes if len(snapshots) == 1 else (), ())
+
+    monkeypatch.setattr(daemon_round, "decide_round", decide)
+
+    def phases():
+        return {a.job_id: a.phase for a in d.store.actions()}
+
+    rep = d.round()
+    assert rep.error is None and rep.outcomes == {"7": "requested", "8": "requested"}
+    assert [ctl.read_control(jd.control_path, jd.uid).generation for jd in jobs.values()] == [1, 1]
+    assert cluster.calls == [], "nothing but files in the round that decided"
+
+    seen = [phases()]
+    for _ in range(6):
+        answer(jobs["7"], cluster, "7")          # job 8 is slow: it answers after round 4
+        if len(seen) > 4:
+            answer(jobs["8"], cluster, "8")
+        shift[0] += 1.5                           # rounds 1.5 s apart
+        rep = d.round()
+        assert rep.error is None
+        seen.append(phases())
+        if set(seen[-1].values()) == {"running"}:
+            break
+    assert seen == [
+        {"7": "requested", "8": "requested"},
+        {"7": "requeued", "8": "requested"},      # checkpointed and requeued in one step
+        {"7": "released", "8": "requested"},
+        {"7": "rescheduled", "8": "requested"},
+        {"7": "running", "8": "requested"},
+        {"7": "running", "8": "running"},
+    ]
+    for a in d.store.actions():
+        assert tuple(p for p, _ in a.history) == PATHS[ChangeKind(a.kind)], a
+    assert [(c[0], c[1]) for c in cluster.calls] == [("requeue", "7")] + [("update", "7")] * 3
+    assert all(j.busy for j in snapshots[1].jobs), "a job with an open action is busy"
+    # busy: an action open when the round began (8 ran at its new batch size in this round)
+    assert {j.job_id: j.busy for j in snapshots[-1].jobs} == {"7": False, "8": True}
+    d.round()
+    assert {j.job_id: j.busy for j in snapshots[-1].jobs} == {"7": False, "8": False}
