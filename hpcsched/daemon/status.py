@@ -1,8 +1,16 @@
 """``hpcsched status``: the hpcsched jobs, as Slurm and their own files describe them.
 
 One ``squeue --json`` call whatever the number of jobs; everything else comes from the job
-directories (:mod:`hpcsched.protocol.jobdir`). A job whose files are damaged is still listed, with the
-problem in its ``problems`` field, never a traceback.
+directories (:mod:`hpcsched.protocol.jobdir`). A job whose files are damaged is still listed, with
+the problem in its ``problems`` field, never a traceback.
+
+:func:`collect` asks Slurm once and builds one :class:`JobStatus` per job with :func:`job_row`;
+``--json`` prints :func:`status_json`, the table has one :func:`table_cells` row per job.
+
+Status shows a change under way as *in force -> requested* (batch size from the last ack vs.
+``control.json``, generation acknowledged / requested). It does not use
+:func:`hpcsched.daemon.actuator.current_from`, which answers another question: what to plan the
+next change from, where a written request already counts as current.
 """
 
 from __future__ import annotations
@@ -15,8 +23,8 @@ from pathlib import Path
 
 import click
 
-from hpcsched.protocol import files as ctl
 from hpcsched import slurm
+from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir, control_dir
 
 
@@ -88,71 +96,85 @@ def collect(job_ids: list[str] | None = None, store=None,
             decisions: int = 3) -> tuple[list[JobStatus], str | None]:
     """Status of the given (default: all known) hpcsched jobs and Slurm's error, if any.
 
-    With a ``store`` (the daemon's), each job also carries its last ``decisions`` and its
-    throughput profile.
+    One ``squeue --json`` call for all jobs (:func:`job_row` per job). With a ``store`` (the
+    daemon's), each job also carries its last ``decisions`` and its throughput profile.
     """
     ids = job_ids or JobDir.known_job_ids()
-    slurm_error = None
     try:
-        queue = slurm.squeue()
+        queue, slurm_error = slurm.squeue(), None
     except slurm.SlurmError as exc:
         queue, slurm_error = {}, str(exc)
     rows = []
     for job_id in ids:
-        row = JobStatus(job_id=job_id)
-        try:
-            jd = JobDir.for_job(job_id)
-        except LookupError as exc:
-            row.problems.append(str(exc))
-            rows.append(row)
-            continue
-        row.job_dir = str(jd.path)
-        try:
-            spec = jd.read_spec()
-            wpn = spec.workers_per_node
-            row.name = spec.script.rsplit("/", 1)[-1]
-            row.user = spec.user
-        except ctl.ProtocolError as exc:
-            row.problems.append(str(exc))
-            spec, wpn = None, 1
-        info = queue.get(job_id)
-        if info is not None:
-            row.state, row.nodelist, row.nodes = info.state, info.nodes, info.node_count
-            row.gpus = info.node_count * (info.gpus_per_node or wpn)
-            row.restarts, row.name, row.user = info.restarts, info.name or row.name, info.user or row.user
-        elif slurm_error is None:
-            row.state = "GONE"
-        launcher = jd.read_launcher_state()
-        row.launches = int(launcher.get("launches", 0))
-        row.phase = str(launcher.get("phase", ""))
-        for reader, path, apply in (
-            (ctl.read_ack, jd.ack_path, _apply_ack),
-            (ctl.read_control, jd.control_path, _apply_control),
-            (ctl.read_progress, jd.progress_path, _apply_progress),
-        ):
-            try:
-                obj = reader(path, jd.uid)
-            except ctl.ProtocolError as exc:
-                row.problems.append(str(exc))
-                continue
-            except TypeError as exc:
-                row.problems.append(f"{path}: {exc}")
-                continue
-            if obj is not None:
-                apply(row, obj)
-        if row.global_batch_size is None and spec is not None:
-            row.global_batch_size = spec.batch_size
-        if store is not None:
+        row = job_row(job_id, queue.get(job_id), slurm_answered=slurm_error is None)
+        if store is not None and row.job_dir:
             row.decisions = _decisions(store, job_id, decisions)
             row.profile = _profile(store, job_id)
         rows.append(row)
     return rows, slurm_error
 
 
+def job_row(job_id: str, info: slurm.JobInfo | None, slurm_answered: bool = True) -> JobStatus:
+    """One job's row from what Slurm said of it (``info``; None: Slurm does not know it) and
+    its job directory. A file that cannot be read adds a line to ``problems``, never raises.
+
+    The batch size shown is the one in force: the last acknowledgement's (an ack of any state
+    reports the configuration in force, :class:`hpcsched.protocol.files.Ack`), else the
+    submitted one; the requested one is ``target_global_batch_size`` (from ``control.json``).
+    """
+    row = JobStatus(job_id=job_id)
+    try:
+        jd = JobDir.for_job(job_id)
+    except LookupError as exc:
+        row.problems.append(str(exc))
+        return row
+    row.job_dir = str(jd.path)
+    try:
+        spec = jd.read_spec()
+        row.name, row.user = spec.script.rsplit("/", 1)[-1], spec.user
+    except ctl.ProtocolError as exc:
+        row.problems.append(str(exc))
+        spec = None
+    _apply_slurm(row, info, spec.limits.workers_per_node if spec else 1, slurm_answered)
+    _apply_launcher(row, jd.read_launcher_state())
+    for reader, path, apply in (
+        (ctl.read_ack, jd.ack_path, _apply_ack),
+        (ctl.read_control, jd.control_path, _apply_control),
+        (ctl.read_progress, jd.progress_path, _apply_progress),
+    ):
+        try:
+            obj = reader(path, jd.uid)
+        except ctl.ProtocolError as exc:
+            row.problems.append(str(exc))
+        except TypeError as exc:
+            row.problems.append(f"{path}: {exc}")
+        else:
+            if obj is not None:
+                apply(row, obj)
+    if row.global_batch_size is None and spec is not None:
+        row.global_batch_size = spec.limits.base_batch_size
+    return row
+
+
+def _apply_slurm(row: JobStatus, info: slurm.JobInfo | None, workers_per_node: int,
+                 slurm_answered: bool) -> None:
+    if info is None:
+        if slurm_answered:
+            row.state = "GONE"
+        return
+    row.state, row.nodelist, row.nodes = info.state, info.nodes, info.node_count
+    row.gpus = info.node_count * (info.gpus_per_node or workers_per_node)
+    row.restarts, row.name, row.user = info.restarts, info.name or row.name, info.user or row.user
+
+
+def _apply_launcher(row: JobStatus, st: ctl.LauncherState | None) -> None:
+    if st is not None:
+        row.launches, row.phase = st.launches, str(st.phase)
+
+
 def _apply_ack(row: JobStatus, a: ctl.Ack) -> None:
     row.generation, row.ack_state = a.generation, a.state
-    if a.state == "applied":
-        row.global_batch_size = a.global_batch_size
+    row.global_batch_size = a.global_batch_size
 
 
 def _apply_control(row: JobStatus, c: ctl.Control) -> None:
@@ -178,12 +200,31 @@ def status_command(job_ids, as_json):
     rows, slurm_error = collect(list(job_ids) or None, store, decisions=50 if detail else 3)
     rounds = [asdict(r) for r in store.rounds(limit=10)] if store is not None else []
     if as_json:
-        click.echo(json.dumps({"time": time.time(), "control_dir": str(control_dir()),
-                               "slurm_error": slurm_error, "rounds": rounds,
-                               "jobs": [asdict(r) for r in rows]}, indent=1))
+        click.echo(json.dumps(status_json(rows, rounds, slurm_error), indent=1))
         return
+    _print_status(rows, rounds, slurm_error, detail)
+    if slurm_error and rows:
+        sys.exit(1)
+
+
+def status_json(rows: list[JobStatus], rounds: list[dict], slurm_error: str | None) -> dict:
+    """What ``hpcsched status --json`` prints: ``time`` (Unix s), ``control_dir``,
+    ``slurm_error`` (None if Slurm answered), the daemon's last ``rounds`` (newest first) and
+    one object per job (the fields of :class:`JobStatus`)."""
+    return {"time": time.time(), "control_dir": str(control_dir()), "slurm_error": slurm_error,
+            "rounds": rounds, "jobs": [asdict(r) for r in rows]}
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+COLUMNS = ("JOBID", "NAME", "STATE", "NODELIST", "GPUS", "BATCH", "GEN", "EPOCH", "SAMPLES",
+           "SAMPLES/S", "RESTARTS", "LAST DECISION")
+_RIGHT = frozenset({"GPUS", "BATCH", "GEN", "EPOCH", "SAMPLES", "SAMPLES/S", "RESTARTS"})
+
+
+def _print_status(rows: list[JobStatus], rounds: list[dict], slurm_error: str | None,
+                  detail: bool) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     # piped into a file or another program: do not cut columns to 80 characters
     console = Console() if sys.stdout.isatty() else Console(width=250, soft_wrap=True)
@@ -192,35 +233,49 @@ def status_command(job_ids, as_json):
     if not rows:
         console.print(f"no hpcsched jobs under {control_dir()}")
         return
-    table = Table(box=None, header_style="bold")
-    for col in ("JOBID", "NAME", "STATE", "NODELIST", "GPUS", "BATCH", "GEN", "EPOCH",
-                "SAMPLES", "SAMPLES/S", "RESTARTS", "LAST DECISION"):
-        table.add_column(col, justify="right" if col in ("GPUS", "BATCH", "GEN", "EPOCH", "SAMPLES",
-                                                         "SAMPLES/S", "RESTARTS") else "left")
-    for r in rows:
-        batch = str(r.global_batch_size or "-")
-        if r.target_global_batch_size and r.target_global_batch_size != r.global_batch_size:
-            batch += f"->{r.target_global_batch_size}"
-        gpus = str(r.gpus or "-")
-        gen = f"{r.generation}" + (f"/{r.target_generation}" if r.target_generation > r.generation else "")
-        table.add_row(r.job_id, r.name, r.state + (f" ({r.phase})" if r.phase and r.state == "RUNNING" and r.phase != "running" else ""),
-                      r.nodelist or "-", gpus, batch, gen, str(r.epoch), str(r.samples_processed),
-                      f"{r.throughput:.0f}" if r.throughput else "-", str(r.restarts),
-                      _last_decision(r))
-    console.print(table)
+    console.print(_jobs_table(rows))
     if rounds:
-        last = rounds[0]
-        console.print(f"last round {last['id']}: {time.strftime('%H:%M:%S', time.localtime(last['started_at']))}, "
-                      f"policy {last['policy']}, {last['jobs']} job(s), {last['actions']} action(s), "
-                      f"{last['slurm_calls']} Slurm call(s), {last['duration']:.2f} s"
-                      + (f", error: {last['error']}" if last["error"] else ""))
-    if detail and rows:
+        console.print(_round_line(rounds[0]))
+    if detail:
         _print_detail(console, rows[0])
     for r in rows:
         for p in r.problems:
             console.print(f"[red]job {r.job_id}: {p}")
-    if slurm_error:
-        sys.exit(1)
+
+
+def _jobs_table(rows: list[JobStatus]):
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for col in COLUMNS:
+        table.add_column(col, justify="right" if col in _RIGHT else "left")
+    for r in rows:
+        table.add_row(*table_cells(r))
+    return table
+
+
+def table_cells(r: JobStatus) -> tuple[str, ...]:
+    """One job's cells of the status table, in :data:`COLUMNS` order. BATCH and GEN show
+    ``in force->requested`` and ``acknowledged/requested`` while a change is under way; STATE
+    adds the launcher's phase to a running job that is not simply running."""
+    batch = str(r.global_batch_size or "-")
+    if r.target_global_batch_size and r.target_global_batch_size != r.global_batch_size:
+        batch += f"->{r.target_global_batch_size}"
+    gen = f"{r.generation}" + (f"/{r.target_generation}" if r.target_generation > r.generation else "")
+    state = r.state
+    if r.phase and r.state == "RUNNING" and r.phase != "running":
+        state += f" ({r.phase})"
+    return (r.job_id, r.name, state, r.nodelist or "-", str(r.gpus or "-"), batch, gen,
+            str(r.epoch), str(r.samples_processed), f"{r.throughput:.0f}" if r.throughput else "-",
+            str(r.restarts), _last_decision(r))
+
+
+def _round_line(last: dict) -> str:
+    """The daemon's last round in one line."""
+    return (f"last round {last['id']}: {time.strftime('%H:%M:%S', time.localtime(last['started_at']))}, "
+            f"policy {last['policy']}, {last['jobs']} job(s), {last['actions']} action(s), "
+            f"{last['slurm_calls']} Slurm call(s), {last['duration']:.2f} s"
+            + (f", error: {last['error']}" if last["error"] else ""))
 
 
 def _last_decision(r: JobStatus) -> str:
