@@ -2,7 +2,7 @@
 
 * SIGKILLed in the middle of a grow (after it asked for the checkpoint; after Slurm requeued the
   job), then started again: the job finishes at the new size, is requeued exactly once, is never
-  left held or pending, and the journal holds the action once, observed.
+  left held or pending, and the journal holds the action once, running, through every phase.
 * slurmctld stopped for a while: the daemon stays up, records failed rounds, takes no action on
   stale state, and carries on when the controller is back.
 """
@@ -20,13 +20,22 @@ import pytest
 from hpcsched.slurm import devcluster as dc
 from hpcsched import slurm
 from hpcsched.protocol.jobdir import JobDir
+from hpcsched.daemon.phases import PATHS
 from hpcsched.daemon.store import Store
+from hpcsched.protocol import files as ctl
+from hpcsched.protocol.kinds import ChangeKind
 
 from tests.conftest import EXAMPLE, finished, start_daemon, stop_daemon, submit, wait_for
 from tests.jobrecords import check_exactly_once, load_records
 
 DIGITS = 1797
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def _control_generation(job_id: str) -> int:
+    jd = JobDir.for_job(job_id)
+    c = ctl.read_control(jd.control_path, jd.uid)
+    return c.generation if c else 0
 
 
 def _open_grow(store: Store, job_id: str):
@@ -49,7 +58,8 @@ def test_daemon_killed_mid_grow_resumes_without_doing_anything_twice(daemon_env,
         store = Store(f"sqlite:///{db}")
         wait_for(lambda: store.current_revision(), 60, "the daemon's schema")
         if kill_at == "checkpoint-requested":
-            wait_for(lambda: (a := _open_grow(store, job)) and a.status == "applied", 180,
+            wait_for(lambda: (a := _open_grow(store, job)) and a.phase == "requested"
+                     and _control_generation(job) == a.generation, 180,
                      "the daemon to request a grow", interval=0.02)
         else:
             wait_for(lambda: (i := slurm.job_info(job)) and i.restarts == 1 and i.state == "PENDING",
@@ -58,7 +68,7 @@ def test_daemon_killed_mid_grow_resumes_without_doing_anything_twice(daemon_env,
         proc.wait(timeout=10)
         killed_at = time.time()
         action = _open_grow(store, job)
-        assert action.status in ("planned", "applied"), action
+        assert action.phase not in ("running", "failed"), action
         time.sleep(4)  # the job meanwhile checkpoints / sits requeued with nobody to release it
         proc = start_daemon(tmp_path, "daemon2.log")
         infos = wait_for(lambda: finished([job]), 300, "the job to finish", interval=1)
@@ -69,7 +79,8 @@ def test_daemon_killed_mid_grow_resumes_without_doing_anything_twice(daemon_env,
     assert infos[job].state == "COMPLETED", out[-2000:]
     assert f"resuming grow action {action.id}" in log2, log2[-3000:]
     grows = [a for a in store.actions(job) if a.kind == "grow"]
-    assert [(a.id, a.status) for a in grows] == [(action.id, "observed")], grows
+    assert [(a.id, a.phase) for a in grows] == [(action.id, "running")], grows
+    assert tuple(p for p, _ in grows[0].history) == PATHS[ChangeKind.GROW], grows[0].history
     assert infos[job].restarts == 1, "requeued more than once"
     recs = load_records(JobDir.for_job(job).path)
     check_exactly_once(recs, DIGITS, 40)

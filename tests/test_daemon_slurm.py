@@ -58,11 +58,11 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
     acts = {j: [(x.kind, x.from_nodes, x.to_nodes, x.from_batch_size, x.to_batch_size, x.status)
                 for x in store.actions(j)] for j in jobs}
     if policy == "dp":   # throughput: A's GPUs go to B
-        assert ("shrink", 2, 1, 96, 96, "observed") in acts[a], (acts, log[-4000:])
+        assert ("shrink", 2, 1, 96, 96, "running") in acts[a], (acts, log[-4000:])
     # ones-pal minimises predicted remaining time, and A, measured at one size only, is
     # predicted to slow down on fewer nodes, so it may keep them: B grows when room appears
-    assert ("grow", 1, 2, 96, 96, "observed") in acts[b], (acts, log[-4000:])
-    assert ("batch", 1, 1, 32, 128, "observed") in acts[c], (acts, log[-4000:])
+    assert ("grow", 1, 2, 96, 96, "running") in acts[b], (acts, log[-4000:])
+    assert ("batch", 1, 1, 32, 128, "running") in acts[c], (acts, log[-4000:])
     for x in store.actions():
         assert x.reason.startswith(f"{prefix}: predicted") and "samples/s" in x.reason, x.reason
         if policy == "default":
@@ -77,7 +77,7 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
     status = json.loads(cli("hpcsched", "status", "--json", b).stdout)
     (row,) = status["jobs"]
     grow = [d for d in row["decisions"] if d["kind"] == "grow"]
-    assert grow and grow[0]["status"] == "observed" and "samples/s" in grow[0]["reason"]
+    assert grow and grow[0]["status"] == "running" and "samples/s" in grow[0]["reason"]
     assert row["profile"], "status shows no throughput profile"
     table = cli("hpcsched", "status").stdout
     assert "grow" in table and "batch" in table and (policy != "dp" or "shrink" in table)
