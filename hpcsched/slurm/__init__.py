@@ -6,6 +6,8 @@
   GRES/TRES GPU parser :func:`~hpcsched.slurm.parse.gpu_count`, the resize script); pure.
 * :mod:`hpcsched.slurm.hostlist`: hostlist expressions (``n[1-3]``); pure.
 * :mod:`hpcsched.slurm.errors`: :class:`SlurmError` and :class:`SlurmUnavailable`.
+* :mod:`hpcsched.slurm.control`: the operations the resize mechanism acts through
+  (:class:`~hpcsched.slurm.control.SlurmControl`), over the commands above.
 * :mod:`hpcsched.slurm.observe`: the backend interface (:class:`~hpcsched.slurm.observe.Backend`)
   that observes the cluster in one call per round, through the CLI or pyslurm.
 * :mod:`hpcsched.slurm.devcluster`: the local Slurm used for development, demos and tests.

@@ -202,7 +202,7 @@ def gpu_count(value: str | Mapping | None) -> int:
     if value is None:
         return 0
     if not isinstance(value, (str, Mapping)):
-        raise SlurmError(f"GRES: expected a string, got {type(value).__name__} {value!r:.80}")
+        raise SlurmError(f"GRES: expected a string or a mapping, got {type(value).__name__} {value!r:.80}")
     entries = _entries(value)
     gres = sum(e.count for e in entries if not e.tres)
     untyped = [e.count for e in entries if e.tres and not e.type]
