@@ -235,8 +235,8 @@ def daemon_job_facts(jd: JobDir, spec: JobSpec, info: slurm.JobInfo, store: Stor
 
 def _launcher_in_transition(jd: JobDir) -> bool:
     """The job's launcher is shrinking its allocation or waiting for a requeue."""
-    phase = jd.read_launcher_state().get("phase", "")
-    return phase in ("resizing", "awaiting-requeue")
+    state = jd.read_launcher_state()
+    return state is not None and state.phase.in_transition
 
 
 def measured_gpu_views(store: Store, applications: Iterable[str]) -> tuple[GPUView, ...]:
