@@ -28,6 +28,7 @@ when it may run, and at what size.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import logging
@@ -98,12 +99,9 @@ class Daemon:
 
     # ----------------------------------------------------------------- jobs
     def _record_job(self, jd: JobDir, spec: JobSpec, info: slurm.JobInfo, now: float) -> None:
+        # the store's job columns are JobLimits' fields, by name
         fields = dict(job_id=info.job_id, job_uid=jd.uid, user=spec.user, script=spec.script,
-                      workers_per_node=spec.workers_per_node, min_nodes=spec.min_nodes,
-                      max_nodes=spec.max_nodes, min_batch_size=spec.min_batch_size,
-                      max_batch_size=spec.max_batch_size,
-                      max_local_batch_size=spec.max_local_batch_size,
-                      base_batch_size=spec.batch_size, lr_scaling=spec.lr_scaling,
+                      **dataclasses.asdict(spec.limits),
                       spec_json=json.dumps(spec.to_json()), state=info.state,
                       submit_time=spec.created_at or None, last_seen=now,
                       app_class=application_of(spec))

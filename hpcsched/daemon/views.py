@@ -229,7 +229,7 @@ def daemon_job_facts(jd: JobDir, spec: JobSpec, info: slurm.JobInfo, store: Stor
     return JobFacts(info=info, limits=spec.limits, nodes=cur.nodes,
                     batch_size=cur.global_batch_size, generation=cur.generation,
                     submit_time=spec.created_at, application=application_of(spec),
-                    profile=profile, report=JobReport.from_progress(progress, spec.batch_size),
+                    profile=profile, report=JobReport.from_progress(progress, spec.limits.base_batch_size),
                     busy=busy)
 
 
