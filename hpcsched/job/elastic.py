@@ -139,7 +139,7 @@ class ElasticJob:
         proc = ProcessEnv.from_env(os.environ)
         self.rank, self.local_rank, self.restart = proc.rank, proc.local_rank, proc.restart
         self.launch, self._slurm_job_id = launch.launch, proc.slurm_job_id
-        self._jd = jd = JobDir(launch.job_dir) if launch.job_dir else None
+        jd = JobDir(launch.job_dir) if launch.job_dir else None
         self.job_dir, self.job_uid = (jd.path, jd.uid) if jd else (None, "")
         self._cfg = InForce.at_launch(launch, proc.world_size, batch_size)
         self.stopped_for: ControlAction | None = None  # action that ended steps() early
