@@ -3,6 +3,8 @@ pin the mechanism, plus the capacity/determinism invariants as hypothesis proper
 
 from __future__ import annotations
 
+import csv
+import json
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import hpcsched
 from hpcsched.policies.placement import (
     PLACEMENTS,
     job_slowdown,
@@ -18,17 +21,7 @@ from hpcsched.policies.placement import (
     place,
     placement_score,
 )
-from hpcsched.policies.variability import (
-    DATA_DIR,
-    bin_gpus,
-    draw_gpu_views,
-    gpu_views,
-    load_pal_profiles,
-    load_slowdown_quantiles,
-    profiles_from_views,
-    sensitivity,
-    silhouette_1d,
-)
+from hpcsched.policies.placement.binning import bin_gpus, silhouette_1d
 from hpcsched.policies.snapshot import (
     ClusterSnapshot,
     GPUView,
@@ -37,6 +30,22 @@ from hpcsched.policies.snapshot import (
     NodeView,
     Plan,
 )
+from hpcsched.policies.variability import profiles_from_views, sensitivity
+from hpcsched.sim.physics import draw_gpu_slowdowns
+
+DATA_DIR = Path(hpcsched.__file__).resolve().parent / "data" / "pal"
+
+
+def _pal_profiles():
+    """PAL's 32-GPU file (read here with csv): ``{class: {(node, gpu): multiplier}}``."""
+    out = {}
+    with open(DATA_DIR / "32gpu-variability.csv", newline="") as fh:
+        for row in csv.DictReader(fh):
+            key = (int(row["Node_ID"]), int(row["Local_GPU_ID"]))
+            for col, val in row.items():
+                if col.startswith("PerfVar_class"):
+                    out.setdefault(col[len("PerfVar_class"):], {})[key] = float(val)
+    return out
 
 
 def _job(job_id, nodes=1, *, wpn=4, cls="", state="PENDING", names=(), busy=False, partition=""):
@@ -132,7 +141,7 @@ def test_shipped_pal_data_and_licence():
 
 
 def test_pal_profiles_sensitivity_order_and_bins():
-    prof = load_pal_profiles()
+    prof = _pal_profiles()
     assert sorted(prof) == ["A", "B", "C", "D"] and all(len(v) == 32 for v in prof.values())
     assert prof["A"][(7, 3)] == pytest.approx(1.1172026881210448)
     s = {c: sensitivity(c, prof) for c in prof}
@@ -149,27 +158,20 @@ def test_pal_profiles_sensitivity_order_and_bins():
     assert bin_gpus(list(prof["D"].values())).k == 1           # insensitive: one bin
 
 
-def test_longhorn_quantiles_and_draws():
-    q = load_slowdown_quantiles()
+def test_longhorn_quantiles_and_the_class_order_of_their_draws():
+    doc = json.loads((DATA_DIR / "longhorn-slowdown-quantiles.json").read_text())
+    q = {c: e["max"] for c, e in doc["classes"].items()}
     assert sorted(q) == ["A", "B", "C", "D"] and all(len(v) == 101 for v in q.values())
     assert q["A"][50] == pytest.approx(1.0) and q["A"][-1] > 3.0 and q["D"][-1] < 1.01
     assert all(np.all(np.diff(v) >= 0) for v in q.values())
-    nodes = [f"c{i:02d}" for i in range(16)]
-    a, b = draw_gpu_views(nodes, 4, seed=1), draw_gpu_views(nodes, 4, seed=1)
-    assert a == b and a != draw_gpu_views(nodes, 4, seed=2) and len(a) == 64
-    prof = profiles_from_views(a)
+    # GPUs drawn by the simulator's Longhorn sampler, as the snapshot shows them to placement
+    classes = ("A", "B", "C", "D")
+    slow = draw_gpu_slowdowns(64, classes, seed=1)
+    views = tuple(GPUView(f"c{i // 4:02d}", i % 4, tuple(zip(classes, map(float, row))))
+                  for i, row in enumerate(slow))
+    prof = profiles_from_views(views)
     assert prof["B"] == prof["C"]                               # one BERT measurement set
     assert sensitivity("A", prof) > sensitivity("B", prof) > sensitivity("D", prof)
-
-
-def test_gpu_views_map_measured_gpus_onto_node_names():
-    prof = load_pal_profiles()
-    names = [f"gpu-{i}" for i in range(10)]
-    v = gpu_views(prof, names, 4)
-    assert len(v) == 40 and v == gpu_views(prof, names, 4)
-    assert v[0].node == "gpu-0" and v[0].slowdown_for("A") == prof["A"][(0, 0)]
-    assert v[7 * 4 + 3].slowdown_for("A") == prof["A"][(7, 3)]
-    assert v[8 * 4].slowdown == v[0].slowdown                   # 10 nodes > 8 measured: wraps
 
 
 # --------------------------------------------------------------------------- worked placements

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcsched.policies import PolicyError, make_policy
-from hpcsched.policies.dp import _Option, capacity, solve
+from hpcsched.daemon.config import defaults
+from hpcsched.policies import DEFAULT_POLICY, POLICIES, REGISTRY, PolicyError, make_policy
+from hpcsched.policies.common import admit_fifo, capacity
+from hpcsched.policies.dp import _Option, solve
+from hpcsched.policies.ones import ONES
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint
 
 
@@ -90,6 +97,41 @@ def test_capacity_excludes_unusable_nodes_and_foreign_jobs():
     assert capacity(snap) == 4
 
 
+def test_registry_has_one_line_per_policy_and_every_policy_decides():
+    assert POLICIES == tuple(REGISTRY) == ("static", "tiresias", "dp", "ones", "ones-pal")
+    snap = _contended()
+    for name in POLICIES:
+        policy = make_policy(name)
+        plan = policy.decide(snap, seed=1)
+        assert policy.name == plan.policy == name
+        assert plan == make_policy(name).decide(snap, seed=1)      # pure: same input, same plan
+
+
+def test_importing_the_policies_package_stays_light():
+    """The Slurm glue and the configuration import the package for its types and names: no
+    policy, no model, no scipy until a policy is made."""
+    code = ("import sys, hpcsched.policies, hpcsched.policies.snapshot; "
+            "print(sorted(m for m in sys.modules if m.startswith(('scipy', 'hpcsched.perf', "
+            "'hpcsched.policies.'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['hpcsched.policies.base', 'hpcsched.policies.snapshot']"
+
+
+@pytest.mark.parametrize(("sizes", "free", "admitted", "waiting"), [
+    ([2, 2, 2], 6, [0, 1, 2], []),
+    ([4, 4], 6, [0], [(1, 2)]),
+    ([4, 1, 2], 3, [1, 2], [(0, 3)]),          # a smaller job passes one that does not fit
+    ([1], 0, [], [(0, 0)]),
+    ([1, 1], -2, [], [(0, -2), (1, -2)]),      # over-committed already: nothing starts
+    ([], 5, [], []),
+])
+def test_admit_fifo_walks_in_order_and_lets_smaller_jobs_pass(sizes, free, admitted, waiting):
+    jobs = [_job(f"J{i}", 1, wpn=g, state="PENDING", submit=float(i)) for i, g in enumerate(sizes)]
+    got, waits = admit_fifo(jobs, free, lambda j: j.gpus)
+    assert [j.job_id for j in got] == [f"J{i}" for i in admitted]
+    assert [(j.job_id, f) for j, f in waits] == [(f"J{i}", f) for i, f in waiting]
+
+
 def test_static_changes_nothing_and_unknown_policy_is_refused():
     assert make_policy("static").decide(_cluster(jobs=[_job("A", 2)])).targets == ()
     # pending jobs that fit, FIFO, at their submitted size; one that does not fit gets nothing
@@ -101,6 +143,10 @@ def test_static_changes_nothing_and_unknown_policy_is_refused():
         make_policy("nope")
     with pytest.raises(PolicyError, match="policy 'dp'"):
         make_policy("dp", {"bogus": 1})
+    with pytest.raises(PolicyError, match="policy 'static'.*bogus"):
+        make_policy("static", {"bogus": 1})
+    with pytest.raises(PolicyError, match="policy 'ones'"):
+        make_policy("ones", {"population": 1})
 
 
 jobs_st = st.lists(st.tuples(st.integers(1, 3), st.integers(1, 4), st.floats(0.01, 0.5),
@@ -134,65 +180,7 @@ def test_dp_never_overcommits_and_respects_limits(jobs, n_nodes):
     assert plan == make_policy("dp").decide(snap)   # deterministic
 
 
-# ---------------------------------------------------------------------------- reconcile
-from hpcsched.policies.reconcile import Costs, reconcile  # noqa: E402
-from hpcsched.policies.snapshot import JobTarget, Plan  # noqa: E402
-
-
-def _snap_ab():
-    a = _job("A", 2, batch=96, profile=[_pt(4, 24, 0.1), _pt(2, 48, 0.1)])
-    b = _job("B", 1, batch=96, profile=[_pt(2, 48, 0.096), _pt(4, 24, 0.048)])
-    a = JobView(**{**a.__dict__, "node_names": ("n1", "n2")})
-    b = JobView(**{**b.__dict__, "node_names": ("n3",)})
-    nodes = tuple(NodeView(f"n{i}", 4, 2 if i <= 3 else 0, "mixed") for i in range(1, 5))
-    return ClusterSnapshot(0.0, nodes, (a, b))
-
-
-def test_reconcile_orders_shrink_before_grow_and_explains():
-    snap = _snap_ab()
-    plan = make_policy("dp").decide(snap)
-    changes, notes = reconcile(plan, snap, Costs(restart_cost=30, shrink_cost=2, horizon=600))
-    assert [(c.job_id, c.kind, c.from_nodes, c.to_nodes) for c in changes] == [
-        ("A", "shrink", 2, 1), ("B", "grow", 1, 3)]
-    assert "samples/s predicted" in changes[1].reason and notes[0].startswith("made:")
-
-
-def test_reconcile_skips_resizes_not_worth_their_restart_cost():
-    snap = _snap_ab()
-    plan = make_policy("dp").decide(snap)
-    changes, notes = reconcile(plan, snap, Costs(restart_cost=10_000, horizon=60))
-    assert changes == [] and notes[0].startswith("not made:")
-
-
-def test_reconcile_defers_a_grow_that_slurm_cannot_place_now():
-    snap = _snap_ab()
-    full = tuple(NodeView(n.name, 4, 2 if n.name == "n3" else 4, "mixed") for n in snap.nodes)
-    snap = ClusterSnapshot(0.0, full, snap.jobs)   # only B's own node n3 has room
-    plan = Plan("test", (JobTarget("B", 3, 96, "test"),))
-    changes, notes = reconcile(plan, snap, Costs(restart_cost=0))
-    assert changes == [] and any("waits" in n for n in notes)
-
-
-def test_reconcile_batch_only_change_when_it_gains_enough():
-    c = _job("C", 1, min_nodes=1, max_nodes=1, batch=32, bmin=32, bmax=128,
-             profile=[_pt(2, 16, 0.05), _pt(2, 32, 0.05)])
-    snap = _cluster(1, 4, [c])
-    changes, _ = reconcile(make_policy("dp").decide(snap), snap)
-    assert [(x.kind, x.from_batch_size, x.to_batch_size) for x in changes] == [("batch", 32, 128)]
-
-
-def test_pending_job_starts_smaller_when_only_its_minimum_fits():
-    run = _job("R", 2, min_nodes=2, max_nodes=2, profile=[_pt(4, 16, 0.1)])
-    pend = _job("P", 3, min_nodes=1, max_nodes=3, state="PENDING", batch=96)   # asks 6 GPUs
-    snap = _cluster(2, 4, [run, pend])                                        # 8: 4 left
-    plan = make_policy("dp").decide(snap)
-    assert plan.target("P").nodes == 2, plan
-    changes, _ = reconcile(plan, snap)
-    assert [(c.job_id, c.kind, c.from_nodes, c.to_nodes) for c in changes] == [("P", "pending", 3, 2)]
-
-
 # --------------------------------------------------------------------------------- ONES
-from hpcsched.policies.ones import ONES  # noqa: E402
 
 
 def _contended():
@@ -229,11 +217,12 @@ def test_ones_seeded_with_dp_is_never_worse_than_the_dp():
     ones = ONES(population=8, generations=3, seed_with_dp=True)
     plan = ones.decide(snap, seed=1)
     dp = make_policy("dp").decide(snap)
-    from hpcsched.policies.ones import ONES as _O
     t = ones._table(list(snap.jobs), set())
-    import numpy as np
-    as_genes = lambda p: np.array([[p.target(j.job_id).nodes for j in snap.jobs]])  # noqa: E731
-    assert _O._fitness(t, as_genes(plan))[0] <= _O._fitness(t, as_genes(dp))[0] + 1e-9
+
+    def as_genes(p):
+        return np.array([[p.target(j.job_id).nodes for j in snap.jobs]])
+
+    assert ONES._fitness(t, as_genes(plan))[0] <= ONES._fitness(t, as_genes(dp))[0] + 1e-9
 
 
 @given(jobs=jobs_st, n_nodes=st.integers(1, 6), seed=st.integers(0, 1000))
@@ -256,13 +245,6 @@ def test_ones_never_overcommits_and_respects_limits(jobs, n_nodes, seed):
     assert plan == ONES(population=6, generations=4).decide(snap, seed)
 
 
-def test_reconcile_does_not_preempt_and_says_so():
-    run = _job("R", 2, profile=[_pt(4, 16, 0.1)])
-    snap = _cluster(2, 4, [run])
-    changes, notes = reconcile(Plan("tiresias", (JobTarget("R", 0, 64, "tiresias: preempted by job S"),)), snap)
-    assert changes == [] and "preemption is not applied" in notes[0]
-
-
 def test_gradient_noise_makes_the_dp_stop_growing_the_batch():
     """Step time grows slowly with the batch, so throughput grows with it. Without noise
     statistics the DP takes
@@ -276,9 +258,6 @@ def test_gradient_noise_makes_the_dp_stop_growing_the_batch():
 
 
 def test_ones_pal_is_the_default_and_places_without_changing_sizes():
-    from hpcsched.daemon.config import defaults
-    from hpcsched.policies import DEFAULT_POLICY
-
     assert defaults().policy.name == DEFAULT_POLICY == "ones-pal"
     snap = _contended()
     plan = make_policy("ones-pal").decide(snap, seed=2)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcsched.policies import PolicyError
-from hpcsched.policies.dp import capacity
+from hpcsched.policies.common import capacity
 from hpcsched.policies.tiresias import DEFAULT_QUEUE_THRESHOLDS, Tiresias
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView
 

@@ -28,8 +28,8 @@ from functools import lru_cache
 import numpy as np
 from scipy.optimize import nnls
 
-from hpcsched.protocol.batching import BatchConfig
 from hpcsched.policies.snapshot import ProfilePoint
+from hpcsched.protocol.batching import BatchConfig
 
 WEIGHT_CAP = 100    # steps: beyond this a profile point's weight in the fit stops growing
 ALPHA_PRIOR = 0.2  # share of a step that does not grow with the batch, before a fit is possible

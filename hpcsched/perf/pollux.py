@@ -87,8 +87,8 @@ from functools import lru_cache
 import numpy as np
 from scipy.optimize import minimize
 
-from hpcsched.protocol.batching import BatchConfig
 from hpcsched.policies.snapshot import ProfilePoint
+from hpcsched.protocol.batching import BatchConfig
 
 LOWER = 1e-8          # AdaptDL's lower bound for every time parameter
 UPPER = 1e4           # s; a step time no job has

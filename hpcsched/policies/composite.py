@@ -7,20 +7,21 @@ allocation policy; ``[policy.params] placement = "pal"`` does it from the config
 (Bian et al., SC'21) seeded every round with the elastic DP's answer (Saxena et al.,
 MASCOTS'20), nodes chosen by PAL (Jain et al., SC'24). Why this combination:
 
-* the DP is exact for the throughput objective within one round, fast (0.16 s at 4,096 GPUs),
-  and a strong starting point; ONES then optimises what users feel (predicted remaining
-  completion time, i.e. average JCT) rather than momentary throughput, carries its population
-  across rounds, and only grows a job as far as it has proved to scale -- seeded with the DP it
-  is never worse than the DP on its own objective;
+* the DP is exact for the goodput objective within one round, fast (well under a second at
+  4,096 GPUs: ``benchmarks/policy_decision.py``), and a strong starting point; ONES then
+  optimises what users feel (predicted remaining completion time, i.e. average JCT) rather
+  than momentary goodput, carries its population across rounds, and only grows a job as far as
+  it has proved to scale -- seeded with the DP it is never worse than the DP on its own
+  objective;
 * PAL then puts the jobs most sensitive to GPU variability on the fastest nodes, without
   changing any size, so it composes with either allocation.
 """
 
 from __future__ import annotations
 
-from hpcsched.policies.snapshot import ClusterSnapshot, Plan
 from hpcsched.policies.ones import ONES
 from hpcsched.policies.placement import PLACEMENTS, place
+from hpcsched.policies.snapshot import ClusterSnapshot, Plan
 
 
 class Placed:

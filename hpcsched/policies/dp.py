@@ -6,32 +6,34 @@ maximise the cluster's total throughput::
 
     P[j][k] = max_{g in G_j, g <= k}  T_j(g) + P[j-1][k-g],      P[0][k] = 0
 
-where ``T_j(g)`` is the best measured-or-interpolated goodput of job ``j`` over its allowed
-batch sizes at ``g`` GPUs (:func:`hpcsched.perf.throughput.best_at`; the job's throughput
-model is :func:`~hpcsched.perf.throughput.model_for`'s) and ``G_j`` its allowed GPU counts:
+where ``T_j(g)`` is the best predicted goodput of job ``j`` over its allowed batch sizes at
+``g`` GPUs (:func:`hpcsched.perf.model.best_at`: throughput x statistical efficiency, equal to
+the throughput when the job reports no gradient noise; the job's model is
+:func:`~hpcsched.perf.model.model_for`'s) and ``G_j`` its allowed GPU counts:
 whole nodes, ``g = n * workers_per_node`` for ``n`` in ``[min_nodes, max_nodes]``. The batch
 size chosen for ``g_j`` is the one that gives ``T_j(g_j)``.
 
-Raw samples/s, as in the paper. Summing speedups instead (each job's goodput over its own at its
-smallest size, as Pollux's fitness does) was tried and measured in the simulator: on Pollux
-workloads 1 and 2 it changed the average JCT by less than 2 % (2195 vs 2232 s, 4737 vs 4759 s),
-so the paper's objective stays.
+Samples/s of goodput: the paper's throughput, weighed by statistical efficiency. Summing
+speedups instead (each job's goodput over its own at its smallest size, as Pollux's fitness
+does) was measured in the simulator and changed the average JCT by less than 2 %, so the
+paper's objective stays.
 
 What this implementation adds around the paper's recurrence, and why:
 
 * **Admission (who waits).** Running jobs keep at least their minimum (no preemption here).
-  Pending jobs are admitted in submission order at their minimum while it fits; the others
-  wait, with the reason. This keeps the DP's throughput objective from starving a new job.
-* **Unmeasured jobs** (no profile yet, and no prior for their application) keep their current size and batch size: their throughput
-  is unknown, so the DP does not move them; their value is a tiny per-GPU epsilon so spare GPUs
-  are not left idle. A pending one may start smaller than it asked, down to its minimum, when
-  that is what fits (the largest size that fits wins, by the epsilon); its size is then set
-  before it starts.
+  Pending jobs are admitted in submission order at their minimum while it fits
+  (:func:`hpcsched.policies.common.admit_fifo`); the others wait, with the reason. This keeps
+  the DP's objective from starving a new job.
+* **Unmeasured jobs** (no profile yet, and no prior for their application) keep their current
+  size and batch size: their throughput is unknown, so the DP does not move them; their value
+  is a tiny per-GPU epsilon so spare GPUs are not left idle. A pending one may start smaller
+  than it asked, down to its minimum, when that is what fits (the largest size that fits wins,
+  by the epsilon); its size is then set before it starts.
 * **Capacity** ``K`` counts GPUs on usable nodes of the managed partitions, minus those held by
   jobs hpcsched does not manage. Whether a grow also fits node by node is checked when the plan
   is reconciled against the cluster.
 
-Objective reported: predicted total throughput of the measured jobs, samples/s.
+Objective reported: predicted total goodput of the measured jobs, samples/s.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 from hpcsched.perf.model import JobModel, best_at, model_for
+from hpcsched.policies.common import admit_fifo, capacity, min_gpus, pending_fifo, running
+from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 
 EPSILON = 1e-6
 
@@ -49,7 +52,7 @@ EPSILON = 1e-6
 @dataclass(frozen=True)
 class _Option:
     gpus: int
-    value: float          # the DP's value: predicted samples/s (epsilon per GPU if unmeasured)
+    value: float          # the DP's value: predicted goodput, samples/s (epsilon per GPU if unmeasured)
     batch: int
 
 
@@ -57,7 +60,8 @@ def _options(job: JobView, model: JobModel | None, lo_nodes: int) -> list[_Optio
     wpn = job.workers_per_node
     if model is None and job.state == "PENDING":
         # not started yet: may start smaller, down to its minimum (it was admitted at that)
-        nodes = list(range(max(lo_nodes, job.min_nodes), max(job.min_nodes, min(job.nodes, job.max_nodes)) + 1))
+        nodes = list(range(max(lo_nodes, job.min_nodes),
+                           max(job.min_nodes, min(job.nodes, job.max_nodes)) + 1))
     elif model is None:
         nodes = [max(lo_nodes, min(job.nodes, job.max_nodes))]
     else:
@@ -71,12 +75,6 @@ def _options(job: JobView, model: JobModel | None, lo_nodes: int) -> list[_Optio
         value = x if model is not None else EPSILON * g
         out.append(_Option(g, value, cfg.global_batch_size))
     return out
-
-
-def capacity(snapshot: ClusterSnapshot) -> int:
-    """GPUs hpcsched may hand out: usable nodes' GPUs minus those of unmanaged jobs."""
-    other = dict(snapshot.other_gpus_allocated)
-    return sum(max(0, n.gpus - other.get(n.name, 0)) for n in snapshot.nodes if n.usable)
 
 
 def solve(options: list[list[_Option]], k: int) -> tuple[float, list[int]] | None:
@@ -114,63 +112,54 @@ def solve(options: list[list[_Option]], k: int) -> tuple[float, list[int]] | Non
     return total, picks[::-1]
 
 
-class ElasticDP:
-    """Saxena et al.'s elastic DP (see module docstring)."""
+def _admit(snapshot: ClusterSnapshot, fixed: set[str], k: int
+           ) -> tuple[list[JobView], list[JobTarget]]:
+    """Pending jobs admitted at their minimum (FIFO) after the running jobs' minimums (busy
+    running jobs: what they hold), and a waiting target for each of the others."""
+    need = sum(j.gpus if j.job_id in fixed else min_gpus(j) for j in running(snapshot))
+    pending = [j for j in pending_fifo(snapshot) if not j.busy]
+    admitted, waiting = admit_fifo(pending, k - need, min_gpus)
+    waits = [JobTarget(j.job_id, 0, j.batch_size,
+                       f"dp: waits: needs {min_gpus(j)} GPU(s), {max(0, free)} of {k} free "
+                       "after the running jobs' minimums") for j, free in waiting]
+    return admitted, waits
 
-    name = "dp"
 
-    def decide(self, snapshot: ClusterSnapshot, seed: int = 0) -> Plan:
-        k = capacity(snapshot)
-        running = [j for j in snapshot.jobs if j.state == "RUNNING"]
-        pending = sorted((j for j in snapshot.jobs if j.state == "PENDING"),
-                         key=lambda j: (j.submit_time, j.job_id))
-        models = {j.job_id: model_for(j) for j in snapshot.jobs}
-        # busy jobs (a resize in flight) are held exactly where they are
-        fixed = {j.job_id for j in running if j.busy}
-        need = sum(j.gpus if j.job_id in fixed else j.min_nodes * j.workers_per_node
-                   for j in running)
-        targets = []
-        admitted: list[JobView] = []
-        for j in pending:
-            m = j.min_nodes * j.workers_per_node
-            if j.busy:
-                continue
-            if need + m <= k:
-                admitted.append(j)
-                need += m
-            else:
-                targets.append(JobTarget(j.job_id, 0, j.batch_size,
-                                         f"dp: waits: needs {m} GPU(s), {max(0, k - need)} of "
-                                         f"{k} free after the running jobs' minimums"))
-        jobs = running + admitted
-        opts = []
-        for j in jobs:
-            o = [] if j.job_id in fixed else _options(j, models[j.job_id], j.min_nodes)
-            if not o:  # busy, or no size within its limits: held exactly where it is
-                fixed.add(j.job_id)
-                o = [_Option(j.gpus if j.state == "RUNNING" else
-                             j.min_nodes * j.workers_per_node, 0.0, j.batch_size)]
-            opts.append(o)
-        sol = solve(opts, k)
-        if sol is None:
-            return Plan(self.name, tuple(targets), None,
-                        (f"dp: the running jobs' minimums exceed the {k} GPUs available; no change",))
-        total, picks = sol
-        for j, o, i in zip(jobs, opts, picks):
-            pick = o[i]
-            model = models[j.job_id]
-            if j.job_id in fixed:
-                continue
-            nodes = pick.gpus // j.workers_per_node
-            if model is None:
-                why = "not measured yet: kept at its size"
-                pred = None
-            else:
-                pred = pick.value
-                why = (f"predicted {pick.value:.0f} samples/s at {pick.gpus} GPU(s), "
-                       f"batch {pick.batch}")
-            targets.append(JobTarget(j.job_id, nodes, pick.batch, f"dp: {why}",
-                                     predicted_throughput=pred))
-        return Plan(self.name, tuple(targets), float(total),
-                    (f"dp: {len(jobs)} job(s) on {k} GPU(s), predicted {total:.0f} "
-                     "samples/s",))
+def _held_option(job: JobView) -> _Option:
+    """The one option of a job held where it is (busy, or no size within its limits)."""
+    return _Option(job.gpus if job.state == "RUNNING" else min_gpus(job), 0.0, job.batch_size)
+
+
+def _target(job: JobView, pick: _Option, model: JobModel | None) -> JobTarget:
+    nodes = pick.gpus // job.workers_per_node
+    if model is None:
+        return JobTarget(job.job_id, nodes, pick.batch, "dp: not measured yet: kept at its size")
+    return JobTarget(job.job_id, nodes, pick.batch,
+                     f"dp: predicted goodput {pick.value:.0f} samples/s at {pick.gpus} GPU(s), "
+                     f"batch {pick.batch}", predicted_throughput=pick.value)
+
+
+def decide(snapshot: ClusterSnapshot, seed: int = 0) -> Plan:
+    """Saxena et al.'s elastic DP (module docstring). ``seed`` is unused: the DP is exact."""
+    k = capacity(snapshot)
+    # busy jobs (a resize in flight) are held exactly where they are
+    fixed = {j.job_id for j in running(snapshot) if j.busy}
+    admitted, targets = _admit(snapshot, fixed, k)
+    jobs = running(snapshot) + admitted
+    models = {j.job_id: model_for(j) for j in jobs}
+    opts = []
+    for j in jobs:
+        o = [] if j.job_id in fixed else _options(j, models[j.job_id], j.min_nodes)
+        if not o:  # busy, or no size within its limits: held exactly where it is
+            fixed.add(j.job_id)
+            o = [_held_option(j)]
+        opts.append(o)
+    sol = solve(opts, k)
+    if sol is None:
+        return Plan("dp", tuple(targets), None,
+                    (f"dp: the running jobs' minimums exceed the {k} GPUs available; no change",))
+    total, picks = sol
+    targets += [_target(j, o[i], models[j.job_id])
+                for j, o, i in zip(jobs, opts, picks) if j.job_id not in fixed]
+    return Plan("dp", tuple(targets), float(total),
+                (f"dp: {len(jobs)} job(s) on {k} GPU(s), predicted goodput {total:.0f} samples/s",))

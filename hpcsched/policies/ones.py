@@ -11,7 +11,8 @@ schedules evolves for a few generations:
   fits; no job goes below its minimum;
 * **fitness** (minimised): the predicted total remaining time ``sum_j R_j / X_j(n_j)``, with
   ``R_j`` the job's remaining samples (or, when the job does not say, ``horizon`` seconds of
-  work at its current speed) and ``X_j`` the predicted throughput (samples/s). That is the
+  work at its current speed) and ``X_j`` the predicted goodput (samples/s,
+  :func:`hpcsched.perf.model.best_at`). That is the
   average remaining JCT were the schedule kept, the figure users feel; remaining GPU-time would
   instead reward running every job small.
 * **elitism and carry-over** (§4.4): the best schedules survive, and the population is kept
@@ -33,9 +34,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
-from hpcsched.policies.dp import ElasticDP, capacity
 from hpcsched.perf.model import best_at, model_for
+from hpcsched.policies import dp
+from hpcsched.policies.common import capacity
+from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class _Table:
     hi: np.ndarray           # (J,) max nodes explored
     cost: np.ndarray         # (J, N+1) predicted remaining seconds at n nodes (inf: not allowed)
     batch: np.ndarray        # (J, N+1) batch size at n nodes
-    thr: np.ndarray          # (J, N+1) predicted samples/s
+    goodput: np.ndarray      # (J, N+1) predicted goodput, samples/s
     current: np.ndarray      # (J,) current nodes (clipped to [lo, hi])
 
 
@@ -79,7 +81,7 @@ class ONES:
         J = len(jobs)
         cost = np.full((J, n_max + 1), np.inf)
         batch = np.zeros((J, n_max + 1), dtype=np.int64)
-        thr = np.zeros((J, n_max + 1))
+        goodput = np.zeros((J, n_max + 1))
         lo, hi, cur = np.zeros(J, int), np.zeros(J, int), np.zeros(J, int)
         for i, j in enumerate(jobs):
             model = model_for(j)
@@ -88,7 +90,7 @@ class ONES:
                 if sizes and sizes.get(j.job_id) and j.job_id not in fixed:
                     n = sizes[j.job_id]   # a pending job starts as large as fits (DP)
                 lo[i] = hi[i] = cur[i] = n
-                cost[i, n], batch[i, n], thr[i, n] = 0.0, j.batch_size, 0.0
+                cost[i, n], batch[i, n], goodput[i, n] = 0.0, j.batch_size, 0.0
                 continue
             measured = max((p.nodes for p in j.profile), default=j.nodes)
             lo[i], hi[i] = j.min_nodes, max(j.min_nodes, min(j.max_nodes, 2 * measured))
@@ -98,9 +100,9 @@ class ONES:
             for n in range(lo[i], hi[i] + 1):
                 x, cfg = best_at(j, model, n * j.workers_per_node)
                 if cfg is not None and x > 0:
-                    cost[i, n], batch[i, n], thr[i, n] = work / x, cfg.global_batch_size, x
+                    cost[i, n], batch[i, n], goodput[i, n] = work / x, cfg.global_batch_size, x
         return _Table(tuple(j.job_id for j in jobs), np.array([j.workers_per_node for j in jobs]),
-                      lo, hi, cost, batch, thr, cur)
+                      lo, hi, cost, batch, goodput, cur)
 
     # -------------------------------------------------------------- operators
     @staticmethod
@@ -156,9 +158,11 @@ class ONES:
 
     # ----------------------------------------------------------------- decide
     def decide(self, snapshot: ClusterSnapshot, seed: int = 0) -> Plan:
+        """One round: admission and sizes of unmeasured jobs from the DP, then the generations
+        from the carried population (module docstring)."""
         rng = np.random.default_rng(seed)
         k = capacity(snapshot)
-        base = ElasticDP().decide(snapshot, seed)       # admission, waits, DP's sizes
+        base = dp.decide(snapshot, seed)       # admission, waits, DP's sizes
         waits = [t for t in base.targets if t.nodes == 0]
         waiting = {t.job_id for t in waits}
         jobs = [j for j in snapshot.jobs
@@ -168,6 +172,19 @@ class ONES:
             return Plan(self.name, tuple(waits), 0.0, ("ones: no job to size",))
         fixed = {j.job_id for j in jobs if j.busy}
         t = self._table(jobs, fixed, {x.job_id: x.nodes for x in base.targets if x.nodes})
+        pop = self.evolve(t, k, self._start(t, jobs, base, rng), rng)
+        self._carried = {j.job_id: pop[:, i].copy() for i, j in enumerate(jobs)}
+        best = pop[0]
+        targets = waits + [self._target(t, i, j, int(best[i]))
+                           for i, j in enumerate(jobs) if j.job_id not in fixed]
+        return Plan(self.name, tuple(targets), float(self._fitness(t, best[None, :])[0]),
+                    (f"ones: {len(jobs)} job(s) on {k} GPU(s), predicted remaining time "
+                     f"{self.history[-1]:.0f} s after {self.generations} generation(s)",))
+
+    def _start(self, t: _Table, jobs: list[JobView], base: Plan, rng: np.random.Generator
+               ) -> np.ndarray:
+        """The starting population (P, J): carried genes (or the current size), the status quo,
+        the DP's answer with ``seed_with_dp``, and the rest moved by one node for diversity."""
         P, J = self.population, len(jobs)
         start = np.empty((P, J), dtype=np.int64)
         for i, j in enumerate(jobs):                   # carried genes, or the current size
@@ -175,26 +192,18 @@ class ONES:
             start[:, i] = genes[:P] if genes is not None and len(genes) >= P else t.current[i]
         start[-1] = t.current                         # the status quo is always a candidate
         if self.seed_with_dp:
-            dp = {x.job_id: x.nodes for x in base.targets}
-            start[-2] = [dp.get(j.job_id, t.current[i]) for i, j in enumerate(jobs)]
+            sizes = {x.job_id: x.nodes for x in base.targets}
+            start[-2] = [sizes.get(j.job_id, t.current[i]) for i, j in enumerate(jobs)]
         start[1:-2] = start[1:-2] + rng.integers(-1, 2, size=start[1:-2].shape)  # diversity
-        pop = self.evolve(t, k, start, rng)
-        self._carried = {j.job_id: pop[:, i].copy() for i, j in enumerate(jobs)}
-        best = pop[0]
-        targets = list(waits)
-        for i, j in enumerate(jobs):
-            if j.job_id in fixed:
-                continue
-            n = int(best[i])
-            if t.thr[i, n] <= 0:
-                why = "not measured yet: kept at its size"
-                pred = None
-            else:
-                pred = float(t.thr[i, n])
-                why = (f"predicted {pred:.0f} samples/s at {n * j.workers_per_node} GPU(s), "
-                       f"batch {int(t.batch[i, n])}, {t.cost[i, n]:.0f} s of work left")
-            targets.append(JobTarget(j.job_id, n, int(t.batch[i, n]), f"ones: {why}",
-                                     predicted_throughput=pred))
-        return Plan(self.name, tuple(targets), float(self._fitness(t, best[None, :])[0]),
-                    (f"ones: {J} job(s) on {k} GPU(s), predicted remaining time "
-                     f"{self.history[-1]:.0f} s after {self.generations} generation(s)",))
+        return start
+
+    @staticmethod
+    def _target(t: _Table, i: int, job: JobView, n: int) -> JobTarget:
+        if t.goodput[i, n] <= 0:
+            return JobTarget(job.job_id, n, int(t.batch[i, n]),
+                             "ones: not measured yet: kept at its size")
+        good = float(t.goodput[i, n])
+        return JobTarget(job.job_id, n, int(t.batch[i, n]),
+                         f"ones: predicted goodput {good:.0f} samples/s at "
+                         f"{n * job.workers_per_node} GPU(s), batch {int(t.batch[i, n])}, "
+                         f"{t.cost[i, n]:.0f} s of work left", predicted_throughput=good)

@@ -1,30 +1,34 @@
 """Reconcile a policy's plan with what runs: which changes to make this round, in what order.
 
-Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``.
+Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``, in four steps:
 
-* A change is a **batch**-only change (same nodes; free: applied at a step boundary), a
-  **shrink** (in place; costs ``shrink_cost`` seconds of the job's throughput), a **grow**
-  (requeue; costs ``restart_cost`` seconds), or a **pending** job's size set before it starts
-  (for a job held after a preemption: and released). With ``Costs.preemption`` a running job
-  the plan gives 0 nodes is **preempt**-ed (checkpoint, requeue and hold until a plan gives it
-  GPUs again; Tiresias, NSDI'19 §4); the policy decided it, so it is not weighed against a gain.
-  Only the simulator sets it so far; the daemon reports such targets in its notes.
-* The plan's resizes are judged together, since a shrink is usually there to feed a grow: they
-  are made only if the predicted throughput gain over ``horizon`` seconds (or over a job's
-  predicted remaining time, ``remaining_samples`` / its throughput, when that is shorter: a
-  job about to end gains nothing from a restart) beats the samples lost to their restarts, and the gain is at least ``min_gain`` of the current throughput. Otherwise
-  only the batch-only changes that gain ``min_gain`` on their own are made. Predictions use the
-  same model the policies use (:mod:`hpcsched.perf.throughput`).
-* A grow is made only if Slurm can place it now: enough usable nodes with the job's GPUs per
-  node free, counting the job's own nodes, which the requeue frees. Otherwise it waits for a
-  later round (shrinks made this round free their nodes by then).
-* With ``Costs.place_pending`` a pending job whose plan places it on other nodes than it asks
-  for gets a change even at an unchanged size (the simulator; the daemon does not know a pending
-  job's requested node list yet, and would re-send it every round).
-* Shrinks are made without the gain test when the plan starts pending jobs that need more GPUs
-  than are free: they make room for the plan's admissions, whose value the samples/s of the
-  running jobs cannot show.
-* Order: preemptions, shrinks, batch-only changes, pending jobs, grows.
+1. :func:`classify`: each target becomes a candidate change of a :class:`ChangeKind`, or a note.
+   A change is a **batch**-only change (same nodes; free: applied at a step boundary), a
+   **shrink** (in place; costs ``shrink_cost`` seconds of the job's throughput), a **grow**
+   (requeue; costs ``restart_cost`` seconds), or a **pending** job's size set before it starts
+   (for a job held after a preemption: and released). With ``Costs.preemption`` a running job
+   the plan gives 0 nodes is **preempt**-ed (checkpoint, requeue and hold until a plan gives it
+   GPUs again; Tiresias, NSDI'19 §4); the policy decided it, so it is not weighed against a gain.
+   Only the simulator sets it so far; the daemon reports such targets in its notes. With
+   ``Costs.place_pending`` a pending job whose plan places it on other nodes than it asks for
+   gets a change even at an unchanged size (the simulator; the daemon does not know a pending
+   job's requested node list yet, and would re-send it every round).
+2. :func:`admission_room`: shrinks are made without the gain test when the plan starts pending
+   jobs that need more GPUs than are free: they make room for the plan's admissions, whose value
+   the samples/s of the running jobs cannot show.
+3. :func:`gain_test`: the plan's resizes are judged together, since a shrink is usually there to
+   feed a grow: they are made only if the predicted gain over ``horizon`` seconds (or over a
+   job's predicted remaining time, ``remaining_samples`` / its rate, when that is shorter: a job
+   about to end gains nothing from a restart) beats the samples lost to their restarts, and the
+   gain is at least ``min_gain`` of the current total. Otherwise only the batch-only changes
+   that gain ``min_gain`` on their own are made. Predictions: :func:`predict`, through the model
+   the policies use (:mod:`hpcsched.perf.model`).
+4. :func:`feasible_now`: a grow is made only if Slurm can place it now: enough usable nodes with
+   the job's GPUs per node free, counting the job's own nodes, which the requeue frees.
+   Otherwise it waits for a later round (shrinks made this round free their nodes by then).
+
+Order (:data:`ORDER`): preemptions, shrinks, batch-only changes, pending jobs, grows; within a
+kind, the largest predicted gain first.
 """
 
 from __future__ import annotations
@@ -32,9 +36,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hpcsched.perf.model import job_throughput
-from hpcsched.policies.snapshot import ClusterSnapshot, JobView, Plan
+from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
+from hpcsched.protocol.kinds import ChangeKind
 
-ORDER = {"preempt": 0, "shrink": 1, "batch": 2, "pending": 3, "grow": 4}
+#: the order changes are made in (shrinks free what grows and starts need)
+ORDER: dict[ChangeKind, int] = {ChangeKind.PREEMPT: 0, ChangeKind.SHRINK: 1, ChangeKind.BATCH: 2,
+                                ChangeKind.PENDING: 3, ChangeKind.GROW: 4}
+RESIZES = (ChangeKind.SHRINK, ChangeKind.GROW)
 
 
 @dataclass(frozen=True)
@@ -54,7 +62,7 @@ class Change:
     """One change to make: the actuator's input, and the journal's record."""
 
     job_id: str
-    kind: str
+    kind: ChangeKind
     from_nodes: int
     to_nodes: int
     from_batch_size: int
@@ -63,121 +71,211 @@ class Change:
     placement: tuple[str, ...] = ()   # nodes to run on, for a pending job or a grow
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """A change under consideration, with the job's predicted rate before and after
+    (samples/s; 0 for changes that are not weighed: pending, preempt)."""
+
+    change: Change
+    x_from: float = 0.0
+    x_to: float = 0.0
+
+    @property
+    def kind(self) -> ChangeKind:
+        return self.change.kind
+
+    @property
+    def gain(self) -> float:
+        return self.x_to - self.x_from
+
+
 def predict(job: JobView, nodes: int, batch_size: int) -> float | None:
-    """Predicted samples/s of ``job`` at ``nodes`` nodes and global ``batch_size``."""
+    """Predicted samples/s of ``job`` at ``nodes`` nodes and global ``batch_size``; ``None``
+    without a model or when the batch size cannot be cut over the GPUs."""
     return job_throughput(job, nodes, batch_size)
 
 
-def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()) -> tuple[list[Change], list[str]]:
+def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()
+              ) -> tuple[list[Change], list[str]]:
+    """The changes to make now for ``plan``, in order, and notes on what was not made and why
+    (module docstring)."""
+    candidates, notes = classify(plan, snapshot, costs)
+    chosen = [c for c in candidates if c.kind in (ChangeKind.PENDING, ChangeKind.PREEMPT)]
+    resizes = [c for c in candidates if c.kind in RESIZES]
+    batches = [c for c in candidates if c.kind == ChangeKind.BATCH]
+    room, note = admission_room(chosen, resizes, snapshot)
+    if room:
+        chosen += room
+        resizes = [c for c in resizes if c.kind != ChangeKind.SHRINK]
+        notes.append(note)
+    made, more = gain_test(resizes, batches, snapshot, costs)
+    changes, late = feasible_now(chosen + made, snapshot)
+    return changes, notes + more + late
+
+
+# ----------------------------------------------------------------------------------- classify
+
+def classify(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()
+             ) -> tuple[list[Candidate], list[str]]:
+    """One candidate change per target that asks for one, in plan order, and a note for each
+    target that cannot be made (unknown rate, preemption off, a pending job told to wait).
+    Targets of unknown or busy jobs, and of running jobs at their current size and batch size,
+    are dropped silently."""
+    candidates: list[Candidate] = []
     notes: list[str] = []
-    candidates: list[tuple[Change, float, float]] = []   # change, x_from, x_to
     for t in plan.targets:
         job = snapshot.job(t.job_id)
         if job is None or job.busy:
             continue
         if job.state == "PENDING":
-            if job.held and t.nodes > 0:
-                # preempted earlier and held by us: the plan gives it GPUs again -> release
-                candidates.append((Change(job.job_id, "pending", job.nodes, t.nodes,
-                                          job.batch_size, t.batch_size, t.reason,
-                                          t.placement), 0.0, 0.0))
-            elif t.nodes == 0:
-                notes.append(f"job {job.job_id}: {t.reason}")
-            elif (t.nodes, t.batch_size) != (job.nodes, job.batch_size) or (
-                    costs.place_pending and t.placement
-                    and tuple(t.placement) != tuple(job.node_names)):
-                candidates.append((Change(job.job_id, "pending", job.nodes, t.nodes,
-                                          job.batch_size, t.batch_size, t.reason,
-                                          t.placement), 0.0, 0.0))
+            out = _classify_pending(job, t, costs)
+        elif job.state == "RUNNING" and (t.nodes, t.batch_size) != (job.nodes, job.batch_size):
+            out = _classify_running(job, t, costs)
+        else:
             continue
-        if job.state != "RUNNING" or (t.nodes, t.batch_size) == (job.nodes, job.batch_size):
-            continue
-        if t.nodes == 0:
-            if costs.preemption:
-                candidates.append((Change(job.job_id, "preempt", job.nodes, 0, job.batch_size,
-                                          job.batch_size, t.reason), 0.0, 0.0))
-            else:
-                notes.append(f"job {job.job_id}: {t.reason}; preemption is not applied by the "
-                             "daemon yet (the simulator applies it): the job keeps running")
-            continue
-        kind = ("shrink" if t.nodes < job.nodes else "grow" if t.nodes > job.nodes else "batch")
-        x_from, x_to = predict(job, job.nodes, job.batch_size), predict(job, t.nodes, t.batch_size)
-        if x_from is None or x_to is None:
-            notes.append(f"job {job.job_id}: no throughput model yet; {kind} not made")
-            continue
-        reason = (f"{t.reason}; {x_from:.0f} -> {x_to:.0f} samples/s predicted")
-        candidates.append((Change(job.job_id, kind, job.nodes, t.nodes, job.batch_size,
-                                  t.batch_size, reason,
-                                  t.placement if kind == "grow" else ()), x_from, x_to))
+        if isinstance(out, Candidate):
+            candidates.append(out)
+        elif out is not None:
+            notes.append(out)
+    return candidates, notes
 
-    resizes = [c for c in candidates if c[0].kind in ("shrink", "grow")]
-    batches = [c for c in candidates if c[0].kind == "batch"]
-    chosen = [c for c in candidates if c[0].kind in ("pending", "preempt")]
-    # shrinks that make room for the jobs the plan starts are the plan's admission decision,
-    # not a throughput trade: the gain test (samples/s of running jobs) cannot see their value
-    start_need = sum(c.to_nodes * snapshot.job(c.job_id).workers_per_node
-                     for c, _, _ in chosen if c.kind == "pending" and c.to_nodes > 0)
+
+def _change(job: JobView, t: JobTarget, kind: ChangeKind, reason: str | None = None,
+            placement: tuple[str, ...] = ()) -> Change:
+    return Change(job.job_id, kind, job.nodes, t.nodes, job.batch_size, t.batch_size,
+                  t.reason if reason is None else reason, placement)
+
+
+def _classify_pending(job: JobView, t: JobTarget, costs: Costs) -> Candidate | str | None:
+    if job.held and t.nodes > 0:
+        # preempted earlier and held by us: the plan gives it GPUs again -> release
+        return Candidate(_change(job, t, ChangeKind.PENDING, placement=t.placement))
+    if t.nodes == 0:
+        return f"job {job.job_id}: {t.reason}"
+    moved = costs.place_pending and t.placement and tuple(t.placement) != tuple(job.node_names)
+    if (t.nodes, t.batch_size) != (job.nodes, job.batch_size) or moved:
+        return Candidate(_change(job, t, ChangeKind.PENDING, placement=t.placement))
+    return None
+
+
+def _classify_running(job: JobView, t: JobTarget, costs: Costs) -> Candidate | str:
+    if t.nodes == 0:
+        if costs.preemption:
+            return Candidate(Change(job.job_id, ChangeKind.PREEMPT, job.nodes, 0, job.batch_size,
+                                    job.batch_size, t.reason))
+        return (f"job {job.job_id}: {t.reason}; preemption is not applied by the daemon yet (the "
+                "simulator applies it): the job keeps running")
+    kind = ChangeKind.between(job.nodes, t.nodes)
+    x_from, x_to = predict(job, job.nodes, job.batch_size), predict(job, t.nodes, t.batch_size)
+    if x_from is None or x_to is None:
+        return f"job {job.job_id}: no throughput model yet; {kind} not made"
+    reason = f"{t.reason}; {x_from:.0f} -> {x_to:.0f} samples/s predicted"
+    placement = t.placement if kind == ChangeKind.GROW else ()
+    return Candidate(_change(job, t, kind, reason, placement), x_from, x_to)
+
+
+# ----------------------------------------------------------------------------- admission room
+
+def admission_room(chosen: list[Candidate], resizes: list[Candidate], snapshot: ClusterSnapshot
+                   ) -> tuple[list[Candidate], str]:
+    """The shrinks among ``resizes`` to make without the gain test, and a note: all of them when
+    the pending jobs the plan starts (in ``chosen``) need more GPUs than are free now; else
+    none. Shrinks that make room for the jobs the plan starts are the plan's admission decision,
+    not a rate trade: the gain test (samples/s of running jobs) cannot see their value."""
+    start_need = sum(c.change.to_nodes * snapshot.job(c.change.job_id).workers_per_node
+                     for c in chosen if c.kind == ChangeKind.PENDING and c.change.to_nodes > 0)
     free_now = sum(n.gpus_free for n in snapshot.nodes if n.usable)
-    if start_need > free_now:
-        room = [c for c in resizes if c[0].kind == "shrink"]
-        if room:
-            chosen += room
-            resizes = [c for c in resizes if c[0].kind != "shrink"]
-            notes.append(f"made {len(room)} shrink(s) to make room: the plan starts jobs needing "
-                         f"{start_need} GPU(s), {free_now} free")
-    base = sum(predict(j, j.nodes, j.batch_size) or 0.0 for j in snapshot.jobs
-               if j.state == "RUNNING")
-    def horizon(job_id: str, x_from: float) -> float:
-        """Seconds a change pays off over: the horizon, or less if the job ends sooner."""
-        job = snapshot.job(job_id)
-        if job is not None and job.remaining_samples is not None and x_from > 0:
-            return max(0.0, min(costs.horizon, job.remaining_samples / x_from))
-        return costs.horizon
+    room = [c for c in resizes if c.kind == ChangeKind.SHRINK] if start_need > free_now else []
+    if not room:
+        return [], ""
+    return room, (f"made {len(room)} shrink(s) to make room: the plan starts jobs needing "
+                  f"{start_need} GPU(s), {free_now} free")
 
+
+# ---------------------------------------------------------------------------------- gain test
+
+def payoff_seconds(job: JobView | None, x_from: float, horizon: float) -> float:
+    """Seconds a change of ``job`` pays off over: ``horizon``, or less if the job ends sooner
+    (its remaining samples at its current rate ``x_from``)."""
+    if job is not None and job.remaining_samples is not None and x_from > 0:
+        return max(0.0, min(horizon, job.remaining_samples / x_from))
+    return horizon
+
+
+def gain_test(resizes: list[Candidate], batches: list[Candidate], snapshot: ClusterSnapshot,
+              costs: Costs) -> tuple[list[Candidate], list[str]]:
+    """Which of the plan's resizes and batch-only changes to make, and notes saying why
+    (module docstring, step 3)."""
+    notes: list[str] = []
     if resizes:
-        gain = sum(x_to - x_from for _, x_from, x_to in resizes + batches)
-        won = sum((x_to - x_from) * horizon(c.job_id, x_from) for c, x_from, x_to in
-                  resizes + batches)
-        lost = sum(x_from * (costs.restart_cost if c.kind == "grow" else costs.shrink_cost)
-                   for c, x_from, _ in resizes)
-        summary = (f"resizes gain {gain:+.0f} samples/s ({gain / base:+.0%} of {base:.0f}): "
-                   f"{won:.0f} samples over at most {costs.horizon:.0f} s (less for jobs that "
-                   f"end sooner) vs {lost:.0f} lost to restarts") if base > 0 else \
-            "no measured throughput"
-        if base > 0 and won > lost and gain >= costs.min_gain * base:
-            chosen += resizes + batches
-            notes.append(f"made: {summary}")
-            batches = []
+        base = sum(predict(j, j.nodes, j.batch_size) or 0.0 for j in snapshot.jobs
+                   if j.state == "RUNNING")
+        together = resizes + batches
+        gain = sum(c.gain for c in together)
+        won = sum(c.gain * payoff_seconds(snapshot.job(c.change.job_id), c.x_from, costs.horizon)
+                  for c in together)
+        lost = sum(c.x_from * (costs.restart_cost if c.kind == ChangeKind.GROW else costs.shrink_cost)
+                   for c in resizes)
+        if base <= 0:
+            notes.append("not made: no measured throughput")
         else:
+            summary = (f"resizes gain {gain:+.0f} samples/s ({gain / base:+.0%} of {base:.0f}): "
+                       f"{won:.0f} samples over at most {costs.horizon:.0f} s (less for jobs that "
+                       f"end sooner) vs {lost:.0f} lost to restarts")
+            if won > lost and gain >= costs.min_gain * base:
+                return together, [f"made: {summary}"]
             notes.append(f"not made: {summary}")
-    for c, x_from, x_to in batches:
-        if x_to >= x_from * (1 + costs.min_gain):
-            chosen.append((c, x_from, x_to))
+    made = []
+    for c in batches:
+        if c.x_to >= c.x_from * (1 + costs.min_gain):
+            made.append(c)
         else:
-            notes.append(f"job {c.job_id}: batch {c.from_batch_size} -> {c.to_batch_size} gains "
-                         f"less than {costs.min_gain:.0%}; not made")
+            notes.append(f"job {c.change.job_id}: batch {c.change.from_batch_size} -> "
+                         f"{c.change.to_batch_size} gains less than {costs.min_gain:.0%}; not made")
+    return made, notes
 
-    # can Slurm place each grow now? free GPUs per usable node, the job's own nodes included
+
+# ------------------------------------------------------------------------------- feasible now
+
+def feasible_now(chosen: list[Candidate], snapshot: ClusterSnapshot
+                 ) -> tuple[list[Change], list[str]]:
+    """``chosen`` in :data:`ORDER` (largest gain first within a kind), without the grows Slurm
+    cannot place now, and notes on those. A grow needs ``to_nodes`` usable nodes with the job's
+    GPUs per node free, its own nodes counted (the requeue frees them); its planned placement is
+    kept when it fits, else dropped (Slurm chooses). Grows made claim their nodes in turn."""
     free = {n.name: n.gpus_free for n in snapshot.nodes if n.usable}
-    changes = []
-    for c, x_from, x_to in sorted(chosen, key=lambda c: (ORDER[c[0].kind], -(c[2] - c[1]))):
-        if c.kind == "grow":
-            job = snapshot.job(c.job_id)
-            mine = {name: free.get(name, 0) + job.workers_per_node for name in job.node_names}
-            fits = sorted((n for n, g in {**free, **mine}.items() if g >= job.workers_per_node),
-                          key=lambda n: (n not in mine, n))
-            if len(fits) < c.to_nodes:
-                notes.append(f"job {c.job_id}: grow to {c.to_nodes} node(s) waits: "
-                             f"{len(fits)} node(s) have {job.workers_per_node} GPU(s) free")
+    changes: list[Change] = []
+    notes: list[str] = []
+    for cand in sorted(chosen, key=lambda c: (ORDER[c.kind], -c.gain)):
+        c = cand.change
+        if c.kind == ChangeKind.GROW:
+            c, note = _place_grow(c, snapshot.job(c.job_id), free)
+            if note:
+                notes.append(note)
+            if c is None:
                 continue
-            chosen_nodes = fits[: c.to_nodes]
-            if c.placement and len(c.placement) == c.to_nodes and set(c.placement) <= set(fits):
-                chosen_nodes = list(c.placement)
-            elif c.placement:
-                notes.append(f"job {c.job_id}: placement {','.join(c.placement)} does not fit "
-                             "now; Slurm chooses the nodes")
-                c = replace(c, placement=())
-            for n in chosen_nodes:
-                free[n] = free.get(n, 0) + (job.workers_per_node if n in mine else 0) - job.workers_per_node
         changes.append(c)
     return changes, notes
+
+
+def _place_grow(c: Change, job: JobView, free: dict[str, int]) -> tuple[Change | None, str]:
+    """The grow as it can be made now (``None``: it waits) and a note; claims its nodes in
+    ``free``."""
+    wpn = job.workers_per_node
+    mine = {name: free.get(name, 0) + wpn for name in job.node_names}
+    fits = sorted((n for n, g in {**free, **mine}.items() if g >= wpn),
+                  key=lambda n: (n not in mine, n))
+    if len(fits) < c.to_nodes:
+        return None, (f"job {c.job_id}: grow to {c.to_nodes} node(s) waits: "
+                      f"{len(fits)} node(s) have {wpn} GPU(s) free")
+    note = ""
+    nodes = fits[: c.to_nodes]
+    if c.placement and len(c.placement) == c.to_nodes and set(c.placement) <= set(fits):
+        nodes = list(c.placement)
+    elif c.placement:
+        note = (f"job {c.job_id}: placement {','.join(c.placement)} does not fit now; Slurm "
+                "chooses the nodes")
+        c = replace(c, placement=())
+    for n in nodes:
+        free[n] = free.get(n, 0) + (wpn if n in mine else 0) - wpn
+    return c, note

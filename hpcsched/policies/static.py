@@ -13,24 +13,16 @@ behind it, as it would without hpcsched.
 
 from __future__ import annotations
 
+from hpcsched.policies.common import admit_fifo, capacity, pending_fifo, running
 from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, Plan
-from hpcsched.policies.dp import capacity
 
 
-class Static:
-    name = "static"
-
-    def decide(self, snapshot: ClusterSnapshot, seed: int = 0) -> Plan:
-        """Targets only for pending jobs that fit now, FIFO, at their submitted size.
-        Objective: the GPUs hpcsched jobs hold or are about to."""
-        free = capacity(snapshot) - sum(j.gpus for j in snapshot.jobs if j.state == "RUNNING")
-        targets = []
-        for j in sorted((j for j in snapshot.jobs if j.state == "PENDING" and not j.busy),
-                        key=lambda j: (j.submit_time, j.job_id)):
-            if j.gpus <= free:
-                free -= j.gpus
-                targets.append(JobTarget(j.job_id, j.nodes, j.batch_size,
-                                         "static: starts at its submitted size (FIFO)"))
-        held = sum(j.gpus for j in snapshot.jobs if j.state == "RUNNING")
-        return Plan(self.name, tuple(targets),
-                    objective=float(held + sum(snapshot.job(t.job_id).gpus for t in targets)))
+def decide(snapshot: ClusterSnapshot, seed: int = 0) -> Plan:
+    """Targets only for pending jobs that fit now, FIFO, at their submitted size (module
+    docstring). Objective: the GPUs hpcsched jobs hold or are about to. ``seed`` is unused."""
+    held = sum(j.gpus for j in running(snapshot))
+    waiting = [j for j in pending_fifo(snapshot) if not j.busy]
+    admitted, _ = admit_fifo(waiting, capacity(snapshot) - held, lambda j: j.gpus)
+    targets = tuple(JobTarget(j.job_id, j.nodes, j.batch_size,
+                              "static: starts at its submitted size (FIFO)") for j in admitted)
+    return Plan("static", targets, objective=float(held + sum(j.gpus for j in admitted)))

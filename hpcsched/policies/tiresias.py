@@ -40,7 +40,7 @@ queue 0 while ``w >= P * t``. Once promoted it keeps running until ``t`` has gro
 so every job gets at least about ``1 / (1 + P)`` of the wall-clock time. ``None`` (default, as the
 authors' simulator's ``solve_starvation = 0``) disables it.
 
-Capacity is :func:`hpcsched.policies.dp.capacity` (usable nodes' GPUs minus unmanaged jobs'),
+Capacity is :func:`hpcsched.policies.common.capacity` (usable nodes' GPUs minus unmanaged jobs'),
 counted in GPUs; whether a start also fits node by node is checked when the plan is reconciled,
 as for the other policies. Busy jobs (a resize or start in flight) keep what they have and get no
 target. The seed is not used: the policy is deterministic.
@@ -55,9 +55,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hpcsched.policies.base import PolicyError
+from hpcsched.policies.common import capacity
 from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
-from hpcsched.policies import PolicyError
-from hpcsched.policies.dp import capacity
 
 DEFAULT_QUEUE_THRESHOLDS = (3200.0,)   # GPU-seconds: 2 queues
 

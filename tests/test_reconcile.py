@@ -1,0 +1,261 @@
+"""reconcile: the plan's targets -> the changes to make now. Each rule as a table (classify,
+admission room, gain test, feasibility and order), plus worked cases through the DP."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcsched.policies import make_policy
+from hpcsched.policies.reconcile import (
+    ORDER,
+    Candidate,
+    Change,
+    Costs,
+    admission_room,
+    classify,
+    feasible_now,
+    gain_test,
+    payoff_seconds,
+    predict,
+    reconcile,
+)
+from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, NodeView, Plan, ProfilePoint
+from hpcsched.protocol.kinds import ChangeKind
+
+
+def _job(job_id, nodes, *, wpn=2, min_nodes=1, max_nodes=3, batch=64, bmin=None, bmax=None,
+         state="RUNNING", profile=(), submit=0.0, busy=False, names=(), held=False,
+         remaining=None):
+    return JobView(job_id=job_id, state=state, nodes=nodes, node_names=tuple(names),
+                   workers_per_node=wpn, min_nodes=min_nodes, max_nodes=max_nodes,
+                   batch_size=batch, min_batch_size=bmin or batch, max_batch_size=bmax or batch,
+                   max_local_batch_size=None, base_batch_size=batch, lr_scaling="linear",
+                   submit_time=submit, profile=tuple(profile), busy=busy, held=held,
+                   remaining_samples=remaining)
+
+
+def _pt(world, local, step_time, accum=1):
+    return ProfilePoint(world, world // 2, local, accum, step_time,
+                        world * local * accum / step_time, samples=50)
+
+
+def _cluster(n_nodes=4, gpus=4, jobs=(), used=0):
+    return ClusterSnapshot(time=0.0, nodes=tuple(NodeView(f"n{i}", gpus, used, "mixed")
+                                                 for i in range(1, n_nodes + 1)),
+                           jobs=tuple(jobs))
+
+
+# perfectly scaling job: step 0.002 s per sample of the local batch -> 500 samples/s per GPU
+SCALES = [_pt(2, 48, 0.096), _pt(4, 24, 0.048)]
+# a job whose step time does not grow with the local batch: throughput grows with the batch
+FLAT = [_pt(2, 16, 0.05), _pt(2, 32, 0.05)]
+
+
+def _snap_ab():
+    a = _job("A", 2, batch=96, profile=[_pt(4, 24, 0.1), _pt(2, 48, 0.1)], names=("n1", "n2"))
+    b = _job("B", 1, batch=96, profile=SCALES, names=("n3",))
+    nodes = tuple(NodeView(f"n{i}", 4, 2 if i <= 3 else 0, "mixed") for i in range(1, 5))
+    return ClusterSnapshot(0.0, nodes, (a, b))
+
+
+# ------------------------------------------------------------------------------ classify
+
+RUN = {"profile": SCALES, "batch": 96}
+
+
+@pytest.mark.parametrize(("job", "target", "costs", "kind", "note"), [
+    # running jobs: the kind follows the node count; batch-only at the same nodes
+    (_job("J", 2, **RUN), (1, 96), Costs(), ChangeKind.SHRINK, None),
+    (_job("J", 1, **RUN), (3, 96), Costs(), ChangeKind.GROW, None),
+    (_job("J", 1, profile=FLAT, batch=32, bmax=128), (1, 128), Costs(), ChangeKind.BATCH, None),
+    # nothing to change, an unknown rate, a busy job
+    (_job("J", 1, **RUN), (1, 96), Costs(), None, None),
+    (_job("J", 1, batch=96), (2, 96), Costs(), None, "no throughput model yet; grow not made"),
+    (_job("J", 1, busy=True, **RUN), (2, 96), Costs(), None, None),
+    # 0 nodes for a running job: a preemption only where preemption is on
+    (_job("J", 1, **RUN), (0, 96), Costs(), None, "preemption is not applied by the daemon"),
+    (_job("J", 1, **RUN), (0, 96), Costs(preemption=True), ChangeKind.PREEMPT, None),
+    # pending jobs: a size set before the start, a wait, a release of a held job
+    (_job("J", 2, state="PENDING"), (1, 64), Costs(), ChangeKind.PENDING, None),
+    (_job("J", 2, state="PENDING"), (2, 64), Costs(), None, None),
+    (_job("J", 2, state="PENDING"), (0, 64), Costs(), None, "job J: waits"),
+    (_job("J", 2, state="PENDING", held=True), (2, 64), Costs(), ChangeKind.PENDING, None),
+    (_job("J", 2, state="PENDING", held=True), (0, 64), Costs(), None, "job J: waits"),
+])
+def test_classify(job, target, costs, kind, note):
+    plan = Plan("p", (JobTarget("J", target[0], target[1], "waits" if not target[0] else "sized"),))
+    candidates, notes = classify(plan, _cluster(jobs=[job]), costs)
+    assert [c.kind for c in candidates] == ([kind] if kind else [])
+    assert (note is None and notes == []) or (note is not None and note in notes[0])
+    for c in candidates:
+        assert (c.change.from_nodes, c.change.to_nodes) == (job.nodes, target[0])
+        weighed = c.kind in (ChangeKind.SHRINK, ChangeKind.GROW, ChangeKind.BATCH)
+        assert (c.x_from > 0 and c.x_to > 0) == weighed
+
+
+@pytest.mark.parametrize(("place_pending", "placement", "changed"), [
+    (False, ("n3", "n4"), False),      # the daemon: same size, no change
+    (True, ("n3", "n4"), True),        # the simulator: other nodes than it asks for
+    (True, ("n1", "n2"), False),       # the nodes it asks for already
+    (True, (), False),                 # no placement
+])
+def test_classify_places_a_pending_job_only_where_asked(place_pending, placement, changed):
+    job = _job("J", 2, state="PENDING", names=("n1", "n2"))
+    plan = Plan("p", (JobTarget("J", 2, 64, "sized", placement),))
+    candidates, _ = classify(plan, _cluster(jobs=[job]), Costs(place_pending=place_pending))
+    assert [c.change.placement for c in candidates] == ([placement] if changed else [])
+
+
+def test_a_grow_carries_its_placement_a_shrink_does_not():
+    grow = _job("G", 1, names=("n1",), **RUN)
+    shrink = _job("S", 2, names=("n2", "n3"), **RUN)
+    plan = Plan("p", (JobTarget("G", 2, 96, "g", ("n1", "n4")), JobTarget("S", 1, 96, "s", ("n2",))))
+    candidates, _ = classify(plan, _cluster(jobs=[grow, shrink]))
+    assert [(c.kind, c.change.placement) for c in candidates] == [
+        (ChangeKind.GROW, ("n1", "n4")), (ChangeKind.SHRINK, ())]
+
+
+# ------------------------------------------------------------------------ admission room
+
+def _cand(job_id, kind, to_nodes=1, x_from=0.0, x_to=0.0, from_nodes=1, placement=()):
+    return Candidate(Change(job_id, kind, from_nodes, to_nodes, 64, 64, "r", placement),
+                     x_from, x_to)
+
+
+@pytest.mark.parametrize(("used", "start_nodes", "room"), [
+    (4, 2, True),      # 4 GPUs needed (2 nodes x 2), 0 free: make room
+    (3, 2, False),     # 4 needed, 4 free
+    (4, 0, False),     # nothing starts
+])
+def test_admission_room_makes_the_shrinks_when_starts_need_more_than_is_free(used, start_nodes, room):
+    snap = _cluster(n_nodes=4, gpus=4, used=used, jobs=[_job("P", start_nodes or 1, state="PENDING")])
+    chosen = [_cand("P", ChangeKind.PENDING, to_nodes=start_nodes)]
+    resizes = [_cand("S", ChangeKind.SHRINK), _cand("G", ChangeKind.GROW)]
+    made, note = admission_room(chosen, resizes, snap)
+    assert [c.change.job_id for c in made] == (["S"] if room else [])
+    assert ("make room" in note) == room
+
+
+# ------------------------------------------------------------------------------ gain test
+
+@pytest.mark.parametrize(("costs", "ratio", "made"), [
+    # the job runs at 1,000 samples/s; +50 % over 600 s = 300,000 samples vs 30 s x 1,000 lost
+    (Costs(restart_cost=30, horizon=600), 1.5, True),
+    (Costs(restart_cost=400, horizon=600), 1.5, False),              # restart too dear
+    (Costs(restart_cost=30, horizon=600, min_gain=0.6), 1.5, False),  # gains less than 60 %
+    (Costs(restart_cost=30, horizon=600), 1.0, False),               # no gain at all
+])
+def test_gain_test_weighs_the_resizes_together_against_their_restarts(costs, ratio, made):
+    snap = _cluster(jobs=[_job("G", 1, **RUN)])
+    x = predict(snap.jobs[0], 1, 96)
+    assert x == pytest.approx(1000.0, rel=1e-6)
+    got, notes = gain_test([_cand("G", ChangeKind.GROW, 2, x, x * ratio)], [], snap, costs)
+    assert [c.change.job_id for c in got] == (["G"] if made else [])
+    assert notes[0].startswith("made:" if made else "not made:")
+
+
+def test_gain_test_without_a_measured_rate_makes_no_resize():
+    snap = _cluster(jobs=[_job("G", 1, batch=96)])           # no profile: no prediction
+    got, notes = gain_test([_cand("G", ChangeKind.GROW, 2, 10.0, 20.0)], [], snap, Costs())
+    assert got == [] and notes == ["not made: no measured throughput"]
+
+
+@pytest.mark.parametrize(("x_to", "made"), [(1060.0, True), (1040.0, False)])
+def test_gain_test_makes_a_batch_only_change_that_gains_min_gain_on_its_own(x_to, made):
+    snap = _cluster(jobs=[_job("B", 1, **RUN)])
+    got, notes = gain_test([], [_cand("B", ChangeKind.BATCH, 1, 1000.0, x_to)], snap, Costs())
+    assert [c.change.job_id for c in got] == (["B"] if made else [])
+    assert made or "gains less than 5%" in notes[0]
+
+
+@pytest.mark.parametrize(("remaining", "x_from", "expect"), [
+    (None, 100.0, 600.0),          # the job does not say: the horizon
+    (6000.0, 100.0, 60.0),         # ends in 60 s
+    (1e9, 100.0, 600.0),           # ends after the horizon
+    (6000.0, 0.0, 600.0),          # no rate: the horizon
+])
+def test_a_change_pays_off_over_the_horizon_or_the_jobs_remaining_time(remaining, x_from, expect):
+    assert payoff_seconds(_job("J", 1, remaining=remaining), x_from, 600.0) == expect
+
+
+# ----------------------------------------------------------------------- feasible and order
+
+@pytest.mark.parametrize(("free", "placement", "made", "kept"), [
+    ({"n1": 0, "n2": 4, "n3": 4}, ("n1", "n3"), True, True),     # its own node n1 counts
+    ({"n1": 0, "n2": 4, "n3": 0}, ("n1", "n3"), True, False),    # n3 full: Slurm chooses
+    ({"n1": 0, "n2": 0, "n3": 0}, (), False, False),             # only its own node: waits
+])
+def test_feasible_now_places_a_grow_only_where_it_fits(free, placement, made, kept):
+    job = _job("G", 1, wpn=4, names=("n1",), **RUN)
+    snap = ClusterSnapshot(0.0, tuple(NodeView(n, 4, 4 - f, "mixed") for n, f in free.items()),
+                           (job,))
+    changes, notes = feasible_now([_cand("G", ChangeKind.GROW, 2, 1.0, 2.0, placement=placement)],
+                                  snap)
+    assert [c.job_id for c in changes] == (["G"] if made else [])
+    if made:
+        assert changes[0].placement == (placement if kept else ())
+    assert bool(notes) == (not kept)
+
+
+def test_feasible_now_orders_by_kind_then_by_gain():
+    snap = _cluster(n_nodes=8, jobs=[_job(j, 1, names=(f"n{i}",), **RUN)
+                                     for i, j in enumerate("ABCDEF", 1)])
+    chosen = [_cand("A", ChangeKind.GROW, 2, 1.0, 2.0), _cand("B", ChangeKind.GROW, 2, 1.0, 5.0),
+              _cand("C", ChangeKind.PENDING), _cand("D", ChangeKind.BATCH, 1, 1.0, 1.5),
+              _cand("E", ChangeKind.SHRINK, 0), _cand("F", ChangeKind.PREEMPT, 0)]
+    changes, _ = feasible_now(chosen, snap)
+    assert [c.job_id for c in changes] == ["F", "E", "D", "C", "B", "A"]
+    assert list(ORDER) == [ChangeKind.PREEMPT, ChangeKind.SHRINK, ChangeKind.BATCH,
+                           ChangeKind.PENDING, ChangeKind.GROW]
+
+
+# ------------------------------------------------------------------- worked cases (the DP)
+
+def test_reconcile_orders_shrink_before_grow_and_explains():
+    snap = _snap_ab()
+    plan = make_policy("dp").decide(snap)
+    changes, notes = reconcile(plan, snap, Costs(restart_cost=30, shrink_cost=2, horizon=600))
+    assert [(c.job_id, c.kind, c.from_nodes, c.to_nodes) for c in changes] == [
+        ("A", "shrink", 2, 1), ("B", "grow", 1, 3)]
+    assert "samples/s predicted" in changes[1].reason and notes[0].startswith("made:")
+
+
+def test_reconcile_skips_resizes_not_worth_their_restart_cost():
+    snap = _snap_ab()
+    plan = make_policy("dp").decide(snap)
+    changes, notes = reconcile(plan, snap, Costs(restart_cost=10_000, horizon=60))
+    assert changes == [] and notes[0].startswith("not made:")
+
+
+def test_reconcile_defers_a_grow_that_slurm_cannot_place_now():
+    snap = _snap_ab()
+    full = tuple(NodeView(n.name, 4, 2 if n.name == "n3" else 4, "mixed") for n in snap.nodes)
+    snap = ClusterSnapshot(0.0, full, snap.jobs)   # only B's own node n3 has room
+    plan = Plan("test", (JobTarget("B", 3, 96, "test"),))
+    changes, notes = reconcile(plan, snap, Costs(restart_cost=0))
+    assert changes == [] and any("waits" in n for n in notes)
+
+
+def test_reconcile_batch_only_change_when_it_gains_enough():
+    c = _job("C", 1, min_nodes=1, max_nodes=1, batch=32, bmin=32, bmax=128, profile=FLAT)
+    snap = _cluster(1, 4, [c])
+    changes, _ = reconcile(make_policy("dp").decide(snap), snap)
+    assert [(x.kind, x.from_batch_size, x.to_batch_size) for x in changes] == [("batch", 32, 128)]
+
+
+def test_pending_job_starts_smaller_when_only_its_minimum_fits():
+    run = _job("R", 2, min_nodes=2, max_nodes=2, profile=[_pt(4, 16, 0.1)])
+    pend = _job("P", 3, min_nodes=1, max_nodes=3, state="PENDING", batch=96)   # asks 6 GPUs
+    snap = _cluster(2, 4, [run, pend])                                        # 8: 4 left
+    plan = make_policy("dp").decide(snap)
+    assert plan.target("P").nodes == 2, plan
+    changes, _ = reconcile(plan, snap)
+    assert [(c.job_id, c.kind, c.from_nodes, c.to_nodes) for c in changes] == [("P", "pending", 3, 2)]
+
+
+def test_reconcile_does_not_preempt_and_says_so():
+    run = _job("R", 2, profile=[_pt(4, 16, 0.1)])
+    snap = _cluster(2, 4, [run])
+    plan = Plan("tiresias", (JobTarget("R", 0, 64, "tiresias: preempted by job S"),))
+    changes, notes = reconcile(plan, snap)
+    assert changes == [] and "preemption is not applied" in notes[0]
