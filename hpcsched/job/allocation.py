@@ -4,7 +4,7 @@ Both ways a job shrinks use it: rank 0 of the workers in an in-place shrink
 (:func:`hpcsched.job.collective.ProcessGroup.shrink_in_place`) and the launcher when it
 relaunches on fewer nodes (:meth:`hpcsched.job.launcher.Launcher._shrink`).
 
-Slurm 22.05 (measured, ``shared/slurm-22.05-notes.md`` §3): ``scontrol update JobId=<id>
+Slurm 22.05 (measured, ``docs/slurm-22.05-notes.md`` §3): ``scontrol update JobId=<id>
 NumNodes=<n>`` run inside the job keeps the first ``n`` nodes of the allocation and writes
 ``slurm_job_<id>_resize.sh`` (the environment of the smaller allocation) into the *current
 directory*; run from outside it writes nothing.

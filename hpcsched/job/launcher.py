@@ -14,7 +14,7 @@ stop it looks at the acknowledgement they left (see :mod:`hpcsched.protocol.file
   (Slurm then kills this step and reruns the batch script at the new size); if no requeue comes
   within ``--requeue-timeout`` seconds, resume at the current size so the job never idles.
 
-Slurm behaviour relied on (measured on 22.05, ``shared/slurm-22.05-notes.md`` §3): a shrink
+Slurm behaviour relied on (measured on 22.05, ``docs/slurm-22.05-notes.md`` §3): a shrink
 SIGKILLs tasks on released nodes (hence checkpoint first); the batch environment is stale after
 a resize unless the resize script is sourced; a plain ``srun`` afterwards fails, so ``-N``/``-n``
 are always explicit.

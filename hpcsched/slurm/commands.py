@@ -5,7 +5,7 @@ answer raises :class:`SlurmUnavailable`; a command that answers with an error ra
 :class:`SlurmError` carrying Slurm's own message. Every call, through :func:`run` or through
 pyslurm (:func:`count_call`), adds one to the process-wide counter :func:`calls` that the
 daemon's round statistics read. Facts this relies on were measured on Slurm 22.05.8 and are
-recorded in ``shared/slurm-22.05-notes.md`` (§3): ``squeue --json`` follows openapi v0.0.38;
+recorded in ``docs/slurm-22.05-notes.md`` (§3): ``squeue --json`` follows openapi v0.0.38;
 ``scontrol`` has no ``--json``.
 """
 

@@ -21,7 +21,7 @@ class SlurmUnavailable(SlurmError):
 
 
 # What Slurm 22.05's clients and libslurm print when slurmctld cannot be reached
-# (shared/slurm-22.05-notes.md §6.3: a dead controller makes the clients retry, then say so).
+# (docs/slurm-22.05-notes.md §6.3: a dead controller makes the clients retry, then say so).
 _UNREACHABLE = re.compile(
     r"Unable to contact slurm controller|Socket timed out|Connection refused|"
     r"Could not establish a configuration source|Zero Bytes were transmitted",

@@ -9,7 +9,7 @@ Two backends implement the same interface and pass the same contract tests
 * :class:`PyslurmBackend`: ``pyslurm.Jobs.load()`` and ``pyslurm.Nodes.load()``, only when
   pyslurm is importable and its major.minor version matches the running Slurm (pyslurm tracks
   Slurm's release: pyslurm 22.5.x for Slurm 22.05). PyPI has no pyslurm 22.5 wheel, so on Debian
-  12's Slurm 22.05 the CLI backend is the one that runs (``shared/slurm-22.05-notes.md`` §4).
+  12's Slurm 22.05 the CLI backend is the one that runs (``docs/slurm-22.05-notes.md`` §4).
 
 :func:`make_backend` picks one (``"auto"``: pyslurm when :func:`pyslurm_usable`, else the CLI).
 
@@ -215,7 +215,7 @@ def pyslurm_usable() -> tuple[bool, str]:
         import pyslurm  # type: ignore[import-not-found]
     except Exception as exc:  # noqa: BLE001 - ImportError, or a libslurm load failure
         return False, (f"pyslurm cannot be imported ({type(exc).__name__}: {exc}); PyPI has no "
-                       "pyslurm 22.5 for Slurm 22.05 (shared/slurm-22.05-notes.md §4)")
+                       "pyslurm 22.5 for Slurm 22.05 (docs/slurm-22.05-notes.md §4)")
     pv = _pyslurm_version(pyslurm)
     m = re.match(r"(\d+)\.(\d+)", pv)
     if not m:
@@ -251,7 +251,7 @@ class PyslurmBackend:
     ``pyslurm.Nodes.load()``, mapped onto the same :class:`Observation` as the CLI backend.
 
     **Not exercised in CI here**: pyslurm 22.5 is not on PyPI and cannot be installed on this
-    project's Slurm 22.05 hosts (``shared/slurm-22.05-notes.md`` §4), so this is written from
+    project's Slurm 22.05 hosts (``docs/slurm-22.05-notes.md`` §4), so this is written from
     pyslurm's documentation and source (pyslurm.github.io/22.5, ``pyslurm/core/job/job.pyx``,
     ``pyslurm/core/node.pyx``), and the contract tests skip it with :func:`pyslurm_usable`'s reason.
 

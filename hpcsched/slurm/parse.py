@@ -8,7 +8,7 @@
 * ``slurm_job_<id>_resize.sh`` (:func:`parse_resize_script`).
 
 What Slurm 22.05.8 really prints (measured on the dev cluster, ``hpcsched devcluster up``;
-``shared/slurm-22.05-notes.md`` §3)::
+``docs/slurm-22.05-notes.md`` §3)::
 
     sinfo --json -> {"meta": {...}, "errors": [], "nodes": [{
         "name": "n1", "state": "mixed", "state_flags": [],          # flags e.g. ["DRAIN"]

@@ -17,7 +17,7 @@ daemons ``up`` started, by PID file, in the order slurmd, slurmctld, slurmdbd, M
 Every measured fact this package relies on (multiple-slurmd build, fake GPU device files, the
 TRES/slurmdbd requirement, zombie processes because PID 1 does not reap, slurmd before slurmctld
 on stop, timeouts on every Slurm client call, never the ``slurm-wlm-emulator`` package) is in
-``../shared/slurm-22.05-notes.md`` (``/work/shared/slurm-22.05-notes.md``), sections 1, 2 and 6.
+``docs/slurm-22.05-notes.md``, sections 1, 2 and 6.
 
 Files under the state directory ``STATE`` (``--state-dir``, env ``HPCSCHED_DEVCLUSTER_DIR``,
 default ``/var/lib/hpcsched/devcluster``)::

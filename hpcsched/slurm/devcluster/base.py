@@ -1,7 +1,7 @@
 """What every part of the dev cluster shares: its constants (ports, names, geometry limits),
 :class:`DevClusterError`, the state-directory :class:`Layout`, and small helpers to find
 programs, run commands (argument lists with timeouts), start self-daemonizing ones, poll with a
-deadline and probe ports. Facts: ``shared/slurm-22.05-notes.md`` §2 (ports, paths) and §6."""
+deadline and probe ports. Facts: ``docs/slurm-22.05-notes.md`` §2 (ports, paths) and §6."""
 
 from __future__ import annotations
 

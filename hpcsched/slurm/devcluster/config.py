@@ -1,6 +1,6 @@
 """The dev cluster's configuration files, rendered from its geometry (pure), and writing them
 with the fake GPU devices they point at. Every line is the configuration measured to work on
-Slurm 22.05.8 (``shared/slurm-22.05-notes.md`` §2)."""
+Slurm 22.05.8 (``docs/slurm-22.05-notes.md`` §2)."""
 
 from __future__ import annotations
 

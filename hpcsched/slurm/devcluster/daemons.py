@@ -1,6 +1,6 @@
 """Starting the dev cluster's daemons and waiting until its nodes are ready: munged (reused when
 one runs), MariaDB, slurmdbd, slurmctld, one slurmd per node; every wait polls with a deadline and
-fails fast when a daemon dies (``shared/slurm-22.05-notes.md`` §2, §6)."""
+fails fast when a daemon dies (``docs/slurm-22.05-notes.md`` §2, §6)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Installing what the dev cluster runs: the Debian packages (``apt-get install slurm-wlm munge
 slurmdbd mariadb-server``, never ``slurm-wlm-emulator``), undoing the emulator's takeover of the
-daemons' alternatives, and the MUNGE key (``shared/slurm-22.05-notes.md`` §1, §6.1)."""
+daemons' alternatives, and the MUNGE key (``docs/slurm-22.05-notes.md`` §1, §6.1)."""
 
 from __future__ import annotations
 
