@@ -629,3 +629,83 @@ def _control(gen, nodes=2, gbs=256):
 ])
 def test_current_from(job, control, ack_, expected):
     assert current_from(SPEC, job, control, ack_) == expected
+
+
+# -- hpcsched resize: the same steps in a loop ------------------------------------------------------
+
+
+class AnsweringSlurm(FakeSlurm):
+    """A fake Slurm whose job answers its control file whenever Slurm is asked about it."""
+
+    def __init__(self, job, jd):
+        super().__init__(job)
+        self.jd = jd
+
+    def job(self, job_id):
+        job_side(self.jd, self)
+        return super().job(job_id)
+
+
+@pytest.fixture
+def cli_slurm(jd, monkeypatch):
+    from hpcsched.daemon import resize_cli
+
+    sl = AnsweringSlurm(info(), jd)
+    monkeypatch.setattr(resize_cli, "CLISlurmControl", lambda: sl)
+    monkeypatch.setattr(resize_cli, "SLURM_CHECK_S", 0.0)
+    return sl
+
+
+def _resize(*args):
+    from click.testing import CliRunner
+
+    from hpcsched.daemon.resize_cli import resize_command
+
+    return CliRunner().invoke(resize_command, [JOB, *args])
+
+
+def test_resize_command_grows_by_requeue(cli_slurm, jd, writes):
+    import json
+
+    res = _resize("--gpus", "4", "--json", "--reason", "more")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert (out["kind"], out["nodes"], out["from_nodes"], out["phase"]) == ("grow", 2, 1, "running")
+    assert out["checkpointed"] and out["requeued"] and out["seconds"] is not None
+    assert cli_slurm.count("requeue") == 1 and cli_slurm.count("update", StartTime="now") == 1
+    assert cli_slurm.info.node_count == 2 and writes == [1]
+    c = ctl.read_control(jd.control_path, jd.uid)
+    assert (c.action, c.issued_by, c.reason) == ("checkpoint-and-requeue", "hpcsched resize", "more")
+
+
+def test_resize_command_no_wait_returns_once_requested(cli_slurm, jd, writes):
+    res = _resize("--batch-size", "128", "--no-wait")
+    assert res.exit_code == 0, res.output
+    assert "batch: global batch 64 -> 128" in res.output and "generation 1 requested" in res.output
+    assert writes == [1] and cli_slurm.calls == [("job", JOB)]
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--gpus", "3"], 2, "refused: --gpus 3 is not a multiple of the job's 2 GPUs per node"),
+    (["--nodes", "9"], 2, "refused: 9 node(s) is outside the job's limits [1, 4]"),
+    (["--nodes", "1", "--gpus", "2"], 2, "give --nodes or --gpus, not both"),
+    (["--batch-size", "64"], 0, "(nothing to change)"),
+])
+def test_resize_command_refusals(cli_slurm, args, code, message):
+    res = _resize(*args)
+    assert (res.exit_code, message in res.output) == (code, True), res.output
+
+
+def test_resize_command_reports_a_rejection(cli_slurm, jd, monkeypatch):
+    def reject(jd_, sl):
+        c = ctl.read_control(jd_.control_path, jd_.uid)
+        if c is not None:
+            ctl.write_ack(jd_.ack_path, ctl.Ack(
+                job_uid=jd_.uid, generation=c.generation, state="rejected", world_size=2,
+                nodes=1, global_batch_size=64, local_batch_size=32, accumulation_steps=1,
+                step=1, time=T0, message="world size differs"))
+
+    monkeypatch.setitem(globals(), "job_side", reject)
+    res = _resize("--batch-size", "128")
+    assert res.exit_code == 1
+    assert "failed: job 7 rejected generation 1: world size differs" in res.output
