@@ -24,7 +24,6 @@ from hpcsched.policies.round import RoundDecision
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir
 from hpcsched.protocol.kinds import ChangeKind
-
 from tests.conftest import EXAMPLE, submit, wait_for
 from tests.jobrecords import load_records
 

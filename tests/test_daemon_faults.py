@@ -17,14 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from hpcsched.slurm import devcluster as dc
 from hpcsched import slurm
-from hpcsched.protocol.jobdir import JobDir
 from hpcsched.daemon.phases import PATHS
 from hpcsched.daemon.store import Store
 from hpcsched.protocol import files as ctl
+from hpcsched.protocol.jobdir import JobDir
 from hpcsched.protocol.kinds import ChangeKind
-
+from hpcsched.slurm import devcluster as dc
 from tests.conftest import EXAMPLE, finished, start_daemon, stop_daemon, submit, wait_for
 from tests.jobrecords import check_exactly_once, load_records
 

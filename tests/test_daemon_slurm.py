@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from hpcsched import slurm
-from hpcsched.protocol.jobdir import JobDir
 from hpcsched.daemon.store import Store
-
+from hpcsched.protocol.jobdir import JobDir
 from tests.conftest import EXAMPLE, cli, finished, start_daemon, stop_daemon, submit, wait_for
 from tests.jobrecords import check_exactly_once, load_records
 
