@@ -168,3 +168,54 @@ def test_two_resizes_in_one_round_proceed_over_later_rounds(daemon, control_dir,
     assert {j.job_id: j.busy for j in snapshots[-1].jobs} == {"7": False, "8": True}
     d.round()
     assert {j.job_id: j.busy for j in snapshots[-1].jobs} == {"7": False, "8": False}
+
+
+def test_actuate_between_rounds_advances_open_resizes_and_decides_nothing(daemon, control_dir,
+                                                                          monkeypatch):
+    d, cluster, shift = daemon
+    jd = make_job(control_dir, "7")
+    make_job(control_dir, "8")
+    decisions = []
+
+    def decide(snapshot, policy, costs, seed):
+        decisions.append(snapshot)
+        return RoundDecision(None, (Change("7", "grow", 1, 2, 64, 64, "test: grow"),)
+                             if len(decisions) == 1 else (), ())
+
+    observed = []
+    real_observe = cluster.observe
+    monkeypatch.setattr(cluster, "observe", lambda: observed.append(1) or real_observe())
+    monkeypatch.setattr(daemon_round, "decide_round", decide)
+    assert d.actuate() == {} and observed == [], "no open resize: no Slurm call at all"
+    d.round()
+    phases = []
+    for _ in range(6):
+        answer(jd, cluster, "7")
+        shift[0] += 1.5
+        outcome = d.actuate()
+        phases.append(outcome["7"])
+        if outcome["7"] == "running":
+            break
+    assert phases == ["requeued", "released", "rescheduled", "running"]
+    assert len(decisions) == 1, "actuate decides nothing"
+    assert len(observed) == 1 + len(phases), "one observation per round and per tick"
+    assert d.actuate() == {}, "nothing open any more"
+    assert len(observed) == 1 + len(phases)
+
+
+def test_between_rounds_ticks_every_actuation_interval_until_the_next_round():
+    class Counting:
+        ticks = 0
+
+        def actuate(self):
+            self.ticks += 1
+
+    settings = replace(load(None).daemon, round_interval=0.6, actuation_interval=0.1)
+    d = Counting()
+    t0 = time.monotonic()
+    daemon_round._between_rounds(d, settings, t0, {"stop": False, "reload": False})
+    assert 0.6 <= time.monotonic() - t0 < 1.5
+    assert 2 <= d.ticks <= 6, d.ticks   # ~5; fewer only if the machine is very slow
+    stopped = Counting()
+    daemon_round._between_rounds(stopped, settings, time.monotonic(), {"stop": True, "reload": False})
+    assert stopped.ticks == 0

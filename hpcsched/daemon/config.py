@@ -183,6 +183,10 @@ class DaemonSettings:
     ack_timeout: float = _opt(
         180.0, _number(gt=0),
         "seconds to wait for a job to acknowledge a control change (> 0)")
+    actuation_interval: float = _opt(
+        1.0, _number(gt=0),
+        "seconds between steps of resizes in flight, between rounds (one Slurm observation "
+        "each, only while a resize is open; > 0)")
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,25 @@ class Daemon:
                  rep.policy_seconds, f", error: {rep.error}" if rep.error else "")
         return rep
 
+    def actuate(self) -> dict[str, str]:
+        """Between rounds: advance every open resize one step, deciding nothing.
+
+        A resize moves one phase per step, and its next step is often due within a second (the
+        job checkpointed, the requeue hold is over): waiting a whole round for it would leave
+        the job idle. Costs one observation, and nothing at all while no resize is open.
+        Returns the outcome per job (as :attr:`RoundReport.outcomes`); never raises for Slurm
+        trouble (the next round or tick tries again).
+        """
+        if not self.store.open_actions():
+            return {}
+        rep = RoundReport(0, time.time())
+        try:
+            managed = self.managed.find(self.backend.observe())
+            self._resume(managed, rep)
+        except slurm.SlurmError as exc:
+            log.warning("resizes in flight not advanced: Slurm: %s; next round or tick retries", exc)
+        return rep.outcomes
+
     def _round(self, rep: RoundReport) -> None:
         obs = self.backend.observe()
         managed = self.managed.find(obs)
@@ -255,6 +274,18 @@ def _load_settings(config: str | None, overrides: dict) -> Settings:
     return settings
 
 
+def _between_rounds(daemon: Daemon, d, t0: float, state: dict) -> None:
+    """Wait until ``d.round_interval`` seconds after ``t0`` (monotonic), a stop or a reload,
+    advancing resizes in flight every ``d.actuation_interval`` seconds meanwhile."""
+    next_step = time.monotonic() + d.actuation_interval
+    while not state["stop"] and not state["reload"] and (
+            time.monotonic() - t0 < d.round_interval):
+        if time.monotonic() >= next_step:
+            daemon.actuate()
+            next_step = time.monotonic() + d.actuation_interval
+        time.sleep(min(0.2, d.round_interval, d.actuation_interval))
+
+
 @click.command("daemon")
 @click.option("--config", type=click.Path(dir_okay=False), default=None,
               help="TOML file (default: $HPCSCHED_CONFIG or /etc/hpcsched/hpcsched.toml).")
@@ -306,9 +337,7 @@ def daemon_command(config, once, interval, dry_run):
         daemon.round()
         if once or state["stop"]:
             break
-        while not state["stop"] and not state["reload"] and (
-                time.monotonic() - t0 < settings.daemon.round_interval):
-            time.sleep(min(0.2, settings.daemon.round_interval))
+        _between_rounds(daemon, settings.daemon, t0, state)
         if state["stop"]:
             break
     log.info("hpcsched daemon stopped")
