@@ -58,7 +58,7 @@ from hpcsched.daemon.phases import (
     next_step,
 )
 from hpcsched.protocol import files as ctl
-from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch, lr_scale
+from hpcsched.protocol.batching import BatchConfig, BatchSizeError
 from hpcsched.protocol.jobdir import JobDir, JobSpec
 from hpcsched.protocol.kinds import AckState, ChangeKind, ControlAction
 from hpcsched.slurm.control import (
@@ -133,21 +133,20 @@ def plan_resize(spec: JobSpec, current: Current, nodes: int | None = None,
     """
     if current.state not in ("RUNNING", "PENDING"):
         raise ResizeRefused(f"the job is {current.state}; only RUNNING or PENDING jobs can be resized")
+    lim = spec.limits
     target_nodes = current.nodes if nodes is None else nodes
-    if not spec.min_nodes <= target_nodes <= spec.max_nodes:
+    if not lim.allows_nodes(target_nodes):
         raise ResizeRefused(
-            f"{target_nodes} node(s) is outside the job's limits [{spec.min_nodes}, "
-            f"{spec.max_nodes}] nodes ([{spec.min_gpus}, {spec.max_gpus}] GPUs)")
-    if batch_size is not None and not spec.min_batch_size <= batch_size <= spec.max_batch_size:
+            f"{target_nodes} node(s) is outside the job's limits [{lim.min_nodes}, "
+            f"{lim.max_nodes}] nodes ([{lim.min_gpus}, {lim.max_gpus}] GPUs)")
+    if batch_size is not None and not lim.allows_batch_size(batch_size):
         raise ResizeRefused(
             f"global batch size {batch_size} is outside the job's limits "
-            f"[{spec.min_batch_size}, {spec.max_batch_size}]")
-    world = target_nodes * spec.workers_per_node
+            f"[{lim.min_batch_size}, {lim.max_batch_size}]")
+    world = target_nodes * lim.workers_per_node
     want = current.global_batch_size if batch_size is None else batch_size
     try:
-        batch = fit_batch(want, world, min_global=spec.min_batch_size,
-                          max_global=spec.max_batch_size,
-                          max_local_batch_size=spec.max_local_batch_size)
+        batch = lim.fit_batch(want, target_nodes)
     except BatchSizeError as exc:
         raise ResizeRefused(str(exc)) from None
     if batch_size is not None and batch.global_batch_size != batch_size:
@@ -163,8 +162,7 @@ def plan_resize(spec: JobSpec, current: Current, nodes: int | None = None,
     else:
         kind = NOOP
     return ResizePlan(kind, target_nodes, current.nodes, batch, current.global_batch_size,
-                      lr_scale(spec.lr_scaling, batch.global_batch_size, spec.batch_size),
-                      current.generation + 1)
+                      lim.lr_scale(batch.global_batch_size), current.generation + 1)
 
 
 def current_of(jd: JobDir, spec: JobSpec, info: slurm.JobInfo) -> Current:
@@ -361,14 +359,12 @@ class Actuator:
         return notes
 
     def _write_control(self, action: Action, e: WriteControl, jd: JobDir, spec: JobSpec) -> None:
-        batch = fit_batch(e.global_batch_size, e.nodes * spec.workers_per_node,
-                          min_global=spec.min_batch_size, max_global=spec.max_batch_size,
-                          max_local_batch_size=spec.max_local_batch_size)
+        batch = spec.limits.fit_batch(e.global_batch_size, e.nodes)
         ctl.write_control(jd.control_path, ctl.Control(
             job_uid=jd.uid, generation=e.generation, action=e.action, nodes=e.nodes,
             workers_per_node=spec.workers_per_node, global_batch_size=batch.global_batch_size,
             local_batch_size=batch.local_batch_size, accumulation_steps=batch.accumulation_steps,
-            lr_scale=lr_scale(spec.lr_scaling, batch.global_batch_size, spec.batch_size),
+            lr_scale=spec.limits.lr_scale(batch.global_batch_size),
             issued_at=self.clock(), issued_by=action.issued_by, reason=action.reason))
 
     def _cancel(self, action: Action, e: CancelGeneration, jd: JobDir, spec: JobSpec) -> None:
@@ -377,7 +373,7 @@ class Actuator:
             nodes=e.nodes, workers_per_node=spec.workers_per_node,
             global_batch_size=e.global_batch_size, local_batch_size=e.local_batch_size,
             accumulation_steps=e.accumulation_steps,
-            lr_scale=lr_scale(spec.lr_scaling, e.global_batch_size, spec.batch_size),
+            lr_scale=spec.limits.lr_scale(e.global_batch_size),
             issued_at=self.clock(), issued_by=action.issued_by, reason=f"cancelled: {e.why}"))
 
     def _resize_pending(self, action: Action, e: ResizePendingJob, jd: JobDir,
