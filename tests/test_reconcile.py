@@ -3,6 +3,8 @@ admission room, gain test, feasibility and order), plus worked cases through the
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from hpcsched.policies import make_policy
@@ -251,6 +253,23 @@ def test_pending_job_starts_smaller_when_only_its_minimum_fits():
     assert plan.target("P").nodes == 2, plan
     changes, _ = reconcile(plan, snap)
     assert [(c.job_id, c.kind, c.from_nodes, c.to_nodes) for c in changes] == [("P", "pending", 3, 2)]
+
+
+def test_reconcile_judges_a_plan_by_the_goodput_the_policy_maximised():
+    """Little gradient noise: a batch above the base buys no progress (efficiency M0 / M), so the
+    DP takes the base batch although raw throughput is higher at the current, larger one.
+    Reconcile must make that change: it predicts the same goodput the policy did."""
+    job = replace(_job("C", 1, min_nodes=1, max_nodes=1, batch=128, bmin=32, bmax=128,
+                       profile=[_pt(2, 16, 0.05), _pt(2, 32, 0.06)]),   # step time grows slowly
+                  base_batch_size=32, grad_noise=(1.0, 1e-6))
+    snap = _cluster(1, 4, [job])
+    plan = make_policy("dp").decide(snap)
+    t = plan.target("C")
+    assert t.batch_size == 32
+    assert predict(job, t.nodes, t.batch_size) == pytest.approx(t.predicted_throughput, rel=1e-12)
+    changes, notes = reconcile(plan, snap)
+    assert [(c.kind, c.from_batch_size, c.to_batch_size) for c in changes] == [("batch", 128, 32)]
+    assert "goodput 400 -> 640 samples/s predicted" in changes[0].reason, changes[0].reason
 
 
 def test_reconcile_does_not_preempt_and_says_so():

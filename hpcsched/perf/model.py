@@ -111,16 +111,6 @@ def job_goodput(job: JobView, nodes: int, batch_size: int) -> float | None:
     return goodput(model, cfg, nodes, job.grad_noise, job.base_batch_size)
 
 
-def job_throughput(job: JobView, nodes: int, batch_size: int) -> float | None:
-    """Predicted raw throughput of ``job`` at ``nodes`` nodes and global ``batch_size``
-    (samples/s); ``None`` as :func:`job_goodput`."""
-    cfg = _config(job, nodes, batch_size)
-    model = model_for(job) if cfg is not None else None
-    if model is None:
-        return None
-    return model.throughput(cfg, nodes)
-
-
 def _config(job: JobView, nodes: int, batch_size: int) -> BatchConfig | None:
     if nodes <= 0:
         return None

@@ -21,8 +21,11 @@ Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``, in four steps:
    job's predicted remaining time, ``remaining_samples`` / its rate, when that is shorter: a job
    about to end gains nothing from a restart) beats the samples lost to their restarts, and the
    gain is at least ``min_gain`` of the current total. Otherwise only the batch-only changes
-   that gain ``min_gain`` on their own are made. Predictions: :func:`predict`, through the model
-   the policies use (:mod:`hpcsched.perf.model`).
+   that gain ``min_gain`` on their own are made. Rates are predicted goodput (:func:`predict`:
+   throughput x statistical efficiency, :func:`hpcsched.perf.model.job_goodput`), the objective
+   the policies rank configurations by, so a plan is judged by what it was chosen for: a batch
+   size a policy picked for its goodput is not refused for its raw throughput, nor a larger one
+   made for raw throughput the job cannot turn into progress (Pollux, OSDI'21 §3).
 4. :func:`feasible_now`: a grow is made only if Slurm can place it now: enough usable nodes with
    the job's GPUs per node free, counting the job's own nodes, which the requeue frees.
    Otherwise it waits for a later round (shrinks made this round free their nodes by then).
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hpcsched.perf.model import job_throughput
+from hpcsched.perf.model import job_goodput
 from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 from hpcsched.protocol.kinds import ChangeKind
 
@@ -73,7 +76,7 @@ class Change:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A change under consideration, with the job's predicted rate before and after
+    """A change under consideration, with the job's predicted goodput before and after
     (samples/s; 0 for changes that are not weighed: pending, preempt)."""
 
     change: Change
@@ -90,9 +93,10 @@ class Candidate:
 
 
 def predict(job: JobView, nodes: int, batch_size: int) -> float | None:
-    """Predicted samples/s of ``job`` at ``nodes`` nodes and global ``batch_size``; ``None``
-    without a model or when the batch size cannot be cut over the GPUs."""
-    return job_throughput(job, nodes, batch_size)
+    """Predicted goodput of ``job`` at ``nodes`` nodes and global ``batch_size``, samples/s: the
+    policies' objective (:func:`hpcsched.perf.model.job_goodput`); ``None`` without a model or
+    when the batch size cannot be cut over the GPUs."""
+    return job_goodput(job, nodes, batch_size)
 
 
 def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()
@@ -169,7 +173,7 @@ def _classify_running(job: JobView, t: JobTarget, costs: Costs) -> Candidate | s
     x_from, x_to = predict(job, job.nodes, job.batch_size), predict(job, t.nodes, t.batch_size)
     if x_from is None or x_to is None:
         return f"job {job.job_id}: no throughput model yet; {kind} not made"
-    reason = f"{t.reason}; {x_from:.0f} -> {x_to:.0f} samples/s predicted"
+    reason = f"{t.reason}; goodput {x_from:.0f} -> {x_to:.0f} samples/s predicted"
     placement = t.placement if kind == ChangeKind.GROW else ()
     return Candidate(_change(job, t, kind, reason, placement), x_from, x_to)
 
@@ -219,7 +223,8 @@ def gain_test(resizes: list[Candidate], batches: list[Candidate], snapshot: Clus
         if base <= 0:
             notes.append("not made: no measured throughput")
         else:
-            summary = (f"resizes gain {gain:+.0f} samples/s ({gain / base:+.0%} of {base:.0f}): "
+            summary = (f"resizes gain {gain:+.0f} samples/s of goodput ({gain / base:+.0%} of "
+                       f"{base:.0f}): "
                        f"{won:.0f} samples over at most {costs.horizon:.0f} s (less for jobs that "
                        f"end sooner) vs {lost:.0f} lost to restarts")
             if won > lost and gain >= costs.min_gain * base:
