@@ -266,7 +266,7 @@ def test_reconcile_judges_a_plan_by_the_goodput_the_policy_maximised():
     plan = make_policy("dp").decide(snap)
     t = plan.target("C")
     assert t.batch_size == 32
-    assert predict(job, t.nodes, t.batch_size) == pytest.approx(t.predicted_throughput, rel=1e-12)
+    assert predict(job, t.nodes, t.batch_size) == pytest.approx(t.predicted_goodput, rel=1e-12)
     changes, notes = reconcile(plan, snap)
     assert [(c.kind, c.from_batch_size, c.to_batch_size) for c in changes] == [("batch", 128, 32)]
     assert "goodput 400 -> 640 samples/s predicted" in changes[0].reason, changes[0].reason

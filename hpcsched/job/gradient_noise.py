@@ -64,7 +64,7 @@ class GradientNoiseEstimator:
     ``grad_sqr >= 0`` and ``grad_var >= 1e-6 * base_batch_size``. Units differ from AdaptDL's
     in one place: AdaptDL's ``var_avg`` is the variance of the gradient *at the initial batch
     size* ``M0`` (``tr(Sigma) / M0``); here ``grad_var`` is per sample, so AdaptDL's value (and
-    the ``sigma^2`` of :func:`hpcsched.perf.goodput.efficiency`) is ``grad_var / M0``.
+    the ``sigma^2`` of :func:`hpcsched.perf.pollux.efficiency`) is ``grad_var / M0``.
     ``base_batch_size`` plays ``M0``'s part in the smoothing (set from the first update when
     not given) and is part of the state, so the memory of the average, in samples, stays the
     same whatever the batch size or world size later.

@@ -136,7 +136,7 @@ def _target(job: JobView, pick: _Option, model: JobModel | None) -> JobTarget:
         return JobTarget(job.job_id, nodes, pick.batch, "dp: not measured yet: kept at its size")
     return JobTarget(job.job_id, nodes, pick.batch,
                      f"dp: predicted goodput {pick.value:.0f} samples/s at {pick.gpus} GPU(s), "
-                     f"batch {pick.batch}", predicted_throughput=pick.value)
+                     f"batch {pick.batch}", predicted_goodput=pick.value)
 
 
 def decide(snapshot: ClusterSnapshot, seed: int = 0) -> Plan:

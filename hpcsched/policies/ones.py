@@ -206,4 +206,4 @@ class ONES:
         return JobTarget(job.job_id, n, int(t.batch[i, n]),
                          f"ones: predicted goodput {good:.0f} samples/s at "
                          f"{n * job.workers_per_node} GPU(s), batch {int(t.batch[i, n])}, "
-                         f"{t.cost[i, n]:.0f} s of work left", predicted_throughput=good)
+                         f"{t.cost[i, n]:.0f} s of work left", predicted_goodput=good)

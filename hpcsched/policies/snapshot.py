@@ -145,7 +145,7 @@ class JobTarget:
     batch_size: int
     reason: str
     placement: tuple[str, ...] = ()
-    predicted_throughput: float | None = None   # samples/s at the target, if the policy knows
+    predicted_goodput: float | None = None   # goodput (samples/s x statistical efficiency) at the target, if the policy knows
 
 
 @dataclass(frozen=True)
