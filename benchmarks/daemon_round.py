@@ -35,11 +35,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import write_report  # noqa: E402
-from hpcsched.slurm import devcluster  # noqa: E402
+
 from hpcsched.daemon.config import defaults  # noqa: E402
 from hpcsched.daemon.round import Daemon  # noqa: E402
-from hpcsched.job.submit import submit  # noqa: E402
 from hpcsched.daemon.store import Store  # noqa: E402
+from hpcsched.job.submit import submit  # noqa: E402
+from hpcsched.slurm import devcluster  # noqa: E402
 
 EXAMPLE = ROOT / "jobscripts" / "examples" / "digits_mlp.py"
 

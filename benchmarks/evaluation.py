@@ -95,7 +95,8 @@ def main() -> None:
              f"{' --quick' if args.quick else ''}` on {time.strftime('%Y-%m-%d')} "
              f"({platform.machine()}, {os.cpu_count()} cores; {len(runs)} simulations in "
              f"{wall / 60:.1f} min). Every figure below comes from that run; the raw summaries are "
-             f"in `bench-results/evaluation.json`.{' **Quick run: workloads 1-2, load 1.0 only.**' if args.quick else ''}\n")
+             f"in `bench-results/evaluation.json`."
+             f"{' **Quick run: workloads 1-2, load 1.0 only.**' if args.quick else ''}\n")
     L.append("Setting, unless a section says otherwise: 16 nodes x 4 GPUs, a policy round every 60 s, "
              "30 s per start or restart (Pollux's), 2 s per in-place shrink, no GPU variability; "
              "policies exactly as the daemon runs them, through the daemon's reconcile step "
@@ -179,7 +180,9 @@ def main() -> None:
         rp.append(pa / a)
         rq.append(pm / a)
         L.append(f"| {w} | {a:.0f} | {pm:.0f} | {pa:.0f} | {pm / a - 1:+.1%} | {pa / a - 1:+.1%} |")
-    g = lambda v: math.exp(sum(map(math.log, v)) / len(v))
+    def g(v):
+        return math.exp(sum(map(math.log, v)) / len(v))
+
     L.append(f"| **geomean** | | | | **{g(rq) - 1:+.1%}** | **{g(rp) - 1:+.1%}** |\n")
     L.append("PAL's published result: PAL -43%, PM-First -40% geomean average JCT against "
              "packed-sticky.\n")

@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import write_report  # noqa: E402
+
 from hpcsched.slurm import devcluster  # noqa: E402
 from hpcsched.slurm.observe import make_backend  # noqa: E402
 

@@ -38,10 +38,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import write_report  # noqa: E402
-from hpcsched.policies import POLICIES, make_policy  # noqa: E402
+
+from hpcsched.perf.model import clear_caches  # noqa: E402
 from hpcsched.perf.pollux import step_time  # noqa: E402
 from hpcsched.perf.priors import APPLICATIONS, prior_for  # noqa: E402
-from hpcsched.perf.model import clear_caches  # noqa: E402
+from hpcsched.policies import POLICIES, make_policy  # noqa: E402
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint  # noqa: E402
 
 SCALES = ((64, 160), (1024, 500), (4096, 1000))

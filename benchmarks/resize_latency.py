@@ -36,9 +36,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import write_report  # noqa: E402
+
 from hpcsched.protocol import files as ctl  # noqa: E402
-from hpcsched.slurm import devcluster  # noqa: E402
 from hpcsched.protocol.jobdir import JobDir  # noqa: E402
+from hpcsched.slurm import devcluster  # noqa: E402
 
 EXAMPLE = ROOT / "jobscripts" / "examples" / "digits_mlp.py"
 BIN = Path(sys.executable).parent

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch, lr_scale, split_global_batch
 from hpcsched.job.elastic import epoch_permutation, rank_micro_batches
+from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch, lr_scale, split_global_batch
 
 
 def test_lr_scaling_rules():

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from hpcsched.daemon.store import Store
-
 from tests.conftest import wait_for
 
 EXE = str(Path(sys.executable).parent / "hpcsched")

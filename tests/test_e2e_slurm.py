@@ -13,10 +13,9 @@ import subprocess
 
 import pytest
 
-from hpcsched.protocol import files as ctl
 from hpcsched import slurm
+from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir
-
 from tests.conftest import EXAMPLE, cli, wait_for
 from tests.jobrecords import check_exactly_once, generations, load_records, mean_loss_by_step
 

@@ -12,7 +12,6 @@ import pytest
 
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir
-
 from tests.gloo_workers import join as _join
 from tests.gloo_workers import launch as _launch
 from tests.gloo_workers import wait_ack as _wait_ack

@@ -13,7 +13,6 @@ from hpcsched.job.sbatch_args import Geometry, UsageError
 from hpcsched.job.submit import job_limits, validate_geometry
 from hpcsched.protocol.jobdir import JobDir
 from hpcsched.protocol.limits import JobLimits
-
 from tests.conftest import EXAMPLE, cli
 
 SCRIPT_OK = EXAMPLE

@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcsched.job.sbatch_args import (
+    _LONG_OPTIONS,
+    _SHORT_OPTIONS,
     Geometry,
     HpcsubArgs,
     UsageError,
-    _LONG_OPTIONS,
-    _SHORT_OPTIONS,
     _Value,
     geometry,
     quote_directive_word,

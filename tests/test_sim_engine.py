@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hpcsched.slurm.observe import Backend
 from hpcsched.policies import POLICIES
 from hpcsched.policies.reconcile import Costs, reconcile
+from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, NodeView, Plan
 from hpcsched.sim import SimResult, WorkloadJob
 from hpcsched.sim.engine import (
     CLASSES,
@@ -26,7 +26,7 @@ from hpcsched.sim.engine import (
     job_shape,
 )
 from hpcsched.sim.workload import load_workload
-from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, NodeView, Plan
+from hpcsched.slurm.observe import Backend
 
 
 def fixed(name, submit, gpus, iterations, iteration_time=1.0, app_class="A", batch=None,

@@ -9,10 +9,10 @@ from collections import Counter
 
 import pytest
 
+from hpcsched.daemon.store import Store
 from hpcsched.sim import WorkloadJob
 from hpcsched.sim import workload as wl
 from hpcsched.sim.workload import WorkloadError, load_workload
-from hpcsched.daemon.store import Store
 
 LOAD_JOBS = {"0.5": 80, "1.0": 160, "1.5": 240, "2.0": 320}
 

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from hpcsched.policies import PolicyError
 from hpcsched.policies.common import capacity
-from hpcsched.policies.tiresias import DEFAULT_QUEUE_THRESHOLDS, Tiresias
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView
+from hpcsched.policies.tiresias import DEFAULT_QUEUE_THRESHOLDS, Tiresias
 
 
 def _job(job_id, nodes, *, wpn=4, min_nodes=1, max_nodes=4, state="PENDING", attained=0.0,

@@ -145,7 +145,8 @@ class JobTarget:
     batch_size: int
     reason: str
     placement: tuple[str, ...] = ()
-    predicted_goodput: float | None = None   # goodput (samples/s x statistical efficiency) at the target, if the policy knows
+    # goodput at the target (samples/s x statistical efficiency), if the policy knows
+    predicted_goodput: float | None = None
 
 
 @dataclass(frozen=True)

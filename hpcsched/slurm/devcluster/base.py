@@ -161,7 +161,8 @@ def wait_for(check, deadline_s: float, what: str, on_timeout=None, interval: flo
             return
         if time.monotonic() >= end:
             extra = on_timeout() if on_timeout else ""
-            raise DevClusterError(f"timed out after {deadline_s:g} s waiting for {what}" + (f": {extra}" if extra else ""))
+            raise DevClusterError(f"timed out after {deadline_s:g} s waiting for {what}"
+                                  + (f": {extra}" if extra else ""))
         time.sleep(interval)
 
 
