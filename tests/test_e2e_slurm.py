@@ -116,7 +116,7 @@ def test_unmodified_torch_distributed_script_runs_and_is_not_resized(devcluster,
                        "the job to start")
     if running.state == "RUNNING":
         r = cli("hpcsched", "resize", job_id, "--batch-size", "64", check=False)
-        assert r.returncode == 2 and "does not use hpcsched.job.elastic" in r.stderr, r.stderr
+        assert r.returncode == 2 and "does not use hpcsched.elastic" in r.stderr, r.stderr
     final = wait_for(lambda: (i := slurm.job_info(job_id)) and i.state not in
                      ("PENDING", "RUNNING", "COMPLETING") and i, 120, "the job to finish",
                      interval=0.5)
