@@ -212,8 +212,8 @@ def test_shrink_from_inside_runs_in_the_job_directory_and_never_raises(tmp_path,
                                                                       error, caplog):
     calls = []
 
-    def update_job(job_id, timeout, **fields):
-        calls.append((job_id, fields, Path.cwd()))
+    def update_job(job_id, timeout, cwd=None, **fields):
+        calls.append((job_id, fields, Path(cwd).resolve()))
         if error is not None:
             raise error
 
@@ -222,11 +222,17 @@ def test_shrink_from_inside_runs_in_the_job_directory_and_never_raises(tmp_path,
     with caplog.at_level(logging.ERROR):
         got = allocation.shrink_from_inside("7", 2, tmp_path)
     assert calls == [("7", {"NumNodes": 2}, tmp_path.resolve())]  # where Slurm writes the script
-    assert Path.cwd() == before
+    assert Path.cwd() == before, "the process's own directory is never changed"
     if error is None:
         assert got is None and not caplog.records
     else:
         assert got == str(error) and "NumNodes=2 failed" in caplog.text
+
+
+def test_slurm_commands_run_in_the_directory_given(tmp_path):
+    # scontrol writes the resize script into its working directory: cwd must reach the process
+    assert slurm.run(["pwd"], cwd=tmp_path).strip() == str(tmp_path)
+    assert Path(slurm.run(["pwd"]).strip()) == Path.cwd()
 
 
 def test_launcher_relaunches_on_its_allocation_when_slurm_refuses_the_shrink(launcher,

@@ -12,7 +12,6 @@ directory*; run from outside it writes nothing.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from pathlib import Path
 
@@ -38,11 +37,8 @@ def shrink_from_inside(job_id: str, nodes: int, job_dir: Path) -> str | None:
         None when Slurm shrank the allocation, else Slurm's error message.
     """
     try:
-        # update_job has no working-directory argument and Slurm writes the resize script to
-        # the current directory, so change it for the call (process-wide, but short, and the
-        # caller waits on it: rank 0 between two steps, the launcher between two launches)
-        with contextlib.chdir(job_dir):
-            slurm.update_job(job_id, timeout=UPDATE_TIMEOUT, NumNodes=nodes)
+        # Slurm writes the resize script into scontrol's working directory
+        slurm.update_job(job_id, timeout=UPDATE_TIMEOUT, cwd=job_dir, NumNodes=nodes)
     except (slurm.SlurmError, OSError) as exc:
         log.error("scontrol update JobId=%s NumNodes=%d failed: %s", job_id, nodes, exc)
         return str(exc).strip() or type(exc).__name__

@@ -48,13 +48,16 @@ def calls() -> int:
     return _calls
 
 
-def run(args: Sequence[str], timeout: float = DEFAULT_TIMEOUT, env: dict | None = None) -> str:
+def run(args: Sequence[str], timeout: float = DEFAULT_TIMEOUT, env: dict | None = None,
+        cwd: str | os.PathLike | None = None) -> str:
     """Run a Slurm command and return its stdout.
 
     Args:
         args: the command and its arguments (never a shell line).
         timeout: seconds before the command is killed.
         env: variables added to this process's environment (e.g. ``{"SLURM_CONF": path}``).
+        cwd: the command's working directory (``scontrol update NumNodes`` run inside a job
+            writes its resize script there); None: this process's.
 
     Raises:
         SlurmUnavailable: timeout, or Slurm reports that the controller cannot be reached.
@@ -66,7 +69,7 @@ def run(args: Sequence[str], timeout: float = DEFAULT_TIMEOUT, env: dict | None 
     try:
         proc = subprocess.run(
             args, check=False, capture_output=True, text=True, timeout=timeout,
-            env=None if env is None else {**os.environ, **env},
+            env=None if env is None else {**os.environ, **env}, cwd=cwd,
         )
     except subprocess.TimeoutExpired as exc:
         raise SlurmUnavailable(f"{args[0]} did not answer within {timeout:g} s") from exc
@@ -98,11 +101,13 @@ def job_info(job_id: str | int, timeout: float = DEFAULT_TIMEOUT) -> JobInfo | N
     return squeue(timeout=timeout).get(str(job_id))
 
 
-def update_job(job_id: str | int, timeout: float = DEFAULT_TIMEOUT, **fields: object) -> None:
-    """``scontrol update JobId=<id> Key=Value ...`` (e.g. ``NumNodes=3``, ``StartTime="now"``)."""
+def update_job(job_id: str | int, timeout: float = DEFAULT_TIMEOUT,
+               cwd: str | os.PathLike | None = None, **fields: object) -> None:
+    """``scontrol update JobId=<id> Key=Value ...`` (e.g. ``NumNodes=3``, ``StartTime="now"``),
+    run in ``cwd`` (see :func:`run`)."""
     args = ["scontrol", "update", f"JobId={job_id}"]
     args += [f"{k}={v}" for k, v in fields.items()]
-    run(args, timeout=timeout)
+    run(args, timeout=timeout, cwd=cwd)
 
 
 def requeue(job_id: str | int, hold: bool = False, timeout: float = DEFAULT_TIMEOUT) -> None:
