@@ -27,13 +27,13 @@ from typing import Any
 import numpy as np
 
 from hpcsched.protocol import files as ctl
+from hpcsched.protocol.jobdir import CHECKPOINTS_DIR
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "hpcsched.checkpoint/1"
 LATEST = "latest.json"
 KEEP = 2  # checkpoint files kept
-DEFAULT_DIR = "checkpoints"  # under the job directory, when the job names none
 
 
 @dataclass
@@ -122,7 +122,7 @@ class Checkpointer:
         job directory)."""
         if directory:
             return cls(Path(directory), interval)
-        return cls(job_dir / DEFAULT_DIR if job_dir is not None else None, interval)
+        return cls(job_dir / CHECKPOINTS_DIR if job_dir is not None else None, interval)
 
     @property
     def due(self) -> bool:

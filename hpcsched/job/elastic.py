@@ -75,13 +75,12 @@ from hpcsched.job.gradient_noise import (
 from hpcsched.job.metrics import StepMetrics, identify_device
 from hpcsched.protocol.batching import BatchConfig, split_global_batch
 from hpcsched.protocol.env import LaunchEnv, ProcessEnv
-from hpcsched.protocol.jobdir import JobDir
+from hpcsched.protocol.jobdir import LEFT_DIR, JobDir
 from hpcsched.protocol.kinds import AckState, ControlAction
 
 log = logging.getLogger("hpcsched.job.elastic")
 
 #: where the ranks that leave in an in-place shrink leave their markers (job directory)
-LEFT_DIR = "left"
 
 __all__ = ["CHECKPOINT_FORMAT", "ElasticJob", "GradientNoiseEstimator", "Step",
            "epoch_permutation", "rank_micro_batches", "two_batch_estimate"]

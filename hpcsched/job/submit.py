@@ -34,7 +34,7 @@ from hpcsched.job.sbatch_args import (
     split_argv,
 )
 from hpcsched.protocol.batching import LR_RULES
-from hpcsched.protocol.jobdir import JobDir, JobSpec, control_dir
+from hpcsched.protocol.jobdir import CHECKPOINTS_DIR, JobDir, JobSpec, control_dir
 from hpcsched.protocol.limits import JobLimits
 
 TEMPLATE_NAME = "hpcsched-job.sbatch"
@@ -191,7 +191,7 @@ def build_spec(argv: Sequence[str], job_uid: str, job_dir: Path) -> tuple[JobSpe
         sbatch_args=tuple(args.sbatch_args),
         nodes=nodes,
         limits=job_limits(opts, nodes, wpn),
-        checkpoint_dir=str(opts.get("checkpoint-dir") or job_dir / "checkpoints"),
+        checkpoint_dir=str(opts.get("checkpoint-dir") or job_dir / CHECKPOINTS_DIR),
         checkpoint_interval=float(opts.get("checkpoint-interval") or 0.0),
         record_samples=bool(opts.get("record-samples")),
         user=getpass.getuser(),

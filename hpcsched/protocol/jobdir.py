@@ -11,7 +11,8 @@ it must be on a file system that the login node and every compute node see)::
         progress.json
         launcher.json                 launcher state: launches, current size (launcher)
         metrics/launch-<L>-rank-<R>.jsonl   per-rank step records (workers, append-only)
-        checkpoints/                  default checkpoint directory
+        checkpoints/                  default checkpoint directory (CHECKPOINTS_DIR)
+        left/g<gen>-rank-<R>          ranks that left in an in-place shrink (LEFT_DIR)
         resize.lock                   held by whoever is resizing the job
     <control_dir>/by-id/<slurm_job_id> -> ../<job_uid>   lookup by Slurm job id
 
@@ -39,6 +40,10 @@ from hpcsched.protocol.files import (
 )
 from hpcsched.protocol.limits import JobLimits
 
+#: the default checkpoint directory, under the job directory (when the job names none)
+CHECKPOINTS_DIR = "checkpoints"
+#: where leaving ranks mark their exit in an in-place shrink, under the job directory
+LEFT_DIR = "left"
 SPEC_SCHEMA = "hpcsched.spec/1"
 ENV_CONTROL_DIR = "HPCSCHED_CONTROL_DIR"
 
@@ -206,6 +211,8 @@ class JobDir:
     progress_path = property(lambda self: self.path / "progress.json")
     launcher_path = property(lambda self: self.path / "launcher.json")
     metrics_dir = property(lambda self: self.path / "metrics")
+    checkpoints_dir = property(lambda self: self.path / CHECKPOINTS_DIR)
+    left_dir = property(lambda self: self.path / LEFT_DIR)
     script_path = property(lambda self: self.path / "job.sbatch")
 
     def write_spec(self, spec: JobSpec) -> None:
