@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import click
 
 from hpcsched import slurm
+from hpcsched.daemon.access import Caller, NotYourJob
 from hpcsched.daemon.actuator import (
     NOOP,
     Action,
@@ -72,12 +73,12 @@ class ResizeResult:
 def resize(job_id: str, nodes: int | None = None, batch_size: int | None = None,
            reason: str = "", issued_by: str = "hpcsched resize", wait: bool = True,
            timeouts: Timeouts | None = None, control: SlurmControl | None = None,
-           poll: float = 0.05) -> ResizeResult:
+           poll: float = 0.05, info: slurm.JobInfo | None = None) -> ResizeResult:
     """Plan and apply a resize of Slurm job ``job_id``.
 
     With ``wait``, returns once the job runs at the new size; without, once the request is
     written (a grow: once the job is requeued and released, since it needs a resizer until
-    then).
+    then). ``info``: Slurm's view of the job if the caller has just asked (saves one squeue).
 
     Raises:
         JobNotFound: not an hpcsched job.
@@ -95,7 +96,7 @@ def resize(job_id: str, nodes: int | None = None, batch_size: int | None = None,
     except BlockingIOError:
         raise ResizeRefused(f"job {job_id} is being resized by another process") from None
     try:
-        info = control.job(str(job_id))
+        info = info if info is not None else control.job(str(job_id))
         plan = plan_for(jd, spec, info, nodes, batch_size)
         result = ResizeResult(str(job_id), plan, time.time())
         log.info("job %s: %s (%s)", job_id, plan.describe(spec), reason or "no reason given")
@@ -168,12 +169,19 @@ def resize_command(job_id, nodes, gpus, batch_size, reason, wait, timeout, as_js
     if nodes is None and gpus is None and batch_size is None:
         raise click.UsageError("nothing to do: give --nodes, --gpus and/or --batch-size")
     try:
+        control = CLISlurmControl()
+        info = _owned_job(job_id, control)     # before anything of the job's is read
         spec = JobDir.for_job(job_id).read_spec()
         nodes = nodes if gpus is None else _nodes_for(gpus, spec)
         result = resize(job_id, nodes=nodes, batch_size=batch_size, reason=reason, wait=wait,
-                        timeouts=Timeouts(ack=timeout, start=max(timeout, 300.0)))
-    except (JobNotFound, ResizeRefused, ctl.ProtocolError) as exc:
+                        timeouts=Timeouts(ack=timeout, start=max(timeout, 300.0)),
+                        control=control, info=info)
+    except (JobNotFound, ResizeRefused, ctl.ProtocolError, NotYourJob) as exc:
         click.echo(f"hpcsched resize: refused: {exc}", err=True)
+        sys.exit(2)
+    except OSError as exc:   # a job directory this user may not read or write
+        click.echo(f"hpcsched resize: refused: job {job_id}: {exc.strerror or exc}: "
+                   f"{exc.filename or ''}".rstrip(": "), err=True)
         sys.exit(2)
     except (ResizeFailed, slurm.SlurmError) as exc:
         click.echo(f"hpcsched resize: failed: {exc}", err=True)
@@ -182,6 +190,21 @@ def resize_command(job_id, nodes, gpus, batch_size, reason, wait, timeout, as_js
     if not as_json:
         for note in result.notes:
             click.echo(f"  note: {note}")
+
+
+def _owned_job(job_id: str, control: SlurmControl) -> slurm.JobInfo:
+    """Slurm's view of the job, if it is the caller's (:mod:`hpcsched.daemon.access`: Slurm
+    says whose it is).
+
+    Raises:
+        ResizeRefused: Slurm does not know the job.
+        NotYourJob: the caller is neither its owner nor an admin.
+    """
+    info = control.job(str(job_id))
+    if info is None:
+        raise ResizeRefused(f"Slurm does not know job {job_id}")
+    Caller.current().check(job_id, info.user)
+    return info
 
 
 def _nodes_for(gpus: int, spec: JobSpec) -> int:

@@ -16,6 +16,7 @@ next change from, where a written request already counts as current.
 from __future__ import annotations
 
 import json
+import pwd
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -24,6 +25,7 @@ from pathlib import Path
 import click
 
 from hpcsched import slurm
+from hpcsched.daemon.access import Caller, NotYourJob
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir, control_dir
 
@@ -92,13 +94,20 @@ def _profile(store, job_id: str) -> list[dict]:
             for p in store.profile(job_id)]
 
 
-def collect(job_ids: list[str] | None = None, store=None,
-            decisions: int = 3) -> tuple[list[JobStatus], str | None]:
+def collect(job_ids: list[str] | None = None, store=None, decisions: int = 3,
+            caller: Caller | None = None) -> tuple[list[JobStatus], str | None]:
     """Status of the given (default: all known) hpcsched jobs and Slurm's error, if any.
 
     One ``squeue --json`` call for all jobs (:func:`job_row` per job). With a ``store`` (the
     daemon's), each job also carries its last ``decisions`` and its throughput profile.
+    ``caller`` (default: this process's user) sees their own jobs only, unless an admin
+    (:mod:`hpcsched.daemon.access`): the owner is Slurm's user of the job, or, for a job Slurm
+    no longer knows, the owner of its job directory.
+
+    Raises:
+        NotYourJob: one of the given ``job_ids`` belongs to another user (nothing of it read).
     """
+    caller = caller or Caller.current()
     ids = job_ids or JobDir.known_job_ids()
     try:
         queue, slurm_error = slurm.squeue(), None
@@ -106,12 +115,26 @@ def collect(job_ids: list[str] | None = None, store=None,
         queue, slurm_error = {}, str(exc)
     rows = []
     for job_id in ids:
-        row = job_row(job_id, queue.get(job_id), slurm_answered=slurm_error is None)
+        info = queue.get(job_id)
+        owner = info.user if info is not None else _directory_owner(job_id)
+        if not caller.may_act_on(owner):
+            if job_ids:
+                caller.check(job_id, owner)
+            continue
+        row = job_row(job_id, info, slurm_answered=slurm_error is None)
         if store is not None and row.job_dir:
             row.decisions = _decisions(store, job_id, decisions)
             row.profile = _profile(store, job_id)
         rows.append(row)
     return rows, slurm_error
+
+
+def _directory_owner(job_id: str) -> str:
+    """The user owning a job's directory (who ran hpcsub), or "" if it cannot be told."""
+    try:
+        return pwd.getpwuid(JobDir.for_job(job_id).path.stat().st_uid).pw_name
+    except (LookupError, OSError):
+        return ""
 
 
 def job_row(job_id: str, info: slurm.JobInfo | None, slurm_answered: bool = True) -> JobStatus:
@@ -197,7 +220,11 @@ def status_command(job_ids, as_json):
     throughput profile."""
     store = open_store()
     detail = len(job_ids) == 1
-    rows, slurm_error = collect(list(job_ids) or None, store, decisions=50 if detail else 3)
+    try:
+        rows, slurm_error = collect(list(job_ids) or None, store, decisions=50 if detail else 3)
+    except NotYourJob as exc:
+        click.echo(f"hpcsched status: refused: {exc}", err=True)
+        sys.exit(2)
     rounds = [asdict(r) for r in store.rounds(limit=10)] if store is not None else []
     if as_json:
         click.echo(json.dumps(status_json(rows, rounds, slurm_error), indent=1))
