@@ -22,14 +22,16 @@ from hpcsched.daemon.store import Store
 from hpcsched.policies.reconcile import Change
 from hpcsched.policies.round import RoundDecision
 from hpcsched.protocol import files as ctl
-from hpcsched.protocol.jobdir import JobDir, JobSpec
+from hpcsched.protocol.jobdir import JobDir, JobSpec, current_user
 from hpcsched.protocol.kinds import ChangeKind, ControlAction
 from hpcsched.protocol.limits import JobLimits
 from hpcsched.slurm.observe import Observation
 
+ME = current_user()   # Slurm's user of the test jobs: they live in this user's subtree
+
 
 def info(job_id, state="RUNNING", node_count=1, restarts=0) -> slurm.JobInfo:
-    return slurm.JobInfo(job_id=job_id, name="", user="bob", state=state, state_reason="None",
+    return slurm.JobInfo(job_id=job_id, name="", user=ME, state=state, state_reason="None",
                          partition="gpu", nodes="n1" if state == "RUNNING" else "",
                          node_count=node_count, gpus_per_node=2, restarts=restarts,
                          batch_host="n1", priority=1)

@@ -12,14 +12,16 @@ from hpcsched import slurm
 from hpcsched.daemon import status
 from hpcsched.daemon.status import JobStatus, job_row, table_cells
 from hpcsched.protocol import files as ctl
-from hpcsched.protocol.jobdir import JobDir, JobSpec
+from hpcsched.protocol.jobdir import JobDir, JobSpec, current_user
 from hpcsched.protocol.limits import JobLimits
+
+ME = current_user()   # Slurm's user of the test jobs: they live in this user's subtree
 
 JOB_ID = "42"
 
 
 def info(state="RUNNING", nodes=2, gpus_per_node=0, **kw):
-    fields = dict(job_id=JOB_ID, name="", user="bob", state=state, state_reason="None",
+    fields = dict(job_id=JOB_ID, name="", user=ME, state=state, state_reason="None",
                   partition="gpu", nodes="n[1-2]" if nodes == 2 else "n1", node_count=nodes,
                   gpus_per_node=gpus_per_node, restarts=0, batch_host="n1", priority=1)
     return slurm.JobInfo(**{**fields, **kw})
@@ -60,7 +62,7 @@ def progress(d, finished=False):
 # (files written, Slurm's answer, expected fields of the row, expected table cells GPUS..GEN)
 ROWS = {
     "submitted, nothing written yet": (
-        [], info(), dict(state="RUNNING", name="train.py", user="bob", gpus=4, nodes=2,
+        [], info(), dict(state="RUNNING", name="train.py", user=ME, gpus=4, nodes=2,
                          global_batch_size=64, generation=0), ("4", "64", "0")),
     "Slurm's GPUs per node win over the spec's": (
         [], info(gpus_per_node=4), dict(gpus=8), ("8", "64", "0")),
@@ -89,7 +91,7 @@ ROWS = {
         dict(global_batch_size=64, target_global_batch_size=128), ("4", "64->128", "0/1")),
     "a broken spec: the job is still listed": (
         [lambda d: d.spec_path.write_text("[]")], info(),
-        dict(name="", user="bob", gpus=2, global_batch_size=None), ("2", "-", "0")),
+        dict(name="", user=ME, gpus=2, global_batch_size=None), ("2", "-", "0")),
 }
 
 

@@ -14,10 +14,10 @@ job=$(hpcsub --parsable -N 2 --gres=gpu:2 --hpcsched-max-nodes 3 \
         ../jobscripts/examples/digits_mlp.py --epochs 60 --min-step-time 0.02)
 echo "submitted job $job (output: demo-output/slurm-$job.out)"
 for _ in $(seq 240); do                           # up to 2 minutes for the first training step
-    [ -s "$HPCSCHED_CONTROL_DIR/by-id/$job/ack.json" ] && break
+    [ -s "$HPCSCHED_CONTROL_DIR/$(id -un)/by-id/$job/ack.json" ] && break
     sleep 0.5
 done
-if [ ! -s "$HPCSCHED_CONTROL_DIR/by-id/$job/ack.json" ]; then
+if [ ! -s "$HPCSCHED_CONTROL_DIR/$(id -un)/by-id/$job/ack.json" ]; then
     echo "demo: job $job has not started training; see demo-output/slurm-$job.out" >&2
     exit 1
 fi

@@ -88,7 +88,8 @@ def resize(job_id: str, nodes: int | None = None, batch_size: int | None = None,
         slurm.SlurmError: Slurm refused or did not answer.
     """
     control = control if control is not None else CLISlurmControl()
-    jd = JobDir.for_job(job_id)
+    info = info if info is not None else control.job(str(job_id))
+    jd = JobDir.for_job(job_id, user=info.user if info is not None else None)
     spec = jd.read_spec()
     try:
         lock = jd.resize_lock()
@@ -96,7 +97,6 @@ def resize(job_id: str, nodes: int | None = None, batch_size: int | None = None,
     except BlockingIOError:
         raise ResizeRefused(f"job {job_id} is being resized by another process") from None
     try:
-        info = info if info is not None else control.job(str(job_id))
         plan = plan_for(jd, spec, info, nodes, batch_size)
         result = ResizeResult(str(job_id), plan, time.time())
         log.info("job %s: %s (%s)", job_id, plan.describe(spec), reason or "no reason given")
@@ -171,7 +171,7 @@ def resize_command(job_id, nodes, gpus, batch_size, reason, wait, timeout, as_js
     try:
         control = CLISlurmControl()
         info = _owned_job(job_id, control)     # before anything of the job's is read
-        spec = JobDir.for_job(job_id).read_spec()
+        spec = JobDir.for_job(job_id, user=info.user).read_spec()
         nodes = nodes if gpus is None else _nodes_for(gpus, spec)
         result = resize(job_id, nodes=nodes, batch_size=batch_size, reason=reason, wait=wait,
                         timeouts=Timeouts(ack=timeout, start=max(timeout, 300.0)),

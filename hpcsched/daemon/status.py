@@ -16,7 +16,6 @@ next change from, where a written request already counts as current.
 from __future__ import annotations
 
 import json
-import pwd
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -132,7 +131,7 @@ def collect(job_ids: list[str] | None = None, store=None, decisions: int = 3,
 def _directory_owner(job_id: str) -> str:
     """The user owning a job's directory (who ran hpcsub), or "" if it cannot be told."""
     try:
-        return pwd.getpwuid(JobDir.for_job(job_id).path.stat().st_uid).pw_name
+        return JobDir.locate(job_id).owner()
     except (LookupError, OSError):
         return ""
 
@@ -147,7 +146,7 @@ def job_row(job_id: str, info: slurm.JobInfo | None, slurm_answered: bool = True
     """
     row = JobStatus(job_id=job_id)
     try:
-        jd = JobDir.for_job(job_id)
+        jd = JobDir.for_job(job_id, user=info.user) if info is not None else JobDir.locate(job_id)
     except LookupError as exc:
         row.problems.append(str(exc))
         return row

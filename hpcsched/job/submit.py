@@ -34,6 +34,7 @@ from hpcsched.job.sbatch_args import (
     split_argv,
 )
 from hpcsched.protocol.batching import LR_RULES
+from hpcsched.protocol.files import ProtocolError
 from hpcsched.protocol.jobdir import CHECKPOINTS_DIR, JobDir, JobSpec, control_dir
 from hpcsched.protocol.limits import JobLimits
 
@@ -326,6 +327,9 @@ def submit(argv: Sequence[str]) -> int:
     except OSError as exc:
         print(f"hpcsub: error: cannot create a job directory under {root}: {exc.strerror}",
               file=sys.stderr)
+        return 1
+    except ProtocolError as exc:       # the user's subtree is not theirs, or cannot be made
+        print(f"hpcsub: error: {exc}", file=sys.stderr)
         return 1
     try:
         spec, sbatch_args, extra = build_spec(argv, jd.uid, jd.path)

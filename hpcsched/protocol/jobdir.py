@@ -26,6 +26,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pwd
 import uuid
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -55,6 +56,49 @@ class JobNotFound(LookupError):
 def control_dir() -> Path:
     """The control directory: ``$HPCSCHED_CONTROL_DIR`` or ``~/.hpcsched/jobs``."""
     return Path(os.environ.get(ENV_CONTROL_DIR) or Path.home() / ".hpcsched" / "jobs")
+
+
+def _checked_target(job_id: str | int, link: Path, subtree: Path, user: str) -> Path:
+    """Where ``link`` leads, if that is a job directory directly in ``subtree`` owned by ``user``.
+
+    Raises:
+        JobNotFound: anything else (a link out of the subtree, to a file, or to a directory of
+            another user: planted, or the job is not this user's).
+    """
+    target = link.resolve()
+    try:
+        owner_uid = pwd.getpwnam(user).pw_uid
+        ok = target.parent == subtree.resolve() and target.is_dir() and \
+            target.stat().st_uid == owner_uid
+    except (KeyError, OSError):
+        ok = False
+    if not ok:
+        raise JobNotFound(f"job {job_id}: {link} does not lead to a job directory of {user} in "
+                          f"{subtree}; ignored")
+    return target
+
+
+def user_subtree(root: Path, user: str | None = None) -> Path:
+    """``<root>/<user>`` (default: this process's user), created with mode 0700 if missing.
+
+    Raises:
+        ProtocolError: it exists but is owned by another user, or ``root`` cannot be written
+            (on a shared control directory the admin makes ``root`` mode 1777, like /tmp).
+    """
+    user = user or current_user()
+    path = root / user
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = path.stat()
+    except OSError as exc:
+        raise ProtocolError(f"cannot create {path}: {exc.strerror}; the control directory {root} "
+                            "must let every user create their own subtree (mode 1777, like /tmp)"
+                            ) from None
+    if st.st_uid != os.geteuid():
+        raise ProtocolError(f"{path} belongs to uid {st.st_uid}, not to you ({user}); ask the "
+                            "admin to remove it")
+    return path
 
 
 # spec.json's key for each JobLimits field, in the file's order (the base batch size is the
@@ -159,47 +203,113 @@ class JobSpec:
             raise ProtocolError(f"{path}: {exc}") from exc
 
 
+def current_user() -> str:
+    """This process's user name (effective uid), as Slurm reports a job's user."""
+    uid = os.geteuid()
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
 class JobDir:
-    """Paths and small helpers for one job's directory."""
+    """Paths and small helpers for one job's directory.
+
+    Layout (``docs/control-protocol.md``, "Many users"): every user has a subtree
+    ``<control_dir>/<user>/`` that only they (and root) can enter (mode 0700), holding their job
+    directories and their ``by-id/`` links. A job is found from Slurm's record of it -- its id
+    and its user -- as ``<control_dir>/<user>/by-id/<job_id>``, so a link planted in one user's
+    subtree never names another user's job. Directories of the earlier single-user layout
+    (``<control_dir>/by-id/<job_id>``) are still found.
+    """
 
     def __init__(self, path: Path | str):
         self.path = Path(path)
 
     @classmethod
     def create(cls, root: Path | None = None) -> "JobDir":
+        """A new job directory in this user's subtree of ``root`` (the control directory).
+
+        Raises:
+            ProtocolError: the user's subtree exists but belongs to someone else, or ``root``
+                cannot be written (the message says what to ask the admin).
+        """
         root = Path(root) if root is not None else control_dir()
-        (root / "by-id").mkdir(parents=True, exist_ok=True)
+        mine = user_subtree(root)
+        (mine / "by-id").mkdir(exist_ok=True)
         uid = uuid.uuid4().hex[:12]
-        path = root / uid
-        path.mkdir(mode=0o755)
+        path = mine / uid
+        path.mkdir(mode=0o700)
         (path / "metrics").mkdir()
         return cls(path)
 
     @classmethod
-    def for_job(cls, job_id: str | int, root: Path | None = None) -> "JobDir":
-        """The directory of Slurm job ``job_id``.
+    def for_job(cls, job_id: str | int, root: Path | None = None,
+                user: str | None = None) -> "JobDir":
+        """The directory of Slurm job ``job_id`` of ``user`` (default: this process's user;
+        give Slurm's user of the job to look up someone else's, as the daemon does).
 
         Raises:
-            JobNotFound: the job was not submitted through hpcsub (or under another control dir).
+            JobNotFound: no such job directory (not submitted through hpcsub, under another
+                control dir, or by another user), or a ``by-id`` link that leads out of its
+                user's subtree.
         """
         root = Path(root) if root is not None else control_dir()
-        link = root / "by-id" / str(job_id)
-        if not link.exists():
-            raise JobNotFound(
-                f"job {job_id} is not an hpcsched job (no {link}; was it submitted with hpcsub, "
-                f"with the same {ENV_CONTROL_DIR}?)"
-            )
-        return cls(link.resolve())
+        user = user or current_user()
+        for subtree in (root / user, root):   # this layout, then the earlier one
+            link = subtree / "by-id" / str(job_id)
+            if link.is_symlink() or link.exists():
+                return cls(_checked_target(job_id, link, subtree, user))
+        raise JobNotFound(
+            f"job {job_id} is not an hpcsched job of {user} (no {root / user / 'by-id' / str(job_id)}"
+            f"; was it submitted with hpcsub, with the same {ENV_CONTROL_DIR}?)")
+
+    @classmethod
+    def locate(cls, job_id: str | int, root: Path | None = None) -> "JobDir":
+        """The directory of job ``job_id`` in whichever user's subtree holds it (for a job whose
+        Slurm user is no longer known: Slurm forgot it). The directory must belong to the user
+        its subtree is named after.
+
+        Raises:
+            JobNotFound: in no subtree this process can read.
+        """
+        root = Path(root) if root is not None else control_dir()
+        try:
+            subtrees = [d for d in root.iterdir() if d.name != "by-id" and d.is_dir()]
+        except OSError:
+            subtrees = []
+        for d in subtrees:
+            link = d / "by-id" / str(job_id)
+            try:
+                if link.is_symlink() or link.exists():
+                    return cls(_checked_target(job_id, link, d, d.name))
+            except (OSError, JobNotFound):
+                continue
+        return cls.for_job(job_id, root)   # this user's, or the earlier layout
 
     @staticmethod
     def known_job_ids(root: Path | None = None) -> list[str]:
-        """Slurm job ids with a job directory, in ascending numeric order."""
+        """Slurm job ids with a job directory (every user's subtree that this process can read,
+        and the earlier layout's ``by-id``), in ascending numeric order."""
         root = Path(root) if root is not None else control_dir()
-        by_id = root / "by-id"
-        if not by_id.is_dir():
+        ids: set[str] = set()
+        try:
+            dirs = [root] + [d for d in root.iterdir() if d.is_dir() and d.name != "by-id"]
+        except OSError:
             return []
-        ids = [p.name for p in by_id.iterdir() if p.name.isdigit()]
+        for d in dirs:
+            try:
+                ids.update(p.name for p in (d / "by-id").iterdir() if p.name.isdigit())
+            except OSError:       # not a user subtree, or another user's: not ours to list
+                continue
         return sorted(ids, key=int)
+
+    def owner(self) -> str:
+        """The user owning the directory (who submitted the job), or "" if it cannot be told."""
+        try:
+            return pwd.getpwuid(self.path.stat().st_uid).pw_name
+        except (KeyError, OSError):
+            return ""
 
     @property
     def uid(self) -> str:
