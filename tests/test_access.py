@@ -122,3 +122,17 @@ def test_status_of_a_job_slurm_forgot_goes_by_the_directorys_owner(monkeypatch, 
     monkeypatch.setattr(slurm, "squeue", lambda: {})
     assert [r.job_id for r in status.collect(caller=Caller("root", admin=False))[0]] == ["5"]
     assert status.collect(caller=ALICE)[0] == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file away")
+def test_a_file_the_daemon_writes_into_a_users_job_directory_is_that_users(tmp_path):
+    from hpcsched.protocol.files import write_json_atomic
+
+    d = tmp_path / "alice-job"
+    d.mkdir(mode=0o700)
+    os.chown(d, 12345, 12345)
+    write_json_atomic(d / "control.json", {"x": 1})
+    st = (d / "control.json").stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (12345, 12345, 0o600)
+    write_json_atomic(tmp_path / "mine.json", {"x": 1})      # root's own directory: root's file
+    assert (tmp_path / "mine.json").stat().st_uid == 0

@@ -22,8 +22,11 @@ another job raises :class:`ProtocolError`; callers report it and do not act on i
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
+import stat
 import tempfile
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from enum import StrEnum
@@ -47,10 +50,18 @@ class ProtocolError(ValueError):
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically (temporary file + fsync + rename)."""
+    """Write ``obj`` as JSON to ``path`` atomically (temporary file + fsync + rename).
+
+    The file is mode 0600 and belongs to the owner of its directory: a control file the daemon
+    (root) writes into a user's job directory is that user's to read, and nobody else's.
+    """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        if os.geteuid() == 0:
+            st = os.stat(path.parent)
+            if st.st_uid != 0:
+                os.fchown(fd, st.st_uid, st.st_gid)
         with os.fdopen(fd, "w") as fh:
             json.dump(obj, fh, indent=1, sort_keys=True)
             fh.write("\n")
@@ -65,22 +76,105 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         raise
 
 
-def load_json_object(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path``; None if the file does not exist.
+#: the most bytes a control, ack, progress or launcher file may hold (they are a few hundred)
+MAX_JSON_BYTES = 1 << 20
+#: the largest integer a protocol field may hold (a 64-bit count), so no arithmetic overflows
+MAX_INT = 2**63 - 1
+
+
+def open_regular(path: Path | str, *, dir_fd: int | None = None) -> int | None:
+    """A read-only descriptor of the regular file ``path``, or None if it does not exist.
+
+    Opened with ``O_NOFOLLOW`` (a symbolic link as the last component is refused, so a job
+    cannot point the daemon at another job's or the system's files) and ``O_NONBLOCK`` (a FIFO
+    never blocks the opener), then checked with ``fstat`` to be a regular file. ``dir_fd``: open
+    ``path`` relative to this directory descriptor (as :func:`os.open`). The caller closes it.
 
     Raises:
-        ProtocolError: unreadable, not JSON, or not an object.
+        ProtocolError: a symbolic link, not a regular file (FIFO, device, directory, socket), or
+            not readable.
     """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        raw = Path(path).read_text()
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise ProtocolError(f"{path}: cannot read: {exc.strerror}") from exc
+        if exc.errno == errno.ELOOP:
+            raise ProtocolError(f"{path}: is a symbolic link; not followed") from exc
+        raise ProtocolError(f"{path}: cannot open: {exc.strerror}") from exc
     try:
-        obj = json.loads(raw)
+        st = os.fstat(fd)
+    except OSError as exc:
+        os.close(fd)
+        raise ProtocolError(f"{path}: cannot stat: {exc.strerror}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ProtocolError(f"{path}: not a regular file; not read")
+    return fd
+
+
+def read_bounded(path: Path | str, limit: int = MAX_JSON_BYTES) -> bytes | None:
+    """The bytes of the regular file ``path`` (see :func:`open_regular`); None if it does not
+    exist. At most ``limit`` bytes are read, whatever the file claims its size is.
+
+    Raises:
+        ProtocolError: as :func:`open_regular`; or the file holds more than ``limit`` bytes.
+    """
+    fd = open_regular(path)
+    if fd is None:
+        return None
+    try:
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise ProtocolError(f"{path}: cannot read: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise ProtocolError(f"{path}: larger than {limit} bytes; not read")
+    return data
+
+
+def parse_json_bytes(data: bytes, where: Path | str) -> Any:
+    """The JSON value in ``data`` (UTF-8).
+
+    Raises:
+        ProtocolError: not UTF-8, not JSON, nested too deep for the parser (Python's ``json``
+            raises RecursionError at about 1000 levels), or an integer too long to convert.
+    """
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(f"{where}: not UTF-8 (byte {exc.start})") from exc
     except json.JSONDecodeError as exc:
-        raise ProtocolError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+        raise ProtocolError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    except RecursionError as exc:
+        raise ProtocolError(f"{where}: JSON nested too deep") from exc
+    except ValueError as exc:  # e.g. an integer over sys.get_int_max_str_digits() digits
+        raise ProtocolError(f"{where}: not valid JSON ({exc})") from exc
+
+
+def load_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None if the file does not exist.
+
+    The file is read with bounds (:func:`read_bounded`: a regular file, no symbolic link, at
+    most :data:`MAX_JSON_BYTES`), as everything a job can write must be.
+
+    Raises:
+        ProtocolError: unreadable, a symbolic link or not a regular file, too large, not UTF-8,
+            not JSON, too deep, or not an object.
+    """
+    raw = read_bounded(path)
+    if raw is None:
+        return None
+    obj = parse_json_bytes(raw, path)
     if not isinstance(obj, dict):
         raise ProtocolError(f"{path}: expected a JSON object, got {type(obj).__name__}")
     return obj
@@ -111,6 +205,8 @@ def _expect(path: Path, name: str, value: Any, typ: type | tuple, minimum: float
     if not ok:
         want = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
         raise ProtocolError(f"{path}: field {name!r} must be {want}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value) or isinstance(value, int) and abs(value) > MAX_INT:
+        raise ProtocolError(f"{path}: field {name!r} must be a finite number, got {value!r}")
     if minimum is not None and value < minimum:
         raise ProtocolError(f"{path}: field {name!r} must be >= {minimum}, got {value!r}")
 
@@ -372,7 +468,35 @@ def read_progress(path: Path, job_uid: str | None = None) -> Progress | None:
     obj = load_json_object(path)
     if obj is None:
         return None
-    return Progress(**_check_fields(path, obj, Progress, PROGRESS_SCHEMA, job_uid))
+    return _checked_progress(path, Progress(**_check_fields(path, obj, Progress, PROGRESS_SCHEMA,
+                                                             job_uid)))
+
+
+def _checked_progress(path: Path, p: Progress) -> Progress:
+    """``p`` if its fields have their types and ranges (counts: integers >= 0; throughput and
+    time: finite numbers); gradient statistics that are not finite numbers are
+    read as not measured (None), as a job whose estimate diverged reports them.
+
+    Raises:
+        ProtocolError: a field of the wrong type or out of range.
+    """
+    path = Path(path)
+    _expect(path, "job_uid", p.job_uid, str)
+    for name in ("generation", "step", "epoch", "samples_processed", "epoch_position",
+                 "world_size", "global_batch_size"):
+        _expect(path, name, getattr(p, name), int, 0)
+    _expect(path, "throughput", p.throughput, (int, float))  # < 0 after a restart lost work
+    _expect(path, "time", p.time, (int, float))
+    _expect(path, "finished", p.finished, bool)
+    if p.total_samples is not None:
+        _expect(path, "total_samples", p.total_samples, int, 0)
+    noise = {}
+    for name in ("grad_sqr", "grad_var"):
+        v = getattr(p, name)
+        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                  and math.isfinite(v) and abs(v) < 1e300):
+            noise[name] = None
+    return replace(p, **noise) if noise else p
 
 
 def write_launcher_state(path: Path, state: LauncherState) -> None:
