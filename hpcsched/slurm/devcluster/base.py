@@ -13,6 +13,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 # Every module of the package logs to the package's logger, the one the CLI shows on stderr.
@@ -34,6 +35,26 @@ NODE_REAL_MEMORY_MB = 16000
 GPU_DEVICE_MAJOR = 195  # the NVIDIA character-device major number
 DB_USER, DB_PASSWORD, DB_NAME = "slurm", "slurmpw", "slurm_acct_db"
 MAX_NODES = 254  # NodeAddr is 127.0.0.K
+
+
+@dataclass(frozen=True)
+class Ports:
+    """The TCP ports one cluster's Slurm daemons use, whether it runs slurmdbd (accounting), and
+    its cgroup plugin: what differs between the host's cluster and the chroot ones."""
+
+    slurmctld: int = SLURMCTLD_PORT
+    slurmd: int = SLURMD_PORT       # SlurmdPort; every node overrides it with node_base + K
+    node_base: int = NODE_PORT_BASE
+    accounting: bool = True
+    cgroup_plugin: str = "autodetect"  # cgroup.conf CgroupPlugin=
+
+    def node(self, k: int) -> int:
+        """Port of node ``nK``."""
+        return self.node_base + k
+
+
+#: The host's 22.05 dev cluster.
+DEFAULT_PORTS = Ports()
 
 #: apt packages installed when a needed binary is missing (never slurm-wlm-emulator, see the notes).
 APT_PACKAGES = ("slurm-wlm", "munge", "slurmdbd", "mariadb-server")

@@ -12,12 +12,14 @@ from pathlib import Path
 
 import click
 
+from hpcsched.slurm.devcluster import chroot
 from hpcsched.slurm.devcluster.base import (
     DEFAULT_STATE_DIR,
     STATE_DIR_ENV,
     DevClusterError,
     Layout,
 )
+from hpcsched.slurm.devcluster.chroot import HOST_VERSION, VERSIONS
 from hpcsched.slurm.devcluster.cluster import down, status, up
 
 logger = logging.getLogger("hpcsched.slurm.devcluster")  # the package's logger (see base)
@@ -50,6 +52,20 @@ _state_dir_option = click.option(
     help=f"Directory for configs, PID files, logs and the database (env {STATE_DIR_ENV}).")
 
 
+_slurm_option = click.option(
+    "--slurm", "version", type=click.Choice([HOST_VERSION, *VERSIONS]), default=HOST_VERSION, show_default=True,
+    help="Slurm version: 22.05 is the host's; the others run from a Debian chroot (24.11 trixie, 26.05 sid) "
+         "with their own ports, no slurmdbd, and the state directory /var/lib/hpcsched/devcluster-<version> "
+         "unless --state-dir is given on the command line.")
+
+
+def _chroot_state_dir(ctx: click.Context, version: str, state_dir: Path) -> Path | None:
+    """The state directory of a chroot version: --state-dir only when given on the command line
+    (the default and $HPCSCHED_DEVCLUSTER_DIR name the host cluster's)."""
+    given = ctx.get_parameter_source("state_dir") == click.core.ParameterSource.COMMANDLINE
+    return state_dir if given else chroot.default_state_dir(version)
+
+
 @click.group("devcluster")
 def devcluster() -> None:
     """A local Slurm 22.05 cluster with fake GPUs for development: up, down, status.
@@ -69,10 +85,17 @@ def devcluster() -> None:
 @_state_dir_option
 @click.option("--clean", is_flag=True, help="Discard saved Slurm jobs and node states (slurmctld -c).")
 @click.option("--no-install", is_flag=True, help="Never apt-get install; fail if a binary is missing.")
-def up_command(nodes: int, gpus: int, cpus: int, state_dir: Path, clean: bool, no_install: bool) -> None:
+@_slurm_option
+@click.pass_context
+def up_command(ctx: click.Context, nodes: int, gpus: int, cpus: int, state_dir: Path, clean: bool,
+               no_install: bool, version: str) -> None:
     """Start the cluster (idempotent) and print `export SLURM_CONF=...` on stdout."""
     try:
-        conf = up(state_dir, nodes=nodes, gpus=gpus, cpus=cpus, clean=clean, install=not no_install)
+        if version == HOST_VERSION:
+            conf = up(state_dir, nodes=nodes, gpus=gpus, cpus=cpus, clean=clean, install=not no_install)
+        else:
+            conf = chroot.up(version, _chroot_state_dir(ctx, version, state_dir), nodes=nodes, gpus=gpus,
+                             cpus=cpus, clean=clean, install=not no_install)
     except DevClusterError as e:
         raise click.ClickException(str(e)) from e
     click.echo(f"export SLURM_CONF={shlex.quote(str(conf))}")
@@ -80,10 +103,16 @@ def up_command(nodes: int, gpus: int, cpus: int, state_dir: Path, clean: bool, n
 
 @devcluster.command("down")
 @_state_dir_option
-def down_command(state_dir: Path) -> None:
+@_slurm_option
+@click.pass_context
+def down_command(ctx: click.Context, state_dir: Path, version: str) -> None:
     """Stop the daemons `up` started (idempotent)."""
     try:
-        stopped = down(state_dir)
+        if version == HOST_VERSION:
+            stopped = down(state_dir)
+        else:
+            state_dir = _chroot_state_dir(ctx, version, state_dir)
+            stopped = chroot.down(version, state_dir)
     except DevClusterError as e:
         raise click.ClickException(str(e)) from e
     if not stopped:
@@ -93,11 +122,15 @@ def down_command(state_dir: Path) -> None:
 @devcluster.command("status")
 @_state_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_slurm_option
 @click.pass_context
-def status_command(ctx: click.Context, state_dir: Path, as_json: bool) -> None:
+def status_command(ctx: click.Context, state_dir: Path, as_json: bool, version: str) -> None:
     """Show daemons and nodes. Exit status 0 when up, 3 when down."""
     try:
-        st = status(state_dir)
+        if version == HOST_VERSION:
+            st = status(state_dir)
+        else:
+            st = chroot.status(version, _chroot_state_dir(ctx, version, state_dir))
     except DevClusterError as e:
         raise click.ClickException(str(e)) from e
     if as_json:

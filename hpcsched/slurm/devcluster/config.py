@@ -14,17 +14,16 @@ from hpcsched.slurm.devcluster.base import (
     DB_NAME,
     DB_PASSWORD,
     DB_USER,
+    DEFAULT_PORTS,
     GPU_DEVICE_MAJOR,
     MARIADB_PORT,
     MAX_NODES,
-    NODE_PORT_BASE,
     NODE_REAL_MEMORY_MB,
     PARTITION,
-    SLURMCTLD_PORT,
-    SLURMD_PORT,
     SLURMDBD_PORT,
     DevClusterError,
     Layout,
+    Ports,
     write_file,
 )
 
@@ -52,7 +51,7 @@ def check_geometry(nodes: int, gpus: int, cpus: int) -> None:
 
 
 def render_configs(state_dir: str | os.PathLike[str] | None, nodes: int = 4, gpus: int = 4,
-                   cpus: int = 8) -> dict[str, str]:
+                   cpus: int = 8, ports: Ports | None = None) -> dict[str, str]:
     """Render the cluster's configuration files; pure (touches nothing).
 
     :param state_dir: the state directory every path in the files points into.
@@ -63,15 +62,26 @@ def render_configs(state_dir: str | os.PathLike[str] | None, nodes: int = 4, gpu
     :returns: ``{"slurm.conf": text, "gres.conf": ..., "cgroup.conf": ..., "slurmdbd.conf": ...}``,
         exactly the configuration measured to work in the notes (§2), with ports 16817 (slurmctld),
         16818 (SlurmdPort, overridden per node), 16819 (slurmdbd), 16820 (MariaDB), 17001+ (nodes).
+    :param ports: other ports for slurmctld, SlurmdPort and the nodes, with ``ports.accounting``
+        False: no slurmdbd (``accounting_storage/none``), as the chroot clusters of other Slurm
+        versions run (:mod:`~hpcsched.slurm.devcluster.chroot`). Default :data:`DEFAULT_PORTS`.
     :raises DevClusterError: for a geometry out of range or a state path slurm.conf cannot hold.
     """
     check_geometry(nodes, gpus, cpus)
     L = Layout(state_dir)
-    return {"slurm.conf": _slurm_conf(L, nodes, gpus, cpus), "gres.conf": _gres_conf(L, nodes, gpus),
-            "cgroup.conf": _CGROUP_CONF, "slurmdbd.conf": _slurmdbd_conf(L)}
+    ports = ports or DEFAULT_PORTS
+    return {"slurm.conf": _slurm_conf(L, nodes, gpus, cpus, ports), "gres.conf": _gres_conf(L, nodes, gpus),
+            "cgroup.conf": _cgroup_conf(ports), "slurmdbd.conf": _slurmdbd_conf(L)}
 
 
-def _slurm_conf(L: Layout, nodes: int, gpus: int, cpus: int) -> str:
+def _accounting(ports: Ports) -> str:
+    if not ports.accounting:
+        return "AccountingStorageType=accounting_storage/none\n"  # gres/gpu TRES would need slurmdbd
+    return (f"AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=localhost\n"
+            f"AccountingStoragePort={SLURMDBD_PORT}\nAccountingStorageTRES=gres/gpu\n")
+
+
+def _slurm_conf(L: Layout, nodes: int, gpus: int, cpus: int, ports: Ports = DEFAULT_PORTS) -> str:
     """``slurm.conf``: one controller on 127.0.0.1, accounting through slurmdbd, cons_tres with a
     ``gpu`` GRES, and one line per node ``nK`` at ``127.0.0.K:17000+K``."""
     text = f"""\
@@ -81,8 +91,8 @@ ClusterName={CLUSTER_NAME}
 SlurmctldHost=localhost(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
-SlurmctldPort={SLURMCTLD_PORT}
-SlurmdPort={SLURMD_PORT}
+SlurmctldPort={ports.slurmctld}
+SlurmdPort={ports.slurmd}
 AuthType=auth/munge
 CredType=cred/munge
 StateSaveLocation={L.state}
@@ -97,11 +107,7 @@ MailProg=/bin/true
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/linux
-AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=localhost
-AccountingStoragePort={SLURMDBD_PORT}
-AccountingStorageTRES=gres/gpu
-JobCompType=jobcomp/filetxt
+{_accounting(ports)}JobCompType=jobcomp/filetxt
 JobCompLoc={L.log}/jobcomp.txt
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
@@ -121,7 +127,7 @@ MinJobAge=300
 """
     gres = f" Gres=gpu:{gpus}" if gpus else ""
     for k in range(1, nodes + 1):
-        text += (f"NodeName=n{k} NodeHostname=n{k} NodeAddr=127.0.0.{k} Port={NODE_PORT_BASE + k} "
+        text += (f"NodeName=n{k} NodeHostname=n{k} NodeAddr=127.0.0.{k} Port={ports.node_base + k} "
                  f"CPUs={cpus} RealMemory={NODE_REAL_MEMORY_MB}{gres} State=UNKNOWN\n")
     text += (f"PartitionName={PARTITION} Nodes=n{_span(1, nodes)} Default=YES MaxTime=INFINITE "
              "State=UP OverSubscribe=NO\n")
@@ -137,6 +143,14 @@ def _gres_conf(L: Layout, nodes: int, gpus: int) -> str:
 
 
 _CGROUP_CONF = "# Not read with proctrack/linuxproc + task/none; written as in the notes.\nCgroupPlugin=autodetect\n"
+
+
+def _cgroup_conf(ports: Ports) -> str:
+    """22.05 does not read it (proctrack/linuxproc + task/none); 24.11's slurmd initialises the
+    cgroup plugin anyway and fails without a cgroup filesystem, hence ``disabled`` there."""
+    if ports.cgroup_plugin == "autodetect":
+        return _CGROUP_CONF
+    return f"# Written by `hpcsched devcluster up`.\nCgroupPlugin={ports.cgroup_plugin}\n"
 
 
 def _slurmdbd_conf(L: Layout) -> str:
@@ -160,14 +174,14 @@ StorageLoc={DB_NAME}
 """
 
 
-def write_configs(layout: Layout, nodes: int, gpus: int, cpus: int) -> None:
+def write_configs(layout: Layout, nodes: int, gpus: int, cpus: int, ports: Ports | None = None) -> None:
     """Create the state directory's folders, write the configuration files into ``etc/`` and
     make the fake GPU devices in ``dev/``."""
     for d in (layout.etc, layout.dev, layout.run, layout.log, layout.state, layout.spool, layout.db):
         d.mkdir(parents=True, exist_ok=True)
     for name in node_names(nodes):
         (layout.spool / name).mkdir(exist_ok=True)
-    for name, text in render_configs(layout.root, nodes, gpus, cpus).items():
+    for name, text in render_configs(layout.root, nodes, gpus, cpus, ports).items():
         write_file(layout.etc / name, text, 0o600 if name == "slurmdbd.conf" else 0o644)
     _make_gpu_devices(layout.dev, gpus)
 

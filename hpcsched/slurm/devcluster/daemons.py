@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,28 +141,43 @@ def start_slurmds(layout: Layout, nodes: int) -> None:
         spawn([slurmd, "-N", name], layout.log / f"slurmd-{name}.out", env=env)
 
 
-def sinfo_nodes(slurm_conf: Path) -> list[dict[str, Any]]:
+def sinfo_nodes(slurm_conf: Path, prefix: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Nodes from ``sinfo --json`` (5 s timeout): name, state, flags, gres, cpus, reason.
+    ``prefix`` runs sinfo through another command (``chroot ROOT``, for the chroot clusters).
+    Node states are read the 22.05 way (a string) or the 23.02+ way (a list: base state first,
+    then flags, ``["IDLE", "DRAIN"]``).
 
     :raises DevClusterError: when sinfo fails, times out or prints something that is not JSON.
     """
-    cp = run_cmd([need_bin("sinfo"), "--json"], timeout=_SLURM_CLIENT_TIMEOUT_S,
+    cp = run_cmd([*prefix, need_bin("sinfo"), "--json"], timeout=_SLURM_CLIENT_TIMEOUT_S,
               env=dict(os.environ, SLURM_CONF=str(slurm_conf)))
     try:
         data = json.loads(cp.stdout)
     except json.JSONDecodeError as e:
         raise DevClusterError(f"sinfo --json printed no JSON: {cp.stdout[:200]!r}") from e
-    out = []
-    for n in data.get("nodes", []):
-        out.append({
-            "name": n.get("name") or n.get("hostname"),
-            "state": str(n.get("state", "")).lower(),
-            "flags": [str(f).upper() for f in n.get("state_flags") or []],
-            "gres": n.get("gres", ""),
-            "cpus": n.get("cpus"),
-            "reason": n.get("reason") or "",
-        })
+    out = [_node_row(n) for n in data.get("nodes", [])]
+    out += [_node_row(_flat_sinfo(e), name) for e in data.get("sinfo", []) for name in e["nodes"]["nodes"]]
     return sorted(out, key=lambda n: (len(n["name"] or ""), n["name"] or ""))
+
+
+def _flat_sinfo(e: dict[str, Any]) -> dict[str, Any]:
+    """One entry of 23.02+ ``sinfo --json``'s ``sinfo`` list (nodes grouped by like state) in the
+    per-node shape of 22.05's ``nodes`` list."""
+    return {"state": e["node"]["state"], "gres": e["gres"]["total"], "cpus": e["cpus"]["maximum"],
+            "reason": e["reason"]["description"]}
+
+
+def _node_row(n: dict[str, Any], name: str | None = None) -> dict[str, Any]:
+    state = n.get("state", "")
+    words = [str(w) for w in state] if isinstance(state, list) else [str(state)]
+    return {
+        "name": name or n.get("name") or n.get("hostname"),
+        "state": (words[0] if words else "").lower(),
+        "flags": [str(f).upper() for f in [*words[1:], *(n.get("state_flags") or [])]],
+        "gres": n.get("gres", ""),
+        "cpus": n.get("cpus"),
+        "reason": n.get("reason") or "",
+    }
 
 
 #: Node states that count as "up": idle, or busy with jobs restored from saved state (no ``-c``).
@@ -173,10 +189,11 @@ def _node_ready(n: dict[str, Any]) -> bool:
     return n["state"] in _READY_STATES and not _BAD_FLAGS & set(n["flags"])
 
 
-def wait_nodes_ready(layout: Layout, nodes: int, deadline_s: float = 60.0) -> None:
+def wait_nodes_ready(layout: Layout, nodes: int, deadline_s: float = 60.0, prefix: Sequence[str] = ()) -> None:
     """Poll ``sinfo --json`` (every 0.2 s, 5 s timeout per call) until all nodes are idle, or
     mixed/allocated when jobs restored from saved state run on them. Nodes still DRAINED from saved
-    state are resumed once (slurmctld keeps DRAIN across restarts without -c)."""
+    state are resumed once (slurmctld keeps DRAIN across restarts without -c). ``prefix``: see
+    :func:`sinfo_nodes`."""
     want = set(node_names(nodes))
     resumed: set[str] = set()
     last: list[dict[str, Any]] = []
@@ -191,14 +208,14 @@ def wait_nodes_ready(layout: Layout, nodes: int, deadline_s: float = 60.0) -> No
             if pid and not alive(pid, "slurmd"):
                 raise DevClusterError(f"slurmd {name} died: {tail(layout.log / f'slurmd-{name}.log')}")
         try:
-            last = [n for n in sinfo_nodes(layout.slurm_conf) if n["name"] in want]
+            last = [n for n in sinfo_nodes(layout.slurm_conf, prefix) if n["name"] in want]
         except DevClusterError as e:
             logger.debug("sinfo not ready: %s", e)
             return False
         drained = [n["name"] for n in last if "DRAIN" in n["flags"] and n["name"] not in resumed]
         if drained:
             logger.warning("resuming nodes left drained by saved state: %s", ",".join(drained))
-            run_cmd([need_bin("scontrol"), "update", f"NodeName={','.join(drained)}", "State=RESUME"],
+            run_cmd([*prefix, need_bin("scontrol"), "update", f"NodeName={','.join(drained)}", "State=RESUME"],
                  timeout=_SLURM_CLIENT_TIMEOUT_S, env=slurm_env_full(layout), check=False)
             resumed.update(drained)
         return len(last) == len(want) and all(_node_ready(n) for n in last)
