@@ -41,9 +41,11 @@ from hpcsched.daemon.phases import (
 )
 from hpcsched.daemon.store import Store
 from hpcsched.protocol import files as ctl
-from hpcsched.protocol.jobdir import JobDir, JobSpec
+from hpcsched.protocol.jobdir import JobDir, JobSpec, current_user
 from hpcsched.protocol.kinds import AckState, ChangeKind, ControlAction
 from hpcsched.protocol.limits import JobLimits
+
+ME = current_user()   # Slurm's user of the test jobs: they live in this user's subtree
 
 P = ResizePhase
 GEN = 3
@@ -53,7 +55,7 @@ JOB = "7"
 
 
 def info(state="RUNNING", restarts=0, node_count=1, cpus_per_task=1, **kw) -> slurm.JobInfo:
-    fields = {"job_id": JOB, "name": "", "user": "bob", "state": state, "state_reason": "None",
+    fields = {"job_id": JOB, "name": "", "user": ME, "state": state, "state_reason": "None",
               "partition": "gpu", "nodes": "n1" if node_count == 1 else "n[1-2]",
               "node_count": node_count, "gpus_per_node": 2, "restarts": restarts,
               "batch_host": "n1", "priority": 1, "cpus_per_task": cpus_per_task}
@@ -143,13 +145,38 @@ CASES = {
         P.FAILED, (), "job 7 ended (COMPLETED) before it applied generation 3"),
     "Slurm forgot the job": (
         action("batch", nodes=1), history(), seen(job=None), P.FAILED, (), "ended (gone)"),
-    "preempt is refused for now": (
-        action("preempt", nodes=0), history(), seen(control=None),
-        P.FAILED, (), "preemption is not applied by the daemon yet"),
+    # preempt: a grow's first half, then held with a deadline (nodes: the size it resumes at)
+    "preempt: written as checkpoint-and-requeue at its size": (
+        action("preempt", nodes=1), history(), seen(control=None),
+        P.REQUESTED, (WriteControl(GEN, ControlAction.CHECKPOINT_AND_REQUEUE, 1, 64),), ""),
+    "preempt: checkpointed": (
+        action("preempt", nodes=1), history(), seen(ack=ack()), P.CHECKPOINTED, (), ""),
+    "preempt: the launcher resumed before any requeue -> failed, not preempted": (
+        action("preempt", nodes=1), history(P.CHECKPOINTED, 1), seen(ack=ack(state="applied")),
+        P.FAILED, (), "runs again at generation 3: not preempted"),
+    # pending: a job hpcsched preempted and holds (reason BeginTime) is released after its generation
+    "pending: a held job: its generation, then StartTime=now": (
+        action("pending", nodes=1), history(),
+        seen(control=None, job=info("PENDING", state_reason="BeginTime")),
+        P.REQUESTED, (WriteControl(GEN, ControlAction.CONTINUE, 1, 64), SetStartTime("now")), ""),
+    "pending: a held job at another size: resized, its generation, released": (
+        action("pending", nodes=2), history(),
+        seen(control=None, job=info("PENDING", state_reason="BeginTime")),
+        P.REQUESTED, (ResizePendingJob(2, (), 1, required=True),
+                      WriteControl(GEN, ControlAction.CONTINUE, 2, 64), SetStartTime("now")), ""),
+    "pending: held, generation written (a daemon died before the release) -> released": (
+        action("pending", nodes=1), history(), seen(job=info("PENDING", state_reason="BeginTime")),
+        P.RUNNING, (SetStartTime("now"),), ""),
     # checkpointed
     "grow: requeued at the restart count of the plan": (
         action(restarts=4), history(P.CHECKPOINTED, 1), seen(ack=ack(), job=info(restarts=4)),
         P.REQUEUED, (Requeue(),), ""),
+    "preempt: requeued at the restart count of the plan": (
+        action("preempt", nodes=1, restarts=4), history(P.CHECKPOINTED, 1),
+        seen(ack=ack(), job=info(restarts=4)), P.REQUEUED, (Requeue(),), ""),
+    "preempt: requeued before (restart count moved): never twice": (
+        action("preempt", nodes=1, restarts=4), history(P.CHECKPOINTED, 1),
+        seen(ack=ack(), job=info("PENDING", restarts=5)), P.REQUEUED, (), ""),
     "grow: requeued before (restart count moved): never twice": (
         action(restarts=4), history(P.CHECKPOINTED, 1),
         seen(ack=ack(), job=info("PENDING", restarts=5)), P.REQUEUED, (), ""),
@@ -175,6 +202,26 @@ CASES = {
         seen(ack=ack(), job=info("PENDING", restarts=1, cpus_per_task=3)),
         P.RELEASED, (ResizePendingJob(2, ("n1", "n2"), 3, required=False),
                      SetStartTime("now+2")), ""),
+    "preempt: PENDING 2 s after the requeue -> its size, held until the deadline (done)": (
+        action("preempt", nodes=2), history(P.CHECKPOINTED, 1, P.REQUEUED, 20.4),
+        seen(ack=ack(nodes=2), job=info("PENDING", restarts=1, cpus_per_task=3,
+                                        state_reason="BeginTime"), now=T0 + 22.1),
+        P.RUNNING, (ResizePendingJob(2, (), 3, required=False), SetStartTime("now+1800")), ""),
+    "preempt: PENDING, not yet 2 s after the requeue (Slurm's 121 s hold meanwhile)": (
+        action("preempt", nodes=2), history(P.CHECKPOINTED, 1, P.REQUEUED, 20.4),
+        seen(ack=ack(nodes=2), job=info("PENDING", restarts=1), now=T0 + 22.0),
+        P.REQUEUED, (), ""),
+    "preempt: still COMPLETING: wait": (
+        action("preempt", nodes=1), history(P.CHECKPOINTED, 1, P.REQUEUED, 2),
+        seen(ack=ack(), job=info("COMPLETING", restarts=1)), P.REQUEUED, (), ""),
+    "preempt: not pending within the start timeout": (
+        action("preempt", nodes=1), history(P.CHECKPOINTED, 1, P.REQUEUED, 2),
+        seen(ack=ack(), job=info("COMPLETING", restarts=1), now=T0 + 303),
+        P.FAILED, (), "did not run again at generation 3 in time"),
+    "preempt: Slurm started it before the hold (no daemon for 121 s) -> failed, it runs": (
+        action("preempt", nodes=1), history(P.CHECKPOINTED, 1, P.REQUEUED, 2),
+        seen(ack=ack(state="applied"), job=info(restarts=1)),
+        P.FAILED, (), "not preempted"),
     "requeued: still COMPLETING (an update now would be lost)": (
         action(), history(P.CHECKPOINTED, 1, P.REQUEUED, 2),
         seen(ack=ack(), job=info("COMPLETING", restarts=1)), P.REQUEUED, (), ""),
@@ -279,7 +326,8 @@ def test_next_step_invariants(kind, phase, job, a, control, restarts, now):
     step = next_step(action(kind, restarts=restarts), h, Observed(now, control, a, job), TO)
     assert step.phase == phase or step.phase in TRANSITIONS[phase]
     if any(isinstance(e, Requeue) for e in step.effects):
-        assert job.state == "RUNNING" and job.restarts == restarts and kind == ChangeKind.GROW
+        assert job.state == "RUNNING" and job.restarts == restarts and kind in (
+            ChangeKind.GROW, ChangeKind.PREEMPT)
     if any(isinstance(e, WriteControl) for e in step.effects):
         assert control is None or control < GEN
     if any(isinstance(e, SetStartTime | ResizePendingJob) for e in step.effects):
@@ -315,11 +363,12 @@ class FakeSlurm:
         if "NumNodes" in fields:
             self.info = replace(self.info, node_count=int(str(fields["NumNodes"]).split("-")[0]))
         if fields.get("StartTime") == "now" and self.info.state == "PENDING":
-            self.info = replace(self.info, state="RUNNING")
+            self.info = replace(self.info, state="RUNNING", state_reason="None")
 
     def requeue(self, job_id):
         self._call("requeue", job_id)
-        self.info = replace(self.info, state="PENDING", restarts=self.info.restarts + 1)
+        self.info = replace(self.info, state="PENDING", restarts=self.info.restarts + 1,
+                            state_reason="BeginTime")
 
     def hold(self, job_id):
         self._call("hold", job_id)
@@ -394,16 +443,19 @@ class Crash(Exception):
 
 
 def run_action(jd, spec, sl, store, kind, nodes, batch, crash_at=None, crash_before_commit=False,
-               clock=None, steps=40):
+               clock=None, steps=40, generation=1):
     """Journal a change as the daemon does, then advance it once per 'round' (1.5 s apart) with
     the job answering in between, until it ends. ``crash_at``: the daemon dies at its n-th
     journal write (after committing it, or just before: its effects done, the journal not), and
-    a fresh actuator resumes from the journal."""
+    a fresh actuator resumes from the journal. A ``preempt`` is journaled as reconcile makes it
+    (to 0 nodes) and its action asks for ``nodes``, the job's size now."""
     clock = clock or Clock()
-    a = Action(JOB, ChangeKind(kind), 1, nodes, batch, sl.info.restarts, "test", "test")
-    aid = store.plan_action(job_id=JOB, kind=kind, generation=1, from_nodes=sl.info.node_count,
-                            to_nodes=nodes, from_batch_size=64, to_batch_size=batch,
-                            restarts_at_plan=sl.info.restarts, reason="test", created_at=clock())
+    a = Action(JOB, ChangeKind(kind), generation, nodes, batch, sl.info.restarts, "test", "test")
+    aid = store.plan_action(job_id=JOB, kind=kind, generation=generation,
+                            from_nodes=sl.info.node_count,
+                            to_nodes=0 if kind == "preempt" else nodes, from_batch_size=64,
+                            to_batch_size=batch, restarts_at_plan=sl.info.restarts, reason="test",
+                            created_at=clock())
     writes = [0]
 
     def journal(phase, at, why):
@@ -505,6 +557,64 @@ def test_shrink_killed_at_any_transition(jd, store, writes, crash_at):
     sl = FakeSlurm(info(node_count=2))
     row = run_action(jd, jd.read_spec(), sl, store, "shrink", 1, 64, crash_at=crash_at)
     assert row.phase == "running" and writes == [1] and sl.calls == []
+
+
+PREEMPT_TRANSITIONS = len(PATHS[ChangeKind.PREEMPT]) - 1
+
+
+def test_preempt_holds_the_job_with_a_deadline_then_a_pending_change_releases_it(jd, store, writes):
+    sl = FakeSlurm(info(node_count=2))
+    clock = Clock()
+    row = run_action(jd, jd.read_spec(), sl, store, "preempt", 2, 64, clock=clock)
+    assert (row.phase, tuple(p for p, _ in row.history)) == ("running", PATHS[ChangeKind.PREEMPT])
+    c = ctl.read_control(jd.control_path, jd.uid)
+    assert (c.generation, c.action, c.nodes) == (1, "checkpoint-and-requeue", 2), "its own size"
+    assert [c[0] for c in sl.calls] == ["requeue", "update", "update"]
+    assert [dict(c[2]) for c in sl.calls[1:]] == [
+        {"NumNodes": "2-2", "NumTasks": 4, "NumCPUs": 4, "ReqNodeList": ""},
+        {"StartTime": "now+1800"}]
+    assert (sl.info.state, sl.info.state_reason, sl.info.restarts) == ("PENDING", "BeginTime", 1)
+    hist = dict(row.history)
+    assert hist["running"] >= int(hist["requeued"]) + 2, "held 2 s after the requeue, not sooner"
+    # a later plan gives it GPUs: a pending change writes its generation, then StartTime=now
+    row = run_action(jd, jd.read_spec(), sl, store, "pending", 2, 64, clock=clock, generation=2)
+    assert (row.phase, tuple(p for p, _ in row.history)) == ("running", PATHS[ChangeKind.PENDING])
+    assert sl.calls[-1] == ("update", JOB, (("StartTime", "now"),)) and sl.info.state == "RUNNING"
+    assert writes == [1, 2] and sl.count("requeue") == 1
+
+
+@pytest.mark.parametrize("before_commit", [False, True], ids=["after-commit", "before-commit"])
+@pytest.mark.parametrize("crash_at", range(1, PREEMPT_TRANSITIONS + 1))
+def test_preempt_killed_at_any_transition_requeues_once_and_holds(jd, store, writes, crash_at,
+                                                                   before_commit):
+    sl = FakeSlurm(info())
+    row = run_action(jd, jd.read_spec(), sl, store, "preempt", 1, 64, crash_at=crash_at,
+                     crash_before_commit=before_commit)
+    path = tuple(p for p, _ in row.history)
+    assert sl.count("requeue") == 1 and sl.info.restarts == 1 and writes == [1]
+    assert row.phase == "running" and sl.info.state == "PENDING"
+    assert sl.count("update", StartTime="now+1800") >= 1 and sl.count("update", StartTime="now") == 0
+    if not before_commit:
+        assert path == PATHS[ChangeKind.PREEMPT] and sl.count("update") == 2
+    else:   # the hold's idempotent updates may be sent again; the requeue never is
+        assert path == tuple(p for p in PATHS[ChangeKind.PREEMPT] if p in path)
+
+
+def test_release_interrupted_between_generation_and_start_time_is_completed(jd, store, writes):
+    """Slurm does not answer the release's StartTime=now: the next step sees the generation
+    written and sends only StartTime=now."""
+    sl = FakeSlurm(info("PENDING", restarts=1, state_reason="BeginTime"))
+    spec = jd.read_spec()
+    a = Action(JOB, ChangeKind.PENDING, 1, 1, 64, 1)
+    actuator = Actuator(sl, TO, Clock())
+    sl.refuse["update"] = slurm.SlurmUnavailable("timed out")
+    with pytest.raises(slurm.SlurmUnavailable):
+        actuator.advance(a, History.begin(T0), jd, spec, sl.info)
+    assert writes == [1] and sl.info.state == "PENDING"
+    sl.refuse.clear()
+    adv = actuator.advance(a, History.begin(T0), jd, spec, sl.info)
+    assert adv.phase == P.RUNNING and writes == [1]
+    assert sl.calls[-1] == ("update", JOB, (("StartTime", "now"),)) and sl.info.state == "RUNNING"
 
 
 def test_refused_effects_fail_the_action_with_slurms_reason(jd, store, writes):

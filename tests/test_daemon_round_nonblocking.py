@@ -21,6 +21,7 @@ from hpcsched.daemon.round import Daemon
 from hpcsched.daemon.store import Store
 from hpcsched.policies.reconcile import Change
 from hpcsched.policies.round import RoundDecision
+from hpcsched.policies.snapshot import JobTarget, Plan
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir, JobSpec, current_user
 from hpcsched.protocol.kinds import ChangeKind, ControlAction
@@ -59,12 +60,14 @@ class FakeCluster:
         if "NumNodes" in fields:
             self.jobs[job_id] = j = replace(j, node_count=int(fields["NumNodes"].split("-")[0]))
         if fields.get("StartTime") == "now":
-            self.jobs[job_id] = replace(j, state="RUNNING", nodes="n[1-2]")
+            self.jobs[job_id] = replace(j, state="RUNNING", nodes="n[1-2]", state_reason="None")
 
     def requeue(self, job_id):
+        """Slurm's requeue: PENDING with one more restart, waiting for its begin time."""
         self.calls.append(("requeue", job_id))
         j = self.jobs[job_id]
-        self.jobs[job_id] = replace(j, state="PENDING", nodes="", restarts=j.restarts + 1)
+        self.jobs[job_id] = replace(j, state="PENDING", nodes="", restarts=j.restarts + 1,
+                                    state_reason="BeginTime")
 
     def hold(self, job_id):
         raise AssertionError("no hold")
@@ -203,6 +206,78 @@ def test_actuate_between_rounds_advances_open_resizes_and_decides_nothing(daemon
     assert len(observed) == 1 + len(phases), "one observation per round and per tick"
     assert d.actuate() == {}, "nothing open any more"
     assert len(observed) == 1 + len(phases)
+
+
+class Scripted:
+    """A policy that gives job 7 the node counts of ``script``, one per round (the last one
+    after that), at batch 64; it records what it saw."""
+
+    name = "scripted"
+
+    def __init__(self, *script):
+        self.script = list(script)
+        self.seen = []
+
+    def decide(self, snapshot, seed=0):
+        self.seen.append(snapshot)
+        nodes = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        return Plan(self.name, (JobTarget("7", nodes, 64, f"scripted: {nodes} node(s)"),))
+
+
+def test_the_round_preempts_holds_with_a_deadline_and_releases_when_the_plan_says(daemon,
+                                                                                  control_dir):
+    """Real reconcile with the daemon's costs: a plan's 0 nodes for a running job is a preempt
+    (checkpoint, requeue, StartTime=now+<deadline>); the held job is in the next snapshots as
+    ``held`` (pending with reason BeginTime, not busy), and a plan that gives it nodes again
+    releases it (its generation, then StartTime=now)."""
+    d, cluster, shift = daemon
+    jd = make_job(control_dir, "7")
+    d.policy = policy = Scripted(0, 0, 0, 0, 1)   # asked in every round that has a job to plan
+    d.actuator.timeouts = Timeouts(ack=180, start=300, hold=1234)
+    assert d.costs.preemption, "the daemon applies preemptions"
+    outcomes = []
+    for _ in range(10):
+        outcomes.append(d.round().outcomes.get("7"))
+        answer(jd, cluster, "7")
+        shift[0] += 2.5   # a round is always at least 2 s after the requeue before it
+        if [a.kind for a in d.store.actions() if a.phase == "running"] == ["pending", "preempt"]:
+            break
+    # preempt: requested; checkpointed and requeued (the job pends, busy: not planned for, the
+    # policy is not asked); held (2 s after the requeue). Rounds whose plan gives the held job
+    # 0 nodes change nothing; the release: requested, running
+    assert outcomes == ["requested", "requeued", "running", None, None, "requested", "running"]
+    kinds = [(a.kind, a.phase, tuple(p for p, _ in a.history)) for a in reversed(d.store.actions())]
+    assert kinds == [("preempt", "running", PATHS[ChangeKind.PREEMPT]),
+                     ("pending", "running", PATHS[ChangeKind.PENDING])]
+    assert [(c[0], c[2] if len(c) > 2 else None) for c in cluster.calls] == [
+        ("requeue", None),
+        ("update", {"NumNodes": "1-1", "NumTasks": 2, "NumCPUs": 2, "ReqNodeList": ""}),
+        ("update", {"StartTime": "now+1234"}),
+        ("update", {"StartTime": "now"})]
+    held = [s.job("7") for s in policy.seen if s.job("7") is not None and s.job("7").held]
+    assert held and all(j.state == "PENDING" and not j.busy for j in held)
+    controls = ctl.read_control(jd.control_path, jd.uid)
+    assert (controls.generation, controls.action) == (2, ControlAction.CONTINUE)
+    assert ctl.read_ack(jd.ack_path, jd.uid).generation == 2
+
+
+def test_a_held_job_is_left_alone_while_the_plan_gives_it_nothing(daemon, control_dir):
+    """Preempted and held: rounds that still give it 0 nodes change nothing (the deadline stays
+    the guard), and a job pending for its begin time that hpcsched did not preempt is not
+    planned for at all."""
+    d, cluster, shift = daemon
+    jd = make_job(control_dir, "7")
+    make_job(control_dir, "8")
+    cluster.jobs["8"] = replace(cluster.jobs["8"], state="PENDING", state_reason="BeginTime")
+    d.policy = policy = Scripted(0)
+    for _ in range(6):
+        d.round()
+        answer(jd, cluster, "7")
+        shift[0] += 1.5
+    assert [(a.kind, a.phase) for a in d.store.actions()] == [("preempt", "running")]
+    assert cluster.calls[-1] == ("update", "7", {"StartTime": "now+1800"})
+    last = policy.seen[-1]
+    assert last.job("7").held and last.job("8") is None
 
 
 def test_between_rounds_ticks_every_actuation_interval_until_the_next_round():

@@ -20,7 +20,12 @@ measured on Slurm 22.05:
   revoked credential; an update sent while the job is still COMPLETING is lost). It resumes
   from the checkpoint at the new size.
 * **pending** job: ``scontrol update NumNodes=<n>`` before it starts, then a control generation
-  so the launcher starts with the new batch configuration.
+  so the launcher starts with the new batch configuration (a job hpcsched preempted: then
+  ``StartTime=now``, its release).
+* **preempt** (0 GPUs for a running job): a grow's first half: ``checkpoint-and-requeue`` at the
+  job's size, ``scontrol requeue``, and once PENDING ``NumNodes=<size>`` and
+  ``StartTime=now+<daemon.preemption_deadline>``: the job pends (reason ``BeginTime``) until a
+  plan releases it, or Slurm starts it at that deadline whether or not a daemon still runs.
 
 A job that does not acknowledge within the timeout gets a further ``continue`` generation at its
 current size, so a late acknowledgement never triggers a stale resize.
@@ -223,8 +228,11 @@ def read_or_none(fn, path, uid):
 
 def journaled(row, issued_by: str = "hpcsched daemon (resumed)") -> tuple[Action, History]:
     """The :class:`Action` and :class:`History` of a journal row
-    (:class:`hpcsched.daemon.store.ActionRow`)."""
-    action = Action(row.job_id, ChangeKind(row.kind), row.generation, row.to_nodes,
+    (:class:`hpcsched.daemon.store.ActionRow`). A preemption's ``nodes`` is the size it resumes
+    at, the journal's ``from_nodes`` (its ``to_nodes`` is the plan's 0)."""
+    kind = ChangeKind(row.kind)
+    nodes = row.from_nodes if kind == ChangeKind.PREEMPT else row.to_nodes
+    action = Action(row.job_id, kind, row.generation, nodes,
                     row.to_batch_size, row.restarts_at_plan, row.reason, issued_by,
                     tuple(row.placement))
     return action, History.parse(row.history or [(ResizePhase.REQUESTED, row.created_at)])

@@ -187,6 +187,11 @@ class DaemonSettings:
         1.0, _number(gt=0),
         "seconds between steps of resizes in flight, between rounds (one Slurm observation "
         "each, only while a resize is open; > 0)")
+    preemption_deadline: float = _opt(
+        1800.0, _number(gt=0),
+        "seconds a job preempted by the policy stays held at most: the daemon requeues it with "
+        "StartTime=now+<this>, so Slurm itself starts it then even if no daemon runs; a plan "
+        "that gives it GPUs releases it earlier (> 0)")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,17 @@ Paths by change kind (:class:`~hpcsched.protocol.kinds.ChangeKind`)::
     batch, pending   requested -> running
     shrink           requested -> checkpointed -> running
     grow             requested -> checkpointed -> requeued -> released -> rescheduled -> running
+    preempt          requested -> checkpointed -> requeued -> running (= held with a deadline)
     any              ... -> failed
+
+A **preemption** (a running job a plan gives 0 GPUs) is a grow's first half: the job checkpoints
+(``checkpoint-and-requeue`` at the size it resumes at, :attr:`Action.nodes`), is requeued, and
+once PENDING (and :data:`REQUEUE_START_DELAY_S` after the requeue) gets ``StartTime=now+<hold>``
+(``Timeouts.hold``, ``daemon.preemption_deadline``): the action is then done (``running``: the
+preemption is in force) and the job pends with reason ``BeginTime``. That begin time is the
+guard: Slurm itself starts the job when it passes, whether or not a daemon runs. A plan that
+gives the job GPUs again releases it early with a ``pending`` change, whose first step sends
+``StartTime=now`` after the generation is written.
 
 =============  =========================================================================
 phase          meaning (what has been done; what the next step waits for)
@@ -28,14 +38,16 @@ requeued       ``scontrol requeue`` done (Slurm's restart count went up); waits 
 released       PENDING job resized (``NumNodes``...) and ``StartTime=now+2`` set
 rescheduled    ``StartTime=now`` sent, at least :data:`REQUEUE_START_DELAY_S` after the requeue
 running        the job acknowledged ``applied`` for the generation (a pending job: the
-               generation is written and the job still pends, so its launcher starts with it)
+               generation is written and the job still pends, so its launcher starts with it;
+               a preemption: the requeued job pends with ``StartTime=now+<hold>``)
 failed         ended, superseded, rejected, refused by Slurm, or timed out (``why`` says)
 =============  =========================================================================
 
 Timeouts (:class:`Timeouts`), from the history: ``ack`` seconds from ``requested`` until the job
 checkpoints or applies (then a generation never acknowledged is cancelled by a ``continue``
 generation at the job's current size, so a late acknowledgement never starts a stale resize);
-``start`` seconds from ``requeued`` until the job runs again.
+``start`` seconds from ``requeued`` until the job runs again (a preemption: until it pends).
+``hold`` is a preempted job's deadline, not a timeout of the action.
 """
 
 from __future__ import annotations
@@ -104,8 +116,12 @@ PATHS: dict[ChangeKind, tuple[ResizePhase, ...]] = {
     ChangeKind.SHRINK: (P.REQUESTED, P.CHECKPOINTED, P.RUNNING),
     ChangeKind.GROW: (P.REQUESTED, P.CHECKPOINTED, P.REQUEUED, P.RELEASED, P.RESCHEDULED,
                       P.RUNNING),
-    ChangeKind.PREEMPT: (P.REQUESTED, P.FAILED),   # not applied by the daemon yet
+    ChangeKind.PREEMPT: (P.REQUESTED, P.CHECKPOINTED, P.REQUEUED, P.RUNNING),
 }
+
+#: the kinds that checkpoint and then requeue a running job
+REQUEUES = (ChangeKind.GROW, ChangeKind.PREEMPT)
+
 
 
 class IllegalTransition(ValueError):
@@ -183,7 +199,9 @@ class Action:
     Sizes in nodes, ``batch_size`` in samples (global). ``restarts_at_plan`` is Slurm's restart
     count of the job when the action was planned: a grow requeues the job only while the count
     is unchanged, so a resumed action never requeues twice. ``placement``: nodes to start on (a
-    pending job, or a grow after its requeue); empty lets Slurm choose.
+    pending job, or a grow after its requeue); empty lets Slurm choose. For a ``preempt``,
+    ``nodes`` is the size the job resumes at (its size now; the plan's 0 is in the journal's
+    ``to_nodes``): the control generation asks for it, and the requeued job is given it.
     """
 
     job_id: str
@@ -218,10 +236,13 @@ class Observed:
 @dataclass(frozen=True)
 class Timeouts:
     """Seconds: ``ack`` from the request to the job's checkpoint or application; ``start`` from
-    the requeue to the job's first step at the new size."""
+    the requeue to the job's first step at the new size (a preemption: to its hold); ``hold``:
+    how long a preempted job pends at most (its ``StartTime=now+<hold>``; Slurm starts it then,
+    daemon or not)."""
 
     ack: float = 180.0
     start: float = 300.0
+    hold: float = 1800.0
 
 
 # -- effects: what a step asks the executor to do, in order -----------------------------------
@@ -302,22 +323,15 @@ def next_step(action: Action, history: History, obs: Observed,
               timeouts: Timeouts = Timeouts()) -> Step:
     """The next phase of ``action`` given ``history`` and this reading (pure).
 
-    Checks in order: terminal phase (stay); kind ``preempt`` (failed: not applied by the daemon
-    yet); the job ended or is gone; a newer generation superseded this one; the job rejected or
-    applied it; then the phase's own rule (:data:`_RULES`), which may time out.
+    Checks in order: terminal phase (stay); the job ended or is gone; a newer generation
+    superseded this one; the job rejected or applied it; then the phase's own rule
+    (:data:`_RULES`), which may time out.
     """
     phase = history.phase
     if phase.terminal:
         return Step(phase)
-    return (_refused(action) or _ended(action, obs) or _superseded(action, obs)
+    return (_ended(action, obs) or _superseded(action, obs)
             or _answered(action, obs) or _RULES[phase](action, history, obs, timeouts))
-
-
-def _refused(a: Action) -> Step | None:
-    if a.kind == ChangeKind.PREEMPT:
-        return Step(P.FAILED, why=f"job {a.job_id}: preemption is not applied by the daemon yet; "
-                                  "the job keeps running")
-    return None
 
 
 def _ended(a: Action, obs: Observed) -> Step | None:
@@ -343,6 +357,10 @@ def _answered(a: Action, obs: Observed) -> Step | None:
     if ack.state == AckState.REJECTED:
         return Step(P.FAILED, why=f"job {a.job_id} rejected generation {a.generation}: "
                                   f"{ack.message}")
+    if ack.state == AckState.APPLIED and a.kind == ChangeKind.PREEMPT:
+        # its launcher gave up waiting for the requeue, or Slurm started it before the hold
+        return Step(P.FAILED, why=f"job {a.job_id} runs again at generation {a.generation}: "
+                                  "not preempted")
     if ack.state == AckState.APPLIED:
         note = (f"Slurm started the job on {ack.nodes} node(s), not {a.nodes}"
                 if ack.nodes != a.nodes else "")
@@ -354,7 +372,9 @@ def _requested(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
     if obs.control_generation is None or obs.control_generation < a.generation:
         return _request(a, obs)
     if a.kind == ChangeKind.PENDING and obs.job.state == "PENDING":
-        return Step(P.RUNNING)  # the launcher starts with this generation
+        # the launcher starts with this generation; a job hpcsched preempted is released (again,
+        # if a daemon died between the generation and the release: StartTime is idempotent)
+        return Step(P.RUNNING, _release_held(obs.job))
     if obs.ack is not None and obs.ack.generation == a.generation:  # checkpointed
         return Step(P.CHECKPOINTED)
     if h.has_timeout(P.REQUESTED, t.ack, obs.now):
@@ -370,7 +390,21 @@ def _request(a: Action, obs: Observed) -> Step:
     if a.kind == ChangeKind.PENDING and job.state == "PENDING" and job.node_count != a.nodes:
         effects.append(ResizePendingJob(a.nodes, a.placement, job.cpus_per_task, required=True))
     effects.append(WriteControl(a.generation, ACTION_FOR_KIND[a.kind], a.nodes, a.batch_size))
+    if a.kind == ChangeKind.PENDING:
+        effects += _release_held(job)   # after the generation: the launcher starts with it
     return Step(P.REQUESTED, tuple(effects))
+
+
+def held_by_begin_time(job: JobInfo) -> bool:
+    """The job pends until its begin time (``squeue`` reason ``BeginTime``): a preempted job
+    under its guard, or a requeued one in Slurm's 121 s hold."""
+    return job.state == "PENDING" and job.state_reason.startswith("BeginTime")
+
+
+def _release_held(job: JobInfo) -> tuple[Effect, ...]:
+    """``StartTime=now`` for a job waiting for its begin time (a pending change is planned for
+    such a job only when hpcsched preempted it: :func:`hpcsched.daemon.views.eligible`)."""
+    return (SetStartTime("now"),) if held_by_begin_time(job) else ()
 
 
 def _unanswered(a: Action, obs: Observed, t: Timeouts) -> Step:
@@ -393,7 +427,7 @@ def _late(a: Action) -> Step:
 
 def _checkpointed(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
     job = obs.job
-    if a.kind == ChangeKind.GROW:
+    if a.kind in REQUEUES:
         if job.restarts > a.restarts_at_plan:   # requeued already (by a daemon that died)
             return Step(P.REQUEUED, note=f"requeued before (restart count {job.restarts})")
         if job.state == "RUNNING" and job.restarts == a.restarts_at_plan:
@@ -404,11 +438,27 @@ def _checkpointed(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
 
 
 def _requeued(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
+    if a.kind == ChangeKind.PREEMPT:
+        return _hold(a, h, obs, t)
     if obs.job.state == "PENDING":
         # the hold must go whether or not Slurm takes the new size
         return Step(P.RELEASED, (ResizePendingJob(a.nodes, a.placement, obs.job.cpus_per_task,
                                                   required=False),
                                  SetStartTime(f"now+{REQUEUE_START_DELAY_S}")))
+    return _waiting_to_start(a, h, obs, t, P.REQUEUED)
+
+
+def _hold(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
+    """A preempted job, once PENDING and :data:`REQUEUE_START_DELAY_S` after its requeue (so that
+    a release soon after cannot start it with a revoked credential): its resume size, and
+    ``StartTime=now+<hold>``, the guard that starts it without any daemon. Until then it is in
+    Slurm's own 121 s hold, which releases it too."""
+    job = obs.job
+    if job.state == "PENDING" and obs.now >= requeue_start_due(h.entered(P.REQUEUED)):
+        return Step(P.RUNNING, (ResizePendingJob(a.nodes, (), job.cpus_per_task, required=False),
+                                SetStartTime(f"now+{math.ceil(t.hold)}")),
+                    note=f"job {a.job_id} preempted: held until Slurm starts it in "
+                         f"{math.ceil(t.hold)} s, or a plan gives it GPUs")
     return _waiting_to_start(a, h, obs, t, P.REQUEUED)
 
 
@@ -444,6 +494,7 @@ __all__ = [
     "ENDED",
     "OPEN_PHASES",
     "PATHS",
+    "REQUEUES",
     "REQUEUE_START_DELAY_S",
     "TERMINAL_PHASES",
     "TRANSITIONS",
@@ -461,6 +512,7 @@ __all__ = [
     "Timeouts",
     "WriteControl",
     "check_transition",
+    "held_by_begin_time",
     "next_step",
     "requeue_start_due",
 ]

@@ -23,7 +23,10 @@
 Jobs are hpcsched's when their Slurm id has a job directory (``by-id/<id>``) under the
 control directory, and they are in a managed partition. A pending job that cannot start now
 (held, waiting for its begin time or a dependency) is left alone: whoever set that decides
-when it may run, and at what size.
+when it may run, and at what size. The exception is a job hpcsched preempted itself: it pends
+until the begin time the preemption gave it (``daemon.preemption_deadline``, the guard that
+starts it even with no daemon), and the policy may release it earlier
+(:func:`hpcsched.daemon.views.eligible`).
 """
 
 from __future__ import annotations
@@ -90,11 +93,13 @@ class Daemon:
         self.store = store or Store(d.database_url)
         self.policy = make_policy(settings.policy.name, settings.policy.params)
         self.actuator = Actuator(CLISlurmControl(timeout=d.slurm_timeout),
-                                 Timeouts(ack=d.ack_timeout, start=max(300.0, d.ack_timeout)))
+                                 Timeouts(ack=d.ack_timeout, start=max(300.0, d.ack_timeout),
+                                          hold=d.preemption_deadline))
         self._stepped: set[int] = set()   # journal ids this process has advanced
         self.control_dir = settings.control_dir_path()
+        # a plan's 0 GPUs for a running job is applied (checkpoint, requeue, hold with a deadline)
         self.costs = Costs(restart_cost=d.restart_cost, shrink_cost=d.shrink_cost,
-                           min_gain=d.min_gain, horizon=d.horizon)
+                           min_gain=d.min_gain, horizon=d.horizon, preemption=True)
         self.managed = views.ManagedJobs(self.control_dir, d.partitions)
 
     # ----------------------------------------------------------------- jobs
@@ -183,9 +188,12 @@ class Daemon:
             rep.outcomes[c.job_id] = self._apply(c, jd, spec, info, rep.round_id)
 
     def _apply(self, c: Change, jd: JobDir, spec: JobSpec, info: slurm.JobInfo, rid: int) -> str:
-        """Journal ``c`` as ``requested`` (committed), then take its first step."""
+        """Journal ``c`` as ``requested`` (committed), then take its first step. A preemption's
+        action asks for the job's size now, which it resumes at (:class:`Action`)."""
         cur = current_of(jd, spec, info)
-        action = Action(c.job_id, ChangeKind(c.kind), cur.generation + 1, c.to_nodes,
+        kind = ChangeKind(c.kind)
+        nodes = c.from_nodes if kind == ChangeKind.PREEMPT else c.to_nodes
+        action = Action(c.job_id, kind, cur.generation + 1, nodes,
                         c.to_batch_size, info.restarts, c.reason, f"hpcsched daemon (round {rid})",
                         tuple(c.placement))
         created = time.time()

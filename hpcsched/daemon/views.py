@@ -15,6 +15,7 @@ Units: seconds, samples, samples/s, GPUs, GPU-seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -156,13 +157,24 @@ def cluster_snapshot(obs: Observation, jobs: Sequence[JobView], partitions: Sequ
                            partitions=tuple(partitions), gpus=tuple(gpus))
 
 
-def eligible(info: slurm.JobInfo) -> bool:
+def eligible(info: slurm.JobInfo, held: bool = False) -> bool:
     """A job the policy may plan for: running, or pending and free to start (not held, not
     waiting for a begin time, a dependency or a reservation: those are someone else's
-    decision)."""
+    decision), or ``held`` by hpcsched's own preemption (:func:`held_after_preemption`)."""
     if info.state == "RUNNING":
         return True
-    return info.state == "PENDING" and not info.state_reason.startswith(NOT_ELIGIBLE)
+    return info.state == "PENDING" and (held or not info.state_reason.startswith(NOT_ELIGIBLE))
+
+
+def held_after_preemption(info: slurm.JobInfo, store: Store) -> bool:
+    """The job pends under the begin time hpcsched's preemption gave it: it waits for its begin
+    time, and its newest journal entry that did not fail is a ``preempt`` that took effect
+    (phase ``running``) at a lower restart count than Slurm's now (its requeue)."""
+    if info.state != "PENDING" or not info.state_reason.startswith("BeginTime"):
+        return False
+    last = next((a for a in store.actions(info.job_id, limit=10) if a.phase != "failed"), None)
+    return (last is not None and last.kind == "preempt" and last.phase == "running"
+            and info.restarts > last.restarts_at_plan)
 
 
 # ----------------------------------------------------------------------------- the daemon's facts
@@ -253,9 +265,15 @@ def measured_gpu_views(store: Store, applications: Iterable[str]) -> tuple[GPUVi
 
 def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: Store,
                     busy: set[str], partitions: Sequence[str]) -> ClusterSnapshot:
-    """The daemon's snapshot: every eligible managed job's view, and the measured GPUs."""
-    views = tuple(job_view(daemon_job_facts(jd, spec, info, store, job_id in busy))
-                  for job_id, (jd, spec, info) in managed.items() if eligible(info))
+    """The daemon's snapshot: every eligible managed job's view (a job hpcsched preempted and
+    holds: ``held``), and the measured GPUs."""
+    held = {job_id for job_id, (_, _, info) in managed.items()
+            if job_id not in busy and held_after_preemption(info, store)}
+    views = tuple(job_view(dataclasses.replace(daemon_job_facts(jd, spec, info, store,
+                                                                job_id in busy),
+                                               held=job_id in held))
+                  for job_id, (jd, spec, info) in managed.items()
+                  if eligible(info, job_id in held))
     return cluster_snapshot(obs, views, partitions,
                             measured_gpu_views(store, {j.app_class for j in views}))
 

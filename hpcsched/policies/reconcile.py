@@ -9,7 +9,7 @@ Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``, in four steps:
    (for a job held after a preemption: and released). With ``Costs.preemption`` a running job
    the plan gives 0 nodes is **preempt**-ed (checkpoint, requeue and hold until a plan gives it
    GPUs again; Tiresias, NSDI'19 §4); the policy decided it, so it is not weighed against a gain.
-   Only the simulator sets it so far; the daemon reports such targets in its notes. With
+   The daemon and the simulator set it; without it such targets are only noted. With
    ``Costs.place_pending`` a pending job whose plan places it on other nodes than it asks for
    gets a change even at an unchanged size (the simulator; the daemon does not know a pending
    job's requested node list yet, and would re-send it every round).
@@ -56,7 +56,9 @@ class Costs:
     shrink_cost: float = 2.0
     min_gain: float = 0.05
     horizon: float = 600.0
-    preemption: bool = False   # apply a plan's "0 nodes" for a running job (simulator only, so far)
+    #: apply a plan's 0 nodes for a running job as a ``preempt`` change (the daemon and the
+    #: simulator do; the daemon holds the job with a deadline, ``daemon.preemption_deadline``)
+    preemption: bool = False
     place_pending: bool = False  # set a pending job's node list even when its size is unchanged
 
 
@@ -167,8 +169,8 @@ def _classify_running(job: JobView, t: JobTarget, costs: Costs) -> Candidate | s
         if costs.preemption:
             return Candidate(Change(job.job_id, ChangeKind.PREEMPT, job.nodes, 0, job.batch_size,
                                     job.batch_size, t.reason))
-        return (f"job {job.job_id}: {t.reason}; preemption is not applied by the daemon yet (the "
-                "simulator applies it): the job keeps running")
+        return (f"job {job.job_id}: {t.reason}; preemption is not applied by the daemon here "
+                "(Costs.preemption is off): the job keeps running")
     kind = ChangeKind.between(job.nodes, t.nodes)
     x_from, x_to = predict(job, job.nodes, job.batch_size), predict(job, t.nodes, t.batch_size)
     if x_from is None or x_to is None:
