@@ -22,7 +22,21 @@ What Slurm 22.05.8 really prints (measured on the dev cluster, ``hpcsched devclu
         "nodes": "n[1-3]", "node_count": 3, "tres_per_node": "gres:gpu:2",
         "gres_detail": ["gpu:2(IDX:0-1)", ...], ...}]}   # every job slurmctld still holds
 
-Both documents follow openapi v0.0.38; later versions' list-valued states are accepted too.
+Slurm 23.02 and later (data_parser v0.0.40+; recorded from 24.11.5 and 26.05.5 in
+``tests/data/slurm/<version>/``, compared in ``docs/slurm-versions.md``) differ in four ways,
+each read by one small accessor on one code path:
+
+* version fields: ``meta.plugin.data_parser`` ``"data_parser/v0.0.42"`` and ``meta.slurm.release``
+  instead of ``meta.plugin.type`` ``"openapi/v0.0.38"`` and ``meta.Slurm.release``
+  (:func:`doc_version`);
+* numbers such as ``node_count``, ``priority``, ``cpus``, ``tasks``, ``cpus_per_task`` are
+  ``{"set": true, "infinite": false, "number": 2}`` (:func:`_int`);
+* ``job_state`` and node ``state`` are lists, ``["RUNNING"]``, ``["MIXED", "DRAIN"]``
+  (:func:`_job_state`, :func:`node_state`); ``tres_per_node`` is ``"gres/gpu:2"``;
+* ``sinfo --json`` lists groups of like nodes under ``"sinfo"`` (``nodes.nodes`` names,
+  ``node.state``, ``gres.total``/``gres.used``, ``partition.name``) instead of one object per node
+  under ``"nodes"`` (:func:`_sinfo_entry_nodes` turns each group into 22.05-shaped nodes).
+
 Units: GPU counts are GPUs per node; times are Unix seconds.
 """
 
@@ -215,8 +229,34 @@ def gpu_count(value: str | Mapping | None) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _load_doc(text: object, what: str, key: str) -> list[dict]:
-    """Decode a ``--json`` document and return its ``key`` list, or raise SlurmError."""
+def doc_version(doc: Mapping) -> tuple[str, int]:
+    """``(release, data parser version)`` of a ``--json`` document from its own ``meta``:
+    ``("22.05.8", 38)`` from ``meta.Slurm.release`` and ``meta.plugin.type`` ``"openapi/v0.0.38"``;
+    ``("24.11.5", 42)`` from ``meta.slurm.release`` and ``meta.plugin.data_parser``
+    ``"data_parser/v0.0.42"``. ``("", 0)`` for a field that is missing (hand-made documents)."""
+    meta = doc.get("meta") if isinstance(doc.get("meta"), Mapping) else {}
+    slurm = meta.get("slurm") or meta.get("Slurm") or {}
+    plugin = meta.get("plugin") or {}
+    parser = str(plugin.get("data_parser") or plugin.get("type") or "") if isinstance(plugin, Mapping) else ""
+    m = re.search(r"v0\.0\.(\d+)", parser)
+    release = slurm.get("release") if isinstance(slurm, Mapping) else None
+    return str(release or ""), int(m.group(1)) if m else 0
+
+
+#: The first data parser (Slurm 23.02) whose ``sinfo --json`` groups nodes under ``"sinfo"``.
+DATA_PARSER_GROUPED = 40
+
+
+def _doc_key(doc: dict, key: str) -> str:
+    """The key of the list to read: for ``nodes`` of a data-parser document (v0.0.40+), the
+    ``sinfo`` groups; a document without version fields is read by the key it has."""
+    if key == "nodes" and "sinfo" in doc and (doc_version(doc)[1] >= DATA_PARSER_GROUPED or key not in doc):
+        return "sinfo"
+    return key
+
+
+def _load_doc(text: object, what: str, key: str) -> tuple[str, list[dict]]:
+    """Decode a ``--json`` document; return (the key read, its list), or raise SlurmError."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     if not isinstance(text, str):
@@ -228,6 +268,7 @@ def _load_doc(text: object, what: str, key: str) -> list[dict]:
         raise SlurmError(f"{what}: output is not valid JSON, truncated? {tail}: {exc.msg}") from exc
     if not isinstance(doc, dict):
         raise SlurmError(f"{what}: expected a JSON object at top level, got {type(doc).__name__}")
+    key = _doc_key(doc, key)
     if doc.get("errors"):
         raise _reported_error(what, doc["errors"], doc.get(key))
     if key not in doc:
@@ -238,7 +279,7 @@ def _load_doc(text: object, what: str, key: str) -> list[dict]:
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise SlurmError(f"{what}: {key}[{i}] should be an object, got {item!r:.80}")
-    return items
+    return key, items
 
 
 def _error_text(e: object) -> tuple[str, bool]:
@@ -276,18 +317,45 @@ def _reported_error(what: str, errors: object, items: object) -> SlurmError:
 # --------------------------------------------------------------------------------------------
 
 
+def _int(value: object) -> int:
+    """A JSON number of any version: ``2`` (22.05), ``{"set": true, "infinite": false, "number": 2}``
+    (data_parser v0.0.40+); unset, infinite or null -> 0.
+
+    Raises:
+        TypeError, ValueError: anything else (the callers turn them into SlurmError).
+    """
+    if isinstance(value, Mapping):
+        if not value.get("set", True) or value.get("infinite"):
+            return 0
+        value = value.get("number")
+    if isinstance(value, bool):
+        raise TypeError(f"expected a number, got {value!r}")
+    return int(value or 0)
+
+
+#: Flags that 22.05 prints instead of the base state, in its order of precedence
+#: (``job_state_string()`` in Slurm's src/common/slurm_protocol_defs.c); v0.0.40+ lists them
+#: beside the base state, ``["RUNNING", "COMPLETING"]``.
+_STATE_FLAGS = ("COMPLETING", "STAGE_OUT", "CONFIGURING", "RESIZING", "REQUEUED", "REQUEUE_FED",
+                "REQUEUE_HOLD", "SPECIAL_EXIT", "STOPPED", "REVOKED", "RESV_DEL_HOLD", "SIGNALING")
+
+
 def _job_state(j: dict) -> str:
+    """``job_state`` as 22.05 prints it: a string there; from a v0.0.40+ list the flag 22.05
+    would show (:data:`_STATE_FLAGS`, ``["RUNNING", "COMPLETING"]`` -> ``COMPLETING``), else the
+    base state (the first entry)."""
     state = j.get("job_state") or ""
-    if isinstance(state, list):  # newer openapi versions report a list of flags
-        state = state[0] if state else ""
+    if isinstance(state, list):
+        words = [str(w) for w in state]
+        state = next((f for f in _STATE_FLAGS if f in words), words[0] if words else "")
     return str(state)
 
 
 def _cpus_per_task(j: dict) -> int:
     """``cpus_per_task``, else ``cpus // tasks`` (22.05 leaves cpus_per_task null), at least 1."""
-    if j.get("cpus_per_task"):
-        return max(1, int(j["cpus_per_task"]))
-    return max(1, int(j.get("cpus") or 0) // max(1, int(j.get("tasks") or 1)))
+    if _int(j.get("cpus_per_task")):
+        return max(1, _int(j["cpus_per_task"]))
+    return max(1, _int(j.get("cpus")) // max(1, _int(j.get("tasks")) or 1))
 
 
 def _job_from_json(j: dict) -> JobInfo:
@@ -299,24 +367,26 @@ def _job_from_json(j: dict) -> JobInfo:
         state_reason=str(j.get("state_reason") or ""),
         partition=str(j.get("partition") or ""),
         nodes=str(j.get("nodes") or ""),
-        node_count=int(j.get("node_count") or 0),
+        node_count=_int(j.get("node_count")),
         gpus_per_node=gpu_count(j.get("tres_per_node")),
-        restarts=int(j.get("restart_cnt") or 0),
+        restarts=_int(j.get("restart_cnt")),
         batch_host=str(j.get("batch_host") or ""),
-        priority=int(j.get("priority") or 0),
+        priority=_int(j.get("priority")),
         cpus_per_task=_cpus_per_task(j),
     )
 
 
 def parse_squeue_json(text: str | bytes) -> dict[str, JobInfo]:
-    """Parse ``squeue --json`` output into ``{job_id: JobInfo}``.
+    """Parse ``squeue --json`` output (Slurm 22.05, 24.11, 26.05: see the module docstring) into
+    ``{job_id: JobInfo}``. 22.05 lists every job slurmctld holds; 23.02+ only the states of
+    squeue's default filter unless run with ``-t all`` (``docs/slurm-versions.md``).
 
     Raises:
         SlurmUnavailable: the document reports that the controller could not be reached (22.05
             then exits 0 with an empty list: see :func:`_reported_error`).
         SlurmError: anything else that is not the JSON squeue documents (e.g. truncated).
     """
-    jobs = _load_doc(text, "squeue --json", "jobs")
+    _, jobs = _load_doc(text, "squeue --json", "jobs")
     out = {}
     for i, j in enumerate(jobs):
         if j.get("job_id") is None:
@@ -398,8 +468,27 @@ def _node_from_json(n: dict, i: int) -> NodeView:
     )
 
 
+def _sinfo_entry_nodes(e: dict, i: int) -> list[dict]:
+    """One group of a v0.0.40+ ``sinfo --json`` (nodes alike in state, GRES use and partition)
+    as one 22.05-shaped node object per name in ``nodes.nodes``.
+
+    Raises:
+        SlurmError: the group has no ``nodes.nodes`` list of names.
+    """
+    names = (e.get("nodes") or {}).get("nodes") if isinstance(e.get("nodes"), Mapping) else None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise SlurmError(f"sinfo --json: sinfo[{i}] has no nodes.nodes list: {e!r:.120}")
+    gres = e.get("gres") if isinstance(e.get("gres"), Mapping) else {}
+    part = e.get("partition") if isinstance(e.get("partition"), Mapping) else {}
+    node = e.get("node") if isinstance(e.get("node"), Mapping) else {}
+    common = {"state": node.get("state"), "gres": gres.get("total"), "gres_used": gres.get("used"),
+              "partitions": [part["name"]] if part.get("name") else []}
+    return [dict(common, name=name) for name in names]
+
+
 def parse_sinfo_json(text: str | bytes) -> tuple[NodeView, ...]:
-    """Parse ``sinfo --json`` (Slurm 22.05, openapi v0.0.38; sinfo(1) ``--json``) into nodes.
+    """Parse ``sinfo --json`` (sinfo(1) ``--json``; Slurm 22.05 openapi v0.0.38 and 23.02+ data
+    parser v0.0.40+, whose groups of like nodes are read by :func:`_sinfo_entry_nodes`) into nodes.
 
     Per node: ``name`` (``hostname`` if missing), ``gpus`` from ``gres``, ``gpus_allocated``
     from ``gres_used`` (falling back to ``tres_used`` ``gres/gpu=N``, then 0), all through
@@ -414,7 +503,10 @@ def parse_sinfo_json(text: str | bytes) -> tuple[NodeView, ...]:
             or has no name, or a field of the wrong type.
     """
     merged: dict[str, NodeView] = {}
-    for i, n in enumerate(_load_doc(text, "sinfo --json", "nodes")):
+    key, items = _load_doc(text, "sinfo --json", "nodes")
+    if key == "sinfo":
+        items = [n for i, e in enumerate(items) for n in _sinfo_entry_nodes(e, i)]
+    for i, n in enumerate(items):
         node = _node_from_json(n, i)
         old = merged.get(node.name)
         if old is not None:
