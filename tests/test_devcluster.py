@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpcsched.slurm import devcluster as dc
-from hpcsched.slurm.devcluster import cli, install, processes
+from hpcsched.slurm.devcluster import chroot, cli, daemons, install, processes
 from tests.conftest import wait_for
 
 STATE = dc.default_state_dir()
@@ -208,6 +208,79 @@ def test_status_text_of_an_up_cluster(monkeypatch, tmp_path):
 def _slurm(env: dict[str, str], *args: str, timeout: float = 10) -> str:
     return subprocess.run(list(args), env=env, capture_output=True, text=True, timeout=timeout,
                           check=True).stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure tests of the chroot clusters (--slurm 24.11 | 26.05)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", list(chroot.VERSIONS))
+def test_chroot_configs_own_ports_no_slurmdbd_no_cgroup(tmp_path, version):
+    ports = chroot.VERSIONS[version].ports
+    files = dc.render_configs(tmp_path, nodes=2, gpus=4, cpus=8, ports=ports)
+    v = {k: vals[0] for k, vals in _conf_values(files["slurm.conf"]).items()}
+    assert (v["SlurmctldPort"], v["SlurmdPort"]) == (str(ports.slurmctld), str(ports.slurmd))
+    assert v["AccountingStorageType"] == "accounting_storage/none"
+    assert "AccountingStorageTRES" not in v and "AccountingStoragePort" not in v   # 24.11: TRES needs slurmdbd
+    nodes = [line for line in files["slurm.conf"].splitlines() if line.startswith("NodeName=")]
+    assert [re.search(r"Port=(\d+)", n).group(1) for n in nodes] == [str(ports.node(1)), str(ports.node(2))]
+    assert "CgroupPlugin=disabled" in files["cgroup.conf"]
+
+
+def test_chroot_ports_meet_neither_the_host_cluster_nor_each_other():
+    def used(p: dc.base.Ports) -> set[int]:
+        return {p.slurmctld, p.slurmd, *range(p.node(1), p.node(dc.base.MAX_NODES) + 1)}
+
+    host = used(dc.base.DEFAULT_PORTS) | {dc.base.SLURMDBD_PORT, dc.base.MARIADB_PORT}
+    sets = [used(v.ports) for v in chroot.VERSIONS.values()]
+    assert all(not (s & host) for s in sets)
+    assert not (sets[0] & sets[1])
+
+
+@pytest.mark.parametrize("text, want", [
+    ("Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\n", "http://mirror.example/debian"),
+    ("deb http://deb.debian.org/debian bookworm main\n", "http://deb.debian.org/debian"),
+    ("deb [arch=amd64] http://m.example/debian bookworm main\n", "http://m.example/debian"),
+    ("URIs: http://deb.debian.org/debian-security\n", "http://deb.debian.org/debian"),  # not security
+])
+def test_apt_mirror(tmp_path, text, want):
+    (tmp_path / "debian.sources").write_text(text)
+    assert chroot.apt_mirror((str(tmp_path),)) == want
+
+
+def test_unknown_version_is_refused():
+    with pytest.raises(dc.DevClusterError, match="22.05, 24.11, 26.05"):
+        chroot.chroot_dir("23.02")
+
+
+@pytest.mark.parametrize("args, want", [
+    ([], "/var/lib/hpcsched/devcluster-24.11"),                 # not $HPCSCHED_DEVCLUSTER_DIR (the host's)
+    (["--state-dir", "/tmp/mine"], "/tmp/mine"),
+])
+def test_cli_slurm_option_state_dir(monkeypatch, args, want):
+    seen = {}
+
+    def fake_status(version, state_dir):
+        seen.update(version=version, state_dir=str(state_dir))
+        return {"up": False, "state_dir": str(state_dir), "slurm_conf": "x", "geometry": None, "daemons": [],
+                "nodes": [], "error": None}
+
+    monkeypatch.setattr(chroot, "status", fake_status)
+    monkeypatch.setenv(dc.STATE_DIR_ENV, "/var/lib/hpcsched/devcluster")
+    result = CliRunner().invoke(cli.devcluster, ["status", "--slurm", "24.11", *args])
+    assert result.exit_code == 3, result.output
+    assert seen == {"version": "24.11", "state_dir": want}
+
+
+@pytest.mark.parametrize("version", ["22.05", "24.11", "26.05"])
+def test_sinfo_nodes_reads_every_version(monkeypatch, version):
+    recorded = (Path(__file__).parent / "data/slurm" / version / "sinfo.drain.json").read_text()
+    monkeypatch.setattr(daemons, "run_cmd", lambda *a, **k: SimpleNamespace(stdout=recorded))
+    rows = daemons.sinfo_nodes(Path("/x/slurm.conf"))
+    assert [(r["name"], r["state"], r["flags"], r["gres"], r["cpus"]) for r in rows] == [
+        ("n1", "mixed", [], "gpu:4", 8), ("n2", "mixed", ["DRAIN"], "gpu:4", 8)]
+    assert [r["reason"] for r in rows][1] == "recorded"
 
 
 @pytest.fixture(scope="module")
