@@ -128,3 +128,53 @@ def blocker(devcluster, slurm_jobs, tmp_path):
 def finished(job_ids):
     infos = slurm.squeue()
     return all(infos.get(j) is not None and not infos[j].active for j in job_ids) and infos
+
+
+# ------------------------------------------------------------------ several Unix users
+#: an interpreter every user can run (the default Python lives under /root, mode 0700)
+MULTIUSER_VENV = Path("/opt/hpcsched-multiuser-venv")
+MULTIUSER_PYTHON = "/usr/bin/python3.11"
+#: the only torch spec that installs from a local CPU wheel (any other downloads GBs)
+MULTIUSER_TORCH = "2.13.0"
+
+
+def _venv_ready(venv: Path) -> bool:
+    """``venv`` runs this checkout's hpcsched (editable) with torch MULTIUSER_TORCH and sklearn."""
+    py = venv / "bin" / "python"
+    if not py.exists():
+        return False
+    probe = ("import hpcsched, sklearn, torch, sys; "
+             "sys.exit(0 if torch.__version__.split('+')[0] == sys.argv[1] "
+             "and hpcsched.__file__.startswith(sys.argv[2]) else 1)")
+    return subprocess.run([str(py), "-c", probe, MULTIUSER_TORCH, str(ROOT / "hpcsched")],
+                          capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def multiuser_venv() -> Path:
+    """A virtual environment every user can run, with this checkout installed editable (and its
+    ``train`` extra): built once per machine with Debian's python3.11 (about 40 s, from local
+    wheels), reused while it has hpcsched from this checkout and the pinned torch. Needs root."""
+    if os.geteuid() != 0:
+        pytest.skip("creating Unix users and a shared venv needs root")
+    if not Path(MULTIUSER_PYTHON).exists():
+        pytest.skip(f"{MULTIUSER_PYTHON} (Debian's python3.11 with venv) is not installed")
+    if not _venv_ready(MULTIUSER_VENV):
+        pip = [str(MULTIUSER_VENV / "bin" / "pip"), "install", "-q", "--disable-pip-version-check"]
+        for cmd in ([MULTIUSER_PYTHON, "-m", "venv", str(MULTIUSER_VENV)],
+                    pip + [f"torch=={MULTIUSER_TORCH}"], pip + ["-e", f"{ROOT}[train]"]):
+            subprocess.run(cmd, check=True, capture_output=True, timeout=900)
+        assert _venv_ready(MULTIUSER_VENV), f"{MULTIUSER_VENV} built but not usable"
+    return MULTIUSER_VENV
+
+
+@pytest.fixture(scope="session")
+def unix_users() -> tuple[str, str]:
+    """Unix users alice and bob (created if missing; they are left for the next run)."""
+    if os.geteuid() != 0:
+        pytest.skip("creating Unix users needs root")
+    for user in ("alice", "bob"):
+        if subprocess.run(["id", user], capture_output=True).returncode != 0:
+            subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", user],
+                           check=True, capture_output=True)
+    return "alice", "bob"

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import pwd
+import stat
 import uuid
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -47,6 +49,8 @@ CHECKPOINTS_DIR = "checkpoints"
 LEFT_DIR = "left"
 SPEC_SCHEMA = "hpcsched.spec/1"
 ENV_CONTROL_DIR = "HPCSCHED_CONTROL_DIR"
+
+_log = logging.getLogger(__name__)
 
 
 class JobNotFound(LookupError):
@@ -76,6 +80,27 @@ def _checked_target(job_id: str | int, link: Path, subtree: Path, user: str) -> 
         raise JobNotFound(f"job {job_id}: {link} does not lead to a job directory of {user} in "
                           f"{subtree}; ignored")
     return target
+
+
+def _log_other_claims(job_id: str | int, root: Path, user: str, found: Path) -> None:
+    """Log, as refused, every other ``by-id/<job_id>`` link: the earlier layout's, and (for
+    root, the only one who can enter other users' subtrees, mode 0700) those in other users'
+    subtrees. Such a link names a job Slurm says is ``user``'s: planted, or left over."""
+    others = [root / "by-id" / str(job_id)]
+    if os.geteuid() == 0:
+        try:
+            others += [root / e.name / "by-id" / str(job_id) for e in os.scandir(root)
+                       if e.name not in (user, "by-id") and e.is_dir(follow_symlinks=False)]
+        except OSError:
+            pass
+    for link in others:
+        try:
+            if not os.path.lexists(link) or link.resolve() == found:
+                continue
+        except (OSError, RuntimeError):   # a loop: still a foreign claim
+            pass
+        _log.warning("job %s: %s refused: Slurm says the job is %s's, whose directory is %s",
+                     job_id, link, user, found)
 
 
 def user_subtree(root: Path, user: str | None = None) -> Path:
@@ -259,7 +284,9 @@ class JobDir:
         for subtree in (root / user, root):   # this layout, then the earlier one
             link = subtree / "by-id" / str(job_id)
             if link.is_symlink() or link.exists():
-                return cls(_checked_target(job_id, link, subtree, user))
+                found = cls(_checked_target(job_id, link, subtree, user))
+                _log_other_claims(job_id, root, user, found.path)
+                return found
         raise JobNotFound(
             f"job {job_id} is not an hpcsched job of {user} (no {root / user / 'by-id' / str(job_id)}"
             f"; was it submitted with hpcsub, with the same {ENV_CONTROL_DIR}?)")
@@ -377,11 +404,25 @@ class JobDir:
     def resize_lock(self, blocking: bool = False) -> Iterator[None]:
         """Exclusive lock so two actuators never resize one job at once.
 
+        The lock file belongs to the job directory's owner, mode 0600, like the protocol's
+        files (:func:`~hpcsched.protocol.files.write_json_atomic`): one root (an admin) creates
+        stays openable by the job's user. It is never opened through a symbolic link, and must
+        be a regular file with no other name: root truncates and writes it.
+
         Raises:
             BlockingIOError: held by another process and ``blocking`` is false.
+            ProtocolError: ``resize.lock`` is not a regular file, or has other (hard) links.
+            OSError: it is a symbolic link (``ELOOP``), or cannot be opened.
         """
-        fd = os.open(self.path / "resize.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        path = self.path / "resize.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                raise ProtocolError(f"{path}: not a regular file of its own; not used")
+            owner = os.stat(self.path)
+            if os.geteuid() == 0 and st.st_uid != owner.st_uid:
+                os.fchown(fd, owner.st_uid, owner.st_gid)
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())

@@ -1,0 +1,115 @@
+"""The per-user layout's guards that need no cluster: the resize lock a root process takes in a
+user's job directory, and the other ``by-id`` links a lookup refuses and logs. The ownership
+cases need root (``chown`` to another user)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+import pytest
+
+from hpcsched.protocol.files import ProtocolError
+from hpcsched.protocol.jobdir import JobDir
+
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+
+
+def _user_dir(root, user_uid: int = NOBODY) -> JobDir:
+    """``root/<name of the current user>/job`` owned by ``user_uid``."""
+    jd = JobDir(root / "job")
+    jd.path.mkdir(parents=True)
+    os.chown(jd.path, user_uid, user_uid)
+    return jd
+
+
+@needs_root
+def test_a_lock_root_takes_belongs_to_the_job_directorys_owner(tmp_path):
+    jd = _user_dir(tmp_path)
+    with jd.resize_lock():
+        pass
+    st = (jd.path / "resize.lock").stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (NOBODY, 0o600)
+
+
+@needs_root
+def test_a_root_owned_lock_left_by_an_earlier_version_is_given_to_the_owner(tmp_path):
+    jd = _user_dir(tmp_path)
+    fd = os.open(jd.path / "resize.lock", os.O_CREAT | os.O_WRONLY, 0o644)
+    os.close(fd)
+    with jd.resize_lock():
+        pass
+    assert (jd.path / "resize.lock").stat().st_uid == NOBODY
+
+
+def test_the_lock_is_never_taken_through_a_symbolic_link(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    jd = JobDir(tmp_path / "job")
+    jd.path.mkdir()
+    (jd.path / "resize.lock").symlink_to(victim)
+    with pytest.raises(OSError) as info:
+        with jd.resize_lock():
+            pass
+    assert info.value.errno == errno.ELOOP
+    assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize(("kind", "error"), [("fifo", ProtocolError), ("hardlink", ProtocolError),
+                                             ("directory", IsADirectoryError)])
+def test_the_lock_must_be_a_regular_file_of_its_own(tmp_path, kind, error):
+    jd = JobDir(tmp_path / "job")
+    jd.path.mkdir()
+    lock = jd.path / "resize.lock"
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    if kind == "fifo":
+        os.mkfifo(lock)
+    elif kind == "hardlink":
+        os.link(victim, lock)
+    else:
+        lock.mkdir()
+    with pytest.raises(error):
+        with jd.resize_lock():
+            pass
+    assert victim.read_text() == "precious\n"
+
+
+def _job(root, user: str, uid: str, job_id: str) -> JobDir:
+    jd = JobDir(root / user / uid)
+    jd.path.mkdir(parents=True)
+    jd.link_job_id(job_id)
+    return jd
+
+
+def test_a_lookup_logs_the_earlier_layouts_link_to_another_directory(tmp_path, caplog):
+    me = JobDir(tmp_path).owner() or "root"
+    mine = _job(tmp_path, me, "a" * 12, "7")
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (tmp_path / "by-id").mkdir()
+    (tmp_path / "by-id" / "7").symlink_to(other)
+    with caplog.at_level(logging.WARNING, "hpcsched.protocol.jobdir"):
+        assert JobDir.for_job("7", tmp_path, user=me).path == mine.path
+    assert f"job 7: {tmp_path}/by-id/7 refused: Slurm says the job is {me}'s" in caplog.text
+
+
+@needs_root
+def test_root_logs_a_link_in_another_users_subtree_naming_the_job(tmp_path, caplog):
+    me = JobDir(tmp_path).owner()
+    mine = _job(tmp_path, me, "a" * 12, "7")
+    _job(tmp_path, "mallory", "b" * 12, "7")       # mallory's subtree claims job 7 too
+    with caplog.at_level(logging.WARNING, "hpcsched.protocol.jobdir"):
+        assert JobDir.for_job("7", tmp_path, user=me).path == mine.path
+    assert f"job 7: {tmp_path}/mallory/by-id/7 refused: Slurm says the job is {me}'s" in caplog.text
+
+
+def test_no_warning_when_only_the_jobs_own_link_names_it(tmp_path, caplog):
+    me = JobDir(tmp_path).owner()
+    _job(tmp_path, me, "a" * 12, "7")
+    _job(tmp_path, "someone", "b" * 12, "8")
+    with caplog.at_level(logging.WARNING, "hpcsched.protocol.jobdir"):
+        JobDir.for_job("7", tmp_path, user=me)
+    assert "refused" not in caplog.text
