@@ -200,7 +200,8 @@ class ManagedJobs:
                 continue
             if job_id not in self._specs:
                 try:
-                    jd = JobDir.for_job(job_id, self.control_dir)
+                    # the job's directory in the subtree of Slurm's user of the job
+                    jd = JobDir.for_job(job_id, self.control_dir, user=info.user)
                     self._specs[job_id] = (jd, jd.read_spec())
                 except (LookupError, ctl.ProtocolError) as exc:
                     log.warning("job %s: ignored: %s", job_id, exc)
