@@ -4,12 +4,24 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import random
 
 import pytest
 
-from hpcsched.daemon.ingest import WARMUP_STEPS, aggregate, ingest_job, read_new_lines
+from hpcsched.daemon import ingest
+from hpcsched.daemon.ingest import (
+    MAX_LINE_BYTES,
+    WARMUP_STEPS,
+    aggregate,
+    claim_problem,
+    ingest_job,
+    read_new_lines,
+    sequence_problems,
+)
 from hpcsched.daemon.store import Store
+from hpcsched.protocol.files import ProtocolError
 
 
 def rec(step, rank=0, *, world=1, step_time=0.1, compute=None, node="n1", **kw):
@@ -189,3 +201,131 @@ def test_ingest_job_reads_each_line_once(tmp_path, store):
     assert (row.world_size, row.steps) == (2, 6 - WARMUP_STEPS)
     size = (metrics / "launch-1-rank-0.jsonl").stat().st_size
     assert store.ingest_offset(str(metrics / "launch-1-rank-0.jsonl")) == size - len(b'{"step": 6, "ra')
+
+
+# -- bounds: untrusted files -------------------------------------------------------------------
+
+LONG = b"x" * (MAX_LINE_BYTES + 1)
+BOUND_CASES = {
+    # data, offset, limit, values, new offset, skipped
+    "a line over the bound skipped whole": (LONG + b'\n{"a": 1}\n', 0, None, [{"a": 1}], len(LONG) + 10, 1),
+    "a line of exactly the bound is read": (b'"' + b"y" * (MAX_LINE_BYTES - 2) + b'"\n', 0, None,
+                                            ["y" * (MAX_LINE_BYTES - 2)], MAX_LINE_BYTES + 1, 0),
+    "a partial last line over the bound is skipped, not kept": (b'{"a": 1}\n' + LONG, 0, None, [{"a": 1}],
+                                                                 9 + len(LONG), 1),
+    "the rest of a skipped line is skipped next pass": (LONG + b'xx\n{"a": 1}\n', len(LONG), None,
+                                                        [{"a": 1}], len(LONG) + 12, 0),
+    "still inside a skipped line: all consumed": (LONG + LONG, len(LONG), None, [], 2 * len(LONG), 0),
+    "invalid UTF-8 skipped": (b'\xff\n{"a": 1}\n\xc3\x28\n', 0, None, [{"a": 1}], 14, 2),
+    "JSON nested too deep skipped": (b"[" * 30000 + b"]" * 30000 + b'\n{"a": 1}\n', 0, None, [{"a": 1}], 60010, 1),
+    "an integer too long to convert skipped": (b"9" * 5000 + b'\n{"a": 1}\n', 0, None, [{"a": 1}], 5010, 1),
+    "at most the budget read, whole lines": (b'{"a": 1}\n' * 20000, 0, 100000, [{"a": 1}] * 11111, 99999, 0),
+}
+
+
+@pytest.mark.parametrize("data,offset,limit,values,new_offset,skipped", BOUND_CASES.values(),
+                         ids=BOUND_CASES.keys())
+def test_read_new_lines_bounds(tmp_path, data, offset, limit, values, new_offset, skipped):
+    f = tmp_path / "launch-1-rank-0.jsonl"
+    f.write_bytes(data)
+    got = read_new_lines(f, offset) if limit is None else read_new_lines(f, offset, limit)
+    assert got == (values, new_offset, skipped)
+
+
+def test_a_budget_below_one_line_still_reads_one_line(tmp_path):
+    f = tmp_path / "m.jsonl"
+    f.write_bytes(b'"' + b"y" * 1000 + b'"\n')
+    assert read_new_lines(f, 0, limit=10)[1] == 1003
+
+
+@pytest.mark.parametrize("make", [lambda p: os.mkfifo(p), lambda p: p.symlink_to("/etc/passwd"),
+                                  lambda p: p.mkdir()], ids=["FIFO", "symbolic link", "directory"])
+def test_read_new_lines_refuses_what_is_not_a_regular_file(tmp_path, make):
+    make(tmp_path / "m.jsonl")
+    with pytest.raises(ProtocolError):
+        read_new_lines(tmp_path / "m.jsonl", 0)
+
+
+def test_ingest_job_reads_at_most_the_budget_per_pass(tmp_path, store, monkeypatch, caplog):
+    monkeypatch.setattr(ingest, "MAX_ROUND_BYTES", 200_000)
+    metrics = tmp_path / "job" / "metrics"
+    metrics.mkdir(parents=True)
+    f = metrics / "launch-1-rank-0.jsonl"
+    f.write_bytes(b"\xff" * 100 + b"\n" + b"garbage\n" * 100_000)   # 800 kB
+    offsets = []
+    for _ in range(5):
+        assert ingest_job(store, "7", tmp_path / "job") == (0, 0)
+        offsets.append(store.ingest_offset(str(f)))
+    assert offsets == [199_997, 399_997, 599_997, 799_997, f.stat().st_size]
+    assert "job 7" in caplog.text and "1 not UTF-8" in caplog.text and str(f) in caplog.text
+
+
+def test_ingest_job_does_not_follow_a_linked_metrics_directory(tmp_path, store, caplog):
+    other = tmp_path / "other" / "metrics"
+    other.mkdir(parents=True)
+    _write(other / "launch-1-rank-0.jsonl", steps(6))
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "metrics").symlink_to(other)
+    assert ingest_job(store, "7", tmp_path / "job") == (0, 0)
+    assert "job 7" in caplog.text and "not read" in caplog.text
+
+
+# -- claims ------------------------------------------------------------------------------------
+
+NOW = 2000.0
+CLAIM_CASES = {
+    "an honest record": ({}, None),
+    "negative step time": ({"step_time": -0.1}, "negative step_time"),
+    "step time not finite": ({"step_time": math.inf}, "step_time"),
+    "step time NaN": ({"step_time": math.nan}, "step_time"),
+    "step time a string": ({"step_time": "0.1"}, "step_time"),
+    "negative compute time": ({"compute_time": -1.0}, "negative compute_time"),
+    "step not a number": ({"step": "3"}, "step"),
+    "rank a boolean": ({"rank": True}, "rank"),
+    "launch null": ({"launch": None}, "launch"),
+    "world size not the record's own": ({"world_size": 2}, "global_batch_size 16 != world_size 2"),
+    "rank outside the world": ({"rank": 1}, "rank 1"),
+    "more samples than the batch": ({"global_samples": 17}, "global_samples 17"),
+    "from the future": ({"t": NOW + 3600}, "future"),
+    "device not an object": ({"device": [1]}, "device"),
+    "device node too long for the store": ({"device": {"node": "n" * 200}}, "device field 'node'"),
+}
+
+
+@pytest.mark.parametrize("change,why", CLAIM_CASES.values(), ids=CLAIM_CASES.keys())
+def test_claim_problem(change, why):
+    problem = claim_problem({**rec(3), **change}, now=NOW)
+    assert (problem is None) if why is None else (why in problem)
+
+
+def seq(*pairs, step_time=0.1, **kw):
+    """Records of steps (step, t)."""
+    return [rec(s, t=t, step_time=step_time, **kw) for s, t in pairs]
+
+
+SEQUENCE_CASES = {
+    "steps in order": (seq((0, 1.0), (1, 1.11), (2, 1.22)), []),
+    "a step number going backwards": (seq((0, 1.0), (1, 1.11), (1, 1.3), (2, 1.4)), [2]),
+    "time going backwards": (seq((0, 1.0), (1, 1.11), (2, 0.5)), [2]),
+    "another launch starts over": (seq((5, 1.0), (6, 1.11)) + seq((0, 2.0), (1, 2.11), launch=2), []),
+    "steps 100 times faster than the clock": (seq((0, 1.0), (1, 2.0), (2, 3.0), step_time=0.01), [0, 1, 2]),
+    "a rare long pause does not count": (seq((0, 1.0), (1, 1.11), (2, 61.0), (3, 61.11), (4, 61.22)), []),
+    "too few steps to tell": (seq((0, 1.0), (1, 2.0), step_time=0.001), []),
+}
+
+
+@pytest.mark.parametrize("records,bad", SEQUENCE_CASES.values(), ids=SEQUENCE_CASES.keys())
+def test_sequence_problems(records, bad):
+    assert [i for i, _ in sequence_problems(records)] == bad
+
+
+def test_ingest_job_rejects_and_logs_impossible_records_and_keeps_the_rest(tmp_path, store, caplog):
+    metrics = tmp_path / "job" / "metrics"
+    metrics.mkdir(parents=True)
+    honest = [rec(s, t=1000.0 + 0.11 * s) for s in range(5)]
+    _write(metrics / "launch-1-rank-0.jsonl", honest[:3] + [rec(9, step_time=-1.0), rec(9, world_size=3)]
+           + honest[3:])
+    assert ingest_job(store, "7", tmp_path / "job") == (1, 0)
+    (row,) = store.profile("7")
+    assert row.steps == 5 - WARMUP_STEPS
+    assert "job 7" in caplog.text and "rejected 2 impossible record(s)" in caplog.text

@@ -15,20 +15,54 @@ its last complete line, so a line being written is never half-read and nothing i
   gradient reduction (all ranks wait for the slowest in the reduction, so whole step times
   cannot tell GPUs apart). Mean over the pass, per device. This is the per-GPU variability
   signal PAL uses (Jain et al., SC'24, §3).
+
+**The files are untrusted**: a job's user writes them. :func:`ingest_job` reads them with
+bounds and never raises for what they hold (see :func:`read_new_lines` and the metrics section of
+``docs/daemon.md``): a file is opened without following a symbolic link and only if it is a
+regular file (:func:`hpcsched.protocol.files.open_regular`); at most :data:`MAX_ROUND_BYTES` of a
+job's metrics are read per pass, lines over :data:`MAX_LINE_BYTES` are skipped whole, lines that
+are not UTF-8 or not JSON are skipped, and the stored offset always moves past what was read, so
+no line is read twice, garbage included. The records are then **claims**, checked by
+:func:`claim_problems` before they count; every skipped line or rejected record is a warning
+naming the job and the file.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import os
+import re
 import statistics
-from collections import defaultdict
+import time
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Iterable
+
+from hpcsched.protocol.files import ProtocolError, open_regular
 
 log = logging.getLogger("hpcsched.daemon.ingest")
 
 WARMUP_STEPS = 2
+#: bytes of one job's metrics read in one pass, all its files together (later bytes wait for
+#: the next pass; a healthy job writes a few hundred bytes per step and rank)
+MAX_ROUND_BYTES = 4 << 20
+#: the longest metrics line read (bytes); a longer one is skipped whole, even across passes
+MAX_LINE_BYTES = 64 << 10
+#: metrics files read per job and pass (one per launch and rank; more are left for later passes)
+MAX_FILES = 1024
+#: directory entries of ``metrics/`` looked at per pass (a directory of millions of names costs
+#: the daemon no more than this)
+MAX_DIR_ENTRIES = 16384
+#: a claimed throughput may exceed what the records' own clock allows (global batch size / the
+#: median time between consecutive steps) by at most this factor (the time between steps also
+#: holds the step boundary and metrics writing, so the clock's figure is an underestimate)
+THROUGHPUT_SLACK = 10.0
+#: seconds a record's time may lie ahead of the daemon's clock (clock skew between nodes)
+CLOCK_SKEW = 300.0
+
+METRICS_NAME = re.compile(r"launch-\d{1,9}-rank-\d{1,9}\.jsonl")
 
 
 def aggregate(records: Iterable[dict], job_id: str, app_class: str = "") -> tuple[list[dict], list[dict]]:
@@ -100,40 +134,274 @@ def _device_key(r: dict) -> tuple:
             d.get("gpu_uuid"))
 
 
-def read_new_lines(path: Path, offset: int) -> tuple[list[dict], int, int]:
-    """Complete JSON lines of ``path`` after byte ``offset``: (records, new offset, bad lines)."""
+def read_new_lines(path: Path, offset: int, limit: int = MAX_ROUND_BYTES, *,
+                   dir_fd: int | None = None) -> tuple[list, int, int]:
+    """Complete JSON lines of ``path`` after byte ``offset``: (values, new offset, lines skipped).
+
+    Reads at most ``limit`` bytes (at least one whole line of :data:`MAX_LINE_BYTES`). A line
+    longer than :data:`MAX_LINE_BYTES` is skipped whole: read up to the budget, the rest skipped
+    in later passes (an offset not preceded by a newline is inside such a line). A line that is
+    not UTF-8 or not JSON (or nested too deep, or with an integer too long) is skipped. A last line
+    without its newline is left for the next pass, unless it is already too long. Blank lines are
+    not counted. A missing file reads as nothing; ``dir_fd`` as :func:`os.open`.
+
+    Raises:
+        ProtocolError: ``path`` is a symbolic link or not a regular file, or cannot be read.
+    """
+    values, new_offset, skipped = _read_lines(path, offset, limit, dir_fd)
+    return values, new_offset, sum(skipped.values())
+
+
+def _read_lines(path, offset: int, limit: int, dir_fd: int | None) -> tuple[list, int, Counter]:
+    """:func:`read_new_lines` with the skipped lines counted by reason."""
+    skipped: Counter = Counter()
+    fd = open_regular(path, dir_fd=dir_fd)
+    if fd is None:
+        return [], offset, skipped
     try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
-    except FileNotFoundError:
-        return [], offset, 0
-    end = data.rfind(b"\n")
-    if end < 0:
-        return [], offset, 0
-    out, bad = [], 0
-    for line in data[: end + 1].splitlines():
-        if not line.strip():
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, max(0, min(max(limit, MAX_LINE_BYTES + 1), size - offset)), offset)
+        inside_long_line = offset > 0 and os.pread(fd, 1, offset - 1) not in (b"\n", b"")
+    except OSError as exc:
+        raise ProtocolError(f"{path}: cannot read: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
+    pos = 0
+    if inside_long_line:  # the rest of a line skipped as too long
+        nl = data.find(b"\n")
+        if nl < 0:
+            return [], offset + len(data), skipped
+        pos = nl + 1
+    values = []
+    while pos < len(data):
+        nl = data.find(b"\n", pos)
+        if nl < 0:  # the last line, maybe being written
+            if len(data) - pos > MAX_LINE_BYTES:
+                skipped[f"longer than {MAX_LINE_BYTES} bytes"] += 1
+                pos = len(data)
+            break
+        line, pos = data[pos:nl], nl + 1
+        if len(line) > MAX_LINE_BYTES:
+            skipped[f"longer than {MAX_LINE_BYTES} bytes"] += 1
+        elif line.strip():
+            try:
+                values.append(json.loads(line.decode("utf-8")))
+            except UnicodeDecodeError:
+                skipped["not UTF-8"] += 1
+            except (ValueError, RecursionError):
+                skipped["not JSON"] += 1
+    return values, offset + pos, skipped
+
+
+# -- claims ------------------------------------------------------------------------------------
+
+_COUNTS = {  # field: (required, minimum) of the integer fields aggregate reads
+    "step": (True, 0), "rank": (True, 0), "world_size": (True, 1), "local_batch_size": (True, 1),
+    "launch": (False, 0), "generation": (False, 0), "nodes": (False, 1),
+    "accumulation_steps": (False, 1), "global_batch_size": (False, 1), "global_samples": (False, 0),
+}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**53
+
+
+def _is_number(v) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and abs(v) < 1e15)
+
+
+def claim_problem(r: dict, now: float | None = None) -> str | None:
+    """Why the step record ``r`` cannot be true, or None if it can be.
+
+    A record is rejected when:
+
+    * a field :func:`aggregate` reads is missing or not a number of its kind (counts: integers
+      within their range; ``t``, ``step_time``, ``compute_time``: finite numbers), or ``device``
+      is not an object of short strings and integers;
+    * ``step_time`` < 0 or ``compute_time`` < 0 (seconds);
+    * its world size does not match its own fields: ``rank`` >= ``world_size``, ``nodes`` >
+      ``world_size``, ``global_batch_size`` != ``world_size`` x ``local_batch_size`` x
+      ``accumulation_steps`` (:mod:`hpcsched.protocol.batching`), or ``global_samples`` (the
+      step's samples, all ranks) > ``global_batch_size``;
+    * its time ``t`` lies more than :data:`CLOCK_SKEW` seconds after ``now`` (the daemon's clock).
+
+    Checks across records (steps going backwards, throughput against the records' clock) are in
+    :func:`sequence_problems`.
+    """
+    if not isinstance(r, dict):
+        return f"not an object ({type(r).__name__})"
+    for name, (required, minimum) in _COUNTS.items():
+        if name not in r and not required:
             continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            bad += 1
-    return out, offset + end + 1, bad
+        v = r[name] if name in r else None
+        if not _is_int(v) or v < minimum:
+            return f"{name} {v!r:.40} is not an integer >= {minimum}"
+    for name in ("t", "step_time"):
+        if not _is_number(r.get(name)):
+            return f"{name} {r.get(name)!r:.40} is not a finite number"
+    if r.get("compute_time") is not None and not _is_number(r["compute_time"]):
+        return f"compute_time {r['compute_time']!r:.40} is not a finite number"
+    if r["step_time"] < 0:
+        return f"negative step_time {r['step_time']}"
+    if r.get("compute_time") is not None and r["compute_time"] < 0:
+        return f"negative compute_time {r['compute_time']}"
+    return _world_problem(r) or _device_problem(r.get("device")) or (
+        f"time {r['t']} is in the future" if r["t"] > (now or time.time()) + CLOCK_SKEW else None)
+
+
+def _world_problem(r: dict) -> str | None:
+    world, local = r["world_size"], r["local_batch_size"]
+    accum, nodes = r.get("accumulation_steps", 1), r.get("nodes", 1)
+    gbs = r.get("global_batch_size", world * local * accum)
+    if r["rank"] >= world or nodes > world:
+        return f"rank {r['rank']} / nodes {nodes} do not fit world_size {world}"
+    if gbs != world * local * accum:
+        return (f"global_batch_size {gbs} != world_size {world} x local_batch_size {local} x "
+                f"accumulation_steps {accum}")
+    if r.get("global_samples", 0) > gbs:
+        return f"global_samples {r['global_samples']} > global_batch_size {gbs}"
+    return None
+
+
+_DEVICE_STR = {"node": 128, "gpu_index": 32, "gpu_uuid": 64}  # the store's column widths
+
+
+def _device_problem(d) -> str | None:
+    if d is None:
+        return None
+    if not isinstance(d, dict):
+        return "device is not an object"
+    for k, v in d.items():
+        ok = v is None or (isinstance(v, str) and len(v) <= _DEVICE_STR.get(k, 64)) or _is_int(v)
+        if not ok or (k == "local_rank" and not _is_int(v)):
+            return f"device field {k!r:.40} is {v!r:.40}"
+    return None
+
+
+def sequence_problems(records: list[dict]) -> list[tuple[int, str]]:
+    """(index, why) of the records of one metrics file (one rank, in the order written) that
+    contradict the others:
+
+    * **steps going backwards**: within a launch, a step number not above the one before, or a
+      time ``t`` before the one before (the file is append-only and a rank's steps are
+      sequential);
+    * **impossible throughput**: per (launch, generation), the step times must account for the
+      time that passed between consecutive steps by the records' own clock: a claimed
+      throughput (global batch size / median ``step_time``) above :data:`THROUGHPUT_SLACK` x
+      what the clock allows (global batch size / median time between consecutive steps' ``t``)
+      means steps claimed to take far less time than they did. Medians, so that a rare pause
+      between steps (a checkpoint) does not count. Every record of such a group is rejected.
+    """
+    bad: dict[int, str] = {}
+    last: dict = {}
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, r in enumerate(records):
+        launch = r.get("launch", 0)
+        prev = last.get(launch)
+        if prev is not None and (r["step"] <= prev["step"] or r["t"] < prev["t"]):
+            bad[i] = f"step {r['step']} at t={r['t']} after step {prev['step']} at t={prev['t']}"
+            continue
+        last[launch] = r
+        groups[(launch, r.get("generation", 0))].append(i)
+    for idx in groups.values():
+        rs = [records[i] for i in idx]
+        gaps = [b["t"] - a["t"] for a, b in zip(rs, rs[1:]) if b["step"] == a["step"] + 1]
+        if len(gaps) < 2:
+            continue
+        step_time, gap = statistics.median(r["step_time"] for r in rs), statistics.median(gaps)
+        if step_time * THROUGHPUT_SLACK < gap:
+            gbs = max(r.get("global_batch_size", 0) for r in rs)
+            why = (f"throughput {gbs / step_time if step_time else math.inf:.4g} samples/s claimed "
+                   f"(median step {step_time:.4g} s) but steps came {gap:.4g} s apart")
+            bad.update((i, why) for i in idx)
+    return sorted(bad.items())
+
+
+def credible(records: list, job_id: str, where: str, now: float | None = None) -> list[dict]:
+    """The records of one metrics file that pass :func:`claim_problem` and
+    :func:`sequence_problems`; the others are logged (one warning per file, naming the job, the
+    file, how many and the first reason)."""
+    ok, why = [], []
+    for r in records:
+        problem = claim_problem(r, now)
+        (why.append(problem) if problem else ok.append(r))
+    seq = sequence_problems(ok)
+    if seq:
+        drop = {i for i, _ in seq}
+        why.extend(w for _, w in seq)
+        ok = [r for i, r in enumerate(ok) if i not in drop]
+    if why:
+        log.warning("job %s: %s: rejected %d impossible record(s), e.g. %s", job_id, where,
+                    len(why), why[0])
+    return ok
+
+
+# -- reading a job's metrics -------------------------------------------------------------------
+
+
+def _metrics_files(job_id: str, metrics: Path) -> tuple[int | None, list[str]]:
+    """(descriptor of ``metrics/``, names of its metrics files, at most :data:`MAX_FILES`); the
+    directory is opened without following a symbolic link. (None, []) when there is none or it
+    cannot be used (logged)."""
+    try:
+        dfd = os.open(metrics, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None, []
+    except OSError as exc:
+        log.warning("job %s: %s: not read: %s (a symbolic link or not a directory?)", job_id,
+                    metrics, exc.strerror)
+        return None, []
+    names = []
+    try:
+        with os.scandir(dfd) as it:
+            for n, entry in enumerate(it):
+                if n >= MAX_DIR_ENTRIES:
+                    log.warning("job %s: %s: more than %d entries; the rest not looked at",
+                                job_id, metrics, MAX_DIR_ENTRIES)
+                    break
+                if METRICS_NAME.fullmatch(entry.name):
+                    names.append(entry.name)
+    except OSError as exc:
+        log.warning("job %s: %s: cannot list: %s", job_id, metrics, exc.strerror)
+    if len(names) > MAX_FILES:
+        log.warning("job %s: %s: %d metrics files; %d read this pass", job_id, metrics,
+                    len(names), MAX_FILES)
+    return dfd, sorted(names)[:MAX_FILES]
 
 
 def ingest_job(store, job_id: str, job_dir: Path, app_class: str = "") -> tuple[int, int]:
-    """Read a job's new metrics into ``store``; returns (profile rows, GPU rows) added."""
+    """Read a job's new metrics into ``store``; returns (profile rows, GPU rows) added.
+
+    Never raises for what the job's files hold (the store's own errors propagate): every problem
+    is a warning naming the job and the file, and the job's offsets still move past what was
+    read. At most :data:`MAX_ROUND_BYTES` are read in all, shared among the files.
+    """
+    metrics = Path(job_dir) / "metrics"
+    dfd, names = _metrics_files(job_id, metrics)
+    if dfd is None:
+        return 0, 0
     records = []
     advanced: list[tuple[str, int]] = []
-    for f in sorted((Path(job_dir) / "metrics").glob("launch-*-rank-*.jsonl")):
-        off = store.ingest_offset(str(f))
-        recs, new_off, bad = read_new_lines(f, off)
-        if bad:
-            log.warning("%s: skipped %d malformed line(s)", f, bad)
-        if new_off != off:
-            advanced.append((str(f), new_off))
-        records.extend(recs)
+    share = max(MAX_LINE_BYTES + 1, MAX_ROUND_BYTES // max(1, len(names)))
+    now = time.time()
+    try:
+        for name in names:
+            key = str(metrics / name)  # the store's key: the file's path, as before
+            off = store.ingest_offset(key)
+            try:
+                values, new_off, skipped = _read_lines(name, off, share, dfd)
+            except ProtocolError as exc:
+                log.warning("job %s: %s", job_id, str(exc).replace(name, key, 1))
+                continue
+            if skipped:
+                log.warning("job %s: %s: skipped %d line(s): %s", job_id, key, sum(skipped.values()),
+                            ", ".join(f"{n} {why}" for why, n in sorted(skipped.items())))
+            if new_off != off:
+                advanced.append((key, new_off))
+            records.extend(credible(values, job_id, key, now))
+    finally:
+        os.close(dfd)
     profile, gpus = aggregate(records, job_id, app_class)
     n_p = store.add_profile_samples(profile) if profile else 0
     n_g = store.add_gpu_measurements(gpus) if gpus else 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,7 +193,8 @@ class ManagedJobs:
 
     def find(self, obs: Observation) -> dict[str, ManagedJob]:
         """The managed jobs Slurm knows in ``obs``, by Slurm job id. A job directory that cannot
-        be read is skipped with a warning."""
+        be read or trusted is skipped with a warning naming the job (and tried again next
+        round); it never stops the others."""
         out = {}
         for job_id in JobDir.known_job_ids(self.control_dir):
             info = obs.jobs.get(job_id)
@@ -200,15 +202,54 @@ class ManagedJobs:
                 continue
             if job_id not in self._specs:
                 try:
-                    # the job's directory in the subtree of Slurm's user of the job
-                    jd = JobDir.for_job(job_id, self.control_dir, user=info.user)
-                    self._specs[job_id] = (jd, jd.read_spec())
-                except (LookupError, ctl.ProtocolError) as exc:
+                    self._specs[job_id] = self._read(job_id, info.user)
+                except (LookupError, OSError, RuntimeError, ctl.ProtocolError) as exc:
                     log.warning("job %s: ignored: %s", job_id, exc)
                     continue
             jd, spec = self._specs[job_id]
             out[job_id] = (jd, spec, info)
         return out
+
+    def _read(self, job_id: str, user: str) -> tuple[JobDir, JobSpec]:
+        """The job's directory and spec, read with bounds (``spec.json`` as the protocol's files:
+        no symbolic link, a regular file, at most 1 MiB).
+
+        Raises:
+            LookupError: no job directory, or a ``by-id`` link out of its user's subtree
+                (:meth:`JobDir.for_job`). OSError, RuntimeError: ``by-id/<job_id>`` cannot be
+                resolved (a loop). ProtocolError: the spec is missing, malformed or of the wrong
+                types.
+        """
+        jd = JobDir.for_job(job_id, self.control_dir, user=user)   # Slurm's user of the job
+        obj = ctl.load_json_object(jd.spec_path)
+        if obj is None:
+            raise ctl.ProtocolError(f"{jd.spec_path}: missing")
+        spec = JobSpec.from_json(obj, jd.spec_path)
+        problem = _spec_problem(spec)
+        if problem:
+            raise ctl.ProtocolError(f"{jd.spec_path}: {problem}")
+        return jd, spec
+
+
+def _spec_problem(spec: JobSpec) -> str | None:
+    """Why ``spec``'s fields that the daemon stores and computes with have the wrong types or
+    sizes (the limits check themselves: :class:`JobLimits`), or None."""
+    for name, most in (("job_uid", 64), ("user", 128), ("script", 4096), ("python", 4096),
+                       ("submit_dir", 4096), ("checkpoint_dir", 4096)):
+        v = getattr(spec, name)
+        if not isinstance(v, str) or len(v) > most:
+            return f"{name} must be a string of at most {most} characters"
+    if len(Path(spec.script).stem) > 128:
+        return "the script's name is longer than 128 characters"
+    if not all(isinstance(a, str) for a in spec.script_args + spec.sbatch_args):
+        return "script_args and sbatch_args must be strings"
+    if not isinstance(spec.nodes, int) or isinstance(spec.nodes, bool) or not 0 < spec.nodes < 2**31:
+        return "nodes must be a positive integer"
+    for name in ("created_at", "checkpoint_interval"):
+        v = getattr(spec, name)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            return f"{name} must be a finite number"
+    return None
 
 
 def application_of(spec: JobSpec) -> str:
@@ -223,18 +264,24 @@ def daemon_job_facts(jd: JobDir, spec: JobSpec, info: slurm.JobInfo, store: Stor
     ``busy`` (an action of the journal is open for the job) is widened: a job whose files cannot
     be read, that has not acknowledged yet, whose launcher is mid-resize or that has a control
     generation it has not acknowledged is busy too.
+
+    Never raises for what the job's files hold: they are read with bounds
+    (:func:`hpcsched.protocol.files.load_json_object`), and a file that is missing, malformed,
+    too large, a symbolic link, a FIFO or an impossible claim (:func:`_credible_progress`) is a
+    warning naming the job; the job is then busy for this round.
     """
     try:
         ack = ctl.read_ack(jd.ack_path, jd.uid)
         control = ctl.read_control(jd.control_path, jd.uid)
-        progress = ctl.read_progress(jd.progress_path, jd.uid)
+        progress = _credible_progress(ctl.read_progress(jd.progress_path, jd.uid), spec,
+                                      jd.progress_path)
     except (ctl.ProtocolError, TypeError) as exc:
         log.warning("job %s: %s", info.job_id, exc)
         ack = control = progress = None
         busy = True
     cur = current_from(spec, info, control, ack)
     if info.state == "RUNNING":
-        busy = busy or ack is None or _launcher_in_transition(jd) or (
+        busy = busy or ack is None or _launcher_in_transition(jd, info.job_id) or (
             control is not None and control.generation > ack.generation)
     profile = tuple(ProfilePoint(p.world_size, p.nodes, p.local_batch_size, p.accumulation_steps,
                                  p.step_time, p.throughput, p.steps)
@@ -246,9 +293,32 @@ def daemon_job_facts(jd: JobDir, spec: JobSpec, info: slurm.JobInfo, store: Stor
                     busy=busy)
 
 
-def _launcher_in_transition(jd: JobDir) -> bool:
-    """The job's launcher is shrinking its allocation or waiting for a requeue."""
-    state = jd.read_launcher_state()
+def _credible_progress(progress: ctl.Progress | None, spec: JobSpec,
+                       path: Path) -> ctl.Progress | None:
+    """``progress`` if its claims can be true: each optimizer step trains on at most the job's
+    largest global batch size, so ``samples_processed`` <= ``step`` x ``max_batch_size``
+    (the file's types and ranges are checked when read: :func:`hpcsched.protocol.files.read_progress`).
+
+    Raises:
+        ProtocolError: more samples claimed than the job's steps could have processed.
+    """
+    if progress is not None and progress.samples_processed > progress.step * spec.limits.max_batch_size:
+        raise ctl.ProtocolError(
+            f"{path}: {progress.samples_processed} samples processed claimed in {progress.step} "
+            f"step(s) of at most {spec.limits.max_batch_size} samples; impossible, not used")
+    return progress
+
+
+def _launcher_in_transition(jd: JobDir, job_id: str) -> bool:
+    """The job's launcher is shrinking its allocation or waiting for a requeue. A
+    ``launcher.json`` that cannot be trusted (malformed, foreign, of a launcher older than the
+    schema, a link or a FIFO) is read as unknown (not in transition), with a warning naming the
+    job."""
+    try:
+        state = ctl.read_launcher_state(jd.launcher_path, jd.uid)
+    except (ctl.ProtocolError, TypeError) as exc:
+        log.warning("job %s: launcher state unknown: %s", job_id, exc)
+        return False
     return state is not None and state.phase.in_transition
 
 
