@@ -164,6 +164,13 @@ CASES = {
         seen(control=None, job=info("PENDING", state_reason="BeginTime")),
         P.REQUESTED, (ResizePendingJob(2, (), 1, required=True),
                       WriteControl(GEN, ControlAction.CONTINUE, 2, 64), SetStartTime("now")), ""),
+    "pending: held, reason not yet BeginTime (just requeued: squeue says None) -> released": (
+        action("pending", nodes=1), history(),
+        seen(job=info("PENDING", restarts=1, state_reason="None")),
+        P.RUNNING, (SetStartTime("now"),), ""),
+    "pending: never requeued, reason None: a plain pending job, no StartTime": (
+        action("pending", nodes=1), history(), seen(job=info("PENDING", state_reason="None")),
+        P.RUNNING, (), ""),
     "pending: held, generation written (a daemon died before the release) -> released": (
         action("pending", nodes=1), history(), seen(job=info("PENDING", state_reason="BeginTime")),
         P.RUNNING, (SetStartTime("now"),), ""),

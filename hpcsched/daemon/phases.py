@@ -396,9 +396,14 @@ def _request(a: Action, obs: Observed) -> Step:
 
 
 def held_by_begin_time(job: JobInfo) -> bool:
-    """The job pends until its begin time (``squeue`` reason ``BeginTime``): a preempted job
-    under its guard, or a requeued one in Slurm's 121 s hold."""
-    return job.state == "PENDING" and job.state_reason.startswith("BeginTime")
+    """The job pends until its begin time: reason ``BeginTime`` (a preempted job under its
+    guard, or a requeued one in Slurm's 121 s hold), or a requeued job (restart count above 0)
+    whose reason is still ``None``: right after ``StartTime=now+<s>`` squeue shows ``None``
+    until the scheduler's next pass (about 2 s, measured on 22.05.8)."""
+    if job.state != "PENDING":
+        return False
+    return job.state_reason.startswith("BeginTime") or (job.restarts > 0
+                                                        and job.state_reason == "None")
 
 
 def _release_held(job: JobInfo) -> tuple[Effect, ...]:

@@ -168,10 +168,11 @@ def eligible(info: slurm.JobInfo, held: bool = False) -> bool:
 
 
 def held_after_preemption(info: slurm.JobInfo, store: Store) -> bool:
-    """The job pends under the begin time hpcsched's preemption gave it: it waits for its begin
-    time, and its newest journal entry that did not fail is a ``preempt`` that took effect
-    (phase ``running``) at a lower restart count than Slurm's now (its requeue)."""
-    if info.state != "PENDING" or not info.state_reason.startswith("BeginTime"):
+    """The job pends after hpcsched's preemption: PENDING, and its newest journal entry that
+    did not fail is a ``preempt`` that took effect (phase ``running``) at a lower restart count
+    than Slurm's now (its requeue). Slurm's reason is not asked: it reads ``None`` for a moment
+    after the begin time is set, and ``BeginTime`` after."""
+    if info.state != "PENDING":
         return False
     last = next((a for a in store.actions(info.job_id, limit=10) if a.phase != "failed"), None)
     return (last is not None and last.kind == "preempt" and last.phase == "running"
