@@ -36,7 +36,7 @@ from tests.jobrecords import check_exactly_once, load_records
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 DIGITS = 1797
-EPOCHS = {"alice": 30, "bob": 12}
+EPOCHS = {"alice": 30, "bob": 20}
 STEP_S = "0.1"           # --min-step-time: long enough for every check while both run
 
 
@@ -51,7 +51,7 @@ class Shared:
     def run(self, user: str, *cmd: str, check: bool = False) -> subprocess.CompletedProcess:
         """``cmd`` as ``user``, in a clean environment (no root's variables), in their out dir;
         a bare command name is taken from the shared venv."""
-        exe = cmd[0] if "/" in cmd[0] or cmd[0] in ("cat", "ls", "sh", "ln") else \
+        exe = cmd[0] if "/" in cmd[0] or cmd[0] in ("cat", "ls", "sh", "ln", "rm") else \
             str(self.venv / "bin" / cmd[0])
         env = [f"HOME=/home/{user}", f"PATH={self.venv}/bin:/usr/bin:/bin", "LANG=C.UTF-8",
                f"SLURM_CONF={self.slurm_conf}", f"HPCSCHED_CONTROL_DIR={self.control}"]
@@ -172,7 +172,7 @@ def test_bob_sees_only_his_own_jobs(shared, monkeypatch):
 
 PLANT = r"""
 import json, os, sys
-control, alice_job, bob_job, alice_uid = sys.argv[1:5]
+control, alice_job, bob_job, alice_dir, decoy = sys.argv[1:6]
 mine = os.path.join(control, "bob")
 fake = os.path.join(mine, "planted")
 os.makedirs(os.path.join(fake, "metrics"), exist_ok=True)
@@ -191,77 +191,109 @@ def link(target, at):
 link("../planted", os.path.join(mine, "by-id", alice_job))                 # his subtree
 link("../planted", os.path.join(control, "alice", "by-id", alice_job))     # hers
 link("../bob/planted", os.path.join(control, "by-id", alice_job))          # the earlier layout
-own_link = os.path.join(mine, "by-id", bob_job)                            # his job -> her dir
-os.symlink(os.path.join("..", "..", "alice", alice_uid), own_link + ".tmp")
-os.replace(own_link + ".tmp", own_link)
-done[own_link] = "re-pointed"
+# in his own job's directory: its control file leads out of it (to where root must not write;
+# a dangling link, so his job reads no control file), a metrics file into alice's
+link(decoy, os.path.join(own, "control.json"))
+link(os.path.join(alice_dir, "metrics", "launch-1-rank-0.jsonl"),
+     os.path.join(own, "metrics", "launch-9-rank-0.jsonl"))
 print(json.dumps(done))
 """
 
 
-def test_planted_links_never_make_the_daemon_act_on_alices_job(shared, tmp_path, monkeypatch,
-                                                                caplog):
-    alice_job, bob_job = shared.jobs["alice"], shared.jobs["bob"]
-    alice, bob = shared.jobdir("alice"), shared.jobdir("bob")
-    r = shared.run("bob", "python", "-c", PLANT, str(shared.control), alice_job, bob_job, alice.uid,
-                   check=True)
-    done = json.loads(r.stdout)
-    c = shared.control
-    assert done == {f"{c}/bob/by-id/{alice_job}": "made",
-                    f"{c}/alice/by-id/{alice_job}": "Permission denied",
-                    f"{c}/by-id/{alice_job}": "made",
-                    f"{c}/bob/by-id/{bob_job}": "re-pointed"}
-
-    # the daemon, as root, over the real cluster: one batch change for alice's job, then nothing
+def _daemon(tmp_path, monkeypatch, control: Path, changes: tuple[Change, ...]) -> Daemon:
+    """A daemon (this process: root) over the real cluster whose first round decides
+    ``changes`` and later rounds nothing (the decision is fixed: no policy model involved)."""
     cfg = tmp_path / "hpcsched.toml"
     cfg.write_text(f'[daemon]\nround_interval = 1.0\nlock_file = "{tmp_path}/daemon.lock"\n'
                    '[policy]\nname = "dp"\n')
     monkeypatch.setenv("HPCSCHED_CONFIG", str(cfg))
     monkeypatch.setenv("HPCSCHED_DATABASE_URL", f"sqlite:///{tmp_path}/hpcsched.db")
-    monkeypatch.setenv("HPCSCHED_CONTROL_DIR", str(c))
+    monkeypatch.setenv("HPCSCHED_CONTROL_DIR", str(control))
     decided = []
 
     def decide(snapshot, policy, costs, seed):
         decided.append({j.job_id for j in snapshot.jobs})
-        if len(decided) > 1:
-            return RoundDecision(None, (), ())
-        return RoundDecision(None, (Change(alice_job, "batch", 1, 1, 32, 64, "test: root"),), ())
+        return RoundDecision(None, changes if len(decided) == 1 else (), ())
 
     monkeypatch.setattr(daemon_round, "decide_round", decide)
     settings = load()
     store = Store(settings.daemon.database_url)
     store.upgrade()
     daemon = Daemon(settings, store=store)
+    daemon.decided = decided
+    return daemon
+
+
+def _warnings(caplog) -> str:
+    return "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+
+
+def test_planted_links_never_make_the_daemon_act_on_alices_job(shared, tmp_path, monkeypatch,
+                                                                caplog):
+    alice_job, bob_job = shared.jobs["alice"], shared.jobs["bob"]
+    alice, bob = shared.jobdir("alice"), shared.jobdir("bob")
+    c = shared.control
+    decoy = shared.base / "out" / "bob" / "written-through-a-link.json"
+    r = shared.run("bob", "python", "-c", PLANT, str(c), alice_job, bob_job, str(alice.path),
+                   str(decoy), check=True)
+    assert json.loads(r.stdout) == {
+        f"{c}/bob/by-id/{alice_job}": "made", f"{c}/alice/by-id/{alice_job}": "Permission denied",
+        f"{c}/by-id/{alice_job}": "made", f"{bob.path}/control.json": "made",
+        f"{bob.path}/metrics/launch-9-rank-0.jsonl": "made"}
+
+    # the root daemon changes both jobs' batch sizes, each in its own directory
+    daemon = _daemon(tmp_path, monkeypatch, c, (
+        Change(alice_job, "batch", 1, 1, 32, 64, "test: root, alice"),
+        Change(bob_job, "batch", 1, 1, 32, 128, "test: root, bob")))
     caplog.set_level(logging.INFO)
     daemon.round()
     managed = daemon.managed.find(daemon.backend.observe())
-    assert managed[alice_job][0].path == alice.path
-    assert bob_job not in managed and decided[0] == {alice_job}
-    warnings = "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+    assert (managed[alice_job][0].path, managed[bob_job][0].path) == (alice.path, bob.path)
+    assert daemon.decided[0] == {alice_job, bob_job}
     for link in (f"{c}/bob/by-id/{alice_job}", f"{c}/by-id/{alice_job}"):
-        assert f"job {alice_job}: {link} refused: Slurm says the job is alice's" in warnings, warnings
-    assert f"job {bob_job}: ignored: job {bob_job}: {c}/bob/by-id/{bob_job} does not lead to a " \
-           f"job directory of bob" in warnings, warnings
-    assert store.job(alice_job).job_uid == alice.uid
-
-    wait_for(lambda: daemon.round() and _acked(alice, 1), 120, "alice's job to apply the "
-             f"daemon's batch change\n{_job_log(shared, 'alice')}", interval=1)
-    assert _acked(alice, 1).global_batch_size == 64
-    st = alice.control_path.stat()
-    assert (st.st_uid, st.st_mode & 0o777) == (pwd_uid("alice"), 0o600)
-    # nothing written in bob's subtree by the daemon: all his, the planted dir as he left it
+        assert f"job {alice_job}: {link} refused: Slurm says the job is alice's" in _warnings(caplog)
+    assert f"job {bob_job}: {bob.path}/metrics/launch-9-rank-0.jsonl" in _warnings(caplog)
+    assert daemon.store.job(alice_job).job_uid == alice.uid
+    wait_for(lambda: daemon.round() and _acked(alice, 1) and _acked(bob, 1), 120,
+             f"both jobs to apply the daemon's batch change\n{_job_log(shared, 'alice')}\n"
+             f"{_job_log(shared, 'bob')}", interval=1)
+    assert (_acked(alice, 1).global_batch_size, _acked(bob, 1).global_batch_size) == (64, 128)
+    # bob's control link was replaced, not written through: each control file in its own dir
+    assert not decoy.exists()
+    for user, jd, batch in (("alice", alice, 64), ("bob", bob, 128)):
+        st = jd.control_path.lstat()
+        assert (st.st_uid, st.st_mode & 0o170777) == (pwd_uid(user), 0o100600), user
+        assert ctl.read_control(jd.control_path).global_batch_size == batch
+    # nothing of root's in either subtree; bob's planted directory as he left it
     assert sorted(p.name for p in (c / "bob" / "planted").iterdir()) == ["metrics", "spec.json"]
     assert not list((c / "bob" / "planted" / "metrics").iterdir())
-    for p in (c / "bob").rglob("*"):
-        assert p.lstat().st_uid == pwd_uid("bob"), p
-    for p in alice.path.rglob("*"):
-        assert p.lstat().st_uid == pwd_uid("alice"), p
+    for user in ("alice", "bob"):
+        for p in (c / user).rglob("*"):
+            assert p.lstat().st_uid == pwd_uid(user), p
+    shared.run("bob", "rm", f"{bob.path}/metrics/launch-9-rank-0.jsonl", check=True)
 
-    # bob puts his own link back: the daemon manages his job again
-    shared.run("bob", "ln", "-sfn", f"../{bob.uid}", f"{c}/bob/by-id/{bob_job}", check=True)
-    daemon = Daemon(settings, store=store)
+
+def test_bobs_job_linked_to_alices_directory_is_refused(shared, tmp_path, monkeypatch, caplog):
+    alice_job, bob_job = shared.jobs["alice"], shared.jobs["bob"]
+    alice, bob = shared.jobdir("alice"), shared.jobdir("bob")
+    link = shared.control / "bob" / "by-id" / bob_job
+    shared.run("bob", "ln", "-sfn", f"../../alice/{alice.uid}", str(link), check=True)
+    try:
+        daemon = _daemon(tmp_path, monkeypatch, shared.control, ())
+        caplog.set_level(logging.INFO)
+        daemon.round()
+        managed = daemon.managed.find(daemon.backend.observe())
+        assert bob_job not in managed and managed[alice_job][0].path == alice.path
+        assert f"job {bob_job}: ignored: job {bob_job}: {link} does not lead to a job directory " \
+               f"of bob" in _warnings(caplog)
+        r = shared.run("bob", "hpcsched", "resize", bob_job, "--batch-size", "64")
+        assert r.returncode == 2 and "does not lead to a job directory of bob" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+    finally:    # bob puts his own link back: his job is his again
+        shared.run("bob", "ln", "-sfn", f"../{bob.uid}", str(link), check=True)
+    daemon = _daemon(tmp_path, monkeypatch, shared.control, ())
     managed = daemon.managed.find(daemon.backend.observe())
-    assert managed[bob_job][0].path == bob.path and managed[alice_job][0].path == alice.path
+    assert managed[bob_job][0].path == bob.path
 
 
 def test_admin_then_alice_resize_her_job_and_both_finish(shared, monkeypatch):
