@@ -25,6 +25,10 @@ default ``/var/lib/hpcsched/devcluster``)::
     etc/slurm.conf gres.conf cgroup.conf slurmdbd.conf (600)   dev/gpu0..       state/  spool/nK/
     run/*.pid (every daemon started)   log/*.log   db/ (MariaDB)   cluster.json (manifest)   .lock
 
+``--slurm 24.11`` / ``--slurm 26.05`` run those Slurm versions instead, from a Debian trixie / sid
+debootstrap chroot with their own munged, ports and state directory and no slurmdbd, beside the
+host's 22.05 cluster: :mod:`~hpcsched.slurm.devcluster.chroot` (facts: ``docs/slurm-versions.md``).
+
 Modules, one concern each:
 
 * :mod:`~hpcsched.slurm.devcluster.base`: constants (ports, names), :class:`DevClusterError`, the
@@ -35,6 +39,7 @@ Modules, one concern each:
 * :mod:`~hpcsched.slurm.devcluster.daemons`: starting munged, MariaDB, slurmdbd, slurmctld, slurmd;
   waiting for idle nodes;
 * :mod:`~hpcsched.slurm.devcluster.cluster`: the Python API below;
+* :mod:`~hpcsched.slurm.devcluster.chroot`: the same for 24.11 and 26.05 in a chroot;
 * :mod:`~hpcsched.slurm.devcluster.cli`: the ``hpcsched devcluster`` click group.
 
 Python API: :func:`up`, :func:`down`, :func:`is_up`, :func:`status`, :func:`slurm_env`,

@@ -13,8 +13,9 @@ per node with ``chroot ROOT ...``. Everything else is the host cluster's design 
   :func:`client` gives the command prefix (``chroot ROOT``), e.g.
   ``chroot /var/lib/hpcsched/chroots/trixie env SLURM_CONF=STATE/etc/slurm.conf squeue --json``;
 * bind mounts into the chroot, at the same paths: ``/proc``, ``/dev``, ``/sys``, the state
-  directory, and (when they exist) ``/work`` and ``/root/.pyenv`` so that batch scripts can run
-  the hpcsched venv's python; they are unmounted by ``down``.
+  directory, and (when they exist) ``/work``, ``/root/.pyenv`` and ``/tmp`` so that batch scripts
+  can run the hpcsched venv's python in the submitter's directory; they are unmounted by ``down``;
+  the host's ``/etc/hosts`` is copied in (slurmctld must resolve the host name clients report).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -68,7 +70,7 @@ VERSIONS = {
 }
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 _BINDS = ("/dev", "/sys")
-_OPTIONAL_BINDS = ("/work", "/root/.pyenv")
+_OPTIONAL_BINDS = ("/work", "/root/.pyenv", "/tmp")
 _CLIENT_TIMEOUT_S = 10.0
 
 
@@ -143,7 +145,7 @@ def _is_mounted(path: Path) -> bool:
 
 
 def mount_all(root: Path, layout: Layout) -> list[str]:
-    """Bind ``/proc /dev /sys``, the state directory and ``/work``, ``/root/.pyenv`` into the chroot
+    """Bind ``/proc /dev /sys``, the state directory and ``/work``, ``/root/.pyenv``, ``/tmp`` into the chroot
     at the same paths (each once). Returns the host paths mounted."""
     done = []
     for src in _mounts(layout):
@@ -235,6 +237,8 @@ def up(version: str, state_dir: str | os.PathLike[str] | None = None, nodes: int
         raise DevClusterError(f"port(s) {taken} already in use: is another {version} cluster running?")
     t0 = time.monotonic()
     write_configs(layout, nodes, gpus, cpus, ports)
+    # slurmctld answers clients at the host name they report ("vm"): the chroot must resolve it
+    shutil.copyfile("/etc/hosts", root / "etc/hosts")
     mounts = mount_all(root, layout)
     try:
         _start_munged(root, layout)

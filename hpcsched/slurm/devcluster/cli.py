@@ -70,6 +70,8 @@ def _chroot_state_dir(ctx: click.Context, version: str, state_dir: Path) -> Path
 def devcluster() -> None:
     """A local Slurm 22.05 cluster with fake GPUs for development: up, down, status.
 
+    With --slurm 24.11 or 26.05, that Slurm from a Debian chroot instead (see docs/devcluster.md).
+
     \b
     eval "$(sudo hpcsched devcluster up)"    # starts it, sets SLURM_CONF
     hpcsched devcluster status
