@@ -283,6 +283,7 @@ CLAIM_CASES = {
     "step not a number": ({"step": "3"}, "step"),
     "rank a boolean": ({"rank": True}, "rank"),
     "launch null": ({"launch": None}, "launch"),
+    "a count too large for the store": ({"launch": 2**31}, "launch"),
     "world size not the record's own": ({"world_size": 2}, "global_batch_size 16 != world_size 2"),
     "rank outside the world": ({"rank": 1}, "rank 1"),
     "more samples than the batch": ({"global_samples": 17}, "global_samples 17"),
@@ -309,6 +310,7 @@ SEQUENCE_CASES = {
     "time going backwards": (seq((0, 1.0), (1, 1.11), (2, 0.5)), [2]),
     "another launch starts over": (seq((5, 1.0), (6, 1.11)) + seq((0, 2.0), (1, 2.11), launch=2), []),
     "steps 100 times faster than the clock": (seq((0, 1.0), (1, 2.0), (2, 3.0), step_time=0.01), [0, 1, 2]),
+    "skipped step numbers do not hide it": (seq((0, 1.0), (2, 3.0), (4, 5.0), step_time=0.01), [0, 1, 2]),
     "a rare long pause does not count": (seq((0, 1.0), (1, 1.11), (2, 61.0), (3, 61.11), (4, 61.22)), []),
     "too few steps to tell": (seq((0, 1.0), (1, 2.0), step_time=0.001), []),
 }

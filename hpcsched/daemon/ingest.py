@@ -56,8 +56,8 @@ MAX_FILES = 1024
 #: the daemon no more than this)
 MAX_DIR_ENTRIES = 16384
 #: a claimed throughput may exceed what the records' own clock allows (global batch size / the
-#: median time between consecutive steps) by at most this factor (the time between steps also
-#: holds the step boundary and metrics writing, so the clock's figure is an underestimate)
+#: median time per step between consecutive records) by at most this factor (the time between
+#: steps also holds the step boundary and metrics writing: the clock's figure is an underestimate)
 THROUGHPUT_SLACK = 10.0
 #: seconds a record's time may lie ahead of the daemon's clock (clock skew between nodes)
 CLOCK_SKEW = 300.0
@@ -203,7 +203,8 @@ _COUNTS = {  # field: (required, minimum) of the integer fields aggregate reads
 
 
 def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**53
+    """An integer the store's columns hold (32-bit, as PostgreSQL's INTEGER)."""
+    return isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**31
 
 
 def _is_number(v) -> bool:
@@ -289,7 +290,8 @@ def sequence_problems(records: list[dict]) -> list[tuple[int, str]]:
     * **impossible throughput**: per (launch, generation), the step times must account for the
       time that passed between consecutive steps by the records' own clock: a claimed
       throughput (global batch size / median ``step_time``) above :data:`THROUGHPUT_SLACK` x
-      what the clock allows (global batch size / median time between consecutive steps' ``t``)
+      what the clock allows (global batch size / median time per step between consecutive
+      records' ``t``)
       means steps claimed to take far less time than they did. Medians, so that a rare pause
       between steps (a checkpoint) does not count. Every record of such a group is rejected.
     """
@@ -306,7 +308,7 @@ def sequence_problems(records: list[dict]) -> list[tuple[int, str]]:
         groups[(launch, r.get("generation", 0))].append(i)
     for idx in groups.values():
         rs = [records[i] for i in idx]
-        gaps = [b["t"] - a["t"] for a, b in zip(rs, rs[1:]) if b["step"] == a["step"] + 1]
+        gaps = [(b["t"] - a["t"]) / (b["step"] - a["step"]) for a, b in zip(rs, rs[1:])]
         if len(gaps) < 2:
             continue
         step_time, gap = statistics.median(r["step_time"] for r in rs), statistics.median(gaps)
