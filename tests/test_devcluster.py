@@ -273,6 +273,27 @@ def test_cli_slurm_option_state_dir(monkeypatch, args, want):
     assert seen == {"version": "24.11", "state_dir": want}
 
 
+def test_client_wrappers(monkeypatch, tmp_path):
+    monkeypatch.setattr(chroot, "CHROOTS_DIR", tmp_path / "chroots")
+    bindir = chroot.write_client_wrappers("24.11", dc.base.Layout(tmp_path / "state"))
+    assert bindir == tmp_path / "state" / "bin"
+    for name in chroot.CLIENTS:
+        assert os.readlink(bindir / name) == "slurm-client"
+    text = (bindir / "slurm-client").read_text()
+    assert f'"{tmp_path}/chroots/trixie/usr/bin/$n"' in text and os.access(bindir / "slurm-client", os.X_OK)
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/sinfo"), reason="needs a host sinfo")
+def test_client_wrapper_outside_the_chroot_runs_the_binary_of_that_name(monkeypatch, tmp_path):
+    """Inside the chroot (a job's PATH) the chroot directory does not exist: plain /usr/bin/<name>."""
+    monkeypatch.setattr(chroot, "CHROOTS_DIR", tmp_path / "nowhere")
+    bindir = chroot.write_client_wrappers("26.05", dc.base.Layout(tmp_path / "state"))
+    (tmp_path / "slurm.conf").write_text("ClusterName=x\nSlurmctldHost=localhost\n")
+    out = subprocess.run([str(bindir / "sinfo"), "--version"], capture_output=True, text=True, timeout=30,
+                         env=dict(os.environ, SLURM_CONF=str(tmp_path / "slurm.conf")))
+    assert out.returncode == 0 and out.stdout.startswith("slurm"), out
+
+
 @pytest.mark.parametrize("version", ["22.05", "24.11", "26.05"])
 def test_sinfo_nodes_reads_every_version(monkeypatch, version):
     recorded = (Path(__file__).parent / "data/slurm" / version / "sinfo.drain.json").read_text()

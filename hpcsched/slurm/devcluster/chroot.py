@@ -12,6 +12,9 @@ per node with ``chroot ROOT ...``. Everything else is the host cluster's design 
 * its own munged and key (the chroot's ``/run/munge``), so its clients must run in the chroot too:
   :func:`client` gives the command prefix (``chroot ROOT``), e.g.
   ``chroot /var/lib/hpcsched/chroots/trixie env SLURM_CONF=STATE/etc/slurm.conf squeue --json``;
+* ``STATE/bin`` holds wrappers named like the clients (:func:`write_client_wrappers`): with it
+  first in ``PATH``, code that runs ``squeue``/``sbatch``/``scontrol`` (hpcsched, its tests) uses
+  this version's cluster unchanged;
 * bind mounts into the chroot, at the same paths: ``/proc``, ``/dev``, ``/sys``, the state
   directory, and (when they exist) ``/work``, ``/root/.pyenv`` and ``/tmp`` so that batch scripts
   can run the hpcsched venv's python in the submitter's directory; they are unmounted by ``down``;
@@ -188,6 +191,34 @@ def _start_munged(root: Path, layout: Layout) -> None:
     write_file(layout.pidfile("munged"), f"{read_pid(pidfile)}\n", 0o644)
 
 
+CLIENTS = ("sbatch", "squeue", "scontrol", "sinfo", "scancel", "srun", "salloc", "sacct", "sstat")
+
+_WRAPPER = """#!/bin/sh
+# Written by `hpcsched devcluster up --slurm {version}`: runs the chroot's Slurm client of the
+# same name in the caller's directory; inside the chroot (a job's PATH) the chroot's own binary.
+n=$(basename "$0")
+if [ -x "{root}/usr/bin/$n" ]; then
+  exec {chroot} "{root}" /bin/sh -c 'cd "$0" 2>/dev/null; exec "$@"' "$PWD" "/usr/bin/$n" "$@"
+fi
+exec "/usr/bin/$n" "$@"
+"""
+
+
+def write_client_wrappers(version: str, layout: Layout) -> Path:
+    """``STATE/bin/{sbatch,squeue,scontrol,...}``: put it first in PATH (with SLURM_CONF) and
+    unchanged code and tests, hpcsched's included, talk to this version's cluster. Returns the
+    directory."""
+    bindir = layout.root / "bin"
+    bindir.mkdir(parents=True, exist_ok=True)
+    root = chroot_dir(version)
+    write_file(bindir / "slurm-client", _WRAPPER.format(version=version, root=root, chroot=client(version)[0]), 0o755)
+    for name in CLIENTS:
+        link = bindir / name
+        if not link.is_symlink():
+            link.symlink_to("slurm-client")
+    return bindir
+
+
 def client_prefix(root: Path) -> list[str]:
     """``["chroot", ROOT]``."""
     return [find_bin("chroot") or "chroot", str(root)]
@@ -248,6 +279,7 @@ def up(version: str, state_dir: str | os.PathLike[str] | None = None, nodes: int
         stop_all(layout)
         unmount_all(root, mounts)
         raise
+    write_client_wrappers(version, layout)
     write_file(layout.manifest, _manifest_json(version, layout, ports, nodes, gpus, cpus, daemons, mounts), 0o644)
     logger.info("Slurm %s dev cluster up in %.1f s: %d nodes x %d GPUs, SLURM_CONF=%s (clients: %s)",
                 version, time.monotonic() - t0, nodes, gpus, layout.slurm_conf, " ".join(client(version)))
