@@ -85,7 +85,7 @@ def test_cli_backend_observe_with_fakes(fake_slurm):
     assert t0 <= obs.time <= time.time()
     assert obs.calls == 2 and b.calls == 2
     assert slurm.calls() - before == 2  # the counter the daemon's round statistics read
-    assert sorted(fake_slurm.calls()) == ["--json", "--json"]
+    assert sorted(fake_slurm.calls()) == ["--json", "--json --states=all"]  # sinfo, squeue
     assert obs.jobs["61"].state == "RUNNING" and obs.node("n2").gpus_allocated == 4
     with pytest.raises(TypeError):
         obs.jobs["x"] = None  # read-only mapping

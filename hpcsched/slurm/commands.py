@@ -86,10 +86,14 @@ def run(args: Sequence[str], timeout: float = DEFAULT_TIMEOUT, env: dict | None 
 def squeue(timeout: float = DEFAULT_TIMEOUT) -> dict[str, JobInfo]:
     """All jobs Slurm still knows (one call, whatever the number of jobs), by job id.
 
+    ``--states=all``: from 24.11 (data_parser v0.0.40+) ``squeue --json`` leaves finished jobs
+    out unless asked; 22.05 lists them anyway and ignores the option (measured,
+    ``docs/slurm-versions.md``).
+
     Raises:
         SlurmUnavailable, SlurmError: as :func:`run` and :func:`~hpcsched.slurm.parse.parse_squeue_json`.
     """
-    return parse_squeue_json(run(["squeue", "--json"], timeout=timeout))
+    return parse_squeue_json(run(["squeue", "--json", "--states=all"], timeout=timeout))
 
 
 def job_info(job_id: str | int, timeout: float = DEFAULT_TIMEOUT) -> JobInfo | None:

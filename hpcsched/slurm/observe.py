@@ -156,7 +156,7 @@ class SlurmCLIBackend:
 
     def observe(self) -> Observation:
         t = time.time()
-        fut_jobs = self._pool.submit(self._run, ["squeue", "--json"])
+        fut_jobs = self._pool.submit(self._run, ["squeue", "--json", "--states=all"])
         fut_nodes = self._pool.submit(self._run, ["sinfo", "--json"])
         # Wait for both before raising, so no command outlives this call.
         errors = []
