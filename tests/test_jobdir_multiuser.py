@@ -113,3 +113,35 @@ def test_no_warning_when_only_the_jobs_own_link_names_it(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, "hpcsched.protocol.jobdir"):
         JobDir.for_job("7", tmp_path, user=me)
     assert "refused" not in caplog.text
+
+
+@needs_root
+def test_the_daemon_finds_a_job_in_the_subtree_of_slurms_user(tmp_path, caplog):
+    """The daemon (root) looks a job up under Slurm's user of it (here ``nobody``), not its own;
+    the earlier layout's link that user ``mallory`` planted for the job is refused and logged."""
+    import pwd
+
+    from hpcsched import slurm
+    from hpcsched.daemon.views import ManagedJobs
+    from hpcsched.protocol.jobdir import JobSpec
+    from hpcsched.protocol.limits import JobLimits
+    from hpcsched.slurm.observe import Observation
+
+    user = pwd.getpwuid(NOBODY).pw_name
+    jd = _job(tmp_path, user, "c" * 12, "42")
+    jd.write_spec(JobSpec(job_uid=jd.uid, script="/s/train.py", script_args=(), python="python3",
+                          submit_dir="/s", sbatch_args=(), nodes=1,
+                          limits=JobLimits(2, 1, 2, 16, 256, None, 64, "linear"),
+                          checkpoint_dir=str(jd.path / "ck"), user=user))
+    for p in (tmp_path / user, jd.path, jd.spec_path):
+        os.chown(p, NOBODY, NOBODY)
+    planted = _job(tmp_path, "mallory", "d" * 12, "1")
+    (tmp_path / "by-id").mkdir()
+    (tmp_path / "by-id" / "42").symlink_to(planted.path)
+    job = slurm.JobInfo(job_id="42", name="", user=user, state="RUNNING", state_reason="None",
+                        partition="gpu", nodes="n1", node_count=1, gpus_per_node=2, restarts=0,
+                        batch_host="n1", priority=1)
+    with caplog.at_level(logging.WARNING):
+        found = ManagedJobs(tmp_path, ()).find(Observation(time=0.0, nodes=(), jobs={"42": job}, calls=0))
+    assert found["42"][0].path == jd.path and found["42"][1].job_uid == jd.uid
+    assert f"job 42: {tmp_path}/by-id/42 refused: Slurm says the job is {user}'s" in caplog.text
