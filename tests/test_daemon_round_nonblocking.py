@@ -296,3 +296,36 @@ def test_between_rounds_ticks_every_actuation_interval_until_the_next_round():
     stopped = Counting()
     daemon_round._between_rounds(stopped, settings, time.monotonic(), {"stop": True, "reload": False})
     assert stopped.ticks == 0
+
+
+@pytest.mark.parametrize("journal, job, held", [
+    # (kind, phase) oldest first; Slurm's view of the job
+    ([("preempt", "running")], info("7", "PENDING", restarts=1), True),
+    ([("preempt", "running"), ("pending", "failed")], info("7", "PENDING", restarts=1), True),
+    ([("preempt", "running"), ("pending", "running")], info("7", "PENDING", restarts=1), False),
+    ([("preempt", "running")], info("7", "PENDING", restarts=0), False),   # not requeued yet
+    ([("preempt", "running")], info("7", "RUNNING", restarts=1), False),   # the guard started it
+    ([("preempt", "failed")], info("7", "PENDING", restarts=1), False),
+    ([("preempt", "requeued")], info("7", "PENDING", restarts=1), False),  # still open: busy
+    ([("grow", "running")], info("7", "PENDING", restarts=1), False),
+    ([], info("7", "PENDING", restarts=1), False),
+])
+def test_held_after_preemption_reads_the_journal(tmp_path, journal, job, held):
+    from hpcsched.daemon.views import eligible, held_after_preemption
+
+    store = Store(f"sqlite:///{tmp_path / 'h.db'}")
+    store.upgrade()
+    store.upsert_job(job_id="7", job_uid="u", workers_per_node=2, min_nodes=1, max_nodes=2,
+                     min_batch_size=16, max_batch_size=256, base_batch_size=64)
+    path = {"preempt": PATHS[ChangeKind.PREEMPT], "pending": PATHS[ChangeKind.PENDING],
+            "grow": PATHS[ChangeKind.GROW]}
+    for kind, phase in journal:
+        aid = store.plan_action(job_id="7", kind=kind, generation=1, from_nodes=1, to_nodes=0,
+                                from_batch_size=64, to_batch_size=64, restarts_at_plan=0)
+        steps = path[kind][1:path[kind].index(phase) + 1] if phase != "failed" else ("failed",)
+        for p in steps:
+            store.set_action_phase(aid, p)
+    job = replace(job, state_reason="BeginTime" if job.state == "PENDING" else "None")
+    assert held_after_preemption(job, store) == held
+    assert eligible(job, held) == (held or job.state == "RUNNING")
+    store.close()
