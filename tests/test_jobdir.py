@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -173,3 +174,16 @@ def test_read_spec_of_a_missing_or_broken_file(tmp_path, text, message):
         jd.spec_path.write_text(text)
     with pytest.raises(ProtocolError, match=message):
         jd.read_spec()
+
+
+@pytest.mark.parametrize("plant", ["fifo", "link", "huge"])
+def test_read_spec_is_bounded_like_every_job_file(control_dir, plant):
+    d = JobDir.create(control_dir)
+    if plant == "fifo":
+        os.mkfifo(d.spec_path)          # must not block hpcsched status or resize
+    elif plant == "link":
+        d.spec_path.symlink_to("/etc/passwd")
+    else:
+        d.spec_path.write_text("[" * 10 + " " * (2 << 20))
+    with pytest.raises(ProtocolError):
+        d.read_spec()

@@ -104,3 +104,14 @@ def test_a_control_file_for_another_job_is_ignored(tmp_path, caplog):
     ctl.write_control(jd.control_path, _control())          # job_uid "u", not this job
     assert ControlWatcher(jd).changed() is None
     assert "ignoring control file" in caplog.text and "not this job" in caplog.text
+
+
+def test_an_unusable_control_file_is_logged_once_and_ignored(tmp_path, caplog):
+    jd = JobDir.create(tmp_path)
+    jd.control_path.symlink_to(jd.control_path)               # a loop: stat raises ELOOP
+    watcher = ControlWatcher(jd)
+    assert watcher.changed() is None and watcher.changed() is None   # the job goes on
+    assert caplog.text.count("ignoring control file") == 1
+    jd.control_path.unlink()
+    ctl.write_control(jd.control_path, ctl.Control(**{**_control().__dict__, "job_uid": jd.uid}))
+    assert watcher.changed().generation == 2

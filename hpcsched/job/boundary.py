@@ -133,6 +133,11 @@ class ControlWatcher:
             st = self.path.stat()
         except FileNotFoundError:
             return None
+        except OSError as exc:   # e.g. a link the job may not follow: the file is not usable
+            if self._sig != ("unusable", exc.errno):
+                log.warning("ignoring control file %s: %s", self.path, exc.strerror or exc)
+                self._sig = ("unusable", exc.errno)
+            return None
         sig = (st.st_mtime_ns, st.st_size, st.st_ino)
         if sig == self._sig:
             return None

@@ -24,7 +24,6 @@ case hpcsub died in between).
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import pwd
@@ -38,6 +37,7 @@ from typing import Iterator
 from hpcsched.protocol.files import (
     LauncherState,
     ProtocolError,
+    load_json_object,
     read_launcher_state,
     write_json_atomic,
 )
@@ -356,12 +356,16 @@ class JobDir:
         write_json_atomic(self.spec_path, spec.to_json())
 
     def read_spec(self) -> JobSpec:
-        try:
-            obj = json.loads(self.spec_path.read_text())
-        except FileNotFoundError as exc:
-            raise ProtocolError(f"{self.spec_path}: missing") from exc
-        except json.JSONDecodeError as exc:
-            raise ProtocolError(f"{self.spec_path}: not valid JSON ({exc.msg})") from exc
+        """The job's spec, read with the bounds of every job-written file
+        (:func:`hpcsched.protocol.files.load_json_object`: a regular file, no link, at most
+        1 MiB).
+
+        Raises:
+            ProtocolError: missing, unreadable, too large, not JSON, or not a valid spec.
+        """
+        obj = load_json_object(self.spec_path)
+        if obj is None:
+            raise ProtocolError(f"{self.spec_path}: missing")
         return JobSpec.from_json(obj, self.spec_path)
 
     def link_job_id(self, job_id: str | int) -> None:
