@@ -351,4 +351,5 @@ def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: 
 
 
 __all__ = ["JobFacts", "JobReport", "ManagedJobs", "attained_gpu_seconds", "cluster_snapshot",
-           "daemon_job_facts", "daemon_snapshot", "eligible", "job_view", "measured_gpu_views"]
+           "daemon_job_facts", "daemon_snapshot", "eligible", "held_after_preemption", "job_view",
+           "measured_gpu_views"]
