@@ -218,6 +218,7 @@ def test_shrink_from_inside_runs_in_the_job_directory_and_never_raises(tmp_path,
             raise error
 
     monkeypatch.setattr(slurm, "update_job", update_job)
+    monkeypatch.setattr(slurm, "job_info", lambda job_id: None)   # no NodeList= to fall back on
     before = Path.cwd()
     with caplog.at_level(logging.ERROR):
         got = allocation.shrink_from_inside("7", 2, tmp_path)
@@ -227,6 +228,24 @@ def test_shrink_from_inside_runs_in_the_job_directory_and_never_raises(tmp_path,
         assert got is None and not caplog.records
     else:
         assert got == str(error) and "NumNodes=2 failed" in caplog.text
+
+
+def test_shrink_from_inside_asks_for_the_nodes_kept_when_numnodes_is_refused(tmp_path,
+                                                                            monkeypatch):
+    # Slurm 24.11+: NumNodes= refused for a running --ntasks-per-node job, NodeList= taken
+    calls = []
+
+    def update_job(job_id, timeout, cwd=None, **fields):
+        calls.append(fields)
+        if "NumNodes" in fields:
+            raise slurm.SlurmError("scontrol update JobId=7: Job is no longer pending execution")
+
+    monkeypatch.setattr(slurm, "update_job", update_job)
+    monkeypatch.setattr(slurm, "job_info", lambda job_id: slurm.JobInfo(
+        job_id="7", name="", user="u", state="RUNNING", state_reason="None", partition="gpu",
+        nodes="n[1-3]", node_count=3, gpus_per_node=2, restarts=0, batch_host="n1", priority=1))
+    assert allocation.shrink_from_inside("7", 2, tmp_path) is None
+    assert calls == [{"NumNodes": 2}, {"NodeList": "n1,n2"}]    # the first nodes, as NumNodes keeps
 
 
 def test_slurm_commands_run_in_the_directory_given(tmp_path):

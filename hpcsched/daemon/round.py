@@ -105,7 +105,7 @@ class Daemon:
     # ----------------------------------------------------------------- jobs
     def _record_job(self, jd: JobDir, spec: JobSpec, info: slurm.JobInfo, now: float) -> None:
         # the store's job columns are JobLimits' fields, by name
-        fields = dict(job_id=info.job_id, job_uid=jd.uid, user=spec.user, script=spec.script,
+        fields = dict(job_id=info.job_id, job_uid=jd.uid, user=info.user, script=spec.script,
                       **dataclasses.asdict(spec.limits),
                       spec_json=json.dumps(spec.to_json()), state=info.state,
                       submit_time=spec.created_at or None, last_seen=now,

@@ -28,6 +28,12 @@ def shrink_from_inside(job_id: str, nodes: int, job_dir: Path) -> str | None:
     :func:`hpcsched.slurm.update_job`, run in ``job_dir`` so that Slurm's resize script lands
     there (where the launcher looks for it).
 
+    Slurm 24.11 and 26.05 refuse ``NumNodes=`` for a running job submitted with
+    ``--ntasks-per-node`` (every hpcsub job) and take ``NodeList=<the nodes kept>`` instead,
+    writing the same resize script (measured, ``docs/slurm-versions.md``); 22.05 takes
+    ``NumNodes=`` (measured). So ``NumNodes=`` first, and on a refusal ``NodeList=`` with the
+    first ``nodes`` nodes of the allocation (the ones ``NumNodes=`` keeps).
+
     Error policy (the same for both callers): a failed update is not fatal. By the time this
     runs a checkpoint is on disk and the workers that stay can carry on, so the job keeps
     running on the allocation Slurm left it; the failure is logged here at ERROR and returned
@@ -38,7 +44,18 @@ def shrink_from_inside(job_id: str, nodes: int, job_dir: Path) -> str | None:
     """
     try:
         # Slurm writes the resize script into scontrol's working directory
-        slurm.update_job(job_id, timeout=UPDATE_TIMEOUT, cwd=job_dir, NumNodes=nodes)
+        try:
+            slurm.update_job(job_id, timeout=UPDATE_TIMEOUT, cwd=job_dir, NumNodes=nodes)
+        except slurm.SlurmUnavailable:
+            raise
+        except slurm.SlurmError as refused:
+            info = slurm.job_info(job_id)
+            if info is None or not info.nodes:
+                raise refused
+            keep = slurm.expand_hostlist(info.nodes)[:nodes]
+            log.info("NumNodes=%d refused (%s); asking for NodeList=%s", nodes, refused,
+                     ",".join(keep))
+            slurm.update_job(job_id, timeout=UPDATE_TIMEOUT, cwd=job_dir, NodeList=",".join(keep))
     except (slurm.SlurmError, OSError) as exc:
         log.error("scontrol update JobId=%s NumNodes=%d failed: %s", job_id, nodes, exc)
         return str(exc).strip() or type(exc).__name__
