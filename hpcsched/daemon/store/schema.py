@@ -7,7 +7,9 @@ sizes in samples. The migrations in ``db/versions/`` must describe exactly these
 
 from __future__ import annotations
 
+import sqlite3
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -195,6 +197,26 @@ class IngestOffset(Base):
 # -- engine and migrations -----------------------------------------------------------------------
 
 
+def _use_wal(cur: Any) -> None:
+    """Put the database file in WAL mode (persistent: once per file).
+
+    Switching the journal mode needs the file to itself, and SQLite answers "database is
+    locked" at once instead of waiting out the busy timeout when another connection holds it
+    (two processes opening a new file together: measured in tests/test_store.py), so the switch
+    is retried for up to :data:`BUSY_TIMEOUT_MS`; a file already in WAL mode is left alone.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine for ``url``; for SQLite, with WAL, foreign keys and a 5 s busy timeout on every
     connection, and ``BEGIN IMMEDIATE`` for connections with execution option
@@ -215,7 +237,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             cur.execute("PRAGMA foreign_keys = ON")
             if sa_url.database not in (None, "", ":memory:"):
-                cur.execute("PRAGMA journal_mode = WAL")
+                _use_wal(cur)
         finally:
             cur.close()
 
