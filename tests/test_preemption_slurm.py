@@ -193,3 +193,59 @@ def test_guard_starts_a_held_job_when_no_daemon_is_left(daemon_env, devcluster, 
 
     recs = _finish(job, jd, tmp_path)
     assert {r["restart"] for r in recs if r["generation"] == 1} == {1}
+
+
+def test_tiresias_preempts_a_job_for_a_newer_one_and_resumes_it(daemon_env, devcluster,
+                                                                slurm_jobs, tmp_path):
+    """Tiresias itself (2D-LAS, Gu et al., NSDI'19) decides: with 4 GPUs left by an unmanaged
+    job, A (4 GPUs) runs until it has attained more than the first queue's 20 GPU-seconds; B (4
+    GPUs) then arrives in the top queue, so A is preempted for B, held, and released when B has
+    finished. Both finish with every sample exactly once."""
+    from hpcsched.policies import make_policy
+
+    filler = subprocess.run(["sbatch", "--parsable", "-N3", "--gres=gpu:4", "-w", "n[2-4]",
+                             f"--output={tmp_path}/filler.out", "--wrap", "sleep 900"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    slurm_jobs.append(filler)
+    wait_for(lambda: (i := slurm.job_info(filler)) and i.state == "RUNNING", 120,
+             "the unmanaged job holding n[2-4]", interval=0.5)
+    a = submit(tmp_path, "-N", "1", "--gres=gpu:4", "--hpcsched-batch-size", "64",
+               str(EXAMPLE), "--epochs", str(EPOCHS), "--min-step-time", "0.05")
+    slurm_jobs.append(a)
+    jd_a = JobDir.for_job(a)
+    wait_for(lambda: (x := _ack(jd_a)) and x.state == "applied", 240, "job A to report",
+             interval=1)
+    daemon, store = _daemon(deadline=900)
+    daemon.policy = make_policy("tiresias", {"queue_thresholds": [20.0]})
+    # A's service grows past the first queue (its measured steps reach the store by ingest)
+    wait_for(lambda: daemon.round().error is None and any(
+        p.steps * p.step_time * p.world_size > 20.0 for p in store.profile(a)) or None, 300,
+        "job A to attain 20 GPU-seconds", interval=1)
+    b = submit(tmp_path, "-N", "1", "--gres=gpu:4", "--hpcsched-batch-size", "64",
+               str(EXAMPLE), "--epochs", "6", "--min-step-time", "0.05")
+    slurm_jobs.append(b)
+    wait_for(lambda: (i := slurm.job_info(b)) and i.state == "PENDING", 60, "B to wait")
+
+    phases = []
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        rep = daemon.round()
+        assert rep.error is None, rep.error
+        assert not any(str(o).startswith("failed") for o in rep.outcomes.values()), rep.outcomes
+        kinds = [(x.kind, x.phase) for x in store.actions(a)]
+        phases.append((slurm.job_info(a).state, slurm.job_info(b).state, kinds))
+        if slurm.job_info(a).state in ENDED:
+            break
+        time.sleep(1.0)
+    kinds = [x.kind for x in reversed(store.actions(a))]
+    assert kinds[:2] == ["preempt", "pending"], (kinds, phases[-5:])
+    # B ran while A was held, and A ran again only after B had ended
+    assert any(sa == "PENDING" and sb == "RUNNING" for sa, sb, _ in phases), phases[-5:]
+    first_a_again = next(i for i, (sa, _, k) in enumerate(phases)
+                         if sa == "RUNNING" and ("pending", "running") in k)
+    assert all(sb != "RUNNING" for _, sb, _ in phases[first_a_again:]), phases[-5:]
+    for job, epochs in ((a, EPOCHS), (b, 6)):
+        final = wait_for(lambda j=job: (i := slurm.job_info(j)) and i.state in ENDED and i, 600,
+                         f"job {job} to finish", interval=1)
+        assert final.state == "COMPLETED", final
+        check_exactly_once(load_records(JobDir.for_job(job).path), DIGITS, epochs)
