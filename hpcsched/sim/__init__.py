@@ -62,6 +62,9 @@ class JobResult:
     resizes: int
     requested_gpus: int
     max_gpus: int
+    #: every resize, in order: ``(time s, round number, GPUs before, GPUs after)``; a
+    #: preemption is ``(t, r, gpus, 0)`` and its release ``(t, r, 0, gpus)``
+    resize_log: tuple[tuple[float, int, int, int], ...] = ()
 
     @property
     def jct(self) -> float | None:

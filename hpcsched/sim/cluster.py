@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hpcsched.policies.snapshot import GPUView, NodeView
-from hpcsched.sim.physics import draw_gpu_slowdowns
+from hpcsched.sim import physics
 from hpcsched.slurm import JobInfo
 from hpcsched.slurm.observe import Observation
 
@@ -36,13 +36,15 @@ class SimCluster:
     ``(nodes, gpus_per_node, len(CLASSES))`` matrix of per-GPU slowdowns, drawn from PAL's
     Longhorn measurements with ``variability`` (seeded by ``seed``), else all 1."""
 
-    def __init__(self, nodes: int, gpus_per_node: int, variability: bool = False, seed: int = 0):
+    def __init__(self, nodes: int, gpus_per_node: int, variability: bool | str = False,
+                 seed: int = 0):
         self.gpus_per_node = gpus_per_node
         self.node_names = tuple(f"n{i + 1}" for i in range(nodes))
         self.node_index = {n: i for i, n in enumerate(self.node_names)}
         self.free = np.ones((nodes, gpus_per_node), dtype=bool)
         if variability:
-            self.slow = draw_gpu_slowdowns(nodes * gpus_per_node, CLASSES, seed).reshape(
+            draw = physics.pal_gpu_slowdowns if variability == "pal" else physics.draw_gpu_slowdowns
+            self.slow = draw(nodes * gpus_per_node, CLASSES, seed).reshape(
                 nodes, gpus_per_node, len(CLASSES))
         else:
             self.slow = np.ones((nodes, gpus_per_node, len(CLASSES)))

@@ -69,8 +69,13 @@ class SimConfig:
         restart_cost: seconds a start or restart costs, per application (``"*"``: default for
             the others).
         shrink_cost: seconds an in-place shrink costs (checkpoint and re-forming the group).
-        variability: draw per-GPU slowdowns from the Longhorn measurements (PAL); off: every
-            GPU is a median GPU.
+        variability: per-GPU slowdowns (PAL, Jain et al., SC'24): ``False``, every GPU is a
+            median GPU; ``True`` or ``"longhorn"``, one draw per GPU from the Longhorn
+            measurements, shared by all classes; ``"pal"``, PAL's own simulator's per-class
+            profiles (``32gpu-variability.csv``, :func:`hpcsched.sim.physics.pal_gpu_slowdowns`).
+        granularity: ``"node"``, jobs are whole nodes x the GPUs per node they were submitted
+            with (what the actuator does on Slurm today); ``"gpu"``, plans speak GPUs and a job
+            may hold any count per node (4 + 2).
         locality_penalty: slowdown of a fixed-work job that spans nodes (PAL's ``L``; Pollux
             applications have measured cross-node step times instead).
         seed: seeds the GPU draws and (``seed + round``) the policy.
@@ -90,12 +95,13 @@ class SimConfig:
     restart_cost: Mapping[str, float] = field(
         default_factory=lambda: MappingProxyType({"*": 30.0}))
     shrink_cost: float = 2.0
-    variability: bool = False
+    variability: bool | str = False
     locality_penalty: float = 1.7
     seed: int = 0
     costs: Costs = Costs(preemption=True, place_pending=True)
     max_time: float = 60 * 86400.0
     hold_new_jobs: bool = False
+    granularity: str = "node"
 
     def restart_cost_for(self, app: str) -> float:
         return float(self.restart_cost.get(app, self.restart_cost.get("*", 30.0)))
