@@ -100,22 +100,26 @@ def nodes_for(job: JobView, gpus: int) -> int:
     return max(1, -(-gpus // max(1, job.workers_per_node)))
 
 
-def job_goodput(job: JobView, nodes: int, batch_size: int) -> float | None:
-    """Predicted goodput of ``job`` at ``nodes`` nodes and global ``batch_size`` (samples/s);
-    ``None`` without a model, at 0 nodes, or when the batch size cannot be cut over the GPUs
-    within the job's limits."""
-    cfg = _config(job, nodes, batch_size)
+def job_goodput(job: JobView, nodes: int, batch_size: int, gpus: int | None = None
+                ) -> float | None:
+    """Predicted goodput of ``job`` on ``gpus`` GPUs over ``nodes`` nodes (``gpus`` ``None``:
+    ``nodes`` x its workers per node) at global ``batch_size`` (samples/s); ``None`` without a
+    model, at 0 nodes, or when the batch size cannot be cut over the GPUs within the job's
+    limits."""
+    if gpus is None:
+        gpus = nodes * job.workers_per_node
+    cfg = _config(job, nodes, gpus, batch_size)
     model = model_for(job) if cfg is not None else None
     if model is None:
         return None
     return goodput(model, cfg, nodes, job.grad_noise, job.base_batch_size)
 
 
-def _config(job: JobView, nodes: int, batch_size: int) -> BatchConfig | None:
-    if nodes <= 0:
+def _config(job: JobView, nodes: int, gpus: int, batch_size: int) -> BatchConfig | None:
+    if nodes <= 0 or gpus <= 0:
         return None
-    return _fit_batch(batch_size, nodes * job.workers_per_node, job.min_batch_size,
-                      job.max_batch_size, job.max_local_batch_size)
+    return _fit_batch(batch_size, gpus, job.min_batch_size, job.max_batch_size,
+                      job.max_local_batch_size)
 
 
 @lru_cache(maxsize=4096)
@@ -154,8 +158,10 @@ def _candidates(gpus: int, lo: int, hi: int, batch_size: int, max_local: int | N
     return tuple(seen.values())
 
 
-def best_at(job: JobView, model: JobModel | None, gpus: int) -> tuple[float, BatchConfig | None]:
-    """T_j(g): the best :func:`goodput` over the job's :func:`candidates` at ``gpus`` GPUs, and
+def best_at(job: JobView, model: JobModel | None, gpus: int, nodes: int | None = None
+            ) -> tuple[float, BatchConfig | None]:
+    """T_j(g): the best :func:`goodput` over the job's :func:`candidates` at ``gpus`` GPUs on
+    ``nodes`` nodes (``None``: :func:`nodes_for`, whole nodes at the job's workers per node), and
     the configuration that gives it (ties: the batch size nearest the current one); ``(0, None)``
     when none fits.
 
@@ -166,7 +172,7 @@ def best_at(job: JobView, model: JobModel | None, gpus: int) -> tuple[float, Bat
     """
     return _best_at(model, gpus, job.min_batch_size, job.max_batch_size, job.batch_size,
                     job.max_local_batch_size, job.base_batch_size, job.grad_noise,
-                    nodes_for(job, gpus))
+                    nodes_for(job, gpus) if nodes is None else nodes)
 
 
 @lru_cache(maxsize=65536)

@@ -1,11 +1,11 @@
-"""What several policies share: the GPUs they may hand out, and first-come-first-served
-admission of pending jobs."""
+"""What several policies share: the GPUs they may hand out, the sizes a job may have at the
+snapshot's granularity, and first-come-first-served admission of pending jobs."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from hpcsched.policies.snapshot import ClusterSnapshot, JobView
+from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView
 
 
 def capacity(snapshot: ClusterSnapshot) -> int:
@@ -46,6 +46,48 @@ def admit_fifo(jobs: Iterable[JobView], free: int, size: Callable[[JobView], int
     return admitted, waiting
 
 
-def min_gpus(job: JobView) -> int:
-    """The fewest GPUs ``job`` may run on: its minimum nodes, whole."""
+def min_gpus(job: JobView, snapshot: ClusterSnapshot | None = None) -> int:
+    """The fewest GPUs ``job`` may run on: its minimum nodes, whole; 1 GPU when ``snapshot``
+    is GPU-granular."""
+    if snapshot is not None and snapshot.granularity == "gpu":
+        return 1
     return job.min_nodes * job.workers_per_node
+
+
+def max_gpus(job: JobView) -> int:
+    """The most GPUs ``job`` may run on: its maximum nodes x its workers per node (at either
+    granularity: a GPU-granular job packs them onto fewer, fuller nodes)."""
+    return job.max_nodes * job.workers_per_node
+
+
+def node_size(snapshot: ClusterSnapshot) -> int:
+    """GPUs on the largest usable node (at least 1): how many GPUs a packed job puts on one."""
+    return max((n.gpus for n in snapshot.nodes if n.usable), default=1) or 1
+
+
+def gpu_counts(job: JobView, snapshot: ClusterSnapshot) -> range:
+    """The GPU counts a plan may give ``job``, smallest first: multiples of its workers per
+    node within its node limits at ``"node"`` granularity; every count from 1 to its maximum
+    at ``"gpu"`` granularity."""
+    if snapshot.granularity == "gpu":
+        return range(1, max_gpus(job) + 1)
+    wpn = job.workers_per_node
+    return range(job.min_nodes * wpn, job.max_nodes * wpn + 1, wpn)
+
+
+def nodes_spanned(job: JobView, gpus: int, snapshot: ClusterSnapshot) -> int:
+    """Nodes ``gpus`` GPUs of ``job`` take: ``gpus / workers_per_node`` at node granularity;
+    packed onto full nodes (``ceil(gpus / node_size)``) at GPU granularity. 0 for 0 GPUs."""
+    if gpus <= 0:
+        return 0
+    per = node_size(snapshot) if snapshot.granularity == "gpu" else job.workers_per_node
+    return -(-gpus // max(1, per))
+
+
+def target(job: JobView, gpus: int, batch_size: int, reason: str, snapshot: ClusterSnapshot,
+           predicted_goodput: float | None = None, placement: tuple[str, ...] = ()) -> JobTarget:
+    """The target giving ``job`` ``gpus`` GPUs (0: none) at global ``batch_size``, at the
+    snapshot's granularity (:func:`nodes_spanned`; ``JobTarget.gpus`` set when GPU-granular)."""
+    gpu = snapshot.granularity == "gpu"
+    return JobTarget(job.job_id, nodes_spanned(job, gpus, snapshot), batch_size, reason,
+                     placement, predicted_goodput, gpus if gpu else None)

@@ -60,6 +60,11 @@ class Costs:
     #: simulator do; the daemon holds the job with a deadline, ``daemon.preemption_deadline``)
     preemption: bool = False
     place_pending: bool = False  # set a pending job's node list even when its size is unchanged
+    #: no thrash: a job resized less than ``hold`` seconds ago is not resized the other way
+    #: (a grow undone by a shrink, or a shrink by a grow) unless the reversal makes room for
+    #: jobs the plan starts; 0 turns it off. The daemon and the simulator set it to
+    #: ``hold_rounds`` x their round interval (default 2 x 60 s)
+    hold: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -74,16 +79,21 @@ class Change:
     to_batch_size: int
     reason: str
     placement: tuple[str, ...] = ()   # nodes to run on, for a pending job or a grow
+    #: GPUs before (held, or asked for when pending) and after; 0: ``nodes`` x workers per node
+    from_gpus: int = 0
+    to_gpus: int = 0
 
 
 @dataclass(frozen=True)
 class Candidate:
     """A change under consideration, with the job's predicted goodput before and after
-    (samples/s; 0 for changes that are not weighed: pending, preempt)."""
+    (samples/s; 0 for changes that are not weighed: pending, preempt) and the weight of one
+    sample/s of it in the policy's objective (:attr:`JobTarget.weight`)."""
 
     change: Change
     x_from: float = 0.0
     x_to: float = 0.0
+    weight: float = 1.0
 
     @property
     def kind(self) -> ChangeKind:
@@ -91,14 +101,16 @@ class Candidate:
 
     @property
     def gain(self) -> float:
-        return self.x_to - self.x_from
+        """The change's gain in the policy's objective (weighted goodput)."""
+        return (self.x_to - self.x_from) * self.weight
 
 
-def predict(job: JobView, nodes: int, batch_size: int) -> float | None:
-    """Predicted goodput of ``job`` at ``nodes`` nodes and global ``batch_size``, samples/s: the
-    policies' objective (:func:`hpcsched.perf.model.job_goodput`); ``None`` without a model or
-    when the batch size cannot be cut over the GPUs."""
-    return job_goodput(job, nodes, batch_size)
+def predict(job: JobView, nodes: int, batch_size: int, gpus: int | None = None) -> float | None:
+    """Predicted goodput of ``job`` on ``gpus`` GPUs over ``nodes`` nodes (``None``: whole
+    nodes) at global ``batch_size``, samples/s: what the policies rank configurations by
+    (:func:`hpcsched.perf.model.job_goodput`); ``None`` without a model or when the batch size
+    cannot be cut over the GPUs."""
+    return job_goodput(job, nodes, batch_size, gpus)
 
 
 def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()
@@ -114,9 +126,10 @@ def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()
         chosen += room
         resizes = [c for c in resizes if c.kind != ChangeKind.SHRINK]
         notes.append(note)
-    made, more = gain_test(resizes, batches, snapshot, costs)
+    resizes, held = hold_back(resizes, snapshot, costs)
+    made, more = gain_test(resizes, batches, snapshot, costs, plan)
     changes, late = feasible_now(chosen + made, snapshot)
-    return changes, notes + more + late
+    return changes, notes + held + more + late
 
 
 # ----------------------------------------------------------------------------------- classify
@@ -126,16 +139,18 @@ def classify(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()
     """One candidate change per target that asks for one, in plan order, and a note for each
     target that cannot be made (unknown rate, preemption off, a pending job told to wait).
     Targets of unknown or busy jobs, and of running jobs at their current size and batch size,
-    are dropped silently."""
+    are dropped silently. A GPU count the snapshot's granularity cannot give (a GPU-granular
+    plan on whole nodes) is first mapped onto it (:func:`on_grid`)."""
     candidates: list[Candidate] = []
     notes: list[str] = []
     for t in plan.targets:
         job = snapshot.job(t.job_id)
         if job is None or job.busy:
             continue
+        t = on_grid(t, job, snapshot)
         if job.state == "PENDING":
             out = _classify_pending(job, t, costs)
-        elif job.state == "RUNNING" and (t.nodes, t.batch_size) != (job.nodes, job.batch_size):
+        elif job.state == "RUNNING" and (t.gpus_for(job), t.batch_size) != (job.gpus, job.batch_size):
             out = _classify_running(job, t, costs)
         else:
             continue
@@ -146,10 +161,22 @@ def classify(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()
     return candidates, notes
 
 
+def on_grid(t: JobTarget, job: JobView, snapshot: ClusterSnapshot) -> JobTarget:
+    """``t`` as the snapshot's granularity can make it: at ``"node"`` granularity a target
+    that speaks GPUs becomes whole nodes of the job's workers per node (rounded down, within
+    its node limits; 0 stays 0); otherwise ``t`` itself."""
+    if snapshot.granularity == "gpu" or t.gpus is None:
+        return t
+    if t.gpus <= 0:
+        return replace(t, nodes=0, gpus=None)
+    nodes = min(job.max_nodes, max(job.min_nodes, t.gpus // job.workers_per_node))
+    return replace(t, nodes=nodes, gpus=None, placement=t.placement if len(t.placement) == nodes else ())
+
+
 def _change(job: JobView, t: JobTarget, kind: ChangeKind, reason: str | None = None,
             placement: tuple[str, ...] = ()) -> Change:
     return Change(job.job_id, kind, job.nodes, t.nodes, job.batch_size, t.batch_size,
-                  t.reason if reason is None else reason, placement)
+                  t.reason if reason is None else reason, placement, job.gpus, t.gpus_for(job))
 
 
 def _classify_pending(job: JobView, t: JobTarget, costs: Costs) -> Candidate | str | None:
@@ -159,7 +186,7 @@ def _classify_pending(job: JobView, t: JobTarget, costs: Costs) -> Candidate | s
     if t.nodes == 0:
         return f"job {job.job_id}: {t.reason}"
     moved = costs.place_pending and t.placement and tuple(t.placement) != tuple(job.node_names)
-    if (t.nodes, t.batch_size) != (job.nodes, job.batch_size) or moved:
+    if (t.gpus_for(job), t.batch_size) != (job.gpus, job.batch_size) or moved:
         return Candidate(_change(job, t, ChangeKind.PENDING, placement=t.placement))
     return None
 
@@ -168,16 +195,18 @@ def _classify_running(job: JobView, t: JobTarget, costs: Costs) -> Candidate | s
     if t.nodes == 0:
         if costs.preemption:
             return Candidate(Change(job.job_id, ChangeKind.PREEMPT, job.nodes, 0, job.batch_size,
-                                    job.batch_size, t.reason))
+                                    job.batch_size, t.reason, (), job.gpus, 0))
         return (f"job {job.job_id}: {t.reason}; preemption is not applied by the daemon here "
                 "(Costs.preemption is off): the job keeps running")
-    kind = ChangeKind.between(job.nodes, t.nodes)
-    x_from, x_to = predict(job, job.nodes, job.batch_size), predict(job, t.nodes, t.batch_size)
+    want = t.gpus_for(job)
+    kind = ChangeKind.between(job.gpus, want)
+    x_from = predict(job, job.nodes, job.batch_size, job.gpus)
+    x_to = predict(job, t.nodes, t.batch_size, want)
     if x_from is None or x_to is None:
         return f"job {job.job_id}: no throughput model yet; {kind} not made"
     reason = f"{t.reason}; goodput {x_from:.0f} -> {x_to:.0f} samples/s predicted"
     placement = t.placement if kind == ChangeKind.GROW else ()
-    return Candidate(_change(job, t, kind, reason, placement), x_from, x_to)
+    return Candidate(_change(job, t, kind, reason, placement), x_from, x_to, t.weight)
 
 
 # ----------------------------------------------------------------------------- admission room
@@ -188,7 +217,7 @@ def admission_room(chosen: list[Candidate], resizes: list[Candidate], snapshot: 
     the pending jobs the plan starts (in ``chosen``) need more GPUs than are free now; else
     none. Shrinks that make room for the jobs the plan starts are the plan's admission decision,
     not a rate trade: the gain test (samples/s of running jobs) cannot see their value."""
-    start_need = sum(c.change.to_nodes * snapshot.job(c.change.job_id).workers_per_node
+    start_need = sum(c.change.to_gpus or c.change.to_nodes * snapshot.job(c.change.job_id).workers_per_node
                      for c in chosen if c.kind == ChangeKind.PENDING and c.change.to_nodes > 0)
     free_now = sum(n.gpus_free for n in snapshot.nodes if n.usable)
     room = [c for c in resizes if c.kind == ChangeKind.SHRINK] if start_need > free_now else []
@@ -196,6 +225,28 @@ def admission_room(chosen: list[Candidate], resizes: list[Candidate], snapshot: 
         return [], ""
     return room, (f"made {len(room)} shrink(s) to make room: the plan starts jobs needing "
                   f"{start_need} GPU(s), {free_now} free")
+
+
+# ------------------------------------------------------------------------------ hold (no thrash)
+
+def hold_back(resizes: list[Candidate], snapshot: ClusterSnapshot, costs: Costs
+              ) -> tuple[list[Candidate], list[str]]:
+    """``resizes`` without those of jobs resized (or started) less than ``costs.hold`` seconds
+    ago, and a note for each held back. A job just grown is not shrunk back, nor a job just
+    shrunk grown back, on the strength of one round's prediction; shrinks that make room for
+    jobs the plan starts were taken out before (:func:`admission_room`) and are not held."""
+    if costs.hold <= 0:
+        return resizes, []
+    kept, notes = [], []
+    for c in resizes:
+        job = snapshot.job(c.change.job_id)
+        age = None if job is None or job.resized_at is None else snapshot.time - job.resized_at
+        if age is not None and age < costs.hold:
+            notes.append(f"job {c.change.job_id}: {c.kind} waits: resized or started {age:.0f} s "
+                         f"ago, less than the {costs.hold:.0f} s hold (no thrash)")
+        else:
+            kept.append(c)
+    return kept, notes
 
 
 # ---------------------------------------------------------------------------------- gain test
@@ -208,27 +259,36 @@ def payoff_seconds(job: JobView | None, x_from: float, horizon: float) -> float:
     return horizon
 
 
+def objective_now(snapshot: ClusterSnapshot, plan: Plan | None = None) -> float:
+    """The policy's objective at the running jobs' current configurations: the sum of their
+    predicted goodput, each weighted by its target's :attr:`~JobTarget.weight` in ``plan``
+    (weight 1 without a target)."""
+    weights = {t.job_id: t.weight for t in plan.targets} if plan is not None else {}
+    return sum((predict(j, j.nodes, j.batch_size, j.gpus) or 0.0) * weights.get(j.job_id, 1.0)
+               for j in snapshot.jobs if j.state == "RUNNING")
+
+
 def gain_test(resizes: list[Candidate], batches: list[Candidate], snapshot: ClusterSnapshot,
-              costs: Costs) -> tuple[list[Candidate], list[str]]:
+              costs: Costs, plan: Plan | None = None) -> tuple[list[Candidate], list[str]]:
     """Which of the plan's resizes and batch-only changes to make, and notes saying why
-    (module docstring, step 3)."""
+    (module docstring, step 3). Gains and losses are in the policy's objective: goodput
+    weighted by each target's weight."""
     notes: list[str] = []
     if resizes:
-        base = sum(predict(j, j.nodes, j.batch_size) or 0.0 for j in snapshot.jobs
-                   if j.state == "RUNNING")
+        base = objective_now(snapshot, plan)
         together = resizes + batches
         gain = sum(c.gain for c in together)
         won = sum(c.gain * payoff_seconds(snapshot.job(c.change.job_id), c.x_from, costs.horizon)
                   for c in together)
-        lost = sum(c.x_from * (costs.restart_cost if c.kind == ChangeKind.GROW else costs.shrink_cost)
+        lost = sum(c.x_from * c.weight
+                   * (costs.restart_cost if c.kind == ChangeKind.GROW else costs.shrink_cost)
                    for c in resizes)
         if base <= 0:
             notes.append("not made: no measured throughput")
         else:
-            summary = (f"resizes gain {gain:+.0f} samples/s of goodput ({gain / base:+.0%} of "
-                       f"{base:.0f}): "
-                       f"{won:.0f} samples over at most {costs.horizon:.0f} s (less for jobs that "
-                       f"end sooner) vs {lost:.0f} lost to restarts")
+            summary = (f"resizes gain {gain / base:+.0%} of the objective ({_fmt(base)} now): "
+                       f"{_fmt(won)} over at most {costs.horizon:.0f} s (less for jobs that end "
+                       f"sooner) vs {_fmt(lost)} lost to restarts")
             if won > lost and gain >= costs.min_gain * base:
                 return together, [f"made: {summary}"]
             notes.append(f"not made: {summary}")
@@ -240,6 +300,11 @@ def gain_test(resizes: list[Candidate], batches: list[Candidate], snapshot: Clus
             notes.append(f"job {c.change.job_id}: batch {c.change.from_batch_size} -> "
                          f"{c.change.to_batch_size} gains less than {costs.min_gain:.0%}; not made")
     return made, notes
+
+
+def _fmt(x: float) -> str:
+    """A figure of the objective, in goodput units (samples/s or samples) or small weights."""
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
 # ------------------------------------------------------------------------------- feasible now
@@ -256,7 +321,8 @@ def feasible_now(chosen: list[Candidate], snapshot: ClusterSnapshot
     for cand in sorted(chosen, key=lambda c: (ORDER[c.kind], -c.gain)):
         c = cand.change
         if c.kind == ChangeKind.GROW:
-            c, note = _place_grow(c, snapshot.job(c.job_id), free)
+            place = _place_grow_gpus if snapshot.granularity == "gpu" else _place_grow
+            c, note = place(c, snapshot.job(c.job_id), free)
             if note:
                 notes.append(note)
             if c is None:
@@ -285,4 +351,33 @@ def _place_grow(c: Change, job: JobView, free: dict[str, int]) -> tuple[Change |
         c = replace(c, placement=())
     for n in nodes:
         free[n] = free.get(n, 0) + (wpn if n in mine else 0) - wpn
+    return c, note
+
+
+def _place_grow_gpus(c: Change, job: JobView, free: dict[str, int]) -> tuple[Change | None, str]:
+    """A GPU-granular grow: it fits when the free GPUs, the job's own counted (the requeue frees
+    them), add up to ``to_gpus``; it claims the fullest nodes first (packed), its own first
+    among equals. Its planned node list is kept when those nodes hold the GPUs."""
+    own = dict(zip(job.node_names, job.layout or (job.workers_per_node,) * len(job.node_names)))
+    avail = {n: free.get(n, 0) + own.get(n, 0) for n in {*free, *own}}
+    if sum(avail.values()) < c.to_gpus:
+        return None, (f"job {c.job_id}: grow to {c.to_gpus} GPU(s) waits: "
+                      f"{sum(avail.values())} free, its own counted")
+    note = ""
+    if c.placement and sum(avail.get(n, 0) for n in c.placement) >= c.to_gpus:
+        order = list(c.placement)
+    else:
+        if c.placement:
+            note = (f"job {c.job_id}: placement {','.join(c.placement)} does not fit now; Slurm "
+                    "chooses the nodes")
+            c = replace(c, placement=())
+        order = sorted(avail, key=lambda n: (-avail[n], n not in own, n))
+    need = c.to_gpus
+    for n in order:
+        take = min(need, avail.get(n, 0))
+        free[n] = avail.get(n, 0) - take
+        need -= take
+    for n in own:   # own GPUs not taken again are freed by the requeue
+        if n not in order:
+            free[n] = avail[n]
     return c, note

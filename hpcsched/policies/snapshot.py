@@ -93,10 +93,16 @@ class JobView:
     remaining_samples: float | None = None  # samples left to train on, if the job says
     grad_noise: tuple[float, float] | None = None  # (grad_sqr, grad_var) latest, if reported
     held: bool = False                     # pending, held by hpcsched after a preemption
+    #: GPUs on each node of its allocation, when they differ from node to node (GPU-granular
+    #: plans: ``(4, 2)``); empty: ``workers_per_node`` on each of ``nodes``
+    layout: tuple[int, ...] = ()
+    #: when the job last changed size or (re)started, Unix seconds; ``None``: unknown
+    resized_at: float | None = None
 
     @property
     def gpus(self) -> int:
-        return self.nodes * self.workers_per_node
+        """GPUs the job holds (running) or asks for (pending)."""
+        return sum(self.layout) if self.layout else self.nodes * self.workers_per_node
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,10 @@ class ClusterSnapshot:
     other_gpus_allocated: tuple[tuple[str, int], ...] = ()
     partitions: tuple[str, ...] = ()
     gpus: tuple[GPUView, ...] = ()    # per-GPU variability, where measured
+    #: what a plan may ask for: ``"node"``, whole nodes x the job's ``workers_per_node`` (what
+    #: the actuator does on Slurm today); ``"gpu"``, any GPU count, packed onto as few nodes as
+    #: it fits (4 + 2): the simulator's ``--granularity gpu``
+    granularity: str = "node"
 
     def job(self, job_id: str) -> JobView | None:
         return next((j for j in self.jobs if j.job_id == job_id), None)
@@ -137,7 +147,9 @@ class ClusterSnapshot:
 class JobTarget:
     """What a policy wants for one job: node count, global batch size, and why.
 
-    ``placement`` optionally names the nodes to use (empty = let Slurm choose).
+    ``placement`` optionally names the nodes to use (empty = let Slurm choose). ``gpus`` is the
+    GPU count when the plan speaks GPUs (a GPU-granular snapshot; ``nodes`` is then the nodes
+    they span, packed); ``None``: ``nodes`` x the job's workers per node.
     """
 
     job_id: str
@@ -147,6 +159,16 @@ class JobTarget:
     placement: tuple[str, ...] = ()
     # goodput at the target (samples/s x statistical efficiency), if the policy knows
     predicted_goodput: float | None = None
+    gpus: int | None = None
+    #: what one sample/s of this job's goodput is worth in the policy's objective (reconcile
+    #: weighs gains and restart losses by it, so it judges a plan by what the policy maximised):
+    #: 1 for total goodput (``dp``); ``1 / remaining samples`` for ``jct``; ``1 / goodput at
+    #: the fair share`` (a speedup) for ``pollux``
+    weight: float = 1.0
+
+    def gpus_for(self, job: JobView) -> int:
+        """GPUs this target gives ``job``."""
+        return self.gpus if self.gpus is not None else self.nodes * job.workers_per_node
 
 
 @dataclass(frozen=True)
