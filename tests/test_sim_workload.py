@@ -12,6 +12,7 @@ import pytest
 from hpcsched.daemon.store import Store
 from hpcsched.sim import WorkloadJob
 from hpcsched.sim import workload as wl
+from hpcsched.sim.tuned import tuned_batch_size
 from hpcsched.sim.workload import WorkloadError, load_workload
 
 LOAD_JOBS = {"0.5": 80, "1.0": 160, "1.5": 240, "2.0": 320}
@@ -129,8 +130,7 @@ def test_philly_sample_is_deterministic_per_seed_and_spans_8h():
     assert a[-1].submit_time == pytest.approx(8 * 3600)
     for j in a:
         assert 1 <= j.gpus <= 64
-        base, top = wl.APP_BATCH_SIZES[j.application]
-        assert j.batch_size == min(base * j.gpus, top)
+        assert j.batch_size == tuned_batch_size(j.application, j.gpus)   # Pollux's TunedJobs
         assert j.app_class == wl.POLLUX_APP_CLASS[j.application]
         assert j.iterations is None
     assert len({j.name for j in a}) == 160

@@ -14,8 +14,11 @@ Entry point: :func:`load_workload` (``spec`` is a CSV path or a short name):
 =====================  ===========================================================================
 
 Every user mistake (missing file, unknown header, bad row, unknown application or model,
-non-positive GPUs or batch size, unknown short name, load not shipped, empty store) raises
-:class:`WorkloadError`, a ``ValueError`` whose message is one line naming the file (and line).
+non-positive GPUs or batch size, a value out of bounds, unknown short name, load not shipped,
+empty store) raises :class:`WorkloadError`, a ``ValueError`` whose message is one line naming the
+file (and line). Bounds (past them a policy would crash or a job never finish): numbers finite;
+submit times 0..10 years (s); GPU counts 1..2**24; batch sizes 1..2**24 samples and at most 16 x
+the application's largest validated batch; a PAL job's iterations at most 10 years of work.
 
 Units: seconds (submit times from the start of the trace), samples (batch sizes), GPUs.
 
@@ -72,7 +75,9 @@ their order of arrival, and their timestamps are rescaled linearly onto [0, 8 h]
 0, last at 28,800 s), the span of Pollux's workloads. Each job keeps its GPU count and gets a
 Pollux application by its GPU-time, with Pollux's categories (same generator): under 1 GPU-hour
 cifar10 or ncf, 1 to 10 GPU-hours deepspeech2 or bert (each a fair coin from the same
-generator), 10 to 100 yolov3, 100 and more imagenet. Batch size: :func:`default_batch_size`.
+generator), 10 to 100 yolov3, 100 and more imagenet. Batch size: tuned for the job's GPU count as
+Pollux's generator tunes its "TunedJobs" (:func:`hpcsched.sim.tuned.tuned_batch_size`; ncf on
+1 GPU: 32,768 samples, 33 s of training, where the untuned 256 take 1,444 s).
 
 Store history
 -------------
@@ -101,6 +106,7 @@ import numpy as np
 
 from hpcsched.policies.variability import APP_CLASSES
 from hpcsched.sim import WorkloadJob
+from hpcsched.sim.tuned import tuned_batch_size
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 
@@ -115,13 +121,8 @@ POLLUX_APP_CLASS: dict[str, str] = APP_CLASSES   # one table, shared with placem
 #: (base, max) global batch size in samples of each Pollux application: the smallest and the
 #: largest ``<B>`` of the Pollux artifact's ``simulator/traces/<app>/validation-<B>.csv``.
 APP_BATCH_SIZES: dict[str, tuple[int, int]] = {
-    "bert": (12, 384),
-    "cifar10": (128, 4096),
-    "deepspeech2": (20, 640),
-    "imagenet": (200, 12800),
-    "ncf": (256, 32768),
-    "yolov3": (8, 512),
-}
+    "bert": (12, 384), "cifar10": (128, 4096), "deepspeech2": (20, 640), "imagenet": (200, 12800),
+    "ncf": (256, 32768), "yolov3": (8, 512)}
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,11 @@ PHILLY_BUCKETS: tuple[tuple[float, tuple[str, ...]], ...] = (
     (100 * 3600.0, ("yolov3",)),
     (math.inf, ("imagenet",)),
 )
+
+#: Bounds (module docstring): latest submit time (s), largest count, batch-size factor.
+MAX_SUBMIT_TIME = 10 * 365 * 86400.0
+MAX_COUNT = 2**24
+BATCH_FACTOR = 16
 
 POLLUX_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 PAL_COLUMNS = ("job_id", "num_gpus", "submit_time", "duration", "model")
@@ -280,7 +286,7 @@ def sample_philly(count: int, *, seed: int = 0) -> list[WorkloadJob]:
         app = apps[min(int(coin[i] * len(apps)), len(apps) - 1)]
         n = int(gpus[row])
         jobs.append(WorkloadJob(name=f"{app}-{i}", submit_time=round(float(submit[i]), 3),
-                                application=app, gpus=n, batch_size=default_batch_size(app, n),
+                                application=app, gpus=n, batch_size=tuned_batch_size(app, n),
                                 app_class=POLLUX_APP_CLASS[app]))
     return jobs
 
@@ -324,9 +330,10 @@ def load_store(url: str | None = None) -> list[WorkloadJob]:
         if app not in POLLUX_APP_CLASS:
             app = "cifar10"
         gpus = _stored_nodes(row) * row.workers_per_node
-        if gpus < 1 or row.base_batch_size < 1:
-            raise WorkloadError(f"{where}: job {row.job_id}: needs a positive GPU count and "
-                                f"batch size, got {gpus} GPUs and batch {row.base_batch_size}")
+        if not (1 <= gpus <= MAX_COUNT and 1 <= row.base_batch_size <= _batch_limit(app)[0]):
+            raise WorkloadError(f"{where}: job {row.job_id}: needs a GPU count in 1..{MAX_COUNT} "
+                                f"and a batch size in 1..{_batch_limit(app)[0]}, got {gpus} GPUs "
+                                f"and batch {row.base_batch_size}")
         jobs.append(WorkloadJob(name=f"{app}-{row.job_id}", submit_time=float(t - t0),
                                 application=app, gpus=gpus, batch_size=row.base_batch_size,
                                 app_class=POLLUX_APP_CLASS[app]))
@@ -407,7 +414,7 @@ def _pollux_rows(where: str, names: Sequence[str], rows) -> list[WorkloadJob]:
         jobs.append(WorkloadJob(
             name=name, submit_time=_time(at, "time", r["time"]), application=app,
             gpus=_positive_int(at, "num_replicas", r["num_replicas"]),
-            batch_size=_positive_int(at, "batch_size", r["batch_size"]),
+            batch_size=_positive_int(at, "batch_size", r["batch_size"], *_batch_limit(app)),
             app_class=POLLUX_APP_CLASS[app]))
     return jobs
 
@@ -428,8 +435,13 @@ def _pal_rows(where: str, names: Sequence[str], rows) -> list[WorkloadJob]:
         if iterations <= 0:
             raise WorkloadError(f"{at}: duration (iterations) must be positive, "
                                 f"got {r['duration']!r}")
+        if iterations * model.iteration_time > MAX_SUBMIT_TIME:
+            raise WorkloadError(f"{at}: duration (iterations) must be at most "
+                                f"{MAX_SUBMIT_TIME / model.iteration_time:.0f} for {model_key} (10 "
+                                f"years of work), got {r['duration']!r}")
         if r.get("batch_size"):
-            batch = _positive_int(at, "batch_size", r["batch_size"])
+            batch = _positive_int(at, "batch_size", r["batch_size"],
+                                  *_batch_limit(model.application))
         else:
             batch = default_batch_size(model.application, gpus)
         jobs.append(WorkloadJob(
@@ -451,17 +463,31 @@ def _number(at: str, what: str, text: str) -> float:
 
 
 def _time(at: str, what: str, text: str) -> float:
+    """A submit time in [0, MAX_SUBMIT_TIME] seconds."""
     v = _number(at, what, text)
     if v < 0:
         raise WorkloadError(f"{at}: {what} (s) must not be negative, got {text!r}")
+    if v > MAX_SUBMIT_TIME:
+        raise WorkloadError(f"{at}: {what} (s) must be at most {MAX_SUBMIT_TIME:.0f} (10 years), "
+                            f"got {text!r}")
     return v
 
 
-def _positive_int(at: str, what: str, text: str) -> int:
+def _positive_int(at: str, what: str, text: str, maximum: int = MAX_COUNT, why: str = "") -> int:
+    """An integer in [1, maximum] (``why``: the reason for the maximum, in the message)."""
     v = _number(at, what, text)
     if v != int(v) or v < 1:
         raise WorkloadError(f"{at}: {what} must be a positive integer, got {text!r}")
+    if v > maximum:
+        raise WorkloadError(f"{at}: {what} must be at most {maximum}{why}, got {text!r}")
     return int(v)
+
+
+def _batch_limit(app: str) -> tuple[int, str]:
+    """The largest batch size (samples) a workload may give ``app``, and why."""
+    top = APP_BATCH_SIZES[app][1]
+    limit = min(MAX_COUNT, BATCH_FACTOR * top)
+    return limit, f" ({BATCH_FACTOR} x {app}'s largest validated batch size {top}, at most 2**24)"
 
 
 # -- helpers -------------------------------------------------------------------------------------
