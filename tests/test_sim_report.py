@@ -244,11 +244,13 @@ def test_render_table():
     assert table.row_count == 2
     headers = [c.header for c in table.columns]
     assert headers == ["POLICY", "WORKLOAD", "JOBS", "AVG JCT (h)", "MEDIAN JCT (h)",
-                       "P99 JCT (h)", "MAKESPAN (h)", "GPU UTIL (%)", "RESTARTS/JOB"]
+                       "P99 JCT (h)", "MAKESPAN (h)", "GPU UTIL (%)", "RESTARTS/JOB",
+                       "FLIP-FLOPS"]
     console = Console(file=io.StringIO(), width=200, record=True)
     console.print(table)
     lines = console.export_text().splitlines()
     # 300 s, 200 s, 592 s, 700 s in hours; 60 % utilization; 1 restart per job
     assert lines[1].split() == ["ones-pal", "pollux", "3/3", "0.08", "0.06", "0.16", "0.19",
-                                "60.0", "1.00"]
-    assert lines[2].split() == ["static", "pollux", "0/1", "-", "-", "-", "-", "-", "0.00"]
+                                "60.0", "1.00", "0/0"]
+    assert lines[2].split() == ["static", "pollux", "0/1", "-", "-", "-", "-", "-", "0.00",
+                                "0/0"]

@@ -5,6 +5,7 @@ durations (times are from the start of the trace), GPUs, GPU-seconds; the summar
 ``gpu_hours_per_job`` is the one figure in hours, and the plots and the table show hours.
 
 * :func:`summarize` -- one run into a flat dict of plain Python values (JSON-able).
+* :func:`flip_flops` -- the resizes of one job undone within two rounds.
 * :func:`write_job_csv` -- one row per job.
 * :func:`write_summary_json` -- several summaries into ``{"runs": [...]}``.
 * :func:`plot_jct_cdf`, :func:`plot_utilization` -- PNG plots (matplotlib, Agg backend; imported
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CSV_COLUMNS",
+    "FLIP_FLOP_ROUNDS",
+    "flip_flops",
     "gpu_utilization",
     "plot_jct_cdf",
     "plot_utilization",
@@ -43,6 +46,10 @@ __all__ = [
 #: The per-job CSV's columns, in order (see :func:`write_job_csv`).
 CSV_COLUMNS = ("name", "application", "submit_time", "start_time", "finish_time", "jct",
                "gpu_seconds", "restarts", "resizes", "requested_gpus", "max_gpus")
+
+#: A resize undone by the job's next resize at most this many rounds later is a flip-flop
+#: (issue 9: "a resize undone within two rounds").
+FLIP_FLOP_ROUNDS = 2
 
 
 # --------------------------------------------------------------------------------------------
@@ -80,6 +87,30 @@ def gpu_utilization(result: SimResult, start: float, end: float) -> float | None
     return busy / total if total > 0 else None
 
 
+def _moves(log: Sequence[tuple[float, int, int, int]]) -> list[tuple[int, int]]:
+    """``(round, +1 grow / -1 shrink)`` of the entries of a resize log that change the GPUs."""
+    return [(int(rnd), 1 if after > before else -1) for _, rnd, before, after in log
+            if after != before]
+
+
+def flip_flops(log: Sequence[tuple[float, int, int, int]], within: int = FLIP_FLOP_ROUNDS) -> int:
+    """How many resizes of one job were undone within ``within`` rounds (flip-flops).
+
+    ``log`` is the job's :attr:`~hpcsched.sim.JobResult.resize_log`, in order: ``(time s, round
+    number, GPUs before, GPUs after)``. A resize is a grow when it ends with more GPUs than it
+    started with, a shrink when fewer; a preemption (to 0 GPUs) is a shrink and its release (from
+    0) a grow; an entry that changes nothing has no direction and is skipped. A flip-flop is a
+    resize whose next resize (of the same job) goes the opposite way -- a grow then a shrink, or
+    a shrink then a grow -- with a round number at most ``within`` after its own. Each resize is
+    counted at most once, as the undone one: grow, shrink, grow in rounds 1, 2, 3 is 2
+    flip-flops (the grow undone by the shrink, the shrink by the second grow); grow, grow, shrink
+    in rounds 1, 2, 3 is 1 (only the second grow is undone). Returns a count >= 0.
+    """
+    moves = _moves(log)
+    return sum(1 for (r0, d0), (r1, d1) in zip(moves, moves[1:])
+               if d1 != d0 and r1 - r0 <= within)
+
+
 def _jsonable(value: Any) -> Any:
     """``value`` with numpy scalars/arrays as Python values, tuples as lists, keys as strings;
     anything else JSON cannot hold becomes its ``str``."""
@@ -115,6 +146,10 @@ def summarize(result: SimResult) -> dict:
       series as a step function: each sample holds until the next (see :func:`gpu_utilization`).
     * ``gpu_hours_per_job`` -- mean over all jobs of ``gpu_seconds / 3600`` (GPU-hours).
     * ``restarts_per_job``, ``resizes_per_job`` -- means over all jobs.
+    * ``resizes`` -- resize events over all jobs' ``resize_log`` (entries that change the GPUs,
+      preemptions and releases included); ``flip_flops`` -- how many of them were undone within
+      :data:`FLIP_FLOP_ROUNDS` rounds (:func:`flip_flops`, summed over jobs);
+      ``flip_flop_fraction`` -- ``flip_flops / resizes`` (0..1), ``None`` without resizes.
     * ``rounds`` -- how many times the policy ran; ``wall_seconds`` -- the simulator's own run
       time (s); ``params`` -- the run's parameters (numpy values converted, tuples as lists).
 
@@ -131,6 +166,8 @@ def summarize(result: SimResult) -> dict:
         utilization = gpu_utilization(result, first_submit, last_finish)
     else:
         makespan = utilization = None
+    resizes = sum(len(_moves(j.resize_log)) for j in jobs)
+    flips = sum(flip_flops(j.resize_log) for j in jobs)
     return {
         "policy": result.policy,
         "workload": result.workload,
@@ -145,6 +182,9 @@ def summarize(result: SimResult) -> dict:
         "gpu_hours_per_job": _mean([float(j.gpu_seconds) / 3600.0 for j in jobs]),
         "restarts_per_job": _mean([float(j.restarts) for j in jobs]),
         "resizes_per_job": _mean([float(j.resizes) for j in jobs]),
+        "resizes": resizes,
+        "flip_flops": flips,
+        "flip_flop_fraction": flips / resizes if resizes else None,
         "rounds": int(result.rounds),
         "wall_seconds": float(result.wall_seconds),
         "params": _jsonable(dict(result.params)),
@@ -306,12 +346,20 @@ def _hours(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds / 3600.0:.2f}"
 
 
+def _flip_flop_cell(summary: dict) -> str:
+    flips, resizes = summary.get("flip_flops"), summary.get("resizes")
+    if flips is None or resizes is None:
+        return "-"
+    return f"{flips}/{resizes}" + (f" ({100.0 * flips / resizes:.1f}%)" if resizes else "")
+
+
 def render_table(summaries: Sequence[dict]) -> Table:
     """A :class:`rich.table.Table` with one row per summary (from :func:`summarize`).
 
     Columns: policy, workload, jobs (``finished/total``), average, median and p99 JCT and the
     makespan in hours (2 decimals), GPU utilization in percent (1 decimal), restarts per job
-    (2 decimals). Undefined figures show as ``-``.
+    (2 decimals), flip-flops as ``flip-flops/resizes (percent, 1 decimal)`` (``0/0`` without
+    resizes). Undefined figures show as ``-``.
     """
     from rich.table import Table
 
@@ -319,7 +367,7 @@ def render_table(summaries: Sequence[dict]) -> Table:
     table.add_column("POLICY")
     table.add_column("WORKLOAD")
     for col in ("JOBS", "AVG JCT (h)", "MEDIAN JCT (h)", "P99 JCT (h)", "MAKESPAN (h)",
-                "GPU UTIL (%)", "RESTARTS/JOB"):
+                "GPU UTIL (%)", "RESTARTS/JOB", "FLIP-FLOPS"):
         table.add_column(col, justify="right")
     for s in summaries:
         util = s.get("gpu_utilization")
@@ -331,5 +379,6 @@ def render_table(summaries: Sequence[dict]) -> Table:
             _hours(s.get("makespan")),
             "-" if util is None else f"{100.0 * util:.1f}",
             "-" if restarts is None else f"{restarts:.2f}",
+            _flip_flop_cell(s),
         )
     return table
