@@ -32,7 +32,8 @@ whose measured traces ship in ``hpcsched/data/pollux/traces/<app>/`` (Apache-2.0
 
 Variability (PAL, Jain et al., SC'24 §3): a data-parallel job runs at the pace of its slowest
 GPU, so its step time is multiplied by the largest slowdown among its GPUs for its class
-(:func:`draw_gpu_slowdowns` draws them from the Longhorn measurements).
+(:func:`draw_gpu_slowdowns` draws them from the Longhorn measurements; :func:`pal_gpu_slowdowns`
+draws them the way PAL's own simulator does).
 
 Fixed-work jobs (:class:`FixedWork`, the PAL/Blox traces): a number of steps, each
 ``iteration_time`` on median GPUs of one node, times the slowest GPU's slowdown, times a constant
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import csv
 import json
+import random
 from dataclasses import dataclass
 from functools import cache, cached_property
 from pathlib import Path
@@ -56,6 +58,10 @@ from hpcsched.perf import pollux
 DATA = Path(__file__).resolve().parent.parent / "data"
 TRACES = DATA / "pollux" / "traces"
 LONGHORN = DATA / "pal" / "longhorn-slowdown-quantiles.json"
+LONGHORN_RUNS = DATA / "pal" / "longhorn-run-slowdowns.json"
+PAL_32GPU = DATA / "pal" / "32gpu-variability.csv"
+#: the order PAL's simulator draws a GPU's classes in (its ``profiles.json``)
+PAL_CLASS_ORDER = ("A", "B", "C", "D")
 
 # The artifact's per-application settings (simulator/applications.py, APPLICATIONS): epochs
 # trained, and yolov3's per-GPU batch limit (8; the others: the largest measured local batch).
@@ -311,3 +317,63 @@ def draw_gpu_slowdowns(n_gpus: int, classes: tuple[str, ...], seed: int,
                                f"(known: {', '.join(sorted(data['classes']))})")
         out[:, j] = np.interp(u, probs, np.array(table[stat], dtype=float))
     return out
+
+
+def pal_gpu_slowdowns(n_gpus: int, classes: tuple[str, ...], seed: int,
+                      profile: str = "runs") -> np.ndarray:
+    """Per-GPU, per-class slowdown multipliers (1 = median, > 1 slower), shape
+    ``(n_gpus, len(classes))``, assigned as PAL's simulator assigns them (Jain et al., SC'24;
+    ``github.com/hal-uw/blox-pal``, branch ``artifact``, ``blox/cluster_state.py``).
+
+    ``profile="runs"`` (PAL's simulator): the simulated GPUs' UUIDs (``"0"``..``"3"`` per node, or
+    the GPU number) are not Longhorn UUIDs, so ``ClusterState._get_machine_slowdowns`` falls back,
+    for every GPU in order and every class in ``profiles.json`` order (A, B, C, D), to
+    ``random.choice`` over all Longhorn runs of the class's file, each run's ``perf`` divided by
+    the median ``perf`` of the file (``longhorn-run-slowdowns.json``; B and C both sample BERT,
+    independently). Classes are independent of each other, unlike :func:`draw_gpu_slowdowns`.
+    The draws use Python's :class:`random.Random` seeded with ``seed`` in PAL's order, so
+    ``seed=42`` (what PAL's ``ClusterState`` seeds) gives the cluster PAL simulated, GPU for GPU.
+
+    ``profile="32gpu"``: ``32gpu-variability.csv`` (PAL's measured 8-node x 4-GPU cluster) row
+    ``i mod 32`` for GPU ``i`` (nodes repeat every 8). PAL's ``_get_sim_slowdowns`` reads this file
+    by GPU number but is never called, and would fail past GPU 31; tiling is our extension.
+    ``seed`` is unused there.
+
+    Departure (both): none in the values; the classes asked for are picked out afterwards, so the
+    draws do not depend on ``classes``.
+
+    Raises:
+        PhysicsError: negative ``n_gpus``, a class other than ``A``..``D`` (``classA`` accepted),
+            or an unknown ``profile``.
+    """
+    if n_gpus < 0:
+        raise PhysicsError(f"n_gpus must be >= 0, got {n_gpus}")
+    cols = []
+    for c in classes:
+        key = str(c).removeprefix("class")
+        if key not in PAL_CLASS_ORDER:
+            raise PhysicsError(f"no PAL profile for class {c!r} (known: {', '.join(PAL_CLASS_ORDER)})")
+        cols.append(PAL_CLASS_ORDER.index(key))
+    if profile == "runs":
+        runs = _pal_runs()
+        rng = random.Random(seed)
+        full = np.array([[rng.choice(runs[c]) for c in PAL_CLASS_ORDER] for _ in range(n_gpus)],
+                        dtype=float).reshape(n_gpus, len(PAL_CLASS_ORDER))
+    elif profile == "32gpu":
+        table = _pal_32gpu()
+        full = table[np.arange(n_gpus) % len(table)]
+    else:
+        raise PhysicsError(f"unknown PAL profile {profile!r} (known: runs, 32gpu)")
+    return full[:, cols]
+
+
+@cache
+def _pal_runs() -> dict[str, tuple[float, ...]]:
+    data = json.loads(LONGHORN_RUNS.read_text())
+    return {c: tuple(float(x) for x in data["classes"][c]) for c in PAL_CLASS_ORDER}
+
+
+@cache
+def _pal_32gpu() -> np.ndarray:
+    rows = sorted(_read_csv(PAL_32GPU), key=lambda r: int(r["GPU_ID"]))
+    return np.array([[float(r[f"PerfVar_class{c}"]) for c in PAL_CLASS_ORDER] for r in rows])
