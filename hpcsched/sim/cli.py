@@ -5,13 +5,20 @@ Every (workload, policy, placement) combination is one simulation
 processes. Results: a table on the terminal, and with ``--json PATH`` the summaries
 (:func:`hpcsched.sim.report.summarize`), with ``--out DIR`` also per-job CSVs, the summaries and
 plots (JCT CDF, GPU utilization over time).
+
+BLAS and OpenMP thread pools are pinned to one thread for the whole run, in this process and in
+every worker process (:func:`single_threaded_blas`): a simulation is single-threaded Python, and
+OpenBLAS otherwise kept a second thread spinning beside it (about 0.9 CPU-seconds per second), so
+``--jobs N`` used twice the cores it asked for.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,10 +49,42 @@ class Run:
     seed: int
     max_time: float
     hold_new_jobs: bool = False
+    granularity: str = "node"
 
     @property
     def label(self) -> str:
         return self.policy + (f"+{self.placement}" if self.placement else "")
+
+
+def _limit_blas(limits: int = 1):
+    """Limit the BLAS and OpenMP thread pools of this process to ``limits`` threads (threadpoolctl);
+    returns the ``threadpool_limits`` object (``restore_original_limits()`` undoes it). The
+    simulator is imported first, so that numpy's and scipy's BLAS libraries are loaded and limited
+    both (threadpoolctl only reaches libraries already loaded)."""
+    from threadpoolctl import threadpool_limits
+
+    import hpcsched.sim.engine  # noqa: F401 -- loads numpy's and scipy's BLAS
+
+    return threadpool_limits(limits=limits)
+
+
+@contextmanager
+def single_threaded_blas() -> Iterator[None]:
+    """Within the block, BLAS and OpenMP use one thread (the limits before are restored after).
+    For anything that runs simulations in this process: ``hpcsched simulate``, benchmarks."""
+    limiter = _limit_blas(1)
+    try:
+        yield
+    finally:
+        limiter.restore_original_limits()
+
+
+_WORKER_LIMITS: list = []
+
+
+def _init_worker() -> None:
+    """Initializer of ``--jobs N``'s worker processes: one BLAS thread for the process's life."""
+    _WORKER_LIMITS.append(_limit_blas(1))
 
 
 def execute(run: Run):
@@ -62,7 +101,8 @@ def execute(run: Run):
     cfg = SimConfig(nodes=run.nodes, gpus_per_node=run.gpus_per_node, interval=run.interval,
                     restart_cost=dict(run.restart_cost), shrink_cost=run.shrink_cost,
                     variability=run.variability, locality_penalty=run.locality_penalty,
-                    seed=run.seed, max_time=run.max_time, hold_new_jobs=run.hold_new_jobs)
+                    seed=run.seed, max_time=run.max_time, hold_new_jobs=run.hold_new_jobs,
+                    granularity=run.granularity)
     res = Simulator(jobs, run.policy, policy_params=params, config=cfg,
                     workload_name=name).run()
     return replace(res, policy=run.label)
@@ -133,6 +173,11 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
 @click.option("--hold-new-jobs", is_flag=True,
               help="What-if: jobs arrive held and start only when the policy's plan gives them "
                    "GPUs (and nodes: lets a placement stage place every job).")
+@click.option("--granularity", type=click.Choice(("node", "gpu")), default="node",
+              show_default=True,
+              help="node: a job is whole nodes x the GPUs per node it was submitted with (what "
+                   "the actuator does on Slurm today); gpu: plans may give a job any GPUs per "
+                   "node (4 + 2).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--max-days", type=click.FloatRange(min=0.01), default=60.0, show_default=True,
               help="Stop a simulation after this many simulated days.")
@@ -145,8 +190,8 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table.")
 def simulate_command(workloads, policies, placements, raw_params, pollux_tiresias, nodes,
                      gpus_per_node, interval, restart_cost, shrink_cost, variability,
-                     locality_penalty, hold_new_jobs, seed, max_days, json_path, out_dir, n_procs,
-                     quiet):
+                     locality_penalty, hold_new_jobs, granularity, seed, max_days, json_path, out_dir,
+                     n_procs, quiet):
     """Replay WORKLOADs on a simulated Slurm cluster with the daemon's own POLICYs.
 
     \b
@@ -154,6 +199,7 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
       hpcsched simulate -w pollux:1 -p tiresias -p dp -p ones-pal
       hpcsched simulate -w pal:1 -p static --placement packed --placement pal --variability
       hpcsched simulate -w pollux:3@2.0 -p dp --json dp.json --out results/
+      hpcsched simulate -w pollux:1 -p dp --granularity gpu
     """
     from hpcsched.sim.engine import SimulationError
     from hpcsched.sim.workload import WorkloadError, load_workload
@@ -169,10 +215,11 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
             raise click.UsageError(str(exc)) from None
     runs = [Run(w, p, pl, tuple(sorted(params.get(p, {}).items(), key=lambda kv: kv[0])),
                 nodes, gpus_per_node, interval, costs, shrink_cost, variability,
-                locality_penalty, seed, max_days * 86400.0, hold_new_jobs)
+                locality_penalty, seed, max_days * 86400.0, hold_new_jobs, granularity)
             for w in workloads for p in policies for pl in (placements or (None,))]
     try:
-        results = _run_all(runs, n_procs, quiet)
+        with single_threaded_blas():
+            results = _run_all(runs, n_procs, quiet)
     except (SimulationError, WorkloadError, PolicyError) as exc:
         click.echo(f"hpcsched simulate: error: {exc}", err=True)
         sys.exit(2)
@@ -196,7 +243,7 @@ def _run_all(runs: list[Run], n_procs: int, quiet: bool) -> list:
                 results[i] = execute(r)
                 bar.advance(task)
         else:
-            with ProcessPoolExecutor(max_workers=n_procs) as pool:
+            with ProcessPoolExecutor(max_workers=n_procs, initializer=_init_worker) as pool:
                 futs = {pool.submit(execute, r): i for i, r in enumerate(runs)}
                 for f in as_completed(futs):
                     results[futs[f]] = f.result()
