@@ -39,7 +39,8 @@ def test_defaults(monkeypatch, tmp_path):
     assert d.dry_run is False and d.restart_cost == 30.0 and d.shrink_cost == 2.0
     assert d.min_gain == 0.05 and d.lock_file == "/run/hpcsched/daemon.lock"
     assert d.log_level == "info" and d.slurm_timeout == 20.0 and d.ack_timeout == 180.0
-    assert s.policy.name == "ones-pal" and s.policy.seed == 0 and dict(s.policy.params) == {}
+    assert d.hold_rounds == 3
+    assert s.policy.name == "jct" and s.policy.seed == 0 and dict(s.policy.params) == {}
     assert cfg.DEFAULT_PATH == tmp_path / "absent.toml"
 
 

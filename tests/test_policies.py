@@ -98,7 +98,7 @@ def test_capacity_excludes_unusable_nodes_and_foreign_jobs():
 
 
 def test_registry_has_one_line_per_policy_and_every_policy_decides():
-    assert POLICIES == tuple(REGISTRY) == ("static", "tiresias", "dp", "ones", "ones-pal")
+    assert POLICIES == tuple(REGISTRY) == ("static", "tiresias", "dp", "ones", "ones-pal", "pollux", "jct")
     snap = _contended()
     for name in POLICIES:
         policy = make_policy(name)
@@ -257,8 +257,11 @@ def test_gradient_noise_makes_the_dp_stop_growing_the_batch():
     assert make_policy("dp").decide(_cluster(1, 4, [noisy])).target("C").batch_size == 32
 
 
-def test_ones_pal_is_the_default_and_places_without_changing_sizes():
-    assert defaults().policy.name == DEFAULT_POLICY == "ones-pal"
+def test_jct_is_the_default_policy():
+    assert defaults().policy.name == DEFAULT_POLICY == "jct"
+
+
+def test_ones_pal_places_without_changing_sizes():
     snap = _contended()
     plan = make_policy("ones-pal").decide(snap, seed=2)
     bare = ONES(seed_with_dp=True).decide(snap, seed=2)

@@ -99,7 +99,8 @@ class Daemon:
         self.control_dir = settings.control_dir_path()
         # a plan's 0 GPUs for a running job is applied (checkpoint, requeue, hold with a deadline)
         self.costs = Costs(restart_cost=d.restart_cost, shrink_cost=d.shrink_cost,
-                           min_gain=d.min_gain, horizon=d.horizon, preemption=True)
+                           min_gain=d.min_gain, horizon=d.horizon, preemption=True,
+                           hold=max(0, d.hold_rounds) * d.round_interval)
         self.managed = views.ManagedJobs(self.control_dir, d.partitions)
 
     # ----------------------------------------------------------------- jobs

@@ -99,6 +99,10 @@ class JobFacts:
         held: pending because hpcsched holds it after a preemption.
         requested_nodes: a pending job's required node list (``ReqNodeList``), where known.
         start_time: when the job (last) started, where known (seconds).
+        layout: GPUs on each of its nodes when they differ (GPU-granular; empty: uniform).
+        resized_at: when it last changed size or (re)started (seconds); ``None``: its
+            ``start_time`` (on Slurm a grow requeues the job, so its start time is when it
+            last grew; a shrink in place is not seen there).
     """
 
     info: slurm.JobInfo
@@ -114,6 +118,8 @@ class JobFacts:
     held: bool = False
     requested_nodes: tuple[str, ...] = ()
     start_time: float | None = None
+    layout: tuple[int, ...] = ()
+    resized_at: float | None = None
 
 
 def attained_gpu_seconds(profile: Iterable[ProfilePoint]) -> float:
@@ -140,7 +146,8 @@ def job_view(f: JobFacts) -> JobView:
         busy=f.busy, user=f.info.user, partition=f.info.partition,
         attained_gpu_seconds=attained_gpu_seconds(f.profile),
         remaining_samples=f.report.remaining_samples, grad_noise=f.report.grad_noise,
-        held=f.held)
+        held=f.held, layout=f.layout,
+        resized_at=f.resized_at if f.resized_at is not None else (f.start_time if running else None))
 
 
 def cluster_snapshot(obs: Observation, jobs: Sequence[JobView], partitions: Sequence[str] = (),
@@ -291,7 +298,11 @@ def daemon_job_facts(jd: JobDir, spec: JobSpec, info: slurm.JobInfo, store: Stor
                     batch_size=cur.global_batch_size, generation=cur.generation,
                     submit_time=spec.created_at, application=application_of(spec),
                     profile=profile, report=JobReport.from_progress(progress, spec.limits.base_batch_size),
-                    busy=busy)
+                    busy=busy,
+                    # the job's acknowledgement of the configuration in force is when it took
+                    # effect (its start, for generation 0): reconcile's no-thrash hold counts
+                    # from it
+                    resized_at=ack.time if ack is not None and info.state == "RUNNING" else None)
 
 
 def _credible_progress(progress: ctl.Progress | None, spec: JobSpec,

@@ -28,9 +28,11 @@ REGISTRY: dict[str, str] = {
     "dp": "hpcsched.policies.dp:decide",
     "ones": "hpcsched.policies.ones:ONES",
     "ones-pal": "hpcsched.policies.composite:OnesPal",
+    "pollux": "hpcsched.policies.pollux:Pollux",
+    "jct": "hpcsched.policies.jct:decide",
 }
 POLICIES = tuple(REGISTRY)
-DEFAULT_POLICY = "ones-pal"
+DEFAULT_POLICY = "jct"
 
 
 def _factory(name: str) -> Callable[..., Policy]:

@@ -1,6 +1,6 @@
 """Reconcile a policy's plan with what runs: which changes to make this round, in what order.
 
-Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``, in four steps:
+Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``, in five steps:
 
 1. :func:`classify`: each target becomes a candidate change of a :class:`ChangeKind`, or a note.
    A change is a **batch**-only change (same nodes; free: applied at a step boundary), a
@@ -13,21 +13,28 @@ Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``, in four steps:
    ``Costs.place_pending`` a pending job whose plan places it on other nodes than it asks for
    gets a change even at an unchanged size (the simulator; the daemon does not know a pending
    job's requested node list yet, and would re-send it every round).
-2. :func:`admission_room`: shrinks are made without the gain test when the plan starts pending
+   Sizes are compared in GPUs; a plan that speaks GPUs on a node-granular snapshot (the daemon
+   today) is mapped onto whole nodes first (:func:`on_grid`).
+2. :func:`hold_back` (no thrash): a job resized or started less than ``Costs.hold`` seconds ago
+   keeps its size this round.
+3. :func:`admission_room`: shrinks are made without the gain test when the plan starts pending
    jobs that need more GPUs than are free: they make room for the plan's admissions, whose value
    the samples/s of the running jobs cannot show.
-3. :func:`gain_test`: the plan's resizes are judged together, since a shrink is usually there to
+4. :func:`gain_test`: the plan's resizes are judged together, since a shrink is usually there to
    feed a grow: they are made only if the predicted gain over ``horizon`` seconds (or over a
    job's predicted remaining time, ``remaining_samples`` / its rate, when that is shorter: a job
    about to end gains nothing from a restart) beats the samples lost to their restarts, and the
    gain is at least ``min_gain`` of the current total. Otherwise only the batch-only changes
-   that gain ``min_gain`` on their own are made. Rates are predicted goodput (:func:`predict`:
+   that gain ``min_gain`` on their own are made. Gains and losses are in the policy's own
+   objective: each job's predicted goodput weighted by its target's ``weight`` (1 for total
+   goodput; ``1 / remaining samples`` for ``jct``'s completion rates). Rates are predicted goodput (:func:`predict`:
    throughput x statistical efficiency, :func:`hpcsched.perf.model.job_goodput`), the objective
    the policies rank configurations by, so a plan is judged by what it was chosen for: a batch
    size a policy picked for its goodput is not refused for its raw throughput, nor a larger one
    made for raw throughput the job cannot turn into progress (Pollux, OSDI'21 §3).
-4. :func:`feasible_now`: a grow is made only if Slurm can place it now: enough usable nodes with
-   the job's GPUs per node free, counting the job's own nodes, which the requeue frees.
+5. :func:`feasible_now`: a grow is made only if Slurm can place it now: enough usable nodes with
+   the job's GPUs per node free, counting the job's own nodes, which the requeue frees (GPU-
+   granular: enough free GPUs, packed onto the fullest nodes).
    Otherwise it waits for a later round (shrinks made this round free their nodes by then).
 
 Order (:data:`ORDER`): preemptions, shrinks, batch-only changes, pending jobs, grows; within a
@@ -60,11 +67,11 @@ class Costs:
     #: simulator do; the daemon holds the job with a deadline, ``daemon.preemption_deadline``)
     preemption: bool = False
     place_pending: bool = False  # set a pending job's node list even when its size is unchanged
-    #: no thrash: a job resized less than ``hold`` seconds ago is not resized the other way
-    #: (a grow undone by a shrink, or a shrink by a grow) unless the reversal makes room for
-    #: jobs the plan starts; 0 turns it off. The daemon and the simulator set it to
-    #: ``hold_rounds`` x their round interval (default 2 x 60 s)
-    hold: float = 120.0
+    #: no thrash: a job resized (or started) less than ``hold`` seconds ago is not resized
+    #: again (:func:`hold_back`); 0 turns it off. The daemon and the simulator set it to
+    #: ``hold_rounds`` x their round interval (default 3 x 60 s: nothing a round decides is
+    #: undone within the next two)
+    hold: float = 180.0
 
 
 @dataclass(frozen=True)
@@ -121,12 +128,12 @@ def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()
     chosen = [c for c in candidates if c.kind in (ChangeKind.PENDING, ChangeKind.PREEMPT)]
     resizes = [c for c in candidates if c.kind in RESIZES]
     batches = [c for c in candidates if c.kind == ChangeKind.BATCH]
+    resizes, held = hold_back(resizes, snapshot, costs)
     room, note = admission_room(chosen, resizes, snapshot)
     if room:
         chosen += room
         resizes = [c for c in resizes if c.kind != ChangeKind.SHRINK]
         notes.append(note)
-    resizes, held = hold_back(resizes, snapshot, costs)
     made, more = gain_test(resizes, batches, snapshot, costs, plan)
     changes, late = feasible_now(chosen + made, snapshot)
     return changes, notes + held + more + late
@@ -233,8 +240,11 @@ def hold_back(resizes: list[Candidate], snapshot: ClusterSnapshot, costs: Costs
               ) -> tuple[list[Candidate], list[str]]:
     """``resizes`` without those of jobs resized (or started) less than ``costs.hold`` seconds
     ago, and a note for each held back. A job just grown is not shrunk back, nor a job just
-    shrunk grown back, on the strength of one round's prediction; shrinks that make room for
-    jobs the plan starts were taken out before (:func:`admission_room`) and are not held."""
+    shrunk grown back, on the strength of one round's prediction. This holds for shrinks that
+    would make room for the plan's starts too: measured in the simulator (``jct``, Pollux
+    workload 1, GPU-granular), exempting them left 21 of 364 resizes undone within two rounds;
+    holding them, none, and the average JCT did not suffer (2021 s -> 2000 s): the jobs to start
+    wait a round or two, or start on GPUs that free up meanwhile."""
     if costs.hold <= 0:
         return resizes, []
     kept, notes = [], []

@@ -87,6 +87,34 @@ class SimCluster:
             gpus.extend((i, int(x)) for x in g)
         return tuple(self.node_names[i] for i in idx), tuple(gpus)
 
+    def allocate_gpus(self, count: int, required: Sequence[str] = ()
+                      ) -> tuple[tuple[str, ...], tuple[tuple[int, int], ...]] | None:
+        """Take ``count`` GPUs on any nodes, packed (a GPU-granular job: ``--gpus=count``):
+        while some node holds what is left, the one with the fewest free GPUs that does (best
+        fit); else the node with the most free GPUs, all of them. With ``required`` only those
+        nodes are used. Returns the node names (in node order) and the ``(node index, gpu
+        index)`` taken, or ``None`` if they do not fit now (nothing taken)."""
+        free = self.free.sum(axis=1)
+        allowed = ([self.node_index[n] for n in required] if required
+                   else list(range(len(self.node_names))))
+        if sum(int(free[i]) for i in allowed) < count:
+            return None
+        left, take = count, {}
+        avail = {i: int(free[i]) for i in allowed if free[i] > 0}
+        while left > 0:
+            fits = [i for i, f in avail.items() if f >= left]
+            i = (min(fits, key=lambda k: (avail[k], k)) if fits
+                 else max(avail, key=lambda k: (avail[k], -k)))
+            n = min(left, avail.pop(i))
+            take[i] = n
+            left -= n
+        gpus = []
+        for i in sorted(take):
+            g = np.flatnonzero(self.free[i])[:take[i]]
+            self.free[i, g] = False
+            gpus.extend((i, int(x)) for x in g)
+        return tuple(self.node_names[i] for i in sorted(take)), tuple(gpus)
+
     def release(self, gpus: Iterable[tuple[int, int]]) -> None:
         """Give ``gpus`` (``(node index, gpu index)``) back."""
         for n, g in gpus:

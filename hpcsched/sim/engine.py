@@ -47,7 +47,7 @@ from hpcsched.policies import make_policy
 from hpcsched.policies.reconcile import Change, Costs
 from hpcsched.policies.round import decide_round
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView, ProfilePoint
-from hpcsched.protocol.batching import BatchConfig, BatchSizeError
+from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch
 from hpcsched.protocol.kinds import ChangeKind
 from hpcsched.protocol.limits import JobLimits
 from hpcsched.sim import JobResult, SimResult, WorkloadJob
@@ -81,6 +81,10 @@ class SimConfig:
         seed: seeds the GPU draws and (``seed + round``) the policy.
         costs: the reconcile parameters: the daemon's defaults, plus preemption (a running job a
             plan gives 0 nodes is checkpointed, requeued and held until a plan gives it GPUs).
+            Its restart and shrink costs and its no-thrash hold are replaced by this
+            configuration's (``restart_cost["*"]``, ``shrink_cost``, ``hold_rounds`` x
+            ``interval``): reconcile weighs a resize with the costs the simulation charges.
+        hold_rounds: rounds a resized job is held at its size (reconcile's no-thrash hold).
         max_time: stop after this many simulated seconds (jobs still running are reported
             unfinished).
         hold_new_jobs: jobs arrive held and start only when a plan gives them GPUs (a what-if:
@@ -102,6 +106,7 @@ class SimConfig:
     max_time: float = 60 * 86400.0
     hold_new_jobs: bool = False
     granularity: str = "node"
+    hold_rounds: int = 3
 
     def restart_cost_for(self, app: str) -> float:
         return float(self.restart_cost.get(app, self.restart_cost.get("*", 30.0)))
@@ -135,6 +140,8 @@ class _Job:
     limits: JobLimits
     nodes: int
     cfg: BatchConfig
+    size: int = 0                    # GPUs held (running) or asked for (pending)
+    granular: bool = False           # GPU-granular: any count per node, packed
     state: str = "FUTURE"            # FUTURE, PENDING, RUNNING, DONE
     node_names: tuple[str, ...] = ()
     gpus: tuple[tuple[int, int], ...] = ()   # (node index, gpu index)
@@ -147,6 +154,8 @@ class _Job:
     finish_time: float | None = None
     restarts: int = 0
     resizes: int = 0
+    resize_log: list = field(default_factory=list)   # (time, round, GPUs before, after)
+    resized_at: float | None = None
     gpu_seconds: float = 0.0
     max_gpus: int = 0
     steps: dict = field(default_factory=dict)   # (world, nodes, local, accum) -> [time, steps]
@@ -165,7 +174,26 @@ class _Job:
 
     @property
     def n_gpus(self) -> int:
-        return self.nodes * self.per_node
+        return self.size
+
+    @property
+    def layout(self) -> tuple[int, ...]:
+        """GPUs on each node of the allocation, in node order (running)."""
+        counts: dict[int, int] = {}
+        for n, _ in self.gpus:
+            counts[n] = counts.get(n, 0) + 1
+        return tuple(counts[n] for n in sorted(counts))
+
+    def fit(self, batch_size: int, gpus: int) -> BatchConfig:
+        """The batch configuration nearest ``batch_size`` on ``gpus`` GPUs within the job's
+        limits.
+
+        Raises:
+            BatchSizeError: none fits.
+        """
+        lim = self.limits
+        return fit_batch(batch_size, gpus, min_global=lim.min_batch_size,
+                         max_global=lim.max_batch_size, max_local_batch_size=lim.max_local_batch_size)
 
     @property
     def batch_size(self) -> int:
@@ -179,8 +207,7 @@ class _Job:
             if self.fixed is not None:
                 st = self.fixed.step_time(len(self.node_names), slowdown, locality_penalty)
             else:
-                st = self.app.step_time(tuple(self.per_node for _ in self.node_names),
-                                        self.cfg.local_batch_size,
+                st = self.app.step_time(self.layout, self.cfg.local_batch_size,
                                         self.cfg.accumulation_steps) * slowdown
             self.st = st
         if self.fixed is not None:
@@ -222,7 +249,8 @@ class _Job:
         return JobResult(name=wj.name, application=wj.application, submit_time=wj.submit_time,
                          start_time=self.start_time, finish_time=self.finish_time,
                          gpu_seconds=self.gpu_seconds, restarts=self.restarts,
-                         resizes=self.resizes, requested_gpus=wj.gpus, max_gpus=self.max_gpus)
+                         resizes=self.resizes, requested_gpus=wj.gpus, max_gpus=self.max_gpus,
+                         resize_log=tuple(self.resize_log))
 
 
 def _limits(wj: WorkloadJob, cfg: SimConfig) -> tuple[Application | None, FixedWork | None,
@@ -252,6 +280,11 @@ def _limits(wj: WorkloadJob, cfg: SimConfig) -> tuple[Application | None, FixedW
     base = app.init_batch_size
     lo, hi = min(base, wj.batch_size), max(app.max_batch_size, wj.batch_size)
     max_nodes = max(nodes, min(cfg.nodes, hi // max(1, app.min_local_bsz * per_node)))
+    if cfg.granularity == "gpu":
+        # any GPU count up to what its largest batch can feed, packed: the node limit only
+        # bounds nodes x workers per node, the GPUs
+        most = min(cfg.nodes * cfg.gpus_per_node, hi // max(1, app.min_local_bsz))
+        max_nodes = max(nodes, most // per_node)
     try:
         limits = JobLimits(per_node, 1, max_nodes, lo, hi, app.max_local_bsz, base, "sqrt")
     except ValueError as exc:
@@ -283,6 +316,9 @@ class Simulator:
         self.rounds = 0
         self.utilization: list[tuple[float, int, int]] = []
         self.notes: list[str] = []
+        self.costs = replace(config.costs, restart_cost=config.restart_cost_for("*"),
+                             shrink_cost=config.shrink_cost,
+                             hold=config.hold_rounds * config.interval)
 
     def _make_job(self, i: int, wj: WorkloadJob) -> _Job:
         app, fixed, nodes, limits, batch = _limits(wj, self.cfg)
@@ -291,7 +327,8 @@ class Simulator:
         except BatchSizeError as exc:
             raise SimulationError(f"job {wj.name}: {exc}") from None
         return _Job(wj=wj, job_id=str(i + 1), app=app, fixed=fixed, limits=limits, nodes=nodes,
-                    cfg=cfg)
+                    cfg=cfg, size=nodes * limits.workers_per_node,
+                    granular=self.cfg.granularity == "gpu" and fixed is None)
 
     # ----------------------------------------------------------------------- physics
     def _rate(self, j: _Job, progress: float) -> tuple[float, float]:
@@ -340,10 +377,15 @@ class Simulator:
                 for j in self.jobs if j.state in ("PENDING", "RUNNING")}
 
     def _try_start(self, j: _Job) -> bool:
-        got = self.cluster.allocate(j.nodes, j.per_node, j.req_nodes)
+        if j.granular:
+            got = self.cluster.allocate_gpus(j.size, j.req_nodes)
+        else:
+            got = self.cluster.allocate(j.nodes, j.per_node, j.req_nodes)
         if got is None:
             return False
         j.node_names, j.gpus = got
+        j.nodes = len(j.node_names)
+        j.resized_at = self.now
         j.req_nodes = ()
         j.state = "RUNNING"
         j.updated = self.now
@@ -379,61 +421,92 @@ class Simulator:
             application=j.wj.app_class if j.fixed is not None else j.wj.application,
             profile=j.profile(), report=j.report(),
             busy=j.state == "RUNNING" and j.blocked_until > self.now, held=j.held,
-            requested_nodes=j.req_nodes, start_time=j.start_time))
+            requested_nodes=j.req_nodes, start_time=j.start_time,
+            layout=self._layout(j),
+            resized_at=j.resized_at if j.state == "RUNNING" else None))
+
+    def _layout(self, j: _Job) -> tuple[int, ...]:
+        """A GPU-granular job's GPUs per node: held (running) or, packed, asked for."""
+        if not j.granular:
+            return ()
+        if j.state == "RUNNING":
+            return j.layout
+        per = self.cfg.gpus_per_node
+        return (per,) * (j.size // per) + ((j.size % per,) if j.size % per else ())
 
     def snapshot(self) -> ClusterSnapshot:
         """What the daemon would see now (the observation plus the jobs' own reports)."""
         obs = self.backend.observe()
         views = tuple(self._view(self.jobs[int(jid) - 1], info) for jid, info in obs.jobs.items())
-        return cluster_snapshot(obs, views, (PARTITION,), self.cluster.gpu_views)
+        snap = cluster_snapshot(obs, views, (PARTITION,), self.cluster.gpu_views)
+        return replace(snap, granularity=self.cfg.granularity)
 
     def _apply(self, c: Change) -> None:
         j = self.jobs[int(c.job_id) - 1]
-        if c.kind == ChangeKind.PREEMPT:
-            c = replace(c, to_nodes=j.nodes)   # keeps its size for when it comes back
+        want = (c.to_gpus or c.to_nodes * j.per_node) if c.kind != ChangeKind.PREEMPT else j.size
         try:
-            cfg = j.limits.fit_batch(c.to_batch_size, c.to_nodes)
+            cfg = j.fit(c.to_batch_size, want)
         except BatchSizeError as exc:
             self.notes.append(f"t={self.now:.0f} job {j.wj.name}: {c.kind} not applied: {exc}")
             return
         j.eta = j.st = None
         if c.kind == ChangeKind.PENDING and j.state == "PENDING":
-            j.nodes, j.cfg = c.to_nodes, cfg
+            if j.held:   # a preempted job released
+                self._log(j, 0, want)
+            j.size, j.nodes, j.cfg = want, c.to_nodes, cfg
             j.req_nodes = tuple(c.placement)
             j.held = False
         elif j.state != "RUNNING":
             return
         elif c.kind == ChangeKind.PREEMPT:
+            self._log(j, j.size, 0)
             self._release(j)
             j.state, j.held = "PENDING", True
             j.restarts += 1
         elif c.kind == ChangeKind.BATCH:
             j.cfg = cfg
         elif c.kind == ChangeKind.SHRINK:
-            self._shrink(j, c.to_nodes, cfg)
+            self._shrink(j, want, cfg)
         elif c.kind == ChangeKind.GROW:
+            self._log(j, j.size, want)
             self._release(j)
             j.state = "PENDING"
-            j.nodes, j.cfg = c.to_nodes, cfg
+            j.size, j.nodes, j.cfg = want, c.to_nodes, cfg
             j.req_nodes = tuple(c.placement)
             j.restarts += 1
             j.resizes += 1
 
-    def _shrink(self, j: _Job, nodes: int, cfg: BatchConfig) -> None:
-        """Shrink in place, keeping the first nodes of the allocation (Slurm's rule)."""
-        keep = j.node_names[:nodes]
+    def _log(self, j: _Job, before: int, after: int) -> None:
+        j.resize_log.append((self.now, self.rounds, before, after))
+
+    def _shrink(self, j: _Job, gpus: int, cfg: BatchConfig) -> None:
+        """Shrink in place to ``gpus`` GPUs: whole nodes keep the first nodes of the allocation
+        (Slurm's rule); GPU-granular, the GPUs on the nodes where the job holds fewest go first
+        (the rest stay packed)."""
+        self._log(j, j.size, gpus)
         names = self.cluster.node_names
-        self.cluster.release((n, g) for n, g in j.gpus if names[n] not in keep)
-        j.gpus = tuple((n, g) for n, g in j.gpus if names[n] in keep)
-        j.node_names, j.nodes, j.cfg = keep, nodes, cfg
+        if j.granular:
+            order = sorted(j.gpus, key=lambda ng: (-j.layout[j.node_names.index(names[ng[0]])],
+                                                   ng[0], ng[1]))
+            keep_gpus, drop = tuple(sorted(order[:gpus])), order[gpus:]
+            self.cluster.release(drop)
+            j.gpus = keep_gpus
+            j.node_names = tuple(dict.fromkeys(names[n] for n, _ in keep_gpus))
+        else:
+            keep = j.node_names[:gpus // j.per_node]
+            self.cluster.release((n, g) for n, g in j.gpus if names[n] not in keep)
+            j.gpus = tuple((n, g) for n, g in j.gpus if names[n] in keep)
+            j.node_names = keep
+        j.nodes, j.size, j.cfg = len(j.node_names), gpus, cfg
         j.blocked_until = max(j.blocked_until, self.now) + self.cfg.shrink_cost
+        j.resized_at = self.now
         j.resizes += 1
 
     def _round(self) -> None:
         for j in self.jobs:
             if j.state == "RUNNING":
                 self._advance(j, self.now)
-        decision = decide_round(self.snapshot(), self.policy, self.cfg.costs,
+        decision = decide_round(self.snapshot(), self.policy, self.costs,
                                 seed=self.cfg.seed + self.rounds)
         for c in decision.changes:
             self._apply(c)

@@ -1,0 +1,186 @@
+"""``jct``: average job completion time first, with starvation bounded -- the default policy.
+
+Our jobs know what Pollux's do not: how much work they have left (``remaining_samples``,
+reported by the elastic API: epochs x data-set size minus what was trained). ``jct`` uses it with
+the goodput model the other policies use.
+
+**Objective.** Each round, give every job ``j`` (running or pending: every job is a candidate
+every round, there is no first-come queue) a GPU count ``g_j`` and batch size that maximise the
+sum of completion rates::
+
+    maximise  sum_j  w_j / (R_j / X_j(g_j) + c_j(g_j))      subject to  sum_j g_j <= K
+
+``R_j`` is the job's remaining work (samples), ``X_j(g)`` its best predicted goodput at ``g``
+GPUs over its allowed batch sizes (samples/s; :func:`hpcsched.perf.model.best_at`: throughput x
+statistical efficiency, Pollux OSDI'21 §3), so ``R_j / X_j(g)`` is its remaining time at that
+size; ``c_j(g)`` is what changing to ``g`` costs (the restart cost for a grow or a start, the
+shrink cost for a shrink, 0 to stay), so a change is chosen only when it finishes the job
+sooner once its cost is paid; ``w_j`` is the job's age weight (below). A pending job may get 0
+GPUs (it waits, value 0) or any allowed count, smaller than it asked included.
+
+*Why this objective.* With linear speedup it gives every GPU to the job with the least remaining
+time: SRPT, optimal for mean response time on one server. With sublinear speedup it spreads GPUs
+where they shorten the remaining times most, the shortest jobs first: the structure of heSRPT
+(Berg, Vesilo, Harchol-Balter, "heSRPT: Parallel Scheduling to Minimize Mean Slowdown" /
+"Optimal Scheduling of Parallel Jobs with Unknown Service Requirements", SIGMETRICS'20 §4: the
+optimal allocation for mean flow time under sublinear speedup completes jobs shortest first and
+gives the shorter ones the larger shares), generalised here from ``s(k) = k^p`` to each job's
+measured speedup curve. The search is exact: the dynamic program of
+:func:`hpcsched.policies.dp.solve` over the GPU counts (Saxena et al., MASCOTS'20 §IV), with the
+sum of completion rates as its value.
+
+**Starvation is bounded.** A job's weight is ``w_j = 1 + wait_j / aging`` where ``wait_j`` is
+how long it has been in the system without GPUs (pending since submission or since its
+preemption), so a waiting job's value grows without bound and it is started once its weighted
+rate beats the least valuable running job's. Hard bound: a pending job that has waited longer
+than ``max_wait`` seconds is admitted before the search, at its smallest size, ahead of jobs
+that have not; the running jobs are then shrunk (never below their minimum) to make room. So a
+job waits at most ``max_wait`` plus the time for the running jobs' minimums to leave room
+(running jobs are never preempted by ``jct``).
+
+**Remaining work unknown** (a job that does not report it): its remaining time is taken as
+``unknown_remaining`` seconds at its current goodput. **Not measured yet** (no throughput model:
+neither a profile nor a prior for its application): it keeps its size, valued at a tiny
+epsilon per GPU, as in :mod:`hpcsched.policies.dp`. Busy jobs (a resize in flight) are held
+where they are.
+
+**Granularity.** The GPU counts a job may have come from
+:func:`hpcsched.policies.common.gpu_counts`: whole nodes x its GPUs per node, or (GPU-granular)
+any count, packed onto as few nodes as it fits. Above ``max_options`` counts per job the
+counts are thinned geometrically (all small counts kept), which keeps a decision on 4,096 GPUs
+and 1,000 jobs within a second.
+
+Each target's :attr:`~hpcsched.policies.snapshot.JobTarget.weight` is ``w_j / R_j``, so
+reconcile judges the plan by this objective (a gain of goodput ``dX`` is a gain of completion
+rate ``w_j dX / R_j`` to first order).
+
+Objective reported: the predicted sum of completion rates (1/s) of the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from hpcsched.perf.model import best_at, model_for
+from hpcsched.policies.common import capacity, gpu_counts, min_gpus, nodes_spanned, target
+from hpcsched.policies.dp import EPSILON, _Option, solve
+from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
+
+
+def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float = 30.0,
+           shrink_cost: float = 2.0, aging: float = 3600.0, max_wait: float = 4 * 3600.0,
+           unknown_remaining: float = 3600.0, max_options: int = 24) -> Plan:
+    """The ``jct`` plan for ``snapshot`` (module docstring). ``seed`` is unused (the search is
+    exact).
+
+    Args:
+        restart_cost, shrink_cost: seconds a start or grow (requeue) and an in-place shrink cost
+            the job (the daemon's and simulator's ``Costs``; measured values belong here).
+        aging: seconds of waiting that double a pending job's weight.
+        max_wait: seconds after which a pending job is admitted ahead of the search.
+        unknown_remaining: remaining seconds assumed for a job that does not report its work.
+        max_options: GPU counts considered per job at most (thinned geometrically above it).
+    """
+    k = capacity(snapshot)
+    jobs = [j for j in snapshot.jobs if j.state in ("RUNNING", "PENDING")]
+    forced = _overdue(snapshot, jobs, max_wait)
+    opts, info = [], []
+    for j in jobs:
+        o, meta = _job_options(j, snapshot, forced, restart_cost, shrink_cost, aging,
+                               unknown_remaining, max_options)
+        opts.append(o)
+        info.append(meta)
+    sol = solve(opts, k) if jobs else (0.0, [])
+    notes = []
+    if sol is None and forced:   # the overdue jobs' minimums do not fit with the others'
+        notes.append(f"jct: {len(forced)} overdue job(s) do not fit beside the running jobs' "
+                     "minimums; they wait for GPUs to free")
+        forced = set()
+        opts = [_job_options(j, snapshot, forced, restart_cost, shrink_cost, aging,
+                             unknown_remaining, max_options)[0] for j in jobs]
+        sol = solve(opts, k)
+    if sol is None:
+        return Plan("jct", (), None,
+                    (f"jct: the running jobs' minimums exceed the {k} GPUs available; no change",))
+    total, picks = sol
+    targets = [_target(j, o[i], meta, snapshot)
+               for j, o, i, meta in zip(jobs, opts, picks, info) if not j.busy]
+    started = sum(1 for j, o, i in zip(jobs, opts, picks) if j.state == "PENDING" and o[i].gpus)
+    notes.append(f"jct: {len(jobs)} job(s) on {k} GPU(s), {started} pending job(s) started, "
+                 f"{len(forced)} overdue; predicted completion rate {total:.3g}/s")
+    return Plan("jct", tuple(targets), float(total), tuple(notes))
+
+
+def _overdue(snapshot: ClusterSnapshot, jobs: list[JobView], max_wait: float) -> set[str]:
+    return {j.job_id for j in jobs
+            if j.state == "PENDING" and not j.busy and _waited(j, snapshot) > max_wait}
+
+
+def _waited(job: JobView, snapshot: ClusterSnapshot) -> float:
+    """Seconds a pending job has been without GPUs: since submission, or since it last ran."""
+    if job.state != "PENDING":
+        return 0.0
+    since = job.resized_at if job.held and job.resized_at is not None else job.submit_time
+    return max(0.0, snapshot.time - since)
+
+
+def _counts(job: JobView, snapshot: ClusterSnapshot, max_options: int) -> list[int]:
+    """The job's allowed GPU counts, thinned geometrically beyond ``max_options`` (its
+    smallest, its largest and its current count always kept)."""
+    counts = list(gpu_counts(job, snapshot))
+    if len(counts) <= max_options:
+        return counts
+    idx = np.unique(np.round(np.geomspace(1, len(counts), max_options)).astype(int) - 1)
+    keep = {counts[i] for i in idx} | {counts[0], counts[-1]}
+    if job.gpus in counts:
+        keep.add(job.gpus)
+    return sorted(keep)
+
+
+def _job_options(job: JobView, snapshot: ClusterSnapshot, forced: set[str], restart_cost: float,
+                 shrink_cost: float, aging: float, unknown_remaining: float, max_options: int
+                 ) -> tuple[list[_Option], dict]:
+    """The job's options for the DP: ``(GPUs, value, batch)`` per allowed count (value: the
+    weighted completion rate after the change's cost), and what its target needs to say."""
+    running = job.state == "RUNNING"
+    if job.busy:   # held exactly where it is
+        return [_Option(job.gpus if running else 0, 0.0, job.batch_size)], {}
+    model = model_for(job)
+    weight = 1.0 + _waited(job, snapshot) / aging
+    if model is None:
+        g = job.gpus if running else max(min_gpus(job, snapshot), min(job.gpus, max(
+            gpu_counts(job, snapshot), default=job.gpus)))
+        waits = [] if running or job.job_id in forced else [_Option(0, 0.0, job.batch_size)]
+        return waits + [_Option(g, EPSILON * g, job.batch_size)], {"measured": False}
+    x_now = best_at(job, model, job.gpus, job.nodes)[0] if running else 0.0
+    remaining = (job.remaining_samples if job.remaining_samples is not None
+                 else unknown_remaining * max(x_now, 1e-9))
+    remaining = max(remaining, 1e-9)
+    out = [] if running or job.job_id in forced else [_Option(0, 0.0, job.batch_size)]
+    for g in _counts(job, snapshot, max_options):
+        x, cfg = best_at(job, model, g, nodes_spanned(job, g, snapshot))
+        if cfg is None or x <= 0:
+            continue
+        cost = 0.0 if running and g == job.gpus else (
+            shrink_cost if running and g < job.gpus else restart_cost)
+        out.append(_Option(g, weight / (remaining / x + cost), cfg.global_batch_size))
+    if not out:   # no size within its limits: held where it is
+        out = [_Option(job.gpus if running else 0, 0.0, job.batch_size)]
+    return out, {"measured": True, "weight": weight, "remaining": remaining, "model": model}
+
+
+def _target(job: JobView, pick: _Option, meta: dict, snapshot: ClusterSnapshot) -> JobTarget:
+    g = pick.gpus
+    if not meta.get("measured"):
+        reason = "jct: not measured yet: kept at its size" if g else "jct: waits: not measured yet"
+        return target(job, g, pick.batch, reason, snapshot)
+    w, r = meta["weight"], meta["remaining"]
+    if g == 0:
+        return replace(target(job, 0, pick.batch, "jct: waits: the GPUs finish shorter jobs "
+                              f"sooner (age weight {w:.2f})", snapshot), weight=w / r)
+    x, _ = best_at(job, meta["model"], g, nodes_spanned(job, g, snapshot))
+    reason = (f"jct: {g} GPU(s), batch {pick.batch}: goodput {x:.0f} samples/s, "
+              f"{r / x:.0f} s of work left" + (f", age weight {w:.2f}" if w > 1.005 else ""))
+    return replace(target(job, g, pick.batch, reason, snapshot, predicted_goodput=x), weight=w / r)
