@@ -1,0 +1,70 @@
+"""benchmarks/evaluation.py: the published figures it reads, and how it judges issue 9's targets."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "evaluation.py"
+_spec = importlib.util.spec_from_file_location("evaluation_script", _PATH)
+ev = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ev)
+
+LOADS = ["0.5", "1.0", "1.5", "2.0"]
+
+
+def test_published_pollux_figures_match_the_issue():
+    pub = ev.published(range(1, 9), LOADS)
+    assert [round(x) for x in pub["pollux"]] == [1534, 2751, 3685, 5289]
+    assert [round(x) for x in pub["pollux_p99"]] == [14292, 40888, 53108, 68711]
+    assert round(pub["tiresias"][1]) == 4038
+
+
+def _means(jct_ratio, p99_ratio, pollux_10=2751.0):
+    avg, p99 = {}, {}
+    for i, ld in enumerate(LOADS):
+        base = pollux_10 if ld == "1.0" else 1000.0 * (i + 1)
+        avg[("pollux", "gpu", ld)] = base
+        avg[("jct", "gpu", ld)] = base * jct_ratio[i]
+        p99[("pollux", "gpu", ld)] = 10 * base
+        p99[("jct", "gpu", ld)] = 10 * base * p99_ratio[i]
+    return {"avg_jct": avg, "p99_jct": p99}
+
+
+def _without_pollux(means):
+    return {m: {k: v for k, v in d.items() if k[0] != "pollux"} for m, d in means.items()}
+
+
+def _verdicts(means, policies=("pollux", "jct"), flips=(1, 100), geo=(-0.40, -0.38)):
+    pub = {"pollux": [1534.0, 2751.0, 3685.0, 5289.0]}
+    out = {("grid", "jct", "gpu", "1.0", 1): (None, {"flip_flops": flips[0], "resizes": flips[1]})}
+    checks = ev.check_targets(means, pub, LOADS, list(policies), ["gpu"], out,
+                              {"pal": {"pal": geo[0], "pm-first": geo[1]}})
+    return [ok for _, ok, _ in checks]
+
+
+@pytest.mark.parametrize("means, kw, want", [
+    # pollux anchor, jct <= 0.85 pollux, jct <= 2340 at 1.0, p99, flip-flops, PAL, PM-First
+    (_means([0.8] * 4, [1.0] * 4), {}, [True, True, True, True, True, True, True]),
+    (_means([0.8, 0.8, 0.9, 0.8], [1.0] * 4), {}, [True, False, True, True, True, True, True]),
+    (_means([0.8] * 4, [1.0, 1.01, 1.0, 1.0]), {}, [True, True, True, False, True, True, True]),
+    (_means([0.87] * 4, [1.0] * 4, pollux_10=2700.0), {}, [True, False, False, True, True, True, True]),
+    (_means([0.8] * 4, [1.0] * 4, pollux_10=3100.0), {}, [False, True, False, True, True, True, True]),
+    (_means([0.8] * 4, [1.0] * 4), {"flips": (2, 100)}, [True, True, True, True, False, True, True]),
+    (_means([0.8] * 4, [1.0] * 4), {"geo": (-0.20, -0.31)}, [True, True, True, True, True, False, True]),
+    (_without_pollux(_means([0.8] * 4, [1.0] * 4)), {"policies": ("jct",)},
+     [None, None, True, None, True, True, True]),
+])
+def test_targets(means, kw, want):
+    assert _verdicts(means, **kw) == want
+
+
+def test_select_policies_leaves_out_composites():
+    chosen, _ = ev.select_policies(None)
+    assert "ones-pal" not in chosen
+    assert chosen[:2] == ["static", "tiresias"]
+    chosen, skipped = ev.select_policies("dp,nosuch")
+    assert chosen == ["dp"]
+    assert any("nosuch" in s for s in skipped)
