@@ -140,10 +140,20 @@ PAL_NOTES = """How the two ways differ, and what remains between PAL's way and P
   next round to start, and a finished job's GPUs stay idle until then. Ours: 60 s.
 * **Each factor alone** (the last two rows of the first table): PAL's draws with 60 s rounds,
   and our draws with 360 s rounds.
-* **What stays different in both:** our placements choose nodes, and a node counts as fast as
-  its slowest GPU for the class (Slurm picks the GPUs inside a node); PAL picks individual GPUs.
-  PAL and PM-First in the artifact re-place every running job each round at no cost; here
-  moving a running job is a requeue that pays the 30 s restart, and reconcile weighs it.
+* **What stays different in both** (read from the artifact's `placement/*.py` and
+  `blox/blox_manager.py`; not measured here):
+  * PAL's Packed-Sticky baseline, when no node has enough free GPUs, spreads a job over the
+    nodes with the most free GPUs and pays the 1.7 locality penalty (its "soft consolidated"
+    placement), and it preempts later jobs to place the head of the queue. Here a job keeps its
+    Slurm shape (a 2-GPU job is one node x 2 GPUs, never 1 + 1) and waits instead: our baseline
+    pays the penalty less often.
+  * PAL's FIFO stops at the first job it cannot place (no backfill); `static` here admits any
+    job that fits (Slurm's backfill).
+  * Our placements choose nodes, and a node counts as fast as its slowest GPU for the class
+    (Slurm picks the GPUs inside a node); PAL picks individual GPUs.
+  * PAL and PM-First in the artifact re-place every running job each round at no cost; here
+    moving a running job is a requeue that pays the 30 s restart, and reconcile weighs it.
+  * The artifact records a job's finish at the end of the round it ends in; here at the moment.
 * **Per-trace results swing widely** (one trace can show a large gain where another shows a
   loss; the tables above), so the geomean of eight traces moves by several points with the draw.
 """
