@@ -13,10 +13,12 @@ from hpcsched.policies.reconcile import (
     Candidate,
     Change,
     Costs,
+    _place_grow_gpus,
     admission_room,
     classify,
     feasible_now,
     gain_test,
+    on_grid,
     payoff_seconds,
     predict,
     reconcile,
@@ -278,3 +280,74 @@ def test_reconcile_does_not_preempt_and_says_so():
     plan = Plan("tiresias", (JobTarget("R", 0, 64, "tiresias: preempted by job S"),))
     changes, notes = reconcile(plan, snap)
     assert changes == [] and "preemption is not applied" in notes[0]
+
+
+# ------------------------------------------------------------- GPU-granular plans, no thrash
+
+@pytest.mark.parametrize(("gpus", "nodes"), [
+    (6, 3),     # 6 GPUs at 2 per node: 3 nodes
+    (5, 2),     # rounded down to whole nodes
+    (1, 1),     # never below the job's minimum
+    (99, 3),    # nor above its maximum
+    (0, 0),     # 0 stays 0
+])
+def test_on_grid_maps_a_gpu_target_onto_whole_nodes(gpus, nodes):
+    job = _job("A", 1)                           # 2 GPUs per node, 1..3 nodes
+    t = JobTarget("A", 9, 64, "r", gpus=gpus)
+    got = on_grid(t, job, _cluster())
+    assert (got.nodes, got.gpus) == (nodes, None)
+    gpu = replace(_cluster(), granularity="gpu")
+    assert on_grid(t, job, gpu) is t
+
+
+def test_a_gpu_granular_plan_on_whole_nodes_makes_the_whole_node_change():
+    job = _job("B", 1, batch=96, profile=SCALES, names=("n1",))
+    snap = _cluster(jobs=[job])
+    plan = Plan("x", (JobTarget("B", 2, 96, "r", gpus=5),))
+    changes, _ = reconcile(plan, snap, Costs(hold=0))
+    assert [(c.kind, c.to_nodes, c.to_gpus) for c in changes] == [(ChangeKind.GROW, 2, 4)]
+
+
+@pytest.mark.parametrize(("resized_at", "hold", "made"), [
+    (-100.0, 180.0, False),   # resized 100 s ago, held for 180 s
+    (-200.0, 180.0, True),
+    (-100.0, 0.0, True),      # hold off
+    (None, 180.0, True),      # unknown: not held
+])
+def test_hold_back_keeps_a_just_resized_job_at_its_size(resized_at, hold, made):
+    job = replace(_job("B", 1, batch=96, profile=SCALES, names=("n1",)), resized_at=resized_at)
+    snap = _cluster(jobs=[job])
+    changes, notes = reconcile(Plan("x", (JobTarget("B", 2, 96, "r"),)), snap, Costs(hold=hold))
+    assert bool(changes) == made
+    assert any("no thrash" in n for n in notes) == (not made)
+
+
+def test_a_held_job_is_not_shrunk_to_make_room_either():
+    """Shrinks that make room for starts are held too (no grow undone within the hold)."""
+    big = replace(_job("R", 3, names=("n1", "n2", "n3"), profile=SCALES, batch=96),
+                  resized_at=-60.0)
+    pend = _job("P", 2, state="PENDING")
+    snap = ClusterSnapshot(0.0, tuple(NodeView(f"n{i}", 2, 2 if i <= 3 else 0, "mixed")
+                                      for i in range(1, 4)), (big, pend))
+    plan = Plan("x", (JobTarget("R", 1, 96, "r"), JobTarget("P", 1, 64, "r")))
+    changes, notes = reconcile(plan, snap, Costs(hold=180.0))
+    assert [c.kind for c in changes] == [ChangeKind.PENDING]
+    assert any("no thrash" in n for n in notes)
+
+
+@pytest.mark.parametrize(("free", "own", "to_gpus", "fits", "taken"), [
+    ({"n1": 4, "n2": 2}, {}, 6, True, {"n1": 0, "n2": 0}),
+    ({"n1": 1, "n2": 2}, {"n3": 2}, 5, True, {"n1": 0, "n2": 0, "n3": 0}),
+    ({"n1": 4, "n2": 4}, {"n3": 2}, 6, True, {"n1": 0, "n2": 2, "n3": 2}),   # fullest first
+    ({"n1": 1}, {"n3": 2}, 4, False, None),
+])
+def test_a_gpu_granular_grow_fits_when_the_free_gpus_add_up(free, own, to_gpus, fits, taken):
+    job = replace(_job("G", len(own) or 1, names=tuple(own)), layout=tuple(own.values()))
+    c = Change("G", ChangeKind.GROW, len(own), 2, 64, 64, "r", (), sum(own.values()), to_gpus)
+    pool = dict(free)
+    got, note = _place_grow_gpus(c, job, pool)
+    assert (got is not None) == fits
+    if fits:
+        assert pool == taken
+    else:
+        assert "waits" in note

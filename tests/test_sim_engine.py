@@ -67,13 +67,19 @@ class Checked(Simulator):
             if j.held:
                 assert j.state == "PENDING", (j.wj.name, j.state)
             if j.state == "RUNNING":
-                assert len(j.gpus) == j.n_gpus == j.nodes * j.per_node, (j.wj.name, j.gpus)
+                assert len(j.gpus) == j.n_gpus, (j.wj.name, j.gpus)
+                if not j.granular:
+                    assert j.n_gpus == j.nodes * j.per_node, (j.wj.name, j.gpus)
                 assert len(set(j.gpus)) == len(j.gpus)
                 per_node = {}
                 for n, g in j.gpus:
                     held[n, g] += 1
                     per_node[n] = per_node.get(n, 0) + 1
-                assert sorted(per_node.values()) == [j.per_node] * j.nodes, (j.wj.name, j.gpus)
+                if j.granular:
+                    assert len(per_node) == j.nodes and j.layout == tuple(
+                        per_node[n] for n in sorted(per_node)), (j.wj.name, j.gpus)
+                else:
+                    assert sorted(per_node.values()) == [j.per_node] * j.nodes, (j.wj.name, j.gpus)
                 assert j.node_names == tuple(self.cluster.node_names[n] for n in sorted(per_node))
             else:
                 assert j.gpus == () and j.node_names == (), (j.wj.name, j.state)
@@ -299,10 +305,12 @@ def params_for(policy):
     return TIRESIAS_FAST if policy == "tiresias" else None
 
 
-@pytest.mark.parametrize(("policy", "variability"),
-                         [(p, False) for p in POLICIES] + [("ones-pal", True), ("tiresias", True)])
-def test_invariants_on_a_crowded_cluster(policy, variability):
-    cfg = SimConfig(nodes=2, variability=variability, seed=4)
+@pytest.mark.parametrize(("policy", "variability", "granularity"),
+                         [(p, False, "node") for p in POLICIES]
+                         + [("ones-pal", True, "node"), ("tiresias", True, "node")]
+                         + [(p, False, "gpu") for p in ("dp", "jct", "pollux")])
+def test_invariants_on_a_crowded_cluster(policy, variability, granularity):
+    cfg = SimConfig(nodes=2, variability=variability, seed=4, granularity=granularity)
     sim = Checked(CROWDED, policy, policy_params=params_for(policy), config=cfg)
     res = sim.run()
     assert sim.checks > sim.rounds > 0
@@ -417,3 +425,35 @@ def test_reconcile_orders_a_preemption_before_the_release_it_makes_room_for():
     snap = snapshot(view("R", "RUNNING", 2), view("H", "PENDING", 2, held=True))
     changes, _ = reconcile(plan(("H", 2, 64), ("R", 0, 64)), snap, Costs(preemption=True))
     assert [(c.job_id, c.kind) for c in changes] == [("R", "preempt"), ("H", "pending")]
+
+
+@pytest.mark.parametrize(("free", "count", "required", "nodes", "per_node"), [
+    ([4, 4, 4], 6, (), ("n1", "n2"), (4, 2)),          # packed: a whole node, then the rest
+    ([4, 2, 4], 2, (), ("n2",), (2,)),                 # best fit: the node with 2 free
+    ([1, 1, 1], 3, (), ("n1", "n2", "n3"), (1, 1, 1)),
+    ([4, 4, 4], 5, ("n2", "n3"), ("n2", "n3"), (4, 1)),
+    ([1, 1, 1], 4, (), None, None),                    # does not fit: nothing taken
+])
+def test_allocate_gpus_packs(free, count, required, nodes, per_node):
+    from hpcsched.sim.cluster import SimCluster
+    c = SimCluster(len(free), 4)
+    for i, f in enumerate(free):
+        c.free[i, f:] = False
+    before = c.free.copy()
+    got = c.allocate_gpus(count, required)
+    if nodes is None:
+        assert got is None and (c.free == before).all()
+        return
+    names, gpus = got
+    assert names == nodes and len(gpus) == count
+    assert tuple(sum(1 for n, _ in gpus if n == c.node_index[x]) for x in names) == per_node
+    assert all(before[n, g] for n, g in gpus) and not any(c.free[n, g] for n, g in gpus)
+
+
+def test_a_gpu_granular_run_keeps_its_bookkeeping_and_logs_its_resizes():
+    sim = Checked(SMALL_POLLUX, "jct", config=SimConfig(nodes=2, granularity="gpu"))
+    res = sim.run()
+    assert all(j.finish_time is not None for j in res.jobs)
+    logs = [e for j in res.jobs for e in j.resize_log]
+    assert logs and all(before != after for _, _, before, after in logs)
+    assert sum(j.resizes for j in res.jobs) == sum(1 for _, _, b, a in logs if b and a)

@@ -48,8 +48,8 @@ def admit_fifo(jobs: Iterable[JobView], free: int, size: Callable[[JobView], int
 
 def min_gpus(job: JobView, snapshot: ClusterSnapshot | None = None) -> int:
     """The fewest GPUs ``job`` may run on: its minimum nodes, whole; 1 GPU when ``snapshot``
-    is GPU-granular."""
-    if snapshot is not None and snapshot.granularity == "gpu":
+    is GPU-granular and the job is resizable (``min_nodes < max_nodes``)."""
+    if snapshot is not None and snapshot.granularity == "gpu" and job.min_nodes < job.max_nodes:
         return 1
     return job.min_nodes * job.workers_per_node
 
@@ -68,8 +68,8 @@ def node_size(snapshot: ClusterSnapshot) -> int:
 def gpu_counts(job: JobView, snapshot: ClusterSnapshot) -> range:
     """The GPU counts a plan may give ``job``, smallest first: multiples of its workers per
     node within its node limits at ``"node"`` granularity; every count from 1 to its maximum
-    at ``"gpu"`` granularity."""
-    if snapshot.granularity == "gpu":
+    at ``"gpu"`` granularity (a job whose node limits fix its size keeps it at either)."""
+    if snapshot.granularity == "gpu" and job.min_nodes < job.max_nodes:
         return range(1, max_gpus(job) + 1)
     wpn = job.workers_per_node
     return range(job.min_nodes * wpn, job.max_nodes * wpn + 1, wpn)

@@ -443,7 +443,10 @@ class Simulator:
 
     def _apply(self, c: Change) -> None:
         j = self.jobs[int(c.job_id) - 1]
-        want = (c.to_gpus or c.to_nodes * j.per_node) if c.kind != ChangeKind.PREEMPT else j.size
+        if c.kind == ChangeKind.PREEMPT:
+            want = j.size            # keeps its size for when it comes back
+        else:
+            want = c.to_gpus if j.granular and c.to_gpus else c.to_nodes * j.per_node
         try:
             cfg = j.fit(c.to_batch_size, want)
         except BatchSizeError as exc:

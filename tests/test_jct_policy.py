@@ -1,0 +1,155 @@
+"""The ``jct`` policy: the sum of completion rates, on hand-checked cases."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hpcsched.perf.model import best_at, model_for
+from hpcsched.policies import make_policy
+from hpcsched.policies.jct import decide
+from hpcsched.policies.reconcile import Costs, reconcile
+from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint
+
+
+def _pt(world, local, step_time, nodes=None):
+    return ProfilePoint(world, nodes or max(1, world // 4), local, 1, step_time,
+                        world * local / step_time, samples=50)
+
+
+# perfectly scaling: 0.002 s per sample of the local batch -> 500 samples/s per GPU
+LINEAR = (_pt(4, 64, 0.128), _pt(8, 32, 0.064, nodes=2))
+# a job whose step time does not fall with more GPUs: 256 samples / 0.1 s at any size
+FLAT = (_pt(4, 64, 0.1), _pt(8, 32, 0.1, nodes=2))
+
+
+def _job(job_id, gpus=4, *, state="RUNNING", profile=LINEAR, remaining=1e5, submit=0.0,
+         min_nodes=1, max_nodes=4, wpn=4, busy=False, held=False, resized_at=None, batch=256,
+         bmin=None):
+    return JobView(job_id=job_id, state=state, nodes=max(1, gpus // wpn), node_names=(),
+                   workers_per_node=wpn, min_nodes=min_nodes, max_nodes=max_nodes,
+                   batch_size=batch, min_batch_size=bmin or batch, max_batch_size=batch,
+                   max_local_batch_size=None, base_batch_size=batch, lr_scaling="linear",
+                   submit_time=submit, profile=tuple(profile), remaining_samples=remaining,
+                   busy=busy, held=held, resized_at=resized_at)
+
+
+def _snap(jobs, nodes=2, gpus=4, now=0.0, granularity="node"):
+    return ClusterSnapshot(time=now, nodes=tuple(NodeView(f"n{i}", gpus, 0, "mixed")
+                                                 for i in range(1, nodes + 1)),
+                           jobs=tuple(jobs), granularity=granularity)
+
+
+def _sizes(plan):
+    return {t.job_id: (t.nodes, t.gpus) for t in plan.targets}
+
+
+def test_linear_speedup_gives_the_gpus_to_the_shortest_job_srpt():
+    """12 GPUs, two perfectly scaling jobs at 1 node each, changes free: the node beyond the
+    minimums goes to the one with less work left (SRPT), not to the longer one. With the 30 s
+    restart it goes to the longer one: 25 s of work + 30 s is longer than the short job's 50 s
+    as it is, while the long one's 500 s become 280."""
+    short, long_ = _job("S", remaining=1e5), _job("L", remaining=1e6)
+    snap = _snap([short, long_], nodes=3)
+    assert _sizes(decide(snap, restart_cost=0.0)) == {"S": (2, None), "L": (1, None)}
+    assert _sizes(decide(snap)) == {"S": (1, None), "L": (2, None)}
+
+
+def test_the_sum_of_completion_rates_is_the_objective_reported():
+    a, b = _job("A", remaining=2e5), _job("B", remaining=4e5)
+    plan = decide(_snap([a, b], nodes=2))                   # each keeps its 4 GPUs: 2000 samples/s
+    assert plan.objective == pytest.approx(2000 / 2e5 + 2000 / 4e5)
+    t = plan.target("A")
+    assert t.weight == pytest.approx(1 / 2e5) and t.predicted_goodput == pytest.approx(2000)
+    assert "100 s of work left" in t.reason
+
+
+def test_a_job_that_does_not_scale_gives_its_gpus_away():
+    flat, lin = _job("F", 8, profile=FLAT, remaining=1e5), _job("L", 4, remaining=1e6)
+    plan = decide(_snap([flat, lin], nodes=3))
+    assert _sizes(plan)["F"] == (1, None) and _sizes(plan)["L"] == (2, None)
+
+
+def test_a_pending_job_starts_smaller_than_it_asked_when_that_is_what_fits():
+    run = _job("R", 4, min_nodes=1, max_nodes=1, remaining=1e7)
+    pend = _job("P", 8, state="PENDING", remaining=1e5, submit=10.0)
+    plan = decide(_snap([run, pend], nodes=2, now=20.0))
+    assert plan.target("P").nodes == 1, plan.target("P").reason
+
+
+def test_a_pending_job_waits_when_the_running_jobs_finish_sooner_with_the_gpus():
+    run = _job("R", 4, min_nodes=1, max_nodes=1, remaining=1e4)
+    pend = _job("P", 4, state="PENDING", remaining=1e9, submit=10.0, min_nodes=1, max_nodes=1)
+    plan = decide(_snap([run, pend], nodes=1, now=20.0))
+    assert plan.target("P").nodes == 0 and "waits" in plan.target("P").reason
+
+
+def test_age_weight_and_the_overdue_bound_admit_a_job_that_waited():
+    """One node, a running job that cannot shrink below it: a pending job is valued at 0 and
+    waits -- until it is overdue, when it is admitted ahead of the search (the running job's
+    minimum then does not fit beside it, so the plan says it waits for GPUs to free)."""
+    run = _job("R", 4, min_nodes=1, max_nodes=1, remaining=1e4)
+    pend = _job("P", 4, state="PENDING", remaining=1e9, submit=0.0, min_nodes=1, max_nodes=1)
+    fresh = decide(_snap([run, pend], nodes=2, now=60.0), max_wait=3600.0)
+    late = decide(_snap([run, pend], nodes=2, now=7200.0), max_wait=3600.0, aging=3600.0)
+    assert fresh.target("P").nodes == 1                      # 2 nodes: room for both
+    assert "age weight 3.00" in late.target("P").reason      # 1 + 7200 / 3600
+    crowded = decide(_snap([run, pend], nodes=1, now=7200.0), max_wait=3600.0)
+    assert crowded.target("P").nodes == 0
+    assert any("overdue" in n for n in crowded.notes)
+
+
+def test_overdue_jobs_are_admitted_ahead_of_more_valuable_ones():
+    a = _job("A", 4, min_nodes=1, max_nodes=1, remaining=1e9, state="PENDING", submit=0.0)
+    b = _job("B", 4, min_nodes=1, max_nodes=1, remaining=1e3, state="PENDING", submit=7000.0)
+    on_time = decide(_snap([a, b], nodes=1, now=7100.0), max_wait=1e9)
+    overdue = decide(_snap([a, b], nodes=1, now=7100.0), max_wait=3600.0)
+    assert (on_time.target("A").nodes, on_time.target("B").nodes) == (0, 1)
+    assert (overdue.target("A").nodes, overdue.target("B").nodes) == (1, 0)
+
+
+@pytest.mark.parametrize(("remaining", "grows"), [
+    (1e3, False),     # 2 s of work left at 4 GPUs: a 30 s restart never pays
+    (1e7, True),      # hours left: doubling the GPUs pays the restart many times over
+])
+def test_a_grow_is_chosen_only_when_it_finishes_the_job_sooner_after_its_restart(remaining, grows):
+    plan = decide(_snap([_job("A", 4, remaining=remaining)], nodes=2))
+    assert (plan.target("A").nodes == 2) == grows
+
+
+def test_gpu_granular_targets_speak_gpus_and_pack():
+    a = _job("A", 4, remaining=1e5, bmin=224)       # 224 = 7 GPUs x 32
+    b = _job("B", 4, remaining=1e6, profile=FLAT)
+    plan = decide(_snap([a, b], nodes=2, granularity="gpu"), restart_cost=0.0, shrink_cost=0.0)
+    ta, tb = plan.target("A"), plan.target("B")
+    assert (ta.gpus, tb.gpus) == (7, 1)                 # FLAT gains nothing from GPUs
+    assert (ta.nodes, tb.nodes) == (2, 1)               # 7 GPUs packed: 4 + 3
+
+
+def test_unmeasured_and_busy_jobs_keep_their_size():
+    new = _job("N", 4, profile=(), remaining=None)
+    busy = _job("B", 4, busy=True)
+    plan = decide(_snap([new, busy], nodes=3))
+    assert plan.target("N").nodes == 1 and "not measured" in plan.target("N").reason
+    assert plan.target("B") is None
+
+
+def test_reconcile_judges_the_plan_by_its_weights():
+    """The grow the plan makes is made by reconcile: gains weighed by 1 / remaining work."""
+    snap = _snap([_job("A", 4, remaining=1e7)], nodes=2)
+    plan = make_policy("jct").decide(snap)
+    changes, notes = reconcile(plan, snap, Costs(hold=0))
+    assert [(c.job_id, c.kind, c.to_nodes) for c in changes] == [("A", "grow", 2)], notes
+
+
+def test_decision_on_64_gpus_and_160_jobs_is_quick():
+    jobs = [_job(str(i), 4 if i < 16 else 4, state="RUNNING" if i < 16 else "PENDING",
+                 remaining=1e4 * (1 + i), submit=float(i)) for i in range(160)]
+    snap = _snap(jobs, nodes=16, now=200.0, granularity="gpu")
+    for j in jobs:
+        best_at(j, model_for(j), 4)
+    t0 = time.perf_counter()
+    plan = decide(snap)
+    assert time.perf_counter() - t0 < 5.0       # a guard; benchmarks/policy_decision.py measures
+    assert sum(t.gpus for t in plan.targets) <= 64
