@@ -28,8 +28,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 @pytest.mark.parametrize("policy", ["dp", "default"])
 def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_jobs, policy,
                                                      monkeypatch):
-    """``default`` runs the daemon's default policy (ones-pal: ONES seeded by the DP, placed by
-    PAL) with no [policy] table at all.
+    """``default`` runs the daemon's default policy (``jct``: the sum of completion rates by
+    the DP's exact search) with no [policy] table at all.
 
     The jobs measure no gradient noise (``HPCSCHED_GRAD_NOISE=0``, exported to them by sbatch):
     with it, whether a larger batch pays depends on the noise scale measured by then, which
@@ -41,7 +41,7 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
     cfg = Path(os.environ["HPCSCHED_CONFIG"])
     if policy == "default":
         cfg.write_text(cfg.read_text().replace('[policy]\nname = "dp"\n', ""))
-    prefix = {"dp": "dp", "default": "ones"}[policy]
+    prefix = {"dp": "dp: predicted", "default": "jct: "}[policy]
     a = submit(tmp_path, "-N", "2", "--gres=gpu:2", "--hpcsched-max-nodes", "2",
                "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", "40", "--min-step-time", "0.1")
     b = submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-max-nodes", "2",
@@ -66,14 +66,13 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
                 for x in store.actions(j)] for j in jobs}
     if policy == "dp":   # throughput: A's GPUs go to B
         assert ("shrink", 2, 1, 96, 96, "running") in acts[a], (acts, log[-4000:])
-    # ones-pal minimises predicted remaining time, and A, measured at one size only, is
-    # predicted to slow down on fewer nodes, so it may keep them: B grows when room appears
+    # jct weighs each job's goodput by 1 / its remaining work, and A, measured at one size
+    # only, is predicted to slow down on fewer nodes, so it may keep them: B grows when room
+    # appears
     assert ("grow", 1, 2, 96, 96, "running") in acts[b], (acts, log[-4000:])
     assert ("batch", 1, 1, 32, 128, "running") in acts[c], (acts, log[-4000:])
     for x in store.actions():
-        assert x.reason.startswith(f"{prefix}: predicted") and "samples/s" in x.reason, x.reason
-        if policy == "default":
-            assert "placement pal:" in x.reason, x.reason
+        assert x.reason.startswith(prefix) and "samples/s" in x.reason, x.reason
     for j, epochs in ((a, 40), (b, 40), (c, 25)):
         check_exactly_once(load_records(JobDir.for_job(j).path), DIGITS, epochs)
     rounds = store.rounds(limit=1000)

@@ -59,7 +59,7 @@ Objective reported: the predicted sum of completion rates (1/s) of the plan.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -69,27 +69,44 @@ from hpcsched.policies.dp import EPSILON, _Option, solve
 from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 
 
-def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float = 30.0,
-           shrink_cost: float = 2.0, aging: float = 3600.0, max_wait: float = 4 * 3600.0,
-           unknown_remaining: float = 3600.0, max_options: int = 24) -> Plan:
+@dataclass(frozen=True)
+class _Params:
+    restart_cost: float
+    shrink_cost: float
+    aging: float
+    unknown_remaining: float
+    max_options: int
+    tempering: float
+
+
+def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | None = None,
+           shrink_cost: float | None = None, aging: float = 3600.0, max_wait: float = 4 * 3600.0,
+           unknown_remaining: float = 3600.0, max_options: int = 24, tempering: float = 0.0
+           ) -> Plan:
     """The ``jct`` plan for ``snapshot`` (module docstring). ``seed`` is unused (the search is
     exact).
 
     Args:
         restart_cost, shrink_cost: seconds a start or grow (requeue) and an in-place shrink cost
-            the job (the daemon's and simulator's ``Costs``; measured values belong here).
+            the job; ``None``: the snapshot's (the daemon's and the simulator's costs, the
+            ones reconcile weighs the plan's changes with).
         aging: seconds of waiting that double a pending job's weight.
         max_wait: seconds after which a pending job is admitted ahead of the search.
         unknown_remaining: remaining seconds assumed for a job that does not report its work.
         max_options: GPU counts considered per job at most (thinned geometrically above it).
+        tempering: ``gamma`` in ``[0, 1]``: each job's weight is multiplied by
+            ``T_min^gamma``, its remaining time at its smallest size: 0 is the sum of completion
+            rates (SRPT-like), 1 the sum of speedups over the smallest size (no remaining work).
     """
+    p = _Params(snapshot.restart_cost if restart_cost is None else restart_cost,
+                snapshot.shrink_cost if shrink_cost is None else shrink_cost,
+                aging, unknown_remaining, max_options, tempering)
     k = capacity(snapshot)
     jobs = [j for j in snapshot.jobs if j.state in ("RUNNING", "PENDING")]
     forced = _overdue(snapshot, jobs, max_wait)
     opts, info = [], []
     for j in jobs:
-        o, meta = _job_options(j, snapshot, forced, restart_cost, shrink_cost, aging,
-                               unknown_remaining, max_options)
+        o, meta = _job_options(j, snapshot, forced, p)
         opts.append(o)
         info.append(meta)
     sol = solve(opts, k) if jobs else (0.0, [])
@@ -98,8 +115,7 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float = 30
         notes.append(f"jct: {len(forced)} overdue job(s) do not fit beside the running jobs' "
                      "minimums; they wait for GPUs to free")
         forced = set()
-        opts = [_job_options(j, snapshot, forced, restart_cost, shrink_cost, aging,
-                             unknown_remaining, max_options)[0] for j in jobs]
+        opts = [_job_options(j, snapshot, forced, p)[0] for j in jobs]
         sol = solve(opts, k)
     if sol is None:
         return Plan("jct", (), None,
@@ -139,8 +155,7 @@ def _counts(job: JobView, snapshot: ClusterSnapshot, max_options: int) -> list[i
     return sorted(keep)
 
 
-def _job_options(job: JobView, snapshot: ClusterSnapshot, forced: set[str], restart_cost: float,
-                 shrink_cost: float, aging: float, unknown_remaining: float, max_options: int
+def _job_options(job: JobView, snapshot: ClusterSnapshot, forced: set[str], p: _Params
                  ) -> tuple[list[_Option], dict]:
     """The job's options for the DP: ``(GPUs, value, batch)`` per allowed count (value: the
     weighted completion rate after the change's cost), and what its target needs to say."""
@@ -148,27 +163,33 @@ def _job_options(job: JobView, snapshot: ClusterSnapshot, forced: set[str], rest
     if job.busy:   # held exactly where it is
         return [_Option(job.gpus if running else 0, 0.0, job.batch_size)], {}
     model = model_for(job)
-    weight = 1.0 + _waited(job, snapshot) / aging
+    wait = [] if running or job.job_id in forced else [_Option(0, 0.0, job.batch_size)]
     if model is None:
         g = job.gpus if running else max(min_gpus(job, snapshot), min(job.gpus, max(
             gpu_counts(job, snapshot), default=job.gpus)))
-        waits = [] if running or job.job_id in forced else [_Option(0, 0.0, job.batch_size)]
-        return waits + [_Option(g, EPSILON * g, job.batch_size)], {"measured": False}
+        return wait + [_Option(g, EPSILON * g, job.batch_size)], {"measured": False}
     x_now = best_at(job, model, job.gpus, job.nodes)[0] if running else 0.0
     remaining = (job.remaining_samples if job.remaining_samples is not None
-                 else unknown_remaining * max(x_now, 1e-9))
+                 else p.unknown_remaining * max(x_now, 1e-9))
     remaining = max(remaining, 1e-9)
-    out = [] if running or job.job_id in forced else [_Option(0, 0.0, job.batch_size)]
-    for g in _counts(job, snapshot, max_options):
-        x, cfg = best_at(job, model, g, nodes_spanned(job, g, snapshot))
+    counts = _counts(job, snapshot, p.max_options)
+    rates = [best_at(job, model, g, nodes_spanned(job, g, snapshot)) for g in counts]
+    age = 1.0 + _waited(job, snapshot) / p.aging
+    weight = age
+    if p.tempering:
+        x_min = next((x for x, cfg in rates if cfg is not None and x > 0), 0.0)
+        weight *= (remaining / x_min) ** p.tempering if x_min > 0 else 1.0
+    out = list(wait)
+    for g, (x, cfg) in zip(counts, rates):
         if cfg is None or x <= 0:
             continue
         cost = 0.0 if running and g == job.gpus else (
-            shrink_cost if running and g < job.gpus else restart_cost)
+            p.shrink_cost if running and g < job.gpus else p.restart_cost)
         out.append(_Option(g, weight / (remaining / x + cost), cfg.global_batch_size))
     if not out:   # no size within its limits: held where it is
         out = [_Option(job.gpus if running else 0, 0.0, job.batch_size)]
-    return out, {"measured": True, "weight": weight, "remaining": remaining, "model": model}
+    return out, {"measured": True, "age": age, "weight": weight, "remaining": remaining,
+                 "model": model}
 
 
 def _target(job: JobView, pick: _Option, meta: dict, snapshot: ClusterSnapshot) -> JobTarget:
@@ -176,11 +197,11 @@ def _target(job: JobView, pick: _Option, meta: dict, snapshot: ClusterSnapshot) 
     if not meta.get("measured"):
         reason = "jct: not measured yet: kept at its size" if g else "jct: waits: not measured yet"
         return target(job, g, pick.batch, reason, snapshot)
-    w, r = meta["weight"], meta["remaining"]
+    age, w, r = meta["age"], meta["weight"], meta["remaining"]
     if g == 0:
         return replace(target(job, 0, pick.batch, "jct: waits: the GPUs finish shorter jobs "
-                              f"sooner (age weight {w:.2f})", snapshot), weight=w / r)
+                              f"sooner (age weight {age:.2f})", snapshot), weight=w / r)
     x, _ = best_at(job, meta["model"], g, nodes_spanned(job, g, snapshot))
     reason = (f"jct: {g} GPU(s), batch {pick.batch}: goodput {x:.0f} samples/s, "
-              f"{r / x:.0f} s of work left" + (f", age weight {w:.2f}" if w > 1.005 else ""))
+              f"{r / x:.0f} s of work left" + (f", age weight {age:.2f}" if age > 1.005 else ""))
     return replace(target(job, g, pick.batch, reason, snapshot, predicted_goodput=x), weight=w / r)

@@ -14,6 +14,7 @@ rounds) carries its own state, which is the only state a round changes.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 from hpcsched.policies import Policy
@@ -51,6 +52,8 @@ def decide_round(snapshot: ClusterSnapshot, policy: Policy, costs: Costs, seed: 
     """
     if not snapshot.jobs:
         return RoundDecision(None, (), ())
+    # the policy prices changes with the costs reconcile judges them by
+    snapshot = replace(snapshot, restart_cost=costs.restart_cost, shrink_cost=costs.shrink_cost)
     plan = policy.decide(snapshot, seed=seed)
     changes, notes = reconcile(plan, snapshot, costs)
     return RoundDecision(plan, tuple(changes), tuple(plan.notes) + tuple(notes))

@@ -138,6 +138,11 @@ class ClusterSnapshot:
     #: the actuator does on Slurm today); ``"gpu"``, any GPU count, packed onto as few nodes as
     #: it fits (4 + 2): the simulator's ``--granularity gpu``
     granularity: str = "node"
+    #: what a start or grow (requeue) and an in-place shrink cost a job on this cluster,
+    #: seconds: the daemon's and the simulator's configured costs, the ones reconcile weighs
+    #: a resize with (policies that price changes use them too)
+    restart_cost: float = 30.0
+    shrink_cost: float = 2.0
 
     def job(self, job_id: str) -> JobView | None:
         return next((j for j in self.jobs if j.job_id == job_id), None)

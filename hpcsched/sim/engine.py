@@ -579,7 +579,8 @@ class Simulator:
             rounds=self.rounds, wall_seconds=wall,
             params={"nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "interval": c.interval,
                     "variability": c.variability, "seed": c.seed,
-                    "restart_cost": dict(c.restart_cost)})
+                    "restart_cost": dict(c.restart_cost), "shrink_cost": c.shrink_cost,
+                    "granularity": c.granularity, "hold_rounds": c.hold_rounds})
 
 
 def simulate(jobs: Sequence[WorkloadJob], policy: str, **kw) -> SimResult:
