@@ -56,13 +56,47 @@ def test_linear_speedup_gives_the_gpus_to_the_shortest_job_srpt():
     assert _sizes(decide(snap)) == {"S": (1, None), "L": (2, None)}
 
 
-def test_the_sum_of_completion_rates_is_the_objective_reported():
+def test_the_sum_of_completion_rates_is_the_objective_without_rank_weights():
     a, b = _job("A", remaining=2e5), _job("B", remaining=4e5)
-    plan = decide(_snap([a, b], nodes=2))                   # each keeps its 4 GPUs: 2000 samples/s
+    plan = decide(_snap([a, b], nodes=2), hesrpt=None)      # each keeps its 4 GPUs: 2000 samples/s
     assert plan.objective == pytest.approx(2000 / 2e5 + 2000 / 4e5)
     t = plan.target("A")
     assert t.weight == pytest.approx(1 / 2e5) and t.predicted_goodput == pytest.approx(2000)
     assert "100 s of work left" in t.reason
+
+
+@pytest.mark.parametrize("p", [0.3, 0.5, 0.7])
+def test_hesrpt_rank_weights_make_the_objective(p):
+    """Two jobs at their smallest size (1 node, 4 GPUs): each term is heSRPT's weight times a
+    speedup of 1. m = 2: the larger gets theta_1 = (1/2)^(1/(1-p)), the smaller 1 - theta_1;
+    weights theta^(1-p)."""
+    a, b = _job("A", remaining=2e5), _job("B", remaining=4e5)
+    plan = decide(_snap([a, b], nodes=2), hesrpt=p)
+    theta_big = 0.5 ** (1 / (1 - p))
+    w_small, w_big = (1 - theta_big) ** (1 - p), theta_big ** (1 - p)
+    assert w_small > w_big
+    assert plan.objective == pytest.approx(w_small + w_big)
+    t_min = 2e5 / 2000                                      # A's 100 s at 4 GPUs
+    assert plan.target("A").weight == pytest.approx(w_small * t_min / 2e5)
+
+
+def test_hesrpt_gives_the_shorter_job_the_larger_share_not_all():
+    """16 GPUs for two jobs with sublinear speedup (0.05 s per step plus 0.002 s per sample of
+    the local batch), changes free: heSRPT (p = 0.5) gives the shorter one more GPUs, but the
+    longer one more than its minimum (SRPT would give the shorter one all it can use)."""
+    sub = (_pt(4, 64, 0.178), _pt(8, 32, 0.114, nodes=2))
+    a = _job("A", 4, remaining=1e5, max_nodes=4, profile=sub, bmin=16)
+    b = _job("B", 4, remaining=1e6, max_nodes=4, profile=sub, bmin=16)
+    plan = decide(_snap([a, b], nodes=4, granularity="gpu"), restart_cost=0.0, shrink_cost=0.0)
+    ga, gb = plan.target("A").gpus, plan.target("B").gpus
+    assert ga > gb > 1 and ga + gb <= 16, (ga, gb)
+
+
+@pytest.mark.parametrize("bad", [{"hesrpt": 0.0}, {"hesrpt": 1.0}, {"tempering": 1.5}])
+def test_bad_weighting_parameters_are_refused(bad):
+    from hpcsched.policies import PolicyError
+    with pytest.raises(PolicyError, match="hesrpt must be"):
+        make_policy("jct", bad).decide(_snap([_job("A")]))
 
 
 def test_a_job_that_does_not_scale_gives_its_gpus_away():
@@ -102,9 +136,9 @@ def test_age_weight_and_the_overdue_bound_admit_a_job_that_waited():
 
 def test_overdue_jobs_are_admitted_ahead_of_more_valuable_ones():
     a = _job("A", 4, min_nodes=1, max_nodes=1, remaining=1e9, state="PENDING", submit=0.0)
-    b = _job("B", 4, min_nodes=1, max_nodes=1, remaining=1e3, state="PENDING", submit=7000.0)
-    on_time = decide(_snap([a, b], nodes=1, now=7100.0), max_wait=1e9)
-    overdue = decide(_snap([a, b], nodes=1, now=7100.0), max_wait=3600.0)
+    b = _job("B", 4, min_nodes=1, max_nodes=1, remaining=1e6, state="PENDING", submit=7000.0)
+    on_time = decide(_snap([a, b], nodes=1, now=7100.0), max_wait=1e9, aging=1e9)
+    overdue = decide(_snap([a, b], nodes=1, now=7100.0), max_wait=3600.0, aging=1e9)
     assert (on_time.target("A").nodes, on_time.target("B").nodes) == (0, 1)
     assert (overdue.target("A").nodes, overdue.target("B").nodes) == (1, 0)
 

@@ -29,7 +29,7 @@ REGISTRY: dict[str, str] = {
     "ones": "hpcsched.policies.ones:ONES",
     "ones-pal": "hpcsched.policies.composite:OnesPal",
     "pollux": "hpcsched.policies.pollux:Pollux",
-    "jct": "hpcsched.policies.jct:decide",
+    "jct": "hpcsched.policies.jct:JCT",
 }
 POLICIES = tuple(REGISTRY)
 DEFAULT_POLICY = "jct"
