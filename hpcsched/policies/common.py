@@ -62,7 +62,7 @@ def max_gpus(job: JobView) -> int:
 
 def node_size(snapshot: ClusterSnapshot) -> int:
     """GPUs on the largest usable node (at least 1): how many GPUs a packed job puts on one."""
-    return max((n.gpus for n in snapshot.nodes if n.usable), default=1) or 1
+    return snapshot.node_size
 
 
 def gpu_counts(job: JobView, snapshot: ClusterSnapshot) -> range:

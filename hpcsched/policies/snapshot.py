@@ -9,6 +9,7 @@ Unix seconds, throughput in samples/s, batch sizes in samples, sizes in nodes an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,12 @@ class ClusterSnapshot:
 
     def job(self, job_id: str) -> JobView | None:
         return next((j for j in self.jobs if j.job_id == job_id), None)
+
+    @cached_property
+    def node_size(self) -> int:
+        """GPUs on the largest usable node (at least 1): how many GPUs a packed job puts on
+        one. Computed once per snapshot (policies ask for it per job and size)."""
+        return max((n.gpus for n in self.nodes if n.usable), default=1) or 1
 
 
 @dataclass(frozen=True)
