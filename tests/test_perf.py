@@ -320,3 +320,19 @@ def test_best_at_is_deterministic():
                batch=64, bmin=32, bmax=512, noise=(1.0, 10.0))
     assert model_for(job) == model_for(replace(job))
     assert best_at(job, model_for(job), 8) == best_at(replace(job), model_for(replace(job)), 8)
+
+
+@pytest.mark.parametrize("app", ["cifar10", "imagenet", "bert", "yolov3"])
+@pytest.mark.parametrize("noise", [None, (1.0, 10.0), (5.0, 0.5), (0.0, 0.0)])
+@pytest.mark.parametrize(("gpus", "nodes"), [(1, 1), (3, 1), (6, 2), (16, 4)])
+def test_the_vectorised_best_configuration_is_the_loops(app, noise, gpus, nodes):
+    """``best_at`` evaluates Pollux's model over all candidates at once; the answer is the one
+    the plain loop over :func:`goodput` gives (value to 1e-9, and the same configuration)."""
+    from hpcsched.perf import model as m
+    from hpcsched.perf.priors import prior_for
+    from hpcsched.perf.pollux import PolluxModel
+    pm = PolluxModel(prior_for(app), "prior")
+    cfgs = m._candidates(gpus, 64, 8192, 512, 32)
+    x, cfg = m._best_vectorised(pm, cfgs, 512, 128, noise, nodes)
+    loop = max(cfgs, key=lambda c: (m.goodput(pm, c, nodes, noise, 128), -abs(c.global_batch_size - 512)))
+    assert cfg == loop and x == pytest.approx(m.goodput(pm, loop, nodes, noise, 128), rel=1e-9)

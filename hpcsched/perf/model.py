@@ -187,6 +187,8 @@ def _best_at(model: JobModel | None, gpus: int, lo: int, hi: int, batch_size: in
     if model is None:
         cfg = next((c for c in cfgs if c.global_batch_size == batch_size), cfgs[0])
         return float(gpus), cfg
+    if isinstance(model, PolluxModel):
+        return _best_vectorised(model, cfgs, batch_size, base, grad_noise, nodes)
     best, best_key = None, None
     for c in cfgs:
         x = goodput(model, c, nodes, grad_noise, base)
@@ -196,8 +198,32 @@ def _best_at(model: JobModel | None, gpus: int, lo: int, hi: int, batch_size: in
     return best_key[0], best
 
 
+@lru_cache(maxsize=65536)
+def _arrays(cfgs: tuple[BatchConfig, ...]) -> tuple[np.ndarray, ...]:
+    """``(world sizes, local batches, accumulation steps, global batches)`` of ``cfgs``."""
+    return tuple(np.array([getattr(c, f) for c in cfgs], dtype=float) for f in
+                 ("world_size", "local_batch_size", "accumulation_steps", "global_batch_size"))
+
+
+def _best_vectorised(model: PolluxModel, cfgs: tuple[BatchConfig, ...], batch_size: int,
+                     base: int, grad_noise: tuple[float, float] | None, nodes: int
+                     ) -> tuple[float, BatchConfig]:
+    """:func:`goodput` of every configuration at once (Pollux's model and efficiency over numpy
+    arrays), the best and ties as the loop above: nearest the current batch, then the first."""
+    world, local, accum, glob = _arrays(cfgs)
+    t = pollux._step_time(model.params, nodes, world, local, accum, np.maximum)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.where(t > 0, glob / t, 0.0)
+    if grad_noise is not None and all(v is not None and math.isfinite(v) for v in grad_noise):
+        x = x * pollux.efficiencies(grad_noise[0], grad_noise[1], base, glob)
+    x = np.where(np.isfinite(x), x, 0.0)
+    top = np.flatnonzero(x == x.max())
+    i = int(top[np.argmin(np.abs(glob[top] - batch_size))])
+    return float(x[i]), cfgs[i]
+
+
 def clear_caches() -> None:
     """Forget every cached fit and decision (benchmarks measure a cold start with it)."""
     for f in (linear.fit, _model_for, _pollux_model, _best_at, _candidates, _fit_batch, _wanted,
-              pollux.fit_samples):
+              pollux.fit_samples, _arrays):
         f.cache_clear()

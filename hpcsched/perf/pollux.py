@@ -252,6 +252,18 @@ def efficiency(grad_sqr: float | None, grad_var: float | None, init_batch_size: 
     return min(1.0, gain(float(grad_sqr), float(grad_var), scale) / scale)
 
 
+def efficiencies(grad_sqr: float, grad_var: float, init_batch_size: float,
+                 batch_sizes: np.ndarray) -> np.ndarray:
+    """:func:`efficiency` of each of ``batch_sizes`` (positive, a numpy array) with finite
+    statistics: the same formula over an array (the policies' inner loop)."""
+    scale = batch_sizes / init_batch_size
+    sqr, var = max(0.0, grad_sqr), max(0.0, grad_var)
+    denom = var / scale + sqr
+    with np.errstate(divide="ignore", invalid="ignore"):
+        g = np.where(denom > 0, (var + sqr) / denom, 1.0)
+    return np.minimum(1.0, g / scale)
+
+
 # ------------------------------------------------------------------------------------- fitting
 
 def _as_sample(p: ProfilePoint | PerfSample) -> PerfSample:
