@@ -329,8 +329,8 @@ def test_the_vectorised_best_configuration_is_the_loops(app, noise, gpus, nodes)
     """``best_at`` evaluates Pollux's model over all candidates at once; the answer is the one
     the plain loop over :func:`goodput` gives (value to 1e-9, and the same configuration)."""
     from hpcsched.perf import model as m
-    from hpcsched.perf.priors import prior_for
     from hpcsched.perf.pollux import PolluxModel
+    from hpcsched.perf.priors import prior_for
     pm = PolluxModel(prior_for(app), "prior")
     cfgs = m._candidates(gpus, 64, 8192, 512, 32)
     x, cfg = m._best_vectorised(pm, cfgs, 512, 128, noise, nodes)
