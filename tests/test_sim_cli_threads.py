@@ -61,10 +61,18 @@ def test_simulate_runs_with_one_blas_thread(tmp_path, monkeypatch, jobs):
 
 
 @pytest.mark.parametrize("args, expected", [
-    ([], {"restart_cost": {"*": 30.0}, "shrink_cost": 2.0, "granularity": "node"}),
+    ([], {"restart_cost": {"*": 30.0}, "shrink_cost": 2.0, "granularity": "node",
+          "variability": False}),
     (["--restart-cost", "12", "--restart-cost", "bert=40", "--shrink-cost", "5",
-      "--granularity", "gpu"],
-     {"restart_cost": {"*": 12.0, "bert": 40.0}, "shrink_cost": 5.0, "granularity": "gpu"}),
+      "--granularity", "gpu", "--variability"],
+     {"restart_cost": {"*": 12.0, "bert": 40.0}, "shrink_cost": 5.0, "granularity": "gpu",
+      "variability": True}),
+    (["--variability", "--variability-draws", "pal"],
+     {"restart_cost": {"*": 30.0}, "shrink_cost": 2.0, "granularity": "node",
+      "variability": "pal"}),
+    (["--variability-draws", "pal"],        # without --variability: no variability
+     {"restart_cost": {"*": 30.0}, "shrink_cost": 2.0, "granularity": "node",
+      "variability": False}),
 ])
 def test_options_reach_the_simulators_config(tmp_path, monkeypatch, args, expected):
     configs = []
@@ -84,6 +92,7 @@ def test_options_reach_the_simulators_config(tmp_path, monkeypatch, args, expect
     assert dict(cfg.restart_cost) == expected["restart_cost"]
     assert cfg.shrink_cost == expected["shrink_cost"]
     assert cfg.granularity == expected["granularity"]
+    assert cfg.variability == expected["variability"]
 
 
 def test_granularity_choices():

@@ -44,7 +44,7 @@ class Run:
     interval: float
     restart_cost: tuple[tuple[str, float], ...]
     shrink_cost: float
-    variability: bool
+    variability: bool | str     # False, True / "longhorn", or "pal" (SimConfig.variability)
     locality_penalty: float
     seed: int
     max_time: float
@@ -168,6 +168,10 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
               help="Seconds an in-place shrink costs.")
 @click.option("--variability/--no-variability", default=False, show_default=True,
               help="Per-GPU slowdowns drawn from PAL's Longhorn measurements.")
+@click.option("--variability-draws", type=click.Choice(("longhorn", "pal")), default="longhorn",
+              show_default=True,
+              help="With --variability: longhorn, one draw per GPU shared by the classes; pal, "
+                   "PAL's simulator's independent draw per GPU and class (docs/simulator.md).")
 @click.option("--locality-penalty", type=click.FloatRange(min=1), default=1.7,
               show_default=True, help="Slowdown of a fixed-work (PAL trace) job across nodes.")
 @click.option("--hold-new-jobs", is_flag=True,
@@ -190,8 +194,8 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table.")
 def simulate_command(workloads, policies, placements, raw_params, pollux_tiresias, nodes,
                      gpus_per_node, interval, restart_cost, shrink_cost, variability,
-                     locality_penalty, hold_new_jobs, granularity, seed, max_days, json_path, out_dir,
-                     n_procs, quiet):
+                     variability_draws, locality_penalty, hold_new_jobs, granularity, seed,
+                     max_days, json_path, out_dir, n_procs, quiet):
     """Replay WORKLOADs on a simulated Slurm cluster with the daemon's own POLICYs.
 
     \b
@@ -208,6 +212,8 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
     if pollux_tiresias and "queue_thresholds" not in params.get("tiresias", {}):
         params.setdefault("tiresias", {}).update(POLLUX_TIRESIAS)
     costs = _restart_costs(restart_cost)
+    if variability and variability_draws == "pal":
+        variability = "pal"
     for w in workloads:   # fail fast, before any simulation, on a bad workload
         try:
             load_workload(w, seed=seed)

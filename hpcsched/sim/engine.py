@@ -454,7 +454,7 @@ class Simulator:
             return
         j.eta = j.st = None
         if c.kind == ChangeKind.PENDING and j.state == "PENDING":
-            if j.held:   # a preempted job released
+            if j.held and j.start_time is not None:   # a preempted job released
                 self._log(j, 0, want)
             j.size, j.nodes, j.cfg = want, c.to_nodes, cfg
             j.req_nodes = tuple(c.placement)
