@@ -283,3 +283,20 @@ def test_ones_starts_an_unmeasured_pending_job_as_large_as_fits():
     other = _job("B", 1, batch=96, profile=[_pt(2, 48, 0.096)], state="PENDING", submit=1.0)
     plan = ONES().decide(_cluster(3, 4, [pend, other]), seed=0)   # 12 GPUs: room for both
     assert plan.target("P").nodes == 2, plan
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_ones_can_be_seeded_by_jct(seeded):
+    """jct's plan (its exact search) enters ONES' population as a starting point. Two jobs that
+    scale, 16 GPUs: jct gives A 7 nodes, which ONES clips to the 4 it may explore (twice the 2
+    measured); no status quo (1, 1) moved by one node reaches (4, 1), so it is in the population
+    (no generations: the population is the starting one) only when seeded."""
+    prof = [_pt(2, 48, 0.096), _pt(4, 24, 0.048)]
+    a = _job("A", 1, max_nodes=8, batch=96, bmin=16, bmax=960, profile=prof)
+    b = _job("B", 1, max_nodes=8, batch=96, bmin=16, bmax=960, profile=prof)
+    snap = _cluster(8, 2, [a, b])
+    ones = ONES(generations=0, seed_with_jct=seeded)
+    plan = ones.decide(snap, seed=3)
+    assert plan == ONES(generations=0, seed_with_jct=seeded).decide(snap, seed=3)
+    pop = np.stack([ones._carried[j] for j in ("A", "B")], axis=1)     # (individuals, jobs)
+    assert any(list(row) == [4, 1] for row in pop) == seeded

@@ -23,7 +23,9 @@ schedules evolves for a few generations:
 
 Admission of pending jobs (first come, first served at their minimum) and the treatment of jobs
 without measurements are those of :mod:`hpcsched.policies.dp`. With ``seed_with_dp`` the DP's
-answer is put into the population each round (the composite's "ONES seeded by the DP").
+answer is put into the population each round (the composite's "ONES seeded by the DP"); with
+``seed_with_jct`` the :mod:`hpcsched.policies.jct` plan's node counts are (its exact search
+as a starting point for the evolutionary one).
 
 Deterministic: the same snapshot, seed and carried population give the same plan.
 """
@@ -59,16 +61,19 @@ class ONES:
         population: schedules kept. generations: per round. mutation: per-gene probability.
         elite: best schedules copied unchanged. horizon: seconds of work assumed for a job that
         does not report its remaining work. seed_with_dp: add the DP's plan each round.
+        seed_with_jct: add the ``jct`` policy's plan each round.
     """
 
     name = "ones"
 
     def __init__(self, population: int = 24, generations: int = 20, mutation: float = 0.1,
-                 elite: int = 2, horizon: float = 3600.0, seed_with_dp: bool = False):
+                 elite: int = 2, horizon: float = 3600.0, seed_with_dp: bool = False,
+                 seed_with_jct: bool = False):
         if population < 2 or generations < 0 or not 0 <= mutation <= 1 or elite < 0:
             raise TypeError("population >= 2, generations >= 0, 0 <= mutation <= 1, elite >= 0")
         self.population, self.generations, self.mutation = population, generations, mutation
         self.elite, self.horizon, self.seed_with_dp = min(elite, population), horizon, seed_with_dp
+        self.seed_with_jct = seed_with_jct
         self._carried: dict[str, np.ndarray] = {}   # job id -> genes (nodes) per individual
         self.history: list[float] = []              # best fitness per generation, last round
 
@@ -172,7 +177,14 @@ class ONES:
             return Plan(self.name, tuple(waits), 0.0, ("ones: no job to size",))
         fixed = {j.job_id for j in jobs if j.busy}
         t = self._table(jobs, fixed, {x.job_id: x.nodes for x in base.targets if x.nodes})
-        pop = self.evolve(t, k, self._start(t, jobs, base, rng), rng)
+        start = self._start(t, jobs, base, rng)
+        if self.seed_with_jct and self.population >= 3:
+            from hpcsched.policies import jct
+            sizes = {x.job_id: x.nodes for x in jct.decide(snapshot).targets}
+            start[-3 if self.seed_with_dp else -2] = [
+                min(max(sizes.get(j.job_id, t.current[i]), t.lo[i]), t.hi[i])
+                for i, j in enumerate(jobs)]
+        pop = self.evolve(t, k, start, rng)
         self._carried = {j.job_id: pop[:, i].copy() for i, j in enumerate(jobs)}
         best = pop[0]
         targets = waits + [self._target(t, i, j, int(best[i]))
