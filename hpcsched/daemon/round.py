@@ -47,6 +47,7 @@ from hpcsched import slurm
 from hpcsched.daemon import views
 from hpcsched.daemon.actuator import Action, Actuator, current_of, journaled
 from hpcsched.daemon.config import ConfigError, Settings, load
+from hpcsched.daemon.costs import measured_costs
 from hpcsched.daemon.ingest import ingest_job
 from hpcsched.daemon.phases import History, ResizePhase, Timeouts
 from hpcsched.daemon.store import Store
@@ -102,6 +103,7 @@ class Daemon:
                            min_gain=d.min_gain, horizon=d.horizon, preemption=True,
                            hold=max(0, d.hold_rounds) * d.round_interval)
         self.managed = views.ManagedJobs(self.control_dir, d.partitions)
+        self._costs_said = ""      # the last resize-cost line logged (logged when it changes)
 
     # ----------------------------------------------------------------- jobs
     def _record_job(self, jd: JobDir, spec: JobSpec, info: slurm.JobInfo, now: float) -> None:
@@ -169,7 +171,11 @@ class Daemon:
                                          self.settings.daemon.partitions)
         rep.jobs = len(snapshot.jobs)
         t = time.perf_counter()
-        decision = decide_round(snapshot, self.policy, self.costs,
+        costs, said = measured_costs(self.store.actions(limit=200), self.costs)
+        if said != self._costs_said:
+            log.info("round %d: %s", rep.round_id, said)
+            self._costs_said = said
+        decision = decide_round(snapshot, self.policy, costs,
                                 seed=self.settings.policy.seed + rep.round_id)
         rep.policy_seconds = time.perf_counter() - t
         rep.objective = decision.plan.objective if decision.plan is not None else None
