@@ -166,9 +166,11 @@ class DaemonSettings:
     dry_run: bool = _opt(False, _boolean, "decide and record every round, but never act")
     restart_cost: float = _opt(
         30.0, _number(ge=0),
-        "seconds: estimated cost of a requeue/relaunch, i.e. of a grow (>= 0)")
+        "seconds a grow (requeue and relaunch) costs a job until 3 grows have been measured "
+        "here; then the median of the latest 20 (>= 0)")
     shrink_cost: float = _opt(2.0, _number(ge=0),
-                              "seconds: estimated cost of an in-place shrink (>= 0)")
+                              "seconds an in-place shrink costs until 3 have been measured here; "
+                              "then the median of the latest 20 (>= 0)")
     min_gain: float = _opt(
         0.05, _number(ge=0),
         "a change must improve predicted throughput by at least this fraction of the "
