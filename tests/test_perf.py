@@ -336,3 +336,23 @@ def test_the_vectorised_best_configuration_is_the_loops(app, noise, gpus, nodes)
     x, cfg = m._best_vectorised(pm, cfgs, 512, 128, noise, nodes)
     loop = max(cfgs, key=lambda c: (m.goodput(pm, c, nodes, noise, 128), -abs(c.global_batch_size - 512)))
     assert cfg == loop and x == pytest.approx(m.goodput(pm, loop, nodes, noise, 128), rel=1e-9)
+
+
+@pytest.mark.parametrize("noise", [None, (1.0, 10.0)])
+def test_best_at_each_is_best_at_at_each_size(noise):
+    from dataclasses import replace as _replace
+
+    from hpcsched.perf import model as m
+    from hpcsched.perf.pollux import PolluxModel
+    from hpcsched.perf.priors import prior_for
+    job = JobView(job_id="1", state="RUNNING", nodes=1, node_names=(), workers_per_node=4,
+                  min_nodes=1, max_nodes=4, batch_size=512, min_batch_size=64,
+                  max_batch_size=8192, max_local_batch_size=32, base_batch_size=128,
+                  lr_scaling="sqrt", submit_time=0.0, app_class="cifar10")
+    job = _replace(job, grad_noise=noise)
+    pm = PolluxModel(prior_for("cifar10"), "prior")
+    sizes = [(0, 0), (1, 1), (3, 1), (0, 0), (4, 1), (6, 2), (13, 4), (16, 4), (0, 0)]
+    got = m.best_at_each(job, pm, sizes)
+    want = [m.best_at(job, pm, g, n) if g else (0.0, None) for g, n in sizes]
+    assert [c for _, c in got] == [c for _, c in want]
+    assert [x for x, _ in got] == pytest.approx([x for x, _ in want], rel=1e-12)

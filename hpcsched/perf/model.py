@@ -198,6 +198,63 @@ def _best_at(model: JobModel | None, gpus: int, lo: int, hi: int, batch_size: in
     return best_key[0], best
 
 
+def best_at_each(job: JobView, model: JobModel | None, sizes: list[tuple[int, int]]
+                 ) -> list[tuple[float, BatchConfig | None]]:
+    """:func:`best_at` at each ``(gpus, nodes)`` of ``sizes``, the same answers; with Pollux's
+    model the candidates of all sizes are evaluated in one numpy pass (a policy asks for every
+    size of every job each round)."""
+    if not isinstance(model, PolluxModel) or len(sizes) < 2:
+        return [best_at(job, model, g, n) for g, n in sizes]
+    cur = job.batch_size
+    per, world, local, accum, glob, nodes = _stacked(tuple(sizes), job.min_batch_size,
+                                                     job.max_batch_size, cur,
+                                                     job.max_local_batch_size)
+    if not glob.size:
+        return [(0.0, None)] * len(sizes)
+    t = pollux._step_time(model.params, nodes, world, local, accum, np.maximum)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.where(t > 0, glob / t, 0.0)
+    noise = job.grad_noise
+    if noise is not None and all(v is not None and math.isfinite(v) for v in noise):
+        x = x * pollux.efficiencies(noise[0], noise[1], job.base_batch_size, glob)
+    x = np.where(np.isfinite(x), x, 0.0)
+    seg, starts = _segments(tuple(len(c) for c in per))
+    # reduceat: an empty segment's entry is junk no element reads (trailing ones dropped)
+    top = x == np.maximum.reduceat(x, starts[starts < x.size])[seg]
+    # per size: the best goodput, ties to the batch nearest the current one, then the first
+    order = np.lexsort((np.arange(x.size), np.where(top, np.abs(glob - cur), np.inf), seg))
+    first = order[np.r_[True, seg[order][1:] != seg[order][:-1]]]
+    pick = dict(zip(seg[first].tolist(), first.tolist()))
+    out, i0 = [], 0
+    for k, cfgs in enumerate(per):
+        i = pick.get(k)
+        out.append((0.0, None) if i is None else (float(x[i]), cfgs[i - i0]))
+        i0 += len(cfgs)
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _segments(lengths: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """For segments of ``lengths`` laid end to end: each element's segment number, and each
+    segment's start (empty segments included)."""
+    lens = np.array(lengths, dtype=int)
+    return np.repeat(np.arange(len(lens)), lens), np.r_[0, np.cumsum(lens)[:-1]]
+
+
+@lru_cache(maxsize=16384)
+def _stacked(sizes: tuple[tuple[int, int], ...], lo: int, hi: int, batch_size: int,
+             max_local: int | None) -> tuple:
+    """The candidates at each ``(gpus, nodes)`` and, stacked, their world sizes, local
+    batches, accumulation steps, global batches and node counts (numpy arrays)."""
+    per = [_candidates(g, lo, hi, batch_size, max_local) if g > 0 else () for g, _ in sizes]
+    flat = tuple(c for cfgs in per for c in cfgs)
+    if not flat:
+        empty = np.zeros(0)
+        return per, empty, empty, empty, empty, empty
+    nodes = np.repeat(np.array([n for _, n in sizes], dtype=float), [len(c) for c in per])
+    return (per, *_arrays(flat), nodes)
+
+
 @lru_cache(maxsize=65536)
 def _arrays(cfgs: tuple[BatchConfig, ...]) -> tuple[np.ndarray, ...]:
     """``(world sizes, local batches, accumulation steps, global batches)`` of ``cfgs``."""
@@ -225,5 +282,5 @@ def _best_vectorised(model: PolluxModel, cfgs: tuple[BatchConfig, ...], batch_si
 def clear_caches() -> None:
     """Forget every cached fit and decision (benchmarks measure a cold start with it)."""
     for f in (linear.fit, _model_for, _pollux_model, _best_at, _candidates, _fit_batch, _wanted,
-              pollux.fit_samples, _arrays):
+              pollux.fit_samples, _arrays, _stacked):
         f.cache_clear()

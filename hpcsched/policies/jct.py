@@ -65,10 +65,11 @@ Objective reported: the plan's value of the objective above (weighted speedups).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 
-from hpcsched.perf.model import best_at, model_for
+from hpcsched.perf.model import best_at, best_at_each, model_for
 from hpcsched.policies.common import capacity, gpu_counts, min_gpus, nodes_spanned, target
 from hpcsched.policies.dp import EPSILON, _Option, solve
 from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
@@ -206,14 +207,20 @@ def _waited(job: JobView, snapshot: ClusterSnapshot) -> float:
 def _counts(job: JobView, snapshot: ClusterSnapshot, max_options: int) -> list[int]:
     """The job's allowed GPU counts, thinned geometrically beyond ``max_options`` (its
     smallest, its largest and its current count always kept)."""
-    counts = list(gpu_counts(job, snapshot))
+    counts = gpu_counts(job, snapshot)
     if len(counts) <= max_options:
-        return counts
-    idx = np.unique(np.round(np.geomspace(1, len(counts), max_options)).astype(int) - 1)
-    keep = {counts[i] for i in idx} | {counts[0], counts[-1]}
+        return list(counts)
+    keep = {counts[i] for i in _thinned(len(counts), max_options)}
     if job.gpus in counts:
         keep.add(job.gpus)
     return sorted(keep)
+
+
+@lru_cache(maxsize=1024)
+def _thinned(n: int, most: int) -> tuple[int, ...]:
+    """About ``most`` indices into ``n`` counts, spread geometrically, first and last kept."""
+    idx = np.unique(np.round(np.geomspace(1, n, most)).astype(int) - 1)
+    return tuple(sorted({0, n - 1, *map(int, idx)}))
 
 
 def _job_options(job: JobView, snapshot: ClusterSnapshot, forced: set[str], p: _Params
@@ -234,7 +241,7 @@ def _job_options(job: JobView, snapshot: ClusterSnapshot, forced: set[str], p: _
                  else p.unknown_remaining * max(x_now, 1e-9))
     remaining = max(remaining, 1e-9)
     counts = _counts(job, snapshot, p.max_options)
-    rates = [best_at(job, model, g, nodes_spanned(job, g, snapshot)) for g in counts]
+    rates = best_at_each(job, model, [(g, nodes_spanned(job, g, snapshot)) for g in counts])
     age = 1.0 + _waited(job, snapshot) / p.aging
     weight = age * p.rank.get(job.job_id, 1.0)
     if p.tempering:
