@@ -14,7 +14,8 @@ running one is then preempted). Its value:
   over the same at its fair share ``a_f``: ``ceil(K / J)`` GPUs for ``K`` GPUs and ``J`` jobs, as
   the artifact's ``fair_replicas`` -- kept within the job's own limits (its allowed GPU counts
   at the snapshot's granularity) and packed onto full nodes (the artifact evaluates it on one
-  node, a shape our nodes do not have);
+  node, a shape our nodes do not have; on pollux:2-3 at GPU granularity one node changed the
+  average JCT by under 0.3 %);
 * **restart penalty** (the artifact's ``_evaluate``): a job whose row differs from its current
   allocation has its speedup scaled by ``max(age - restarts * R, 0) / (age + R)``, ``age`` =
   seconds since submission, ``R`` = ``restart_penalty`` (30 s): a young or often-restarted job
