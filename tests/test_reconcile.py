@@ -351,3 +351,25 @@ def test_a_gpu_granular_grow_fits_when_the_free_gpus_add_up(free, own, to_gpus, 
         assert pool == taken
     else:
         assert "waits" in note
+
+
+def test_a_policy_that_prices_restarts_itself_may_loosen_the_gate():
+    """decide_round applies a policy's ``reconcile_gate``: Pollux's plans are not held."""
+    from hpcsched.policies.round import decide_round
+
+    job = replace(_job("B", 1, batch=96, profile=SCALES, names=("n1",)), resized_at=-60.0)
+    snap = _cluster(jobs=[job])
+
+    class Grow:
+        name = "grow"
+
+        def decide(self, snapshot, seed=0):
+            return Plan("grow", (JobTarget("B", 2, 96, "r"),))
+
+    class GrowUngated(Grow):
+        reconcile_gate = {"hold": 0.0}
+
+    held = decide_round(snap, Grow(), Costs(hold=180.0), seed=0)
+    made = decide_round(snap, GrowUngated(), Costs(hold=180.0), seed=0)
+    assert held.changes == () and any("no thrash" in n for n in held.notes)
+    assert [c.kind for c in made.changes] == [ChangeKind.GROW]

@@ -116,6 +116,12 @@ class Pollux:
     """
 
     name = "pollux"
+    #: reconcile's gate for this policy's plans (:func:`hpcsched.policies.round.decide_round`):
+    #: Pollux prices restarts itself (the restart factor in every job's speedup) and has no
+    #: minimum gain nor hold, so reconcile only checks its plans against what Slurm can place
+    #: now. Measured (pollux:1-2, GPU-granular, 32 x 24 search): with the daemon's gate
+    #: (``min_gain`` 0.05, 3-round hold) 3,115 s mean average JCT, without it 2,951 s.
+    reconcile_gate = {"min_gain": 0.0, "hold": 0.0}
 
     def __init__(self, population: int = 64, generations: int = 40, p: float = -1.0,
                  restart_penalty: float = 30.0, interval: float = 60.0, explore: bool = True,

@@ -44,7 +44,8 @@ def decide_round(snapshot: ClusterSnapshot, policy: Policy, costs: Costs, seed: 
         snapshot: the cluster and the managed jobs at one instant.
         policy: a policy from :func:`hpcsched.policies.make_policy`.
         costs: reconcile's parameters (restart and shrink costs in seconds, ``min_gain``,
-            ``horizon``; see :class:`~hpcsched.policies.reconcile.Costs`).
+            ``horizon``, ``hold``; see :class:`~hpcsched.policies.reconcile.Costs`); a policy's
+            ``reconcile_gate`` mapping, if it has one, overrides some of them for its plans.
         seed: the policy's seed for this round.
 
     Raises:
@@ -54,6 +55,9 @@ def decide_round(snapshot: ClusterSnapshot, policy: Policy, costs: Costs, seed: 
         return RoundDecision(None, (), ())
     # the policy prices changes with the costs reconcile judges them by
     snapshot = replace(snapshot, restart_cost=costs.restart_cost, shrink_cost=costs.shrink_cost)
+    # a policy that prices restarts itself may loosen reconcile's gate (Pollux: no minimum gain,
+    # no hold): its ``reconcile_gate`` replaces those fields of ``costs``
+    costs = replace(costs, **getattr(policy, "reconcile_gate", {}))
     plan = policy.decide(snapshot, seed=seed)
     changes, notes = reconcile(plan, snapshot, costs)
     return RoundDecision(plan, tuple(changes), tuple(plan.notes) + tuple(notes))
