@@ -121,19 +121,7 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
     if hesrpt:
         p = replace(p, rank=_rank_weights(jobs, snapshot, p, hesrpt))
     forced = _overdue(snapshot, jobs, max_wait)
-    opts, info = [], []
-    for j in jobs:
-        o, meta = _job_options(j, snapshot, forced, p)
-        opts.append(o)
-        info.append(meta)
-    sol = solve(opts, k) if jobs else (0.0, [])
-    notes = []
-    if sol is None and forced:   # the overdue jobs' minimums do not fit with the others'
-        notes.append(f"jct: {len(forced)} overdue job(s) do not fit beside the running jobs' "
-                     "minimums; they wait for GPUs to free")
-        forced = set()
-        opts = [_job_options(j, snapshot, forced, p)[0] for j in jobs]
-        sol = solve(opts, k)
+    sol, opts, info, notes = _search(jobs, snapshot, forced, p, k)
     if sol is None:
         return Plan("jct", (), None,
                     (f"jct: the running jobs' minimums exceed the {k} GPUs available; no change",))
@@ -142,8 +130,23 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
                for j, o, i, meta in zip(jobs, opts, picks, info) if not j.busy]
     started = sum(1 for j, o, i in zip(jobs, opts, picks) if j.state == "PENDING" and o[i].gpus)
     notes.append(f"jct: {len(jobs)} job(s) on {k} GPU(s), {started} pending job(s) started, "
-                 f"{len(forced)} overdue; predicted completion rate {total:.3g}/s")
+                 f"{len(forced)} overdue; objective {total:.3g} (weighted speedups)")
     return Plan("jct", tuple(targets), float(total), tuple(notes))
+
+
+def _search(jobs: list[JobView], snapshot: ClusterSnapshot, forced: set[str], p: _Params, k: int
+            ) -> tuple[tuple[float, list[int]] | None, list[list[_Option]], list[dict], list[str]]:
+    """The DP over every job's options; when the overdue jobs' minimums do not fit beside the
+    running jobs', again without admitting them ahead (they wait, with a note)."""
+    opts, info = zip(*(_job_options(j, snapshot, forced, p) for j in jobs)) if jobs else ((), ())
+    opts, info = list(opts), list(info)
+    sol = solve(opts, k) if jobs else (0.0, [])
+    if sol is not None or not forced:
+        return sol, opts, info, []
+    note = (f"jct: {len(forced)} overdue job(s) do not fit beside the running jobs' minimums; "
+            "they wait for GPUs to free")
+    opts = [_job_options(j, snapshot, set(), p)[0] for j in jobs]
+    return solve(opts, k), opts, info, [note]
 
 
 class JCT:
@@ -165,6 +168,15 @@ class JCT:
         return decide(snapshot, seed, **self.params)
 
 
+def _remaining(job: JobView, model, p: _Params) -> float:
+    """The job's remaining work, samples: what it reports, else ``unknown_remaining`` seconds
+    at its current goodput."""
+    if job.remaining_samples is not None:
+        return max(job.remaining_samples, 1e-9)
+    x_now = best_at(job, model, job.gpus, job.nodes)[0] if job.state == "RUNNING" else 0.0
+    return max(p.unknown_remaining * max(x_now, 1e-9), 1e-9)
+
+
 def _t_min(job: JobView, snapshot: ClusterSnapshot, p: _Params) -> float | None:
     """The job's remaining time at its smallest allowed size (s); ``None`` unmeasured."""
     model = model_for(job)
@@ -174,11 +186,7 @@ def _t_min(job: JobView, snapshot: ClusterSnapshot, p: _Params) -> float | None:
     x, cfg = best_at(job, model, g, nodes_spanned(job, g, snapshot))
     if cfg is None or x <= 0:
         return None
-    running = job.state == "RUNNING"
-    x_now = best_at(job, model, job.gpus, job.nodes)[0] if running else 0.0
-    remaining = (job.remaining_samples if job.remaining_samples is not None
-                 else p.unknown_remaining * max(x_now, 1e-9))
-    return max(remaining, 1e-9) / x
+    return _remaining(job, model, p) / x
 
 
 def _rank_weights(jobs: list[JobView], snapshot: ClusterSnapshot, p: _Params, exponent: float
@@ -225,8 +233,8 @@ def _thinned(n: int, most: int) -> tuple[int, ...]:
 
 def _job_options(job: JobView, snapshot: ClusterSnapshot, forced: set[str], p: _Params
                  ) -> tuple[list[_Option], dict]:
-    """The job's options for the DP: ``(GPUs, value, batch)`` per allowed count (value: the
-    weighted completion rate after the change's cost), and what its target needs to say."""
+    """The job's options for the DP: ``(GPUs, value, batch)`` per allowed count (value: its
+    weighted speedup after the change's cost), and what its target needs to say."""
     running = job.state == "RUNNING"
     if job.busy:   # held exactly where it is
         return [_Option(job.gpus if running else 0, 0.0, job.batch_size)], {}
@@ -236,28 +244,34 @@ def _job_options(job: JobView, snapshot: ClusterSnapshot, forced: set[str], p: _
         g = job.gpus if running else max(min_gpus(job, snapshot), min(job.gpus, max(
             gpu_counts(job, snapshot), default=job.gpus)))
         return wait + [_Option(g, EPSILON * g, job.batch_size)], {"measured": False}
-    x_now = best_at(job, model, job.gpus, job.nodes)[0] if running else 0.0
-    remaining = (job.remaining_samples if job.remaining_samples is not None
-                 else p.unknown_remaining * max(x_now, 1e-9))
-    remaining = max(remaining, 1e-9)
+    remaining = _remaining(job, model, p)
     counts = _counts(job, snapshot, p.max_options)
     rates = best_at_each(job, model, [(g, nodes_spanned(job, g, snapshot)) for g in counts])
     age = 1.0 + _waited(job, snapshot) / p.aging
-    weight = age * p.rank.get(job.job_id, 1.0)
-    if p.tempering:
-        x_min = next((x for x, cfg in rates if cfg is not None and x > 0), 0.0)
-        weight *= (remaining / x_min) ** p.tempering if x_min > 0 else 1.0
-    out = list(wait)
-    for g, (x, cfg) in zip(counts, rates):
-        if cfg is None or x <= 0:
-            continue
-        cost = 0.0 if running and g == job.gpus else (
-            p.shrink_cost if running and g < job.gpus else p.restart_cost)
-        out.append(_Option(g, weight / (remaining / x + cost), cfg.global_batch_size))
+    weight = age * p.rank.get(job.job_id, 1.0) * _tempered(rates, remaining, p.tempering)
+    out = wait + [_Option(g, weight / (remaining / x + _change_cost(job, g, p)),
+                          cfg.global_batch_size)
+                  for g, (x, cfg) in zip(counts, rates) if cfg is not None and x > 0]
     if not out:   # no size within its limits: held where it is
         out = [_Option(job.gpus if running else 0, 0.0, job.batch_size)]
     return out, {"measured": True, "age": age, "weight": weight, "remaining": remaining,
                  "model": model}
+
+
+def _tempered(rates: list, remaining: float, gamma: float) -> float:
+    """``T_min^gamma``: the remaining time at the smallest size that runs, to ``gamma``."""
+    if not gamma:
+        return 1.0
+    x_min = next((x for x, cfg in rates if cfg is not None and x > 0), 0.0)
+    return (remaining / x_min) ** gamma if x_min > 0 else 1.0
+
+
+def _change_cost(job: JobView, gpus: int, p: _Params) -> float:
+    """Seconds a change to ``gpus`` costs the job: 0 to stay, a shrink in place, else a
+    (re)start."""
+    if job.state == "RUNNING" and gpus == job.gpus:
+        return 0.0
+    return p.shrink_cost if job.state == "RUNNING" and gpus < job.gpus else p.restart_cost
 
 
 def _target(job: JobView, pick: _Option, meta: dict, snapshot: ClusterSnapshot) -> JobTarget:
