@@ -95,6 +95,10 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
 
 def test_dry_run_decides_and_logs_but_never_acts(daemon_env, blocker, slurm_jobs):
     tmp_path, db = daemon_env
+    # the job is measured seconds after it starts: without this, the no-thrash hold (3 rounds
+    # of 2 s) keeps it at its size in the rounds below, as it should
+    cfg = Path(os.environ["HPCSCHED_CONFIG"])
+    cfg.write_text(cfg.read_text().replace("[daemon]\n", "[daemon]\nhold_rounds = 0\n"))
     job = submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-max-nodes", "2",
                  "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", "30",
                  "--sample-time", "0.002")
