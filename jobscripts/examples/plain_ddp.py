@@ -35,9 +35,11 @@ def main() -> None:
     print(f"rank {rank}/{world} node={os.environ.get('SLURMD_NODENAME', '?')} "
           f"local_rank={os.environ['LOCAL_RANK']} loss={loss.item():.4f} in_sync={in_sync}",
           flush=True)
-    # Every rank must be done with its collectives before any rank tears gloo down; without
-    # this barrier a fast rank's destroy can abort a slower peer ("terminate called without an
-    # active exception", seen in CI).
+    # DDP's reducer holds work on the process group: free it first, so nothing of it is left
+    # for interpreter shutdown. Then every rank must be done with its collectives before any
+    # rank tears gloo down; without the barrier a fast rank's destroy can abort a slower peer
+    # ("terminate called without an active exception", seen in CI).
+    del model, opt
     dist.barrier()
     dist.destroy_process_group()
 
