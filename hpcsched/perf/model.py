@@ -211,13 +211,7 @@ def best_at_each(job: JobView, model: JobModel | None, sizes: list[tuple[int, in
                                                      job.max_local_batch_size)
     if not glob.size:
         return [(0.0, None)] * len(sizes)
-    t = pollux._step_time(model.params, nodes, world, local, accum, np.maximum)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        x = np.where(t > 0, glob / t, 0.0)
-    noise = job.grad_noise
-    if noise is not None and all(v is not None and math.isfinite(v) for v in noise):
-        x = x * pollux.efficiencies(noise[0], noise[1], job.base_batch_size, glob)
-    x = np.where(np.isfinite(x), x, 0.0)
+    x = _goodputs(model, nodes, world, local, accum, glob, job.base_batch_size, job.grad_noise)
     seg, starts = _segments(tuple(len(c) for c in per))
     # reduceat: an empty segment's entry is junk no element reads (trailing ones dropped)
     top = x == np.maximum.reduceat(x, starts[starts < x.size])[seg]
@@ -268,19 +262,27 @@ def _best_vectorised(model: PolluxModel, cfgs: tuple[BatchConfig, ...], batch_si
     """:func:`goodput` of every configuration at once (Pollux's model and efficiency over numpy
     arrays), the best and ties as the loop above: nearest the current batch, then the first."""
     world, local, accum, glob = _arrays(cfgs)
-    t = pollux._step_time(model.params, nodes, world, local, accum, np.maximum)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        x = np.where(t > 0, glob / t, 0.0)
-    if grad_noise is not None and all(v is not None and math.isfinite(v) for v in grad_noise):
-        x = x * pollux.efficiencies(grad_noise[0], grad_noise[1], base, glob)
-    x = np.where(np.isfinite(x), x, 0.0)
+    x = _goodputs(model, nodes, world, local, accum, glob, base, grad_noise)
     top = np.flatnonzero(x == x.max())
     i = int(top[np.argmin(np.abs(glob[top] - batch_size))])
     return float(x[i]), cfgs[i]
 
 
+def _goodputs(model: PolluxModel, nodes, world: np.ndarray, local: np.ndarray,
+              accum: np.ndarray, glob: np.ndarray, base: int,
+              grad_noise: tuple[float, float] | None) -> np.ndarray:
+    """:func:`goodput` over arrays of configurations (Pollux's step time and statistical
+    efficiency, numpy): samples/s, 0 where not finite or the step time is not positive."""
+    t = pollux._step_time(model.params, nodes, world, local, accum, np.maximum)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.where(t > 0, glob / t, 0.0)
+    if grad_noise is not None and all(v is not None and math.isfinite(v) for v in grad_noise):
+        x = x * pollux.efficiencies(grad_noise[0], grad_noise[1], base, glob)
+    return np.where(np.isfinite(x), x, 0.0)
+
+
 def clear_caches() -> None:
     """Forget every cached fit and decision (benchmarks measure a cold start with it)."""
     for f in (linear.fit, _model_for, _pollux_model, _best_at, _candidates, _fit_batch, _wanted,
-              pollux.fit_samples, _arrays, _stacked):
+              pollux.fit_samples, _arrays, _stacked, _segments):
         f.cache_clear()

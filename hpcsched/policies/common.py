@@ -60,11 +60,6 @@ def max_gpus(job: JobView) -> int:
     return job.max_nodes * job.workers_per_node
 
 
-def node_size(snapshot: ClusterSnapshot) -> int:
-    """GPUs on the largest usable node (at least 1): how many GPUs a packed job puts on one."""
-    return snapshot.node_size
-
-
 def gpu_counts(job: JobView, snapshot: ClusterSnapshot) -> range:
     """The GPU counts a plan may give ``job``, smallest first: multiples of its workers per
     node within its node limits at ``"node"`` granularity; every count from 1 to its maximum
@@ -77,10 +72,10 @@ def gpu_counts(job: JobView, snapshot: ClusterSnapshot) -> range:
 
 def nodes_spanned(job: JobView, gpus: int, snapshot: ClusterSnapshot) -> int:
     """Nodes ``gpus`` GPUs of ``job`` take: ``gpus / workers_per_node`` at node granularity;
-    packed onto full nodes (``ceil(gpus / node_size)``) at GPU granularity. 0 for 0 GPUs."""
+    packed onto full nodes (``ceil(gpus / snapshot.node_size)``) at GPU granularity. 0 for 0 GPUs."""
     if gpus <= 0:
         return 0
-    per = node_size(snapshot) if snapshot.granularity == "gpu" else job.workers_per_node
+    per = snapshot.node_size if snapshot.granularity == "gpu" else job.workers_per_node
     return -(-gpus // max(1, per))
 
 

@@ -255,7 +255,7 @@ def _job_options(job: JobView, snapshot: ClusterSnapshot, forced: set[str], p: _
     if not out:   # no size within its limits: held where it is
         out = [_Option(job.gpus if running else 0, 0.0, job.batch_size)]
     return out, {"measured": True, "age": age, "weight": weight, "remaining": remaining,
-                 "model": model}
+                 "model": model, "goodput": {g: x for g, (x, _) in zip(counts, rates)}}
 
 
 def _tempered(rates: list, remaining: float, gamma: float) -> float:
@@ -283,7 +283,9 @@ def _target(job: JobView, pick: _Option, meta: dict, snapshot: ClusterSnapshot) 
     if g == 0:
         return replace(target(job, 0, pick.batch, "jct: waits: the GPUs finish shorter jobs "
                               f"sooner (age weight {age:.2f})", snapshot), weight=w / r)
-    x, _ = best_at(job, meta["model"], g, nodes_spanned(job, g, snapshot))
+    x = meta["goodput"].get(g)   # predicted with the options, not asked for again
+    if x is None:                # held at a size outside its limits' candidates
+        x, _ = best_at(job, meta["model"], g, nodes_spanned(job, g, snapshot))
     reason = (f"jct: {g} GPU(s), batch {pick.batch}: goodput {x:.0f} samples/s, "
               f"{r / x:.0f} s of work left" + (f", age weight {age:.2f}" if age > 1.005 else ""))
     return replace(target(job, g, pick.batch, reason, snapshot, predicted_goodput=x), weight=w / r)

@@ -27,7 +27,9 @@ Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``, in five steps:
    gain is at least ``min_gain`` of the current total. Otherwise only the batch-only changes
    that gain ``min_gain`` on their own are made. Gains and losses are in the policy's own
    objective: each job's predicted goodput weighted by its target's ``weight`` (1 for total
-   goodput; ``1 / remaining samples`` for ``jct``'s completion rates). Rates are predicted goodput (:func:`predict`:
+   goodput; for ``jct`` its rank and age weight x its remaining time at its smallest size /
+   its remaining samples; for ``pollux`` 1 / its goodput at the fair share). Rates are
+   predicted goodput (:func:`predict`:
    throughput x statistical efficiency, :func:`hpcsched.perf.model.job_goodput`), the objective
    the policies rank configurations by, so a plan is judged by what it was chosen for: a batch
    size a policy picked for its goodput is not refused for its raw throughput, nor a larger one
