@@ -245,6 +245,12 @@ PAL_HEADER = "job_id,num_gpus,submit_time,duration,model\n"
     ("name,name,time,application,num_replicas,batch_size\n", 1, "repeated column"),
 ])
 def test_malformed_rows_name_file_and_line(tmp_path, text, line, message):
+    assert_refused(tmp_path, text, line, message)
+
+
+def assert_refused(tmp_path, text: str, line: int, message: str) -> None:
+    """A workload file holding ``text`` is refused with one line naming the file, ``line``
+    and ``message``."""
     f = tmp_path / "bad.csv"
     f.write_text(text)
     with pytest.raises(WorkloadError) as info:
@@ -252,7 +258,7 @@ def test_malformed_rows_name_file_and_line(tmp_path, text, line, message):
     msg = str(info.value)
     assert "\n" not in msg
     assert msg.startswith(f"{f}:{line}: "), msg
-    assert message in msg
+    assert message in msg, msg
 
 
 @pytest.mark.parametrize("spec, message", [

@@ -9,7 +9,8 @@ from click.testing import CliRunner
 
 from hpcsched.cli import main
 from hpcsched.sim import workload as wl
-from hpcsched.sim.workload import WorkloadError, load_workload
+from hpcsched.sim.workload import load_workload
+from tests.test_sim_workload import assert_refused
 
 POLLUX = "name,time,application,num_replicas,batch_size\n"
 PAL = "job_id,num_gpus,submit_time,duration,model,batch_size\n"
@@ -43,14 +44,7 @@ BAD = [
 
 @pytest.mark.parametrize("text, message", BAD)
 def test_hostile_values_are_refused_naming_file_and_line(tmp_path, text, message):
-    f = tmp_path / "bad.csv"
-    f.write_text(text)
-    with pytest.raises(WorkloadError) as info:
-        load_workload(str(f))
-    msg = str(info.value)
-    assert "\n" not in msg
-    assert msg.startswith(f"{f}:2: "), msg
-    assert message in msg, msg
+    assert_refused(tmp_path, text, 2, message)
 
 
 @pytest.mark.parametrize("text", [
