@@ -33,6 +33,7 @@ from types import MappingProxyType
 from typing import Any
 
 from hpcsched.policies import DEFAULT_POLICY, POLICIES
+from hpcsched.policies.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GROW_MODES
 
 DEFAULT_PATH = Path("/etc/hpcsched/hpcsched.toml")
 ENV_CONFIG = "HPCSCHED_CONFIG"
@@ -171,6 +172,18 @@ class DaemonSettings:
     shrink_cost: float = _opt(2.0, _number(ge=0),
                               "seconds an in-place shrink costs until 3 have been measured here; "
                               "then the median of the latest 20 (>= 0)")
+    grow: str = _opt(
+        "requeue", _choice(*GROW_MODES),
+        "how reconcile and the policy price a grow: " + "|".join(GROW_MODES) + "; requeue "
+        "(restart_cost) until the actuator issues grows by extension allocation")
+    extension_startup: float = _opt(
+        EXTENSION_STARTUP, _number(ge=0),
+        "with grow = extension: seconds the new workers take to start while the job trains on "
+        "at its old size (provisional until benchmarks/resize_latency.py measures it; >= 0)")
+    extension_stall: float = _opt(
+        EXTENSION_STALL, _number(ge=0),
+        "with grow = extension: seconds every rank stalls while the group re-forms and the new "
+        "workers receive the state (provisional, as extension_startup; >= 0)")
     min_gain: float = _opt(
         0.05, _number(ge=0),
         "a change must improve predicted throughput by at least this fraction of the "

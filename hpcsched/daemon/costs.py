@@ -10,6 +10,13 @@ its first step about to run (``running``). That span is the resize's measured co
 median of the latest completed grows and shrinks once there are ``min_samples`` of them, so
 reconcile and the policies (which see the same figures in the snapshot) weigh a resize against
 what resizes have cost here, not against an assumption. Pure: the actions in, the costs out.
+
+Grows by extension allocation (issue 10; ``daemon.grow = "extension"``) cost the configured
+``extension_startup`` and ``extension_stall`` (:class:`~hpcsched.policies.reconcile.Costs`), which
+this module leaves as they are: they are measured by ``benchmarks/resize_latency.py`` (the
+new workers' start-up, and the stall of the running ranks' steps) until the journal records
+extension grows. The median grow measured here is a requeue's span, checkpoint to first
+step, and prices what still restarts a job (starts, preemptions, releases, requeue grows).
 """
 
 from __future__ import annotations

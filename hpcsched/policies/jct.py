@@ -13,9 +13,13 @@ every round, there is no first-come queue) a GPU count ``g_j`` and batch size th
 GPUs over its allowed batch sizes (samples/s; :func:`hpcsched.perf.model.best_at`: throughput x
 statistical efficiency, Pollux OSDI'21 §3), so ``T_j(g) = R_j / X_j(g)`` is its remaining time
 at that size and ``T_j^min`` the one at its smallest allowed size: each term is the job's
-speedup over its smallest size, once ``c_j(g)`` is paid -- the restart cost for a grow or a
-start, the shrink cost for a shrink, 0 to stay (the snapshot's costs, those reconcile judges
-by), so a change is chosen only when it finishes the job sooner after its cost. A pending job
+speedup over its smallest size, once ``c_j(g)`` is paid -- the restart cost for a start, the
+shrink cost for a shrink, 0 to stay, and for a running job's grow the snapshot's grow cost
+(:meth:`~hpcsched.policies.snapshot.ClusterSnapshot.grow_cost`: the restart cost by requeue;
+by extension ``startup x max(0, 1 - X_j(now) / X_j(g)) + stall``, exactly what the extension
+adds to ``T_j(g)``: the job trains on at its current goodput while the new workers start) --
+the snapshot's costs, those reconcile judges by, so a change is chosen only when it finishes
+the job sooner after its cost. A pending job
 may get 0 GPUs (it waits, value 0) or any allowed count, smaller than it asked included.
 
 ``w_j`` is heSRPT's weight (Berg, Vesilo, Harchol-Balter, "Optimal Scheduling of Parallel Jobs
@@ -64,6 +68,7 @@ Objective reported: the plan's value of the objective above (weighted speedups).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -79,6 +84,7 @@ from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 class _Params:
     restart_cost: float
     shrink_cost: float
+    grow_cost: Callable[[float, float], float]   # (goodput now, at the new size) -> seconds
     aging: float
     unknown_remaining: float
     max_options: int
@@ -96,7 +102,8 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
     Args:
         restart_cost, shrink_cost: seconds a start or grow (requeue) and an in-place shrink cost
             the job; ``None``: the snapshot's (the daemon's and the simulator's costs, the
-            ones reconcile weighs the plan's changes with).
+            ones reconcile weighs the plan's changes with). A grow by extension (the snapshot's
+            ``grow``) costs what :meth:`ClusterSnapshot.grow_cost` says.
         aging: seconds of waiting that double a pending job's weight.
         max_wait: seconds after which a pending job is admitted ahead of the search.
         unknown_remaining: remaining seconds assumed for a job that does not report its work.
@@ -115,8 +122,9 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
         raise TypeError("hesrpt must be in (0, 1) or None, tempering in [0, 1]")
     k = capacity(snapshot)
     jobs = [j for j in snapshot.jobs if j.state in ("RUNNING", "PENDING")]
-    p = _Params(snapshot.restart_cost if restart_cost is None else restart_cost,
-                snapshot.shrink_cost if shrink_cost is None else shrink_cost,
+    restart = snapshot.restart_cost if restart_cost is None else restart_cost
+    p = _Params(restart, snapshot.shrink_cost if shrink_cost is None else shrink_cost,
+                replace(snapshot, restart_cost=restart).grow_cost,
                 aging, unknown_remaining, max_options, 1.0 if hesrpt else tempering, {})
     if hesrpt:
         p = replace(p, rank=_rank_weights(jobs, snapshot, p, hesrpt))
@@ -249,7 +257,8 @@ def _job_options(job: JobView, snapshot: ClusterSnapshot, forced: set[str], p: _
     rates = best_at_each(job, model, [(g, nodes_spanned(job, g, snapshot)) for g in counts])
     age = 1.0 + _waited(job, snapshot) / p.aging
     weight = age * p.rank.get(job.job_id, 1.0) * _tempered(rates, remaining, p.tempering)
-    out = wait + [_Option(g, weight / (remaining / x + _change_cost(job, g, p)),
+    x_now = _goodput_now(job, model, counts, rates, snapshot)
+    out = wait + [_Option(g, weight / (remaining / x + _change_cost(job, g, p, x_now, x)),
                           cfg.global_batch_size)
                   for g, (x, cfg) in zip(counts, rates) if cfg is not None and x > 0]
     if not out:   # no size within its limits: held where it is
@@ -266,12 +275,25 @@ def _tempered(rates: list, remaining: float, gamma: float) -> float:
     return (remaining / x_min) ** gamma if x_min > 0 else 1.0
 
 
-def _change_cost(job: JobView, gpus: int, p: _Params) -> float:
-    """Seconds a change to ``gpus`` costs the job: 0 to stay, a shrink in place, else a
-    (re)start."""
-    if job.state == "RUNNING" and gpus == job.gpus:
+def _goodput_now(job: JobView, model, counts: list[int], rates: list, snapshot: ClusterSnapshot
+                 ) -> float:
+    """A running job's best predicted goodput at its current GPUs (samples/s; 0 pending)."""
+    if job.state != "RUNNING":
         return 0.0
-    return p.shrink_cost if job.state == "RUNNING" and gpus < job.gpus else p.restart_cost
+    if job.gpus in counts:
+        return rates[counts.index(job.gpus)][0]
+    return best_at(job, model, job.gpus, nodes_spanned(job, job.gpus, snapshot))[0]
+
+
+def _change_cost(job: JobView, gpus: int, p: _Params, x_now: float = 0.0, x_to: float = 0.0
+                 ) -> float:
+    """Seconds a change to ``gpus`` costs the job: 0 to stay, a shrink in place, a grow
+    (goodput ``x_now`` -> ``x_to``, samples/s) what ``p.grow_cost`` says, else a start."""
+    if job.state != "RUNNING":
+        return p.restart_cost
+    if gpus == job.gpus:
+        return 0.0
+    return p.shrink_cost if gpus < job.gpus else p.grow_cost(x_now, x_to)
 
 
 def _target(job: JobView, pick: _Option, meta: dict, snapshot: ClusterSnapshot) -> JobTarget:

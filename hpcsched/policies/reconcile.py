@@ -5,7 +5,10 @@ Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``, in five steps:
 1. :func:`classify`: each target becomes a candidate change of a :class:`ChangeKind`, or a note.
    A change is a **batch**-only change (same nodes; free: applied at a step boundary), a
    **shrink** (in place; costs ``shrink_cost`` seconds of the job's throughput), a **grow**
-   (requeue; costs ``restart_cost`` seconds), or a **pending** job's size set before it starts
+   (costs :meth:`Costs.grow_cost` seconds: ``restart_cost`` by requeue; by extension, with
+   ``Costs.grow == "extension"``, ``extension_startup x max(0, 1 - x_from / x_to) +
+   extension_stall``, :func:`hpcsched.policies.snapshot.grow_cost`), or a **pending** job's
+   size set before it starts
    (for a job held after a preemption: and released). With ``Costs.preemption`` a running job
    the plan gives 0 nodes is **preempt**-ed (checkpoint, requeue and hold until a plan gives it
    GPUs again; Tiresias, NSDI'19 §4); the policy decided it, so it is not weighed against a gain.
@@ -23,7 +26,8 @@ Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``, in five steps:
 4. :func:`gain_test`: the plan's resizes are judged together, since a shrink is usually there to
    feed a grow: they are made only if the predicted gain over ``horizon`` seconds (or over a
    job's predicted remaining time, ``remaining_samples`` / its rate, when that is shorter: a job
-   about to end gains nothing from a restart) beats the samples lost to their restarts, and the
+   about to end gains nothing from a restart) beats the samples lost to their costs (each
+   resize's cost in seconds x the job's current goodput x its weight), and the
    gain is at least ``min_gain`` of the current total. Otherwise only the batch-only changes
    that gain ``min_gain`` on their own are made. Gains and losses are in the policy's own
    objective: each job's predicted goodput weighted by its target's ``weight`` (1 for total
@@ -36,7 +40,9 @@ Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``, in five steps:
    made for raw throughput the job cannot turn into progress (Pollux, OSDI'21 §3).
 5. :func:`feasible_now`: a grow is made only if Slurm can place it now: enough usable nodes with
    the job's GPUs per node free, counting the job's own nodes, which the requeue frees (GPU-
-   granular: enough free GPUs, packed onto the fullest nodes).
+   granular: enough free GPUs, packed onto the fullest nodes). By extension the job keeps its
+   own GPUs and the extension job needs the difference free (its own nodes' free GPUs first);
+   a planned placement is kept only if it contains the job's nodes.
    Otherwise it waits for a later round (shrinks made this round free their nodes by then).
 
 Order (:data:`ORDER`): preemptions, shrinks, batch-only changes, pending jobs, grows; within a
@@ -48,7 +54,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hpcsched.perf.model import job_goodput
-from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
+from hpcsched.policies.snapshot import (
+    EXTENSION_STALL,
+    EXTENSION_STARTUP,
+    GROW_MODES,
+    ClusterSnapshot,
+    JobTarget,
+    JobView,
+    Plan,
+    grow_cost,
+)
 from hpcsched.protocol.kinds import ChangeKind
 
 #: the order changes are made in (shrinks free what grows and starts need)
@@ -74,6 +89,31 @@ class Costs:
     #: ``hold_rounds`` x their round interval (default 3 x 60 s: nothing a round decides is
     #: undone within the next two)
     hold: float = 180.0
+    #: how a running job grows (:data:`~hpcsched.policies.snapshot.GROW_MODES`): ``"requeue"``
+    #: (the daemon's actuator today) costs ``restart_cost``; ``"extension"`` (the simulator's
+    #: default) costs the new workers' start-up at the old size and the stall when the group
+    #: re-forms (:meth:`grow_cost`). Starts, preemptions, releases and requeues always cost
+    #: ``restart_cost``; shrinks ``shrink_cost``
+    grow: str = "requeue"
+    extension_startup: float = EXTENSION_STARTUP
+    extension_stall: float = EXTENSION_STALL
+
+    def __post_init__(self):
+        if self.grow not in GROW_MODES:
+            raise ValueError(f"grow must be one of {', '.join(GROW_MODES)}, not {self.grow!r}")
+
+    def grow_cost(self, x_from: float, x_to: float) -> float:
+        """Seconds a running job's grow from goodput ``x_from`` to ``x_to`` (samples/s) costs
+        it, in seconds of its new rate (:func:`hpcsched.policies.snapshot.grow_cost`:
+        ``restart_cost`` by requeue; ``extension_startup x max(0, 1 - x_from / x_to) +
+        extension_stall`` by extension)."""
+        return grow_cost(self.grow, self.restart_cost, self.extension_startup,
+                         self.extension_stall, x_from, x_to)
+
+    def resize_cost(self, c: Candidate) -> float:
+        """Seconds candidate resize ``c`` costs its job: :meth:`grow_cost` for a grow,
+        ``shrink_cost`` for a shrink."""
+        return self.grow_cost(c.x_from, c.x_to) if c.kind == ChangeKind.GROW else self.shrink_cost
 
 
 @dataclass(frozen=True)
@@ -137,7 +177,7 @@ def reconcile(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()
         resizes = [c for c in resizes if c.kind != ChangeKind.SHRINK]
         notes.append(note)
     made, more = gain_test(resizes, batches, snapshot, costs, plan)
-    changes, late = feasible_now(chosen + made, snapshot)
+    changes, late = feasible_now(chosen + made, snapshot, costs.grow)
     return changes, notes + held + more + late
 
 
@@ -292,15 +332,13 @@ def gain_test(resizes: list[Candidate], batches: list[Candidate], snapshot: Clus
         gain = sum(c.gain for c in together)
         won = sum(c.gain * payoff_seconds(snapshot.job(c.change.job_id), c.x_from, costs.horizon)
                   for c in together)
-        lost = sum(c.x_from * c.weight
-                   * (costs.restart_cost if c.kind == ChangeKind.GROW else costs.shrink_cost)
-                   for c in resizes)
+        lost = sum(c.x_from * c.weight * costs.resize_cost(c) for c in resizes)
         if base <= 0:
             notes.append("not made: no measured throughput")
         else:
             summary = (f"resizes gain {gain / base:+.0%} of the objective ({_fmt(base)} now): "
                        f"{_fmt(won)} over at most {costs.horizon:.0f} s (less for jobs that end "
-                       f"sooner) vs {_fmt(lost)} lost to restarts")
+                       f"sooner) vs {_fmt(lost)} lost to their costs")
             if won > lost and gain >= costs.min_gain * base:
                 return together, [f"made: {summary}"]
             notes.append(f"not made: {summary}")
@@ -321,20 +359,26 @@ def _fmt(x: float) -> str:
 
 # ------------------------------------------------------------------------------- feasible now
 
-def feasible_now(chosen: list[Candidate], snapshot: ClusterSnapshot
+def feasible_now(chosen: list[Candidate], snapshot: ClusterSnapshot, grow: str = "requeue"
                  ) -> tuple[list[Change], list[str]]:
     """``chosen`` in :data:`ORDER` (largest gain first within a kind), without the grows Slurm
     cannot place now, and notes on those. A grow needs ``to_nodes`` usable nodes with the job's
-    GPUs per node free, its own nodes counted (the requeue frees them); its planned placement is
-    kept when it fits, else dropped (Slurm chooses). Grows made claim their nodes in turn."""
+    GPUs per node free, its own nodes counted (the requeue frees them; by ``grow ==
+    "extension"`` the job keeps them and the extension needs the rest); its planned placement
+    is kept when it fits, else dropped (Slurm chooses). Grows made claim their nodes in turn."""
     free = {n.name: n.gpus_free for n in snapshot.nodes if n.usable}
     changes: list[Change] = []
     notes: list[str] = []
+    keep_own = grow == "extension"
     for cand in sorted(chosen, key=lambda c: (ORDER[c.kind], -c.gain)):
         c = cand.change
         if c.kind == ChangeKind.GROW:
-            place = _place_grow_gpus if snapshot.granularity == "gpu" else _place_grow
-            c, note = place(c, snapshot.job(c.job_id), free)
+            if snapshot.granularity != "gpu":
+                c, note = _place_grow(c, snapshot.job(c.job_id), free, keep_own)
+            elif keep_own:
+                c, note = _place_extension_gpus(c, snapshot.job(c.job_id), free)
+            else:
+                c, note = _place_grow_gpus(c, snapshot.job(c.job_id), free)
             if note:
                 notes.append(note)
             if c is None:
@@ -343,9 +387,10 @@ def feasible_now(chosen: list[Candidate], snapshot: ClusterSnapshot
     return changes, notes
 
 
-def _place_grow(c: Change, job: JobView, free: dict[str, int]) -> tuple[Change | None, str]:
+def _place_grow(c: Change, job: JobView, free: dict[str, int], keep_own: bool = False
+                ) -> tuple[Change | None, str]:
     """The grow as it can be made now (``None``: it waits) and a note; claims its nodes in
-    ``free``."""
+    ``free``. With ``keep_own`` (by extension) a placement must contain the job's nodes."""
     wpn = job.workers_per_node
     mine = {name: free.get(name, 0) + wpn for name in job.node_names}
     fits = sorted((n for n, g in {**free, **mine}.items() if g >= wpn),
@@ -355,7 +400,8 @@ def _place_grow(c: Change, job: JobView, free: dict[str, int]) -> tuple[Change |
                       f"{len(fits)} node(s) have {wpn} GPU(s) free")
     note = ""
     nodes = fits[: c.to_nodes]
-    if c.placement and len(c.placement) == c.to_nodes and set(c.placement) <= set(fits):
+    if (c.placement and len(c.placement) == c.to_nodes and set(c.placement) <= set(fits)
+            and (not keep_own or set(mine) <= set(c.placement))):
         nodes = list(c.placement)
     elif c.placement:
         note = (f"job {c.job_id}: placement {','.join(c.placement)} does not fit now; Slurm "
@@ -392,4 +438,31 @@ def _place_grow_gpus(c: Change, job: JobView, free: dict[str, int]) -> tuple[Cha
     for n in own:   # own GPUs not taken again are freed by the requeue
         if n not in order:
             free[n] = avail[n]
+    return c, note
+
+
+def _place_extension_gpus(c: Change, job: JobView, free: dict[str, int]
+                          ) -> tuple[Change | None, str]:
+    """A GPU-granular grow by extension: the job keeps its GPUs and the extension job takes
+    ``to_gpus`` minus those, on the job's own nodes first, then on the fullest nodes (packed).
+    It fits when that many GPUs are free; its planned node list is kept when it contains the
+    job's nodes and those nodes hold the GPUs."""
+    own = set(job.node_names)
+    extra = c.to_gpus - job.gpus
+    if sum(free.values()) < extra:
+        return None, (f"job {c.job_id}: grow to {c.to_gpus} GPU(s) waits: {sum(free.values())} "
+                      f"free for its extension of {extra}")
+    note = ""
+    if c.placement and own <= set(c.placement) and sum(free.get(n, 0) for n in c.placement) >= extra:
+        order = sorted(c.placement, key=lambda n: n not in own)
+    else:
+        if c.placement:
+            note = (f"job {c.job_id}: placement {','.join(c.placement)} does not fit an "
+                    "extension now; Slurm chooses the nodes")
+            c = replace(c, placement=())
+        order = sorted(free, key=lambda n: (n not in own, -free[n], n))
+    for n in order:
+        take = min(extra, free.get(n, 0))
+        free[n] = free.get(n, 0) - take
+        extra -= take
     return c, note

@@ -43,8 +43,9 @@ def decide_round(snapshot: ClusterSnapshot, policy: Policy, costs: Costs, seed: 
     Args:
         snapshot: the cluster and the managed jobs at one instant.
         policy: a policy from :func:`hpcsched.policies.make_policy`.
-        costs: reconcile's parameters (restart and shrink costs in seconds, ``min_gain``,
-            ``horizon``, ``hold``; see :class:`~hpcsched.policies.reconcile.Costs`); a policy's
+        costs: reconcile's parameters (restart and shrink costs in seconds, how grows are made
+            and what an extension costs, ``min_gain``, ``horizon``, ``hold``; see
+            :class:`~hpcsched.policies.reconcile.Costs`); a policy's
             ``reconcile_gate`` mapping, if it has one, overrides some of them for its plans.
         seed: the policy's seed for this round.
 
@@ -54,7 +55,9 @@ def decide_round(snapshot: ClusterSnapshot, policy: Policy, costs: Costs, seed: 
     if not snapshot.jobs:
         return RoundDecision(None, (), ())
     # the policy prices changes with the costs reconcile judges them by
-    snapshot = replace(snapshot, restart_cost=costs.restart_cost, shrink_cost=costs.shrink_cost)
+    snapshot = replace(snapshot, restart_cost=costs.restart_cost, shrink_cost=costs.shrink_cost,
+                       grow=costs.grow, extension_startup=costs.extension_startup,
+                       extension_stall=costs.extension_stall)
     # a policy that prices restarts itself may loosen reconcile's gate (Pollux: no minimum gain,
     # no hold): its ``reconcile_gate`` replaces those fields of ``costs``
     costs = replace(costs, **getattr(policy, "reconcile_gate", {}))

@@ -11,6 +11,48 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+#: how a running job grows: ``"extension"``, a second Slurm job whose workers start while the
+#: job trains on and join its process group at a step boundary (issue 10); ``"requeue"``, the
+#: job checkpoints, gives its GPUs back and restarts every worker at the new size
+GROW_MODES = ("extension", "requeue")
+#: Provisional, until ``benchmarks/resize_latency.py`` measures them on the dev cluster: seconds
+#: an extension's new workers take to start (Python, torch import, model build) while the job
+#: trains on at its old size, and seconds every rank stalls at the step boundary where the group
+#: re-forms and the newcomers receive the state from a running rank. The one definition: the
+#: simulator, the daemon's configuration and reconcile's ``Costs`` take their defaults from here.
+EXTENSION_STARTUP = 8.0
+EXTENSION_STALL = 1.5
+
+
+def grow_cost(grow: str, restart_cost: float, startup: float, stall: float, x_from: float,
+              x_to: float) -> float:
+    """Seconds a grow costs a running job, in seconds of its new rate: what is added to its
+    remaining time ``R / x_to`` at the new size (``R``: remaining samples) by making the grow.
+
+    * ``grow == "requeue"``: ``restart_cost`` (no progress while it restarts).
+    * ``grow == "extension"``: the job trains on at ``x_from`` for the ``startup`` seconds the
+      new workers take to start, then stalls ``stall`` seconds, then runs at ``x_to``; it
+      finishes after ``startup + stall + (R - x_from * startup) / x_to`` seconds, that is
+      ``R / x_to`` plus::
+
+          startup * max(0, 1 - x_from / x_to) + stall
+
+      (clamped at 0 for a grow that would not speed the job up; ``startup + stall`` when
+      ``x_to`` is unknown, <= 0). The mechanism is Amoeba/EDL's (Wu et al., "Elastic Deep
+      Learning in Multi-Tenant GPU Clusters", arXiv:1909.11985): new workers warm up while
+      training goes on; the running ones stop only to re-form the group and hand the state over.
+
+    Args:
+        grow: one of :data:`GROW_MODES`.
+        restart_cost, startup, stall: seconds.
+        x_from, x_to: the job's goodput before and after the grow, samples/s.
+    """
+    if grow != "extension":
+        return restart_cost
+    if x_to <= 0:
+        return startup + stall
+    return startup * max(0.0, 1.0 - x_from / x_to) + stall
+
 
 @dataclass(frozen=True)
 class NodeView:
@@ -144,9 +186,20 @@ class ClusterSnapshot:
     #: a resize with (policies that price changes use them too)
     restart_cost: float = 30.0
     shrink_cost: float = 2.0
+    #: how running jobs grow here (:data:`GROW_MODES`) and, by extension, the seconds the new
+    #: workers take to start and the stall when the group re-forms (:func:`grow_cost`)
+    grow: str = "requeue"
+    extension_startup: float = EXTENSION_STARTUP
+    extension_stall: float = EXTENSION_STALL
 
     def job(self, job_id: str) -> JobView | None:
         return next((j for j in self.jobs if j.job_id == job_id), None)
+
+    def grow_cost(self, x_from: float, x_to: float) -> float:
+        """Seconds a running job's grow from goodput ``x_from`` to ``x_to`` (samples/s) costs
+        it here (:func:`grow_cost`); a start or a restart costs ``restart_cost``."""
+        return grow_cost(self.grow, self.restart_cost, self.extension_startup,
+                         self.extension_stall, x_from, x_to)
 
     @cached_property
     def node_size(self) -> int:

@@ -26,6 +26,7 @@ import click
 
 from hpcsched.policies import POLICIES, PolicyError
 from hpcsched.policies.placement import PLACEMENTS
+from hpcsched.policies.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GROW_MODES
 
 # Pollux's re-implementation of Tiresias (simulator/tiresias.py): 2 queues at 16 GPU-hours.
 POLLUX_TIRESIAS = {"queue_thresholds": [16 * 3600.0]}
@@ -50,6 +51,9 @@ class Run:
     max_time: float
     hold_new_jobs: bool = False
     granularity: str = "node"
+    grow: str = "extension"                 # SimConfig.grow
+    extension_startup: float = EXTENSION_STARTUP
+    extension_stall: float = EXTENSION_STALL
 
     @property
     def label(self) -> str:
@@ -102,7 +106,8 @@ def execute(run: Run):
                     restart_cost=dict(run.restart_cost), shrink_cost=run.shrink_cost,
                     variability=run.variability, locality_penalty=run.locality_penalty,
                     seed=run.seed, max_time=run.max_time, hold_new_jobs=run.hold_new_jobs,
-                    granularity=run.granularity)
+                    granularity=run.granularity, grow=run.grow,
+                    extension_startup=run.extension_startup, extension_stall=run.extension_stall)
     res = Simulator(jobs, run.policy, policy_params=params, config=cfg,
                     workload_name=name).run()
     return replace(res, policy=run.label)
@@ -182,6 +187,17 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
               help="node: a job is whole nodes x the GPUs per node it was submitted with (what "
                    "the actuator does on Slurm today); gpu: plans may give a job any GPUs per "
                    "node (4 + 2).")
+@click.option("--grow", type=click.Choice(GROW_MODES), default="extension", show_default=True,
+              help="How a running job grows: extension, a second Slurm job whose workers start "
+                   "while the job trains on, then join it after a short stall; requeue, the job "
+                   "gives its GPUs back and restarts at the new size (pays --restart-cost).")
+@click.option("--extension-startup", type=click.FloatRange(min=0), default=EXTENSION_STARTUP,
+              show_default=True,
+              help="Seconds an extension's new workers take to start (the job trains on at its "
+                   "old size meanwhile).")
+@click.option("--extension-stall", type=click.FloatRange(min=0), default=EXTENSION_STALL,
+              show_default=True,
+              help="Seconds every rank stalls when an extension's workers join the group.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--max-days", type=click.FloatRange(min=0.01), default=60.0, show_default=True,
               help="Stop a simulation after this many simulated days.")
@@ -194,8 +210,9 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table.")
 def simulate_command(workloads, policies, placements, raw_params, pollux_tiresias, nodes,
                      gpus_per_node, interval, restart_cost, shrink_cost, variability,
-                     variability_draws, locality_penalty, hold_new_jobs, granularity, seed,
-                     max_days, json_path, out_dir, n_procs, quiet):
+                     variability_draws, locality_penalty, hold_new_jobs, granularity, grow,
+                     extension_startup, extension_stall, seed, max_days, json_path, out_dir,
+                     n_procs, quiet):
     """Replay WORKLOADs on a simulated Slurm cluster with the daemon's own POLICYs.
 
     \b
@@ -204,6 +221,7 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
       hpcsched simulate -w pal:1 -p static --placement packed --placement pal --variability
       hpcsched simulate -w pollux:3@2.0 -p dp --json dp.json --out results/
       hpcsched simulate -w pollux:1 -p dp --granularity gpu
+      hpcsched simulate -w pollux:1 -p jct --granularity gpu --grow requeue
     """
     from hpcsched.sim.engine import SimulationError
     from hpcsched.sim.workload import WorkloadError, load_workload
@@ -221,7 +239,8 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
             raise click.UsageError(str(exc)) from None
     runs = [Run(w, p, pl, tuple(sorted(params.get(p, {}).items(), key=lambda kv: kv[0])),
                 nodes, gpus_per_node, interval, costs, shrink_cost, variability,
-                locality_penalty, seed, max_days * 86400.0, hold_new_jobs, granularity)
+                locality_penalty, seed, max_days * 86400.0, hold_new_jobs, granularity, grow,
+                extension_startup, extension_stall)
             for w in workloads for p in policies for pl in (placements or (None,))]
     try:
         with single_threaded_blas():

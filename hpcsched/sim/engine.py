@@ -18,9 +18,16 @@ real cluster):
   predicted gain, grows only where Slurm can place them now);
 * changes are applied as the actuator applies them on Slurm: a batch-size change in place at no
   cost; a shrink in place, keeping the first nodes of the allocation (Slurm's rule), costing
-  ``shrink_cost`` seconds; a grow by requeue -- the job gives its GPUs back, waits as a pending job
-  with its new size and node list, and pays the application's restart cost when it starts again;
-  a pending job's size, batch size and node list are set before it starts.
+  ``shrink_cost`` seconds; a grow (``SimConfig.grow``) by extension (issue 10; the default) --
+  an extension Slurm job takes the new GPUs at once, the job trains on at its old size for
+  ``extension_startup`` seconds while the new workers start, then every rank stalls
+  ``extension_stall`` seconds while the group re-forms, then it runs at its new size -- or by
+  requeue -- the job gives its GPUs back, waits as a pending job with its new size and node list,
+  and pays the application's restart cost when it starts again; a pending job's size, batch size
+  and node list are set before it starts. A move (same GPU count, other GPUs) is not modelled:
+  reconcile makes no change for a running job whose plan keeps its count; by extension it would
+  be a grow onto the new GPUs (start-up at the old placement, then the stall) followed by a
+  shrink of the old ones.
 
 The simulated Slurm (what Slurm does without hpcsched): pending jobs are considered in priority
 order (submission order; a requeued job keeps its place) whenever something changes -- a job is
@@ -39,257 +46,18 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from types import MappingProxyType
+from dataclasses import replace
 
-from hpcsched.daemon.views import JobFacts, JobReport, cluster_snapshot, job_view
+from hpcsched.daemon.views import JobFacts, cluster_snapshot, job_view
 from hpcsched.policies import make_policy
-from hpcsched.policies.reconcile import Change, Costs
+from hpcsched.policies.reconcile import Change
 from hpcsched.policies.round import decide_round
-from hpcsched.policies.snapshot import ClusterSnapshot, JobView, ProfilePoint
-from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch
+from hpcsched.policies.snapshot import ClusterSnapshot, JobView
+from hpcsched.protocol.batching import BatchConfig, BatchSizeError
 from hpcsched.protocol.kinds import ChangeKind
-from hpcsched.protocol.limits import JobLimits
-from hpcsched.sim import JobResult, SimResult, WorkloadJob
+from hpcsched.sim import SimResult, WorkloadJob
 from hpcsched.sim.cluster import CLASSES, PARTITION, SimBackend, SimCluster, job_info
-from hpcsched.sim.physics import Application, FixedWork, application
-
-
-class SimulationError(ValueError):
-    """A workload or setting the simulator cannot run (e.g. a job larger than the cluster)."""
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """Simulation settings.
-
-    Attributes:
-        nodes, gpus_per_node: the cluster (default 16 x 4, Pollux's and PAL's 64 GPUs).
-        interval: seconds between policy rounds.
-        restart_cost: seconds a start or restart costs, per application (``"*"``: default for
-            the others).
-        shrink_cost: seconds an in-place shrink costs (checkpoint and re-forming the group).
-        variability: per-GPU slowdowns (PAL, Jain et al., SC'24): ``False``, every GPU is a
-            median GPU; ``True`` or ``"longhorn"``, one draw per GPU from the Longhorn
-            measurements, shared by all classes; ``"pal"``, PAL's own simulator's per-class
-            profiles (``32gpu-variability.csv``, :func:`hpcsched.sim.physics.pal_gpu_slowdowns`).
-        granularity: ``"node"``, jobs are whole nodes x the GPUs per node they were submitted
-            with (what the actuator does on Slurm today); ``"gpu"``, plans speak GPUs and a job
-            may hold any count per node (4 + 2).
-        locality_penalty: slowdown of a fixed-work job that spans nodes (PAL's ``L``; Pollux
-            applications have measured cross-node step times instead).
-        seed: seeds the GPU draws and (``seed + round``) the policy.
-        costs: the reconcile parameters: the daemon's defaults, plus preemption (a running job a
-            plan gives 0 nodes is checkpointed, requeued and held until a plan gives it GPUs).
-            Its restart and shrink costs and its no-thrash hold are replaced by this
-            configuration's (``restart_cost["*"]``, ``shrink_cost``, ``hold_rounds`` x
-            ``interval``): reconcile weighs a resize with the costs the simulation charges.
-        hold_rounds: rounds a resized job is held at its size (reconcile's no-thrash hold).
-        max_time: stop after this many simulated seconds (jobs still running are reported
-            unfinished).
-        hold_new_jobs: jobs arrive held and start only when a plan gives them GPUs (a what-if:
-            ``hpcsub --hold`` with the daemon releasing each job onto the nodes its placement
-            chose). Off (default), Slurm starts a job that fits the moment it arrives, as it does
-            today, and a placement stage only places the jobs that had to wait.
-    """
-
-    nodes: int = 16
-    gpus_per_node: int = 4
-    interval: float = 60.0
-    restart_cost: Mapping[str, float] = field(
-        default_factory=lambda: MappingProxyType({"*": 30.0}))
-    shrink_cost: float = 2.0
-    variability: bool | str = False
-    locality_penalty: float = 1.7
-    seed: int = 0
-    costs: Costs = Costs(preemption=True, place_pending=True)
-    max_time: float = 60 * 86400.0
-    hold_new_jobs: bool = False
-    granularity: str = "node"
-    hold_rounds: int = 3
-
-    def restart_cost_for(self, app: str) -> float:
-        return float(self.restart_cost.get(app, self.restart_cost.get("*", 30.0)))
-
-
-def job_shape(gpus: int, gpus_per_node: int) -> tuple[int, int]:
-    """``(nodes, gpus per node)`` a user asks Slurm for to get ``gpus`` GPUs: one node when they
-    fit on one, else whole nodes when ``gpus`` divides evenly, else the largest GPUs-per-node
-    that divides it (6 GPUs on 4-GPU nodes: 2 nodes x 3)."""
-    if gpus <= gpus_per_node:
-        return 1, gpus
-    for per_node in range(gpus_per_node, 0, -1):
-        if gpus % per_node == 0:
-            return gpus // per_node, per_node
-    return gpus, 1  # pragma: no cover - 1 always divides
-
-
-@dataclass
-class _Job:
-    """Mutable simulation state of one job (the engine's own; policies see :class:`JobView`).
-
-    Physics (:mod:`hpcsched.sim.physics`): a Pollux application advances in Pollux progress
-    units (one unit = one step at the base batch size, times the statistical efficiency of the
-    batch size in force); a fixed-work job in iterations.
-    """
-
-    wj: WorkloadJob
-    job_id: str
-    app: Application | None
-    fixed: FixedWork | None
-    limits: JobLimits
-    nodes: int
-    cfg: BatchConfig
-    size: int = 0                    # GPUs held (running) or asked for (pending)
-    granular: bool = False           # GPU-granular: any count per node, packed
-    state: str = "FUTURE"            # FUTURE, PENDING, RUNNING, DONE
-    node_names: tuple[str, ...] = ()
-    gpus: tuple[tuple[int, int], ...] = ()   # (node index, gpu index)
-    req_nodes: tuple[str, ...] = ()
-    held: bool = False
-    progress: float = 0.0            # Pollux progress units, or iterations for fixed work
-    blocked_until: float = 0.0
-    updated: float = 0.0
-    start_time: float | None = None
-    finish_time: float | None = None
-    restarts: int = 0
-    resizes: int = 0
-    resize_log: list = field(default_factory=list)   # (time, round, GPUs before, after)
-    resized_at: float | None = None
-    gpu_seconds: float = 0.0
-    max_gpus: int = 0
-    steps: dict = field(default_factory=dict)   # (world, nodes, local, accum) -> [time, steps]
-    last_step_time: float = 0.0
-    eta: float | None = None         # cached finish time (None: recompute)
-    st: float | None = None          # cached seconds per step at the current configuration
-
-    @property
-    def total(self) -> float:
-        return self.fixed.iterations if self.fixed is not None else self.app.total_progress
-
-    @property
-    def per_node(self) -> int:
-        """GPUs (workers) per node."""
-        return self.limits.workers_per_node
-
-    @property
-    def n_gpus(self) -> int:
-        return self.size
-
-    @property
-    def layout(self) -> tuple[int, ...]:
-        """GPUs on each node of the allocation, in node order (running)."""
-        counts: dict[int, int] = {}
-        for n, _ in self.gpus:
-            counts[n] = counts.get(n, 0) + 1
-        return tuple(counts[n] for n in sorted(counts))
-
-    def fit(self, batch_size: int, gpus: int) -> BatchConfig:
-        """The batch configuration nearest ``batch_size`` on ``gpus`` GPUs within the job's
-        limits.
-
-        Raises:
-            BatchSizeError: none fits.
-        """
-        lim = self.limits
-        return fit_batch(batch_size, gpus, min_global=lim.min_batch_size,
-                         max_global=lim.max_batch_size, max_local_batch_size=lim.max_local_batch_size)
-
-    @property
-    def batch_size(self) -> int:
-        return self.cfg.global_batch_size
-
-    def rate(self, progress: float, slowdown: float, locality_penalty: float) -> tuple[float, float]:
-        """``(progress per second, seconds per step)`` while running at ``progress`` on GPUs
-        whose slowest is ``slowdown``."""
-        st = self.st
-        if st is None:
-            if self.fixed is not None:
-                st = self.fixed.step_time(len(self.node_names), slowdown, locality_penalty)
-            else:
-                st = self.app.step_time(self.layout, self.cfg.local_batch_size,
-                                        self.cfg.accumulation_steps) * slowdown
-            self.st = st
-        if self.fixed is not None:
-            return 1.0 / st, st
-        gain = self.app.gain(self.cfg.global_batch_size, self.app.epoch_at(progress))
-        return gain / st, st
-
-    def segment_end(self, progress: float) -> float:
-        """Progress at which the rate next changes (end of its epoch, or of its work)."""
-        if self.fixed is not None:
-            return self.total
-        return min(self.total, self.app.epoch_end(self.app.epoch_at(progress)))
-
-    def remaining_samples(self) -> float:
-        """Samples left: progress units at the base batch size (iterations at the batch size
-        for fixed work)."""
-        if self.fixed is not None:
-            return (self.total - self.progress) * self.batch_size
-        return (self.total - self.progress) * self.limits.base_batch_size
-
-    def profile(self) -> tuple[ProfilePoint, ...]:
-        """What the job has measured: mean step time and throughput per configuration."""
-        return tuple(
-            ProfilePoint(world_size=w, nodes=n, local_batch_size=m, accumulation_steps=s,
-                         step_time=tt / k, throughput=w * m * s / (tt / k), samples=max(1, int(k)))
-            for (w, n, m, s), (tt, k) in sorted(self.steps.items()) if k >= 1)
-
-    def report(self) -> JobReport:
-        """What the job's progress file would say."""
-        noise = None if self.fixed is not None else self.app.grad_stats(
-            self.cfg.global_batch_size, self.app.epoch_at(self.progress))
-        return JobReport(
-            remaining_samples=self.remaining_samples(), grad_noise=noise,
-            throughput=(self.cfg.global_batch_size / self.last_step_time)
-            if self.last_step_time else 0.0)
-
-    def result(self) -> JobResult:
-        wj = self.wj
-        return JobResult(name=wj.name, application=wj.application, submit_time=wj.submit_time,
-                         start_time=self.start_time, finish_time=self.finish_time,
-                         gpu_seconds=self.gpu_seconds, restarts=self.restarts,
-                         resizes=self.resizes, requested_gpus=wj.gpus, max_gpus=self.max_gpus,
-                         resize_log=tuple(self.resize_log))
-
-
-def _limits(wj: WorkloadJob, cfg: SimConfig) -> tuple[Application | None, FixedWork | None,
-                                                        int, JobLimits, int]:
-    """``(application, fixed work, nodes, limits, requested batch size)`` of a workload job.
-
-    Raises:
-        SimulationError: the job can never fit the cluster, or its limits are inconsistent.
-    """
-    if wj.gpus > cfg.nodes * cfg.gpus_per_node:
-        raise SimulationError(f"job {wj.name} asks for {wj.gpus} GPUs; the cluster has "
-                              f"{cfg.nodes * cfg.gpus_per_node}")
-    nodes, per_node = job_shape(wj.gpus, cfg.gpus_per_node)
-    if nodes > cfg.nodes:
-        raise SimulationError(f"job {wj.name} asks for {wj.gpus} GPUs, which Slurm gives as "
-                              f"{nodes} node(s) x {per_node} GPU(s); the cluster has {cfg.nodes} "
-                              "node(s)")
-    if wj.iterations is not None:
-        # a fixed-work job's batch size does not change its run time: keep it as close as the
-        # GPUs allow (a whole number of samples per GPU), and never resize it
-        fixed = FixedWork(float(wj.iterations), float(wj.iteration_time or 1.0))
-        per_gpu = max(1, -(-wj.batch_size // (nodes * per_node)))
-        gbs = nodes * per_node * per_gpu
-        limits = JobLimits(per_node, nodes, nodes, gbs, gbs, None, gbs, "sqrt")
-        return None, fixed, nodes, limits, gbs
-    app = application(wj.application)
-    base = app.init_batch_size
-    lo, hi = min(base, wj.batch_size), max(app.max_batch_size, wj.batch_size)
-    max_nodes = max(nodes, min(cfg.nodes, hi // max(1, app.min_local_bsz * per_node)))
-    if cfg.granularity == "gpu":
-        # any GPU count up to what its largest batch can feed, packed: the node limit only
-        # bounds nodes x workers per node, the GPUs
-        most = min(cfg.nodes * cfg.gpus_per_node, hi // max(1, app.min_local_bsz))
-        max_nodes = max(nodes, most // per_node)
-    try:
-        limits = JobLimits(per_node, 1, max_nodes, lo, hi, app.max_local_bsz, base, "sqrt")
-    except ValueError as exc:
-        raise SimulationError(f"job {wj.name}: {exc}") from None
-    return app, None, nodes, limits, wj.batch_size
+from hpcsched.sim.state import Extension, SimConfig, SimJob, SimulationError, job_limits, job_shape
 
 
 class Simulator:
@@ -318,29 +86,31 @@ class Simulator:
         self.notes: list[str] = []
         self.costs = replace(config.costs, restart_cost=config.restart_cost_for("*"),
                              shrink_cost=config.shrink_cost,
-                             hold=config.hold_rounds * config.interval)
+                             hold=config.hold_rounds * config.interval, grow=config.grow,
+                             extension_startup=config.extension_startup,
+                             extension_stall=config.extension_stall)
 
-    def _make_job(self, i: int, wj: WorkloadJob) -> _Job:
-        app, fixed, nodes, limits, batch = _limits(wj, self.cfg)
+    def _make_job(self, i: int, wj: WorkloadJob) -> SimJob:
+        app, fixed, nodes, limits, batch = job_limits(wj, self.cfg)
         try:
             cfg = limits.fit_batch(batch, nodes)
         except BatchSizeError as exc:
             raise SimulationError(f"job {wj.name}: {exc}") from None
-        return _Job(wj=wj, job_id=str(i + 1), app=app, fixed=fixed, limits=limits, nodes=nodes,
+        return SimJob(wj=wj, job_id=str(i + 1), app=app, fixed=fixed, limits=limits, nodes=nodes,
                     cfg=cfg, size=nodes * limits.workers_per_node,
                     granular=self.cfg.granularity == "gpu" and fixed is None)
 
     # ----------------------------------------------------------------------- physics
-    def _rate(self, j: _Job, progress: float) -> tuple[float, float]:
+    def _rate(self, j: SimJob, progress: float) -> tuple[float, float]:
         """``(progress per second, seconds per step)`` of running job ``j`` at ``progress``."""
         return j.rate(progress, self.cluster.slowdown(j.wj.app_class, j.gpus) if j.st is None
                       else 1.0, self.cfg.locality_penalty)
 
-    def _advance(self, j: _Job, t: float) -> None:
+    def _advance(self, j: SimJob, t: float) -> None:
         """Run ``j`` from ``j.updated`` to ``t`` (no further than the end of its work)."""
         if j.state != "RUNNING" or t <= j.updated:
             return
-        j.gpu_seconds += (t - j.updated) * j.n_gpus
+        j.gpu_seconds += (t - j.updated) * (j.n_gpus + (len(j.ext.gpus) if j.ext else 0))
         cur = max(j.updated, j.blocked_until)
         j.updated = t
         while cur < t and j.progress < j.total:
@@ -355,7 +125,7 @@ class Simulator:
             j.progress = end if cur + dt < t else min(end, j.progress + rate * dt)
             cur += dt
 
-    def _eta(self, j: _Job) -> float:
+    def _eta(self, j: SimJob) -> float:
         """When running job ``j`` finishes if nothing changes; cached until its configuration
         changes (``j.eta = None``)."""
         if j.eta is None:
@@ -372,11 +142,22 @@ class Simulator:
     def job_infos(self) -> dict[str, object]:
         """The active jobs as ``squeue`` reports them."""
         n = len(self.jobs)
-        return {j.job_id: job_info(j.job_id, j.wj.name, j.state, j.node_names, j.nodes,
+        return {j.job_id: job_info(j.job_id, j.wj.name, j.state, self._held_nodes(j),
+                                   len(self._held_nodes(j)) if j.ext else j.nodes,
                                    j.per_node, j.restarts, n - int(j.job_id))
                 for j in self.jobs if j.state in ("PENDING", "RUNNING")}
 
-    def _try_start(self, j: _Job) -> bool:
+    def _held_gpus(self, j: SimJob) -> tuple[tuple[int, int], ...]:
+        """The GPUs ``j`` holds, its extension's (starting) included."""
+        return j.gpus + j.ext.gpus if j.ext else j.gpus
+
+    def _held_nodes(self, j: SimJob) -> tuple[str, ...]:
+        """The nodes ``j`` holds GPUs on, its extension's included, in node order."""
+        if not j.ext:
+            return j.node_names
+        return tuple(self.cluster.node_names[n] for n in sorted({n for n, _ in self._held_gpus(j)}))
+
+    def _try_start(self, j: SimJob) -> bool:
         if j.granular:
             got = self.cluster.allocate_gpus(j.size, j.req_nodes)
         else:
@@ -396,9 +177,9 @@ class Simulator:
         j.eta = j.st = None
         return True
 
-    def _release(self, j: _Job) -> None:
-        self.cluster.release(j.gpus)
-        j.gpus, j.node_names = (), ()
+    def _release(self, j: SimJob) -> None:
+        self.cluster.release(self._held_gpus(j))
+        j.gpus, j.node_names, j.ext = (), (), None
 
     def _schedule(self) -> None:
         """Slurm's scheduling pass: pending jobs in priority order, each started if it fits."""
@@ -411,26 +192,29 @@ class Simulator:
                     return
 
     # ----------------------------------------------------------------------- the round
-    def _view(self, j: _Job, info) -> JobView:
+    def _view(self, j: SimJob, info) -> JobView:
         """The job as the daemon's view builder sees it."""
         return job_view(JobFacts(
-            info=info, limits=j.limits, nodes=j.nodes, batch_size=j.batch_size,
+            info=info, limits=j.limits, nodes=info.node_count, batch_size=j.batch_size,
             generation=j.resizes, submit_time=j.wj.submit_time,
             # a Pollux application by name (its throughput prior; placement maps it to its PAL
             # class), a fixed-work job by its PAL class
             application=j.wj.app_class if j.fixed is not None else j.wj.application,
             profile=j.profile(), report=j.report(),
-            busy=j.state == "RUNNING" and j.blocked_until > self.now, held=j.held,
+            busy=j.state == "RUNNING" and (j.blocked_until > self.now or j.ext is not None),
+            held=j.held,
             requested_nodes=j.req_nodes, start_time=j.start_time,
             layout=self._layout(j),
             resized_at=j.resized_at if j.state == "RUNNING" else None))
 
-    def _layout(self, j: _Job) -> tuple[int, ...]:
-        """A GPU-granular job's GPUs per node: held (running) or, packed, asked for."""
+    def _layout(self, j: SimJob) -> tuple[int, ...]:
+        """A GPU-granular job's GPUs per node: held (running; an extension's starting GPUs
+        included) or, packed, asked for."""
         if not j.granular:
             return ()
         if j.state == "RUNNING":
-            return j.layout
+            held = [n for n, _ in self._held_gpus(j)]
+            return tuple(held.count(n) for n in sorted(set(held)))
         per = self.cfg.gpus_per_node
         return (per,) * (j.size // per) + ((j.size % per,) if j.size % per else ())
 
@@ -470,6 +254,8 @@ class Simulator:
             j.cfg = cfg
         elif c.kind == ChangeKind.SHRINK:
             self._shrink(j, want, cfg)
+        elif c.kind == ChangeKind.GROW and self.cfg.grow == "extension":
+            self._extend(j, c, want, cfg)
         elif c.kind == ChangeKind.GROW:
             self._log(j, j.size, want)
             self._release(j)
@@ -479,10 +265,62 @@ class Simulator:
             j.restarts += 1
             j.resizes += 1
 
-    def _log(self, j: _Job, before: int, after: int) -> None:
+    def _extend(self, j: SimJob, c: Change, gpus: int, cfg: BatchConfig) -> None:
+        """Grow ``j`` to ``gpus`` GPUs by extension: the extension job takes the new GPUs now
+        (on the change's placement when it names nodes, else on the job's own nodes when they
+        hold them, else packed; whole nodes of its GPUs per node when node-granular); the job
+        trains on at its size until :meth:`_join`. Not made, with a note, when Slurm cannot
+        place the extension now."""
+        names = self.cluster.node_names
+        mine = tuple(dict.fromkeys(names[n] for n, _ in j.gpus))
+        if j.granular:
+            extra = gpus - j.size
+            tries = [tuple(c.placement), mine, ()] if c.placement else [mine, ()]
+            got = next(filter(None, (self.cluster.allocate_gpus(extra, req) for req in tries)), None)
+        else:
+            got = self._extension_nodes(c.to_nodes - len(mine), j.per_node, mine, c.placement)
+        if got is None:
+            self.notes.append(f"t={self.now:.0f} job {j.wj.name}: grow to {gpus} GPU(s) by "
+                              "extension not applied: its GPUs are not free")
+            return
+        self._log(j, j.size, gpus)
+        j.ext = Extension(self.now + self.cfg.extension_startup, got[1], gpus, cfg)
+        j.resizes += 1
+
+    def _extension_nodes(self, count: int, per_node: int, mine: tuple[str, ...],
+                         placement: tuple[str, ...]):
+        """``count`` other nodes than ``mine`` with ``per_node`` GPUs each for a node-granular
+        extension: the placement's new nodes when they are that many and fit, else by Slurm's
+        rule (:meth:`SimCluster.allocate`: fewest free GPUs that hold them); ``None``: none."""
+        req = tuple(n for n in placement if n not in mine)
+        got = self.cluster.allocate(count, per_node, req) if req and len(req) == count else None
+        if got is not None:
+            return got
+        free = self.cluster.free.sum(axis=1)
+        names = self.cluster.node_names
+        fits = sorted((i for i, n in enumerate(names) if n not in mine and free[i] >= per_node),
+                      key=lambda i: (free[i], i))[:count]
+        return self.cluster.allocate(count, per_node, tuple(names[i] for i in sorted(fits))) \
+            if len(fits) == count else None
+
+    def _join(self, j: SimJob) -> None:
+        """At ``j.ext.at`` (``self.now``): the extension's workers have started; the group
+        re-forms at the new size, every rank stalled ``extension_stall`` seconds while the
+        newcomers receive the state."""
+        self._advance(j, self.now)
+        ext, j.ext = j.ext, None
+        j.gpus = tuple(sorted(j.gpus + ext.gpus))
+        j.node_names = tuple(self.cluster.node_names[n] for n in sorted({n for n, _ in j.gpus}))
+        j.nodes, j.size, j.cfg = len(j.node_names), ext.size, ext.cfg
+        j.blocked_until = max(j.blocked_until, self.now) + self.cfg.extension_stall
+        j.resized_at = self.now
+        j.max_gpus = max(j.max_gpus, j.size)
+        j.eta = j.st = None
+
+    def _log(self, j: SimJob, before: int, after: int) -> None:
         j.resize_log.append((self.now, self.rounds, before, after))
 
-    def _shrink(self, j: _Job, gpus: int, cfg: BatchConfig) -> None:
+    def _shrink(self, j: SimJob, gpus: int, cfg: BatchConfig) -> None:
         """Shrink in place to ``gpus`` GPUs: whole nodes keep the first nodes of the allocation
         (Slurm's rule); GPU-granular, the GPUs on the nodes where the job holds fewest go first
         (the rest stay packed)."""
@@ -517,7 +355,7 @@ class Simulator:
         self._schedule()
 
     # ----------------------------------------------------------------------- main loop
-    def _finish(self, j: _Job, t: float) -> None:
+    def _finish(self, j: SimJob, t: float) -> None:
         self.now = t
         self._advance(j, t)
         j.finish_time = t
@@ -544,7 +382,8 @@ class Simulator:
         done, total = 0, len(self.jobs)
         next_round = 0.0
         while done < total and self.now <= self.cfg.max_time:
-            # the next event: an arrival, a round, or the first finish before them
+            # the next event: an arrival, a round, an extension's workers joining, or the first
+            # finish before them
             t_arr = arrivals[0][0] if arrivals else math.inf
             running = [j for j in self.jobs if j.state == "RUNNING"]
             if not running and not any(j.state == "PENDING" for j in self.jobs):
@@ -554,9 +393,14 @@ class Simulator:
             horizon = min(t_arr, next_round)
             t_fin, jid = min(((self._eta(j), int(j.job_id)) for j in running),
                              default=(math.inf, 0))
-            if t_fin <= horizon:
+            t_join, xid = min(((j.ext.at, int(j.job_id)) for j in running if j.ext),
+                              default=(math.inf, 0))
+            if t_fin <= min(horizon, t_join):
                 self._finish(self.jobs[jid - 1], t_fin)
                 done += 1
+            elif t_join <= horizon:
+                self.now = t_join
+                self._join(self.jobs[xid - 1])
             elif t_arr <= next_round:
                 self.now = t_arr
                 self._arrive(arrivals)
@@ -580,7 +424,8 @@ class Simulator:
             params={"nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "interval": c.interval,
                     "variability": c.variability, "seed": c.seed,
                     "restart_cost": dict(c.restart_cost), "shrink_cost": c.shrink_cost,
-                    "granularity": c.granularity, "hold_rounds": c.hold_rounds})
+                    "granularity": c.granularity, "hold_rounds": c.hold_rounds, "grow": c.grow,
+                    "extension_startup": c.extension_startup, "extension_stall": c.extension_stall})
 
 
 def simulate(jobs: Sequence[WorkloadJob], policy: str, **kw) -> SimResult:

@@ -1,0 +1,295 @@
+"""The simulation's settings and one job's state: what :mod:`hpcsched.sim.engine` runs on.
+
+:class:`SimConfig` (the cluster, the costs, the policy round, how grows are made),
+:func:`job_shape` (the Slurm shape a user asks for), :class:`SimJob` (a job's mutable state and
+its physics, :mod:`hpcsched.sim.physics`), :class:`Extension` (a grow by extension in flight)
+and :func:`job_limits` (a workload job's resize limits). Split from the engine, which keeps the
+events and the round.
+
+Units: seconds from the start of the trace, samples, GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from hpcsched.daemon.views import JobReport
+from hpcsched.policies.reconcile import Costs
+from hpcsched.policies.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GROW_MODES, ProfilePoint
+from hpcsched.protocol.batching import BatchConfig, fit_batch
+from hpcsched.protocol.limits import JobLimits
+from hpcsched.sim import JobResult, WorkloadJob
+from hpcsched.sim.physics import Application, FixedWork, application
+
+
+class SimulationError(ValueError):
+    """A workload or setting the simulator cannot run (e.g. a job larger than the cluster)."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Simulation settings.
+
+    Attributes:
+        nodes, gpus_per_node: the cluster (default 16 x 4, Pollux's and PAL's 64 GPUs).
+        interval: seconds between policy rounds.
+        restart_cost: seconds a start or restart costs, per application (``"*"``: default for
+            the others).
+        shrink_cost: seconds an in-place shrink costs (checkpoint and re-forming the group).
+        variability: per-GPU slowdowns (PAL, Jain et al., SC'24): ``False``, every GPU is a
+            median GPU; ``True`` or ``"longhorn"``, one draw per GPU from the Longhorn
+            measurements, shared by all classes; ``"pal"``, PAL's own simulator's per-class
+            profiles (``32gpu-variability.csv``, :func:`hpcsched.sim.physics.pal_gpu_slowdowns`).
+        granularity: ``"node"``, jobs are whole nodes x the GPUs per node they were submitted
+            with (what the actuator does on Slurm today); ``"gpu"``, plans speak GPUs and a job
+            may hold any count per node (4 + 2).
+        locality_penalty: slowdown of a fixed-work job that spans nodes (PAL's ``L``; Pollux
+            applications have measured cross-node step times instead).
+        seed: seeds the GPU draws and (``seed + round``) the policy.
+        costs: the reconcile parameters: the daemon's defaults, plus preemption (a running job a
+            plan gives 0 nodes is checkpointed, requeued and held until a plan gives it GPUs).
+            Its restart and shrink costs and its no-thrash hold are replaced by this
+            configuration's (``restart_cost["*"]``, ``shrink_cost``, ``hold_rounds`` x
+            ``interval``): reconcile weighs a resize with the costs the simulation charges.
+        hold_rounds: rounds a resized job is held at its size (reconcile's no-thrash hold).
+        max_time: stop after this many simulated seconds (jobs still running are reported
+            unfinished).
+        hold_new_jobs: jobs arrive held and start only when a plan gives them GPUs (a what-if:
+            ``hpcsub --hold`` with the daemon releasing each job onto the nodes its placement
+            chose). Off (default), Slurm starts a job that fits the moment it arrives, as it does
+            today, and a placement stage only places the jobs that had to wait.
+        grow: how a running job grows (:data:`~hpcsched.policies.snapshot.GROW_MODES`):
+            ``"extension"`` (default; issue 10), an extension Slurm job takes the new GPUs at
+            once, the job trains on at its old size for ``extension_startup`` seconds while the
+            new workers start, stalls ``extension_stall`` seconds while the group re-forms and
+            the newcomers receive the state, then runs at its new size; ``"requeue"``, the job
+            gives its GPUs back, waits pending with its new size and pays its restart cost.
+        extension_startup, extension_stall: seconds (the provisional defaults:
+            :data:`~hpcsched.policies.snapshot.EXTENSION_STARTUP`, ``EXTENSION_STALL``).
+
+    Raises:
+        ValueError: ``grow`` not one of ``GROW_MODES``, or a negative extension cost.
+    """
+
+    nodes: int = 16
+    gpus_per_node: int = 4
+    interval: float = 60.0
+    restart_cost: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({"*": 30.0}))
+    shrink_cost: float = 2.0
+    variability: bool | str = False
+    locality_penalty: float = 1.7
+    seed: int = 0
+    costs: Costs = Costs(preemption=True, place_pending=True)
+    max_time: float = 60 * 86400.0
+    hold_new_jobs: bool = False
+    granularity: str = "node"
+    hold_rounds: int = 3
+    grow: str = "extension"
+    extension_startup: float = EXTENSION_STARTUP
+    extension_stall: float = EXTENSION_STALL
+
+    def __post_init__(self):
+        if self.grow not in GROW_MODES:
+            raise ValueError(f"grow must be one of {', '.join(GROW_MODES)}, not {self.grow!r}")
+        if self.extension_startup < 0 or self.extension_stall < 0:
+            raise ValueError("extension_startup and extension_stall must be >= 0 seconds")
+
+    def restart_cost_for(self, app: str) -> float:
+        return float(self.restart_cost.get(app, self.restart_cost.get("*", 30.0)))
+
+
+def job_shape(gpus: int, gpus_per_node: int) -> tuple[int, int]:
+    """``(nodes, gpus per node)`` a user asks Slurm for to get ``gpus`` GPUs: one node when they
+    fit on one, else whole nodes when ``gpus`` divides evenly, else the largest GPUs-per-node
+    that divides it (6 GPUs on 4-GPU nodes: 2 nodes x 3)."""
+    if gpus <= gpus_per_node:
+        return 1, gpus
+    for per_node in range(gpus_per_node, 0, -1):
+        if gpus % per_node == 0:
+            return gpus // per_node, per_node
+    return gpus, 1  # pragma: no cover - 1 always divides
+
+
+@dataclass(frozen=True)
+class Extension:
+    """A grow by extension in flight: the extension job holds ``gpus`` (``(node index, gpu
+    index)``) from the decision on; at ``at`` (decision + ``extension_startup``) the group
+    re-forms at ``size`` GPUs with batch configuration ``cfg``."""
+
+    at: float
+    gpus: tuple[tuple[int, int], ...]
+    size: int
+    cfg: BatchConfig
+
+
+@dataclass
+class SimJob:
+    """Mutable simulation state of one job (the engine's own; policies see :class:`JobView`).
+
+    Physics (:mod:`hpcsched.sim.physics`): a Pollux application advances in Pollux progress
+    units (one unit = one step at the base batch size, times the statistical efficiency of the
+    batch size in force); a fixed-work job in iterations.
+    """
+
+    wj: WorkloadJob
+    job_id: str
+    app: Application | None
+    fixed: FixedWork | None
+    limits: JobLimits
+    nodes: int
+    cfg: BatchConfig
+    size: int = 0                    # GPUs held (running) or asked for (pending)
+    granular: bool = False           # GPU-granular: any count per node, packed
+    state: str = "FUTURE"            # FUTURE, PENDING, RUNNING, DONE
+    node_names: tuple[str, ...] = ()
+    gpus: tuple[tuple[int, int], ...] = ()   # (node index, gpu index)
+    req_nodes: tuple[str, ...] = ()
+    held: bool = False
+    progress: float = 0.0            # Pollux progress units, or iterations for fixed work
+    blocked_until: float = 0.0
+    updated: float = 0.0
+    start_time: float | None = None
+    finish_time: float | None = None
+    restarts: int = 0
+    resizes: int = 0
+    resize_log: list = field(default_factory=list)   # (time, round, GPUs before, after)
+    resized_at: float | None = None
+    gpu_seconds: float = 0.0
+    max_gpus: int = 0
+    steps: dict = field(default_factory=dict)   # (world, nodes, local, accum) -> [time, steps]
+    last_step_time: float = 0.0
+    eta: float | None = None         # cached finish time (None: recompute)
+    st: float | None = None          # cached seconds per step at the current configuration
+    ext: Extension | None = None     # a grow by extension whose new workers are starting
+
+    @property
+    def total(self) -> float:
+        return self.fixed.iterations if self.fixed is not None else self.app.total_progress
+
+    @property
+    def per_node(self) -> int:
+        """GPUs (workers) per node."""
+        return self.limits.workers_per_node
+
+    @property
+    def n_gpus(self) -> int:
+        return self.size
+
+    @property
+    def layout(self) -> tuple[int, ...]:
+        """GPUs on each node of the allocation, in node order (running)."""
+        counts: dict[int, int] = {}
+        for n, _ in self.gpus:
+            counts[n] = counts.get(n, 0) + 1
+        return tuple(counts[n] for n in sorted(counts))
+
+    def fit(self, batch_size: int, gpus: int) -> BatchConfig:
+        """The batch configuration nearest ``batch_size`` on ``gpus`` GPUs within the job's
+        limits.
+
+        Raises:
+            BatchSizeError: none fits.
+        """
+        lim = self.limits
+        return fit_batch(batch_size, gpus, min_global=lim.min_batch_size,
+                         max_global=lim.max_batch_size, max_local_batch_size=lim.max_local_batch_size)
+
+    @property
+    def batch_size(self) -> int:
+        return self.cfg.global_batch_size
+
+    def rate(self, progress: float, slowdown: float, locality_penalty: float) -> tuple[float, float]:
+        """``(progress per second, seconds per step)`` while running at ``progress`` on GPUs
+        whose slowest is ``slowdown``."""
+        st = self.st
+        if st is None:
+            if self.fixed is not None:
+                st = self.fixed.step_time(len(self.node_names), slowdown, locality_penalty)
+            else:
+                st = self.app.step_time(self.layout, self.cfg.local_batch_size,
+                                        self.cfg.accumulation_steps) * slowdown
+            self.st = st
+        if self.fixed is not None:
+            return 1.0 / st, st
+        gain = self.app.gain(self.cfg.global_batch_size, self.app.epoch_at(progress))
+        return gain / st, st
+
+    def segment_end(self, progress: float) -> float:
+        """Progress at which the rate next changes (end of its epoch, or of its work)."""
+        if self.fixed is not None:
+            return self.total
+        return min(self.total, self.app.epoch_end(self.app.epoch_at(progress)))
+
+    def remaining_samples(self) -> float:
+        """Samples left: progress units at the base batch size (iterations at the batch size
+        for fixed work)."""
+        if self.fixed is not None:
+            return (self.total - self.progress) * self.batch_size
+        return (self.total - self.progress) * self.limits.base_batch_size
+
+    def profile(self) -> tuple[ProfilePoint, ...]:
+        """What the job has measured: mean step time and throughput per configuration."""
+        return tuple(
+            ProfilePoint(world_size=w, nodes=n, local_batch_size=m, accumulation_steps=s,
+                         step_time=tt / k, throughput=w * m * s / (tt / k), samples=max(1, int(k)))
+            for (w, n, m, s), (tt, k) in sorted(self.steps.items()) if k >= 1)
+
+    def report(self) -> JobReport:
+        """What the job's progress file would say."""
+        noise = None if self.fixed is not None else self.app.grad_stats(
+            self.cfg.global_batch_size, self.app.epoch_at(self.progress))
+        return JobReport(
+            remaining_samples=self.remaining_samples(), grad_noise=noise,
+            throughput=(self.cfg.global_batch_size / self.last_step_time)
+            if self.last_step_time else 0.0)
+
+    def result(self) -> JobResult:
+        wj = self.wj
+        return JobResult(name=wj.name, application=wj.application, submit_time=wj.submit_time,
+                         start_time=self.start_time, finish_time=self.finish_time,
+                         gpu_seconds=self.gpu_seconds, restarts=self.restarts,
+                         resizes=self.resizes, requested_gpus=wj.gpus, max_gpus=self.max_gpus,
+                         resize_log=tuple(self.resize_log))
+
+
+def job_limits(wj: WorkloadJob, cfg: SimConfig) -> tuple[Application | None, FixedWork | None,
+                                                        int, JobLimits, int]:
+    """``(application, fixed work, nodes, limits, requested batch size)`` of a workload job.
+
+    Raises:
+        SimulationError: the job can never fit the cluster, or its limits are inconsistent.
+    """
+    if wj.gpus > cfg.nodes * cfg.gpus_per_node:
+        raise SimulationError(f"job {wj.name} asks for {wj.gpus} GPUs; the cluster has "
+                              f"{cfg.nodes * cfg.gpus_per_node}")
+    nodes, per_node = job_shape(wj.gpus, cfg.gpus_per_node)
+    if nodes > cfg.nodes:
+        raise SimulationError(f"job {wj.name} asks for {wj.gpus} GPUs, which Slurm gives as "
+                              f"{nodes} node(s) x {per_node} GPU(s); the cluster has {cfg.nodes} "
+                              "node(s)")
+    if wj.iterations is not None:
+        # a fixed-work job's batch size does not change its run time: keep it as close as the
+        # GPUs allow (a whole number of samples per GPU), and never resize it
+        fixed = FixedWork(float(wj.iterations), float(wj.iteration_time or 1.0))
+        per_gpu = max(1, -(-wj.batch_size // (nodes * per_node)))
+        gbs = nodes * per_node * per_gpu
+        limits = JobLimits(per_node, nodes, nodes, gbs, gbs, None, gbs, "sqrt")
+        return None, fixed, nodes, limits, gbs
+    app = application(wj.application)
+    base = app.init_batch_size
+    lo, hi = min(base, wj.batch_size), max(app.max_batch_size, wj.batch_size)
+    max_nodes = max(nodes, min(cfg.nodes, hi // max(1, app.min_local_bsz * per_node)))
+    if cfg.granularity == "gpu":
+        # any GPU count up to what its largest batch can feed, packed: the node limit only
+        # bounds nodes x workers per node, the GPUs
+        most = min(cfg.nodes * cfg.gpus_per_node, hi // max(1, app.min_local_bsz))
+        max_nodes = max(nodes, most // per_node)
+    try:
+        limits = JobLimits(per_node, 1, max_nodes, lo, hi, app.max_local_bsz, base, "sqrt")
+    except ValueError as exc:
+        raise SimulationError(f"job {wj.name}: {exc}") from None
+    return app, None, nodes, limits, wj.batch_size
+
