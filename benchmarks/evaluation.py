@@ -20,6 +20,13 @@ Every figure comes from ``hpcsched simulate``'s own code (:func:`hpcsched.sim.cl
 Writes docs/evaluation.md (``--docs DIR``), its plots under ``DIR/evaluation/``, and every summary
 to bench-results/evaluation.json (``--results``). ``--quick``: workloads 1-2 at load 1.0 (a smoke
 run; the document says so). ``--policies a,b``: only those policies in section 2.
+
+    .venv/bin/python benchmarks/evaluation.py --grow-modes --jobs 2    # section 5 only
+
+``--grow-modes`` runs only section 5 (issue 10): the default policy (``jct``) at ``gpu``
+granularity with grows by extension and by requeue over the same workloads and loads, and
+rewrites only that section of docs/evaluation.md (the others are left as they are); summaries to
+bench-results/evaluation-grow.json.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _evaluation_render as render  # noqa: E402
 
 from hpcsched.policies import POLICIES, REGISTRY, PolicyError, make_policy  # noqa: E402
+from hpcsched.policies.snapshot import GROW_MODES  # noqa: E402
 from hpcsched.sim import report  # noqa: E402
 from hpcsched.sim.cli import POLLUX_TIRESIAS, Run, execute  # noqa: E402
 from hpcsched.sim.workload import pollux_results  # noqa: E402
@@ -103,8 +111,9 @@ def _params(policy: str) -> dict:
 
 def make_run(workload: str, policy: str, *, placement: str | None = None, variability=False,
              hold: bool = False, interval: float = 60.0, seed: int = 0,
-             granularity: str = "node") -> Run:
-    """A :class:`Run` by keyword; ``granularity`` is passed only where ``Run`` has the field."""
+             granularity: str = "node", grow: str | None = None) -> Run:
+    """A :class:`Run` by keyword; ``granularity`` is passed only where ``Run`` has the field;
+    ``grow`` (``None``: the simulator's default, by extension) likewise."""
     params = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(_params(policy).items()))
     kw = dict(workload=workload, policy=policy, placement=placement, params=params, nodes=16,
               gpus_per_node=4, interval=interval, restart_cost=(("*", 30.0),), shrink_cost=2.0,
@@ -112,6 +121,8 @@ def make_run(workload: str, policy: str, *, placement: str | None = None, variab
               hold_new_jobs=hold)
     if "granularity" in {f.name for f in dataclasses.fields(Run)}:
         kw["granularity"] = granularity
+    if grow is not None:
+        kw["grow"] = grow
     return Run(**kw)
 
 
@@ -315,16 +326,58 @@ def pal_section(out, rows, geo, wls, figs: Path) -> list[str]:
     return L
 
 
+GROW_POLICY = "jct"     # the default policy (hpcsched.policies.DEFAULT_POLICY)
+GROW_SECTION = "## 5. Grow by extension against grow by requeue"
+
+
+def grow_runs(wls, loads) -> dict[tuple, Run]:
+    """Section 5's simulations: ``("grow", mode, "gpu", load, workload)`` -> the default
+    policy at ``gpu`` granularity with grows made by ``mode``."""
+    return {("grow", mode, "gpu", ld, w): make_run(f"pollux:{w}@{ld}", GROW_POLICY, granularity="gpu", grow=mode)
+            for mode in GROW_MODES for ld in loads for w in wls}
+
+
+def grow_main(args, wls, loads) -> None:
+    """``--grow-modes``: run section 5 and rewrite only that section of the document."""
+    runs = grow_runs(wls, loads)
+    t0 = time.time()
+    out = execute_all(runs, args.jobs)
+    wall = time.time() - t0
+    means = {(m, mode, ld): _mean(out[("grow", mode, "gpu", ld, w)][1].get(m) for w in wls)
+             for m in ("avg_jct", "p99_jct", "restarts_per_job", "resizes")
+             for mode in GROW_MODES for ld in loads}
+    cmd = f".venv/bin/python benchmarks/evaluation.py --grow-modes --jobs {args.jobs}" + (
+        " --quick" if args.quick else "")
+    first = next(iter(runs.values()))
+    section = render.grow_section(GROW_SECTION, means, GROW_MODES, loads, wls, cmd, len(runs), wall,
+                                  time.strftime("%Y-%m-%d"), first, GROW_POLICY)
+    doc = Path(args.docs) / "evaluation.md"
+    doc.write_text(render.replace_section(doc.read_text() if doc.exists() else "", GROW_SECTION, section))
+    path = Path(args.results).with_name("evaluation-grow.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"wall_seconds": wall, "quick": args.quick, "runs": [
+        {**s, "grow": k[1], "load": k[3], "workload": k[4]} for k, (_, s) in out.items()]}, indent=1))
+    for ld in loads:
+        print(f"load {ld}: " + ", ".join(f"{mode} avg {render.fmt(means[('avg_jct', mode, ld)])} s "
+                                         f"p99 {render.fmt(means[('p99_jct', mode, ld)])} s" for mode in GROW_MODES))
+    print(f"wrote section 5 of {doc} and {path} ({wall / 60:.1f} min)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--quick", action="store_true", help="workloads 1-2 at load 1.0 only")
     ap.add_argument("--policies", default=None, help="comma-separated policies for section 2")
+    ap.add_argument("--grow-modes", action="store_true",
+                    help="only section 5: jct (gpu) with grows by extension and by requeue")
     ap.add_argument("--docs", default=str(ROOT / "docs"))
     ap.add_argument("--results", default=str(ROOT / "bench-results" / "evaluation.json"))
     args = ap.parse_args()
     wls = [1, 2] if args.quick else list(range(1, 9))
     loads = ("1.0",) if args.quick else LOADS
+    if args.grow_modes:
+        grow_main(args, wls, loads)
+        return
     policies, skipped = select_policies(args.policies)
     has_gran = "granularity" in {f.name for f in dataclasses.fields(Run)}
     grans = GRANULARITIES if has_gran else ("node",)
@@ -352,7 +405,8 @@ def main() -> None:
          "comes from that run; the raw summaries are in `bench-results/evaluation.json`."
          f"{' **Quick run: workloads 1-2, load 1.0 only.**' if args.quick else ''}\n",
          "Setting, unless a section says otherwise: 16 nodes x 4 GPUs, a policy round every 60 s, "
-         "30 s per start or restart (Pollux's), 2 s per in-place shrink, no GPU variability; policies "
+         "30 s per start or restart (Pollux's), 2 s per in-place shrink, grows by extension (section 5), "
+         "no GPU variability; policies "
          "exactly as the daemon runs them, through the daemon's reconcile step (`docs/simulator.md`). "
          "JCTs in seconds.\n"]
     if "tiresias" in policies:

@@ -1,0 +1,48 @@
+"""benchmarks/evaluation.py --grow-modes (issue 10): the runs it makes and how it rewrites only
+its own section of docs/evaluation.md."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+_spec = importlib.util.spec_from_file_location("evaluation_script_grow", _DIR / "evaluation.py")
+ev = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ev)
+render = sys.modules["_evaluation_render"]
+
+DOC = "# Evaluation\n\nintro\n\n## 1. One\n\nbody 1\n\n## 4. Four\n\nbody 4\n"
+
+
+def test_grow_runs_are_the_default_policy_at_gpu_granularity_both_ways():
+    runs = ev.grow_runs(range(1, 9), ev.LOADS)
+    assert len(runs) == 64
+    assert {(r.policy, r.granularity) for r in runs.values()} == {("jct", "gpu")}
+    assert {k[1] for k in runs} == {r.grow for r in runs.values()} == {"extension", "requeue"}
+    assert all(r.workload == f"pollux:{k[4]}@{k[3]}" and r.grow == k[1] for k, r in runs.items())
+
+
+@pytest.mark.parametrize(("doc", "expected"), [
+    (DOC, DOC + "\n## 5. Grow\n\nnew\n"),                                        # appended
+    (DOC + "\n## 5. Grow\n\nold\n", DOC + "\n## 5. Grow\n\nnew\n"),              # replaced at the end
+    (DOC.replace("## 4. Four", "## 5. Grow\n\nold\n\n## 4. Four"),               # replaced in the middle
+     DOC.replace("## 4. Four", "## 5. Grow\n\nnew\n\n## 4. Four")),
+])
+def test_replace_section_keeps_the_rest_of_the_document(doc, expected):
+    assert render.replace_section(doc, "## 5. Grow", ["## 5. Grow\n", "new"]) == expected
+
+
+def test_grow_section_tabulates_both_modes_and_the_change():
+    loads = ("0.5", "1.0")
+    means = {(m, mode, ld): v for m in ("avg_jct", "p99_jct", "restarts_per_job", "resizes")
+             for mode, v in (("extension", 900.0), ("requeue", 1000.0)) for ld in loads}
+    run = ev.make_run("pollux:1@0.5", "jct", granularity="gpu", grow="extension")
+    text = "\n".join(render.grow_section("## 5. Grow", means, ("extension", "requeue"), loads, [1, 8],
+                                         "cmd", 4, 60.0, "2026-11-24", run, "jct"))
+    assert "| extension | 900 | 900 |" in text and "| requeue | 1000 | 1000 |" in text
+    assert text.count("| extension vs requeue | -10.0% | -10.0% |") == 2      # average and p99
+    assert "8 s while the new workers" in text and "stalls 1.5 s" in text and "`cmd`" in text
