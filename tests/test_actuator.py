@@ -805,7 +805,11 @@ def test_resize_command_no_wait_returns_once_requested(cli_slurm, jd, writes):
 @pytest.mark.parametrize("args, code, message", [
     (["--gpus", "3"], 2, "refused: --gpus 3 is not a multiple of the job's 2 GPUs per node"),
     (["--nodes", "9"], 2, "refused: 9 node(s) is outside the job's limits [1, 4]"),
-    (["--nodes", "1", "--gpus", "2"], 2, "give --nodes or --gpus, not both"),
+    (["--nodes", "1", "--gpus", "2"], 2, "give one of --nodes, --gpus and --layout"),
+    (["--layout", "n1:4", "--gpus", "2"], 2, "give one of --nodes, --gpus and --layout"),
+    (["--layout", "n1:4,n1:2"], 2, "node n1 named twice"),
+    (["--layout", "n1:0"], 2, "must be >= 1"),
+    (["--layout", "n1:99"], 2, "refused: 99 GPUs is outside the job's limits"),
     (["--batch-size", "64"], 0, "(nothing to change)"),
 ])
 def test_resize_command_refusals(cli_slurm, args, code, message):

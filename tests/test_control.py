@@ -36,7 +36,7 @@ def test_absent_file_is_none(tmp_path):
 
 
 def test_the_vocabulary_is_the_enums():
-    assert ctl.ACTIONS == ("continue", "checkpoint-and-shrink", "checkpoint-and-requeue")
+    assert ctl.ACTIONS == ("continue", "checkpoint-and-shrink", "checkpoint-and-requeue", "reform")
     assert ctl.ACK_STATES == ("applied", "checkpointed", "rejected")
     assert ctl.LAUNCHER_PHASES == ("running", "resizing", "awaiting-requeue", "finished", "failed")
 

@@ -96,7 +96,8 @@ LAUNCH_VARIABLES = {
     "checkpoint_interval": "HPCSCHED_CHECKPOINT_INTERVAL",
     "record_samples": "HPCSCHED_RECORD_SAMPLES", "python": "HPCSCHED_PYTHON",
     "inplace_shrink": "HPCSCHED_INPLACE_SHRINK", "master_addr": "MASTER_ADDR",
-    "master_port": "MASTER_PORT",
+    "master_port": "MASTER_PORT", "extensions": "HPCSCHED_EXTENSIONS",
+    "join_generation": "HPCSCHED_JOIN_GENERATION", "fault_timeout": "HPCSCHED_FAULT_TIMEOUT",
 }
 
 
@@ -175,6 +176,8 @@ def test_the_workers_environment(launcher):
         "HPCSCHED_CHECKPOINT_INTERVAL": "30.0", "HPCSCHED_RECORD_SAMPLES": "1",
         "HPCSCHED_PYTHON": "/usr/bin/python3", "HPCSCHED_INPLACE_SHRINK": "1",
         "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": str(master_port("4242", 3)),
+        "HPCSCHED_EXTENSIONS": "1", "HPCSCHED_JOIN_GENERATION": "0",
+        "HPCSCHED_FAULT_TIMEOUT": "30.0",
     }
 
 

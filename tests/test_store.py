@@ -34,7 +34,7 @@ JOB = dict(job_uid="uid-1", user="alice", script="train.py", workers_per_node=4,
            lr_scaling="linear", spec_json='{"x": 1}', state="RUNNING")
 
 
-HEAD = "0002"
+HEAD = "0003"
 
 
 def _url(path) -> str:

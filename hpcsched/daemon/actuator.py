@@ -64,6 +64,7 @@ from hpcsched.daemon.phases import (
 )
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.batching import BatchConfig, BatchSizeError
+from hpcsched.protocol.extensions import format_layout, parse_layout
 from hpcsched.protocol.jobdir import JobDir, JobSpec
 from hpcsched.protocol.kinds import AckState, ChangeKind, ControlAction
 from hpcsched.slurm.control import (
@@ -108,11 +109,14 @@ class ResizePlan:
     from_global_batch_size: int
     lr_scale: float
     generation: int
+    layout: dict[str, int] = field(default_factory=dict)   # a reform's target
 
     def describe(self, spec: JobSpec) -> str:
         wpn = spec.workers_per_node
         parts = []
-        if self.nodes != self.from_nodes:
+        if self.layout:
+            parts.append(f"{self.batch.world_size} GPUs on {format_layout(self.layout)}")
+        elif self.nodes != self.from_nodes:
             parts.append(f"{self.from_nodes} -> {self.nodes} node(s) "
                          f"({self.from_nodes * wpn} -> {self.nodes * wpn} GPUs)")
         if self.batch.global_batch_size != self.from_global_batch_size:
@@ -126,18 +130,22 @@ class ResizePlan:
 
 
 def plan_resize(spec: JobSpec, current: Current, nodes: int | None = None,
-                batch_size: int | None = None) -> ResizePlan:
+                batch_size: int | None = None, layout: dict[str, int] | None = None) -> ResizePlan:
     """Decide how to move the job to ``nodes`` nodes and global batch ``batch_size`` (pure).
 
     ``None`` keeps the current value. A node change keeps the global batch size (refitted to
-    the new world size, with gradient accumulation above the per-GPU limit).
+    the new world size, with gradient accumulation above the per-GPU limit). ``layout``
+    (``{node: GPUs}``): a ``reform`` onto exactly those GPUs, by extension allocations.
 
     Raises:
-        ResizeRefused: outside ``[min_nodes, max_nodes]`` or ``[min_batch_size,
-            max_batch_size]``, or the job is in a state that cannot be resized.
+        ResizeRefused: outside ``[min_nodes, max_nodes]`` (a layout: ``[min_gpus, max_gpus]``)
+            or ``[min_batch_size, max_batch_size]``, or the job is in a state that cannot be
+            resized.
     """
     if current.state not in ("RUNNING", "PENDING"):
         raise ResizeRefused(f"the job is {current.state}; only RUNNING or PENDING jobs can be resized")
+    if layout:
+        return _plan_reform(spec, current, batch_size, layout)
     lim = spec.limits
     target_nodes = current.nodes if nodes is None else nodes
     if not lim.allows_nodes(target_nodes):
@@ -170,6 +178,25 @@ def plan_resize(spec: JobSpec, current: Current, nodes: int | None = None,
                       lim.lr_scale(batch.global_batch_size), current.generation + 1)
 
 
+def _plan_reform(spec: JobSpec, current: Current, batch_size: int | None,
+                 layout: dict[str, int]) -> ResizePlan:
+    lim = spec.limits
+    if current.state != "RUNNING":
+        raise ResizeRefused("a layout applies to a running job (a pending one: --nodes)")
+    gpus = sum(layout.values())
+    if not lim.min_gpus <= gpus <= lim.max_gpus:
+        raise ResizeRefused(f"{gpus} GPUs is outside the job's limits [{lim.min_gpus}, "
+                            f"{lim.max_gpus}] GPUs")
+    want = current.global_batch_size if batch_size is None else batch_size
+    try:
+        batch = lim.fit_batch_gpus(want, gpus)
+    except BatchSizeError as exc:
+        raise ResizeRefused(str(exc)) from None
+    return ResizePlan(ChangeKind.REFORM, len(layout), current.nodes, batch,
+                      current.global_batch_size, lim.lr_scale(batch.global_batch_size),
+                      current.generation + 1, dict(layout))
+
+
 def current_of(jd: JobDir, spec: JobSpec, info: slurm.JobInfo) -> Current:
     """The job's :class:`Current` from Slurm's view and the control/ack files."""
     return current_from(spec, info, read_or_none(ctl.read_control, jd.control_path, jd.uid),
@@ -200,7 +227,7 @@ def current_from(spec: JobSpec, info: slurm.JobInfo, control: ctl.Control | None
 
 
 def plan_for(jd: JobDir, spec: JobSpec, info: slurm.JobInfo | None, nodes: int | None,
-             batch_size: int | None) -> ResizePlan:
+             batch_size: int | None, layout: dict[str, int] | None = None) -> ResizePlan:
     """:func:`plan_resize` for a job as it is now.
 
     Raises:
@@ -214,7 +241,7 @@ def plan_for(jd: JobDir, spec: JobSpec, info: slurm.JobInfo | None, nodes: int |
             f"job {info.job_id} has not reported to hpcsched yet: it is still starting, or "
             "its script does not use hpcsched.elastic (then it runs, but cannot be "
             "resized in place)")
-    return plan_resize(spec, current_of(jd, spec, info), nodes, batch_size)
+    return plan_resize(spec, current_of(jd, spec, info), nodes, batch_size, layout)
 
 
 def read_or_none(fn, path, uid):
@@ -367,13 +394,16 @@ class Actuator:
         return notes
 
     def _write_control(self, action: Action, e: WriteControl, jd: JobDir, spec: JobSpec) -> None:
-        batch = spec.limits.fit_batch(e.global_batch_size, e.nodes)
+        layout = parse_layout(",".join(e.layout)) if e.layout else {}
+        batch = (spec.limits.fit_batch_gpus(e.global_batch_size, sum(layout.values())) if layout
+                 else spec.limits.fit_batch(e.global_batch_size, e.nodes))
         ctl.write_control(jd.control_path, ctl.Control(
             job_uid=jd.uid, generation=e.generation, action=e.action, nodes=e.nodes,
             workers_per_node=spec.workers_per_node, global_batch_size=batch.global_batch_size,
             local_batch_size=batch.local_batch_size, accumulation_steps=batch.accumulation_steps,
             lr_scale=spec.limits.lr_scale(batch.global_batch_size),
-            issued_at=self.clock(), issued_by=action.issued_by, reason=action.reason))
+            issued_at=self.clock(), issued_by=action.issued_by, reason=action.reason,
+            layout=layout))
 
     def _cancel(self, action: Action, e: CancelGeneration, jd: JobDir, spec: JobSpec) -> None:
         ctl.write_control(jd.control_path, ctl.Control(

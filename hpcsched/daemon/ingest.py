@@ -62,7 +62,7 @@ THROUGHPUT_SLACK = 10.0
 #: seconds a record's time may lie ahead of the daemon's clock (clock skew between nodes)
 CLOCK_SKEW = 300.0
 
-METRICS_NAME = re.compile(r"launch-\d{1,9}-rank-\d{1,9}\.jsonl")
+METRICS_NAME = re.compile(r"launch-\d{1,9}(-ext-\d{1,12})?-rank-\d{1,9}\.jsonl")
 
 
 def aggregate(records: Iterable[dict], job_id: str, app_class: str = "") -> tuple[list[dict], list[dict]]:

@@ -16,6 +16,7 @@ Paths by change kind (:class:`~hpcsched.protocol.kinds.ChangeKind`)::
     shrink           requested -> checkpointed -> running
     grow             requested -> checkpointed -> requeued -> released -> rescheduled -> running
     preempt          requested -> checkpointed -> requeued -> running (= held with a deadline)
+    reform           requested -> running (the job re-formed on the layout; no restart)
     any              ... -> failed
 
 A **preemption** (a running job a plan gives 0 GPUs) is a grow's first half: the job checkpoints
@@ -117,6 +118,7 @@ PATHS: dict[ChangeKind, tuple[ResizePhase, ...]] = {
     ChangeKind.GROW: (P.REQUESTED, P.CHECKPOINTED, P.REQUEUED, P.RELEASED, P.RESCHEDULED,
                       P.RUNNING),
     ChangeKind.PREEMPT: (P.REQUESTED, P.CHECKPOINTED, P.REQUEUED, P.RUNNING),
+    ChangeKind.REFORM: (P.REQUESTED, P.RUNNING),
 }
 
 #: the kinds that checkpoint and then requeue a running job
@@ -202,6 +204,7 @@ class Action:
     pending job, or a grow after its requeue); empty lets Slurm choose. For a ``preempt``,
     ``nodes`` is the size the job resumes at (its size now; the plan's 0 is in the journal's
     ``to_nodes``): the control generation asks for it, and the requeued job is given it.
+    A ``reform``'s ``placement`` is its layout, ``node:GPUs`` pairs (``("n1:4", "n2:2")``).
     """
 
     job_id: str
@@ -256,6 +259,7 @@ class WriteControl:
     action: ControlAction
     nodes: int
     global_batch_size: int
+    layout: tuple[str, ...] = ()   # a reform's ``node:GPUs`` pairs
 
 
 @dataclass(frozen=True)
@@ -389,7 +393,8 @@ def _request(a: Action, obs: Observed) -> Step:
     effects: list[Effect] = []
     if a.kind == ChangeKind.PENDING and job.state == "PENDING" and job.node_count != a.nodes:
         effects.append(ResizePendingJob(a.nodes, a.placement, job.cpus_per_task, required=True))
-    effects.append(WriteControl(a.generation, ACTION_FOR_KIND[a.kind], a.nodes, a.batch_size))
+    effects.append(WriteControl(a.generation, ACTION_FOR_KIND[a.kind], a.nodes, a.batch_size,
+                                a.placement if a.kind == ChangeKind.REFORM else ()))
     if a.kind == ChangeKind.PENDING:
         effects += _release_held(job)   # after the generation: the launcher starts with it
     return Step(P.REQUESTED, tuple(effects))

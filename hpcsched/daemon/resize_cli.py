@@ -30,6 +30,7 @@ from hpcsched.daemon.actuator import (
 )
 from hpcsched.daemon.phases import History, ResizePhase, Timeouts
 from hpcsched.protocol import files as ctl
+from hpcsched.protocol.extensions import parse_layout
 from hpcsched.protocol.jobdir import JobDir, JobNotFound, JobSpec
 from hpcsched.protocol.kinds import AckState, ChangeKind
 from hpcsched.slurm.control import CLISlurmControl, SlurmControl
@@ -73,7 +74,8 @@ class ResizeResult:
 def resize(job_id: str, nodes: int | None = None, batch_size: int | None = None,
            reason: str = "", issued_by: str = "hpcsched resize", wait: bool = True,
            timeouts: Timeouts | None = None, control: SlurmControl | None = None,
-           poll: float = 0.05, info: slurm.JobInfo | None = None) -> ResizeResult:
+           poll: float = 0.05, info: slurm.JobInfo | None = None,
+           layout: dict[str, int] | None = None) -> ResizeResult:
     """Plan and apply a resize of Slurm job ``job_id``.
 
     With ``wait``, returns once the job runs at the new size; without, once the request is
@@ -97,13 +99,14 @@ def resize(job_id: str, nodes: int | None = None, batch_size: int | None = None,
     except BlockingIOError:
         raise ResizeRefused(f"job {job_id} is being resized by another process") from None
     try:
-        plan = plan_for(jd, spec, info, nodes, batch_size)
+        plan = plan_for(jd, spec, info, nodes, batch_size, layout)
         result = ResizeResult(str(job_id), plan, time.time())
         log.info("job %s: %s (%s)", job_id, plan.describe(spec), reason or "no reason given")
         if plan.kind == NOOP:
             return result
         action = Action(str(job_id), ChangeKind(plan.kind), plan.generation, plan.nodes,
-                        plan.batch.global_batch_size, info.restarts, reason, issued_by)
+                        plan.batch.global_batch_size, info.restarts, reason, issued_by,
+                        tuple(f"{n}:{g}" for n, g in plan.layout.items()))
         actuator = Actuator(control, timeouts if timeouts is not None else Timeouts())
         _drive(actuator, action, jd, spec, info, result, wait, poll)
         return result
@@ -154,6 +157,9 @@ def _hot(action: Action, phase: ResizePhase) -> bool:
 @click.option("--nodes", type=click.IntRange(min=1), help="Target node count.")
 @click.option("--gpus", type=click.IntRange(min=1),
               help="Target GPU count (a multiple of the job's GPUs per node).")
+@click.option("--layout", metavar="NODE:GPUS,...",
+              help="Target GPUs per node, e.g. n1:4,n2:2: reached without restarting a worker "
+                   "(GPUs added through extension allocations, extension GPUs released).")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Target global batch size (samples).")
 @click.option("--reason", default="", help="Recorded with the request and shown by status.")
 @click.option("--wait/--no-wait", default=True, show_default=True,
@@ -162,12 +168,17 @@ def _hot(action: Action, phase: ResizePhase) -> bool:
               help="Seconds to wait for each step of the job's acknowledgement.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the result as JSON (plan and Unix timestamps of each phase).")
-def resize_command(job_id, nodes, gpus, batch_size, reason, wait, timeout, as_json):
-    """Resize hpcsched job JOB_ID: batch size in place, shrink in place, grow by requeue."""
-    if nodes is not None and gpus is not None:
-        raise click.UsageError("give --nodes or --gpus, not both")
-    if nodes is None and gpus is None and batch_size is None:
-        raise click.UsageError("nothing to do: give --nodes, --gpus and/or --batch-size")
+def resize_command(job_id, nodes, gpus, layout, batch_size, reason, wait, timeout, as_json):
+    """Resize hpcsched job JOB_ID: batch size in place, shrink in place, grow by requeue, or
+    any layout in place through extension allocations (--layout)."""
+    if sum(x is not None for x in (nodes, gpus, layout)) > 1:
+        raise click.UsageError("give one of --nodes, --gpus and --layout")
+    if nodes is None and gpus is None and layout is None and batch_size is None:
+        raise click.UsageError("nothing to do: give --nodes, --gpus, --layout and/or --batch-size")
+    try:
+        layout = parse_layout(layout) if layout is not None else None
+    except ctl.ProtocolError as exc:
+        raise click.BadParameter(str(exc), param_hint="--layout") from None
     try:
         control = CLISlurmControl()
         info = _owned_job(job_id, control)     # before anything of the job's is read
@@ -175,7 +186,7 @@ def resize_command(job_id, nodes, gpus, batch_size, reason, wait, timeout, as_js
         nodes = nodes if gpus is None else _nodes_for(gpus, spec)
         result = resize(job_id, nodes=nodes, batch_size=batch_size, reason=reason, wait=wait,
                         timeouts=Timeouts(ack=timeout, start=max(timeout, 300.0)),
-                        control=control, info=info)
+                        control=control, info=info, layout=layout)
     except (JobNotFound, ResizeRefused, ctl.ProtocolError, NotYourJob) as exc:
         click.echo(f"hpcsched resize: refused: {exc}", err=True)
         sys.exit(2)
@@ -218,7 +229,7 @@ def _as_json(result: ResizeResult) -> str:
     plan = result.plan
     return json.dumps({
         "job_id": result.job_id, "kind": str(plan.kind), "generation": plan.generation,
-        "nodes": plan.nodes, "from_nodes": plan.from_nodes,
+        "nodes": plan.nodes, "from_nodes": plan.from_nodes, "layout": plan.layout,
         "global_batch_size": plan.batch.global_batch_size,
         "local_batch_size": plan.batch.local_batch_size,
         "accumulation_steps": plan.batch.accumulation_steps, "lr_scale": plan.lr_scale,

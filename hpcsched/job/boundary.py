@@ -78,8 +78,9 @@ class Decision:
         action, nodes, workers_per_node, local_batch_size, accumulation_steps, lr_scale,
             world_size: that generation's request (see :class:`hpcsched.protocol.files.Control`).
         checkpoint_due: the checkpoint interval has passed.
+        form: for ``reform``: the form to enter (:mod:`hpcsched.job.reform`).
 
-    Travels as 9 int64 values (:meth:`encode`, :meth:`decode`): the action as its index in
+    Travels as 10 int64 values (:meth:`encode`, :meth:`decode`): the action as its index in
     :class:`~hpcsched.protocol.kinds.ControlAction`, ``lr_scale`` as the bits of its float64.
     """
 
@@ -92,6 +93,7 @@ class Decision:
     lr_scale: float = 0.0
     world_size: int = 0
     checkpoint_due: bool = False
+    form: int = 0
 
     _ACTIONS: ClassVar[tuple[ControlAction, ...]] = tuple(ControlAction)
 
@@ -108,13 +110,13 @@ class Decision:
     def encode(self) -> list[int]:
         return [self.generation, self._ACTIONS.index(self.action), self.nodes,
                 self.workers_per_node, self.local_batch_size, self.accumulation_steps,
-                _float_bits(self.lr_scale), int(self.checkpoint_due), self.world_size]
+                _float_bits(self.lr_scale), int(self.checkpoint_due), self.world_size, self.form]
 
     @classmethod
     def decode(cls, values: list[int]) -> Decision:
-        gen, code, nodes, wpn, local, accum, lr_bits, due, world = (int(v) for v in values)
+        gen, code, nodes, wpn, local, accum, lr_bits, due, world, form = (int(v) for v in values)
         return cls(gen, cls._ACTIONS[code], nodes, wpn, local, accum, _bits_float(lr_bits),
-                   world, bool(due))
+                   world, bool(due), form)
 
 
 class ControlWatcher:
@@ -150,14 +152,16 @@ class ControlWatcher:
 
 
 def agree(watcher: ControlWatcher, group, torch, rank: int, generation: int,
-          checkpoint_due: bool) -> Decision:
+          checkpoint_due: bool, decide=None) -> Decision:
     """Collective: every rank gets rank 0's decision (a control generation newer than
-    ``generation``, and whether a checkpoint is due); ``group`` None = one rank."""
+    ``generation``, and whether a checkpoint is due); ``group`` None = one rank. ``decide``
+    (rank 0): ``decide(new_control_or_None, checkpoint_due) -> Decision`` instead of
+    :meth:`Decision.of` (the job's reform logic)."""
     d = Decision()
     if rank == 0:
         c = watcher.changed()
-        d = Decision.of(c if c is not None and c.generation > generation else None,
-                        checkpoint_due)
+        c = c if c is not None and c.generation > generation else None
+        d = decide(c, checkpoint_due) if decide is not None else Decision.of(c, checkpoint_due)
     if group is not None:
         d = Decision.decode(group.broadcast_ints(torch, d.encode()))
     return d
@@ -174,13 +178,18 @@ class Reporter:
     """
 
     def __init__(self, jd: JobDir | None, rank: int, total_samples: int):
+        self._jd = jd
         self.jd = jd if rank == 0 else None
         self.total_samples = total_samples
         self._last = 0.0
         self._mark = (time.monotonic(), 0)
 
+    def rank_changed(self, rank: int) -> None:
+        """The process's rank changed (a re-formed group): only rank 0 reports."""
+        self.jd = self._jd if rank == 0 else None
+
     def ack(self, state: AckState, generation: int, cfg: InForce, step: int,
-            checkpoint: str = "", message: str = "") -> None:
+            checkpoint: str = "", message: str = "", layout: dict | None = None) -> None:
         if self.jd is None:
             return
         ctl.write_ack(self.jd.ack_path, ctl.Ack(
@@ -189,7 +198,7 @@ class Reporter:
             global_batch_size=cfg.batch.global_batch_size,
             local_batch_size=cfg.batch.local_batch_size,
             accumulation_steps=cfg.batch.accumulation_steps, step=step,
-            time=time.time(), checkpoint=checkpoint, message=message,
+            time=time.time(), checkpoint=checkpoint, message=message, layout=layout or {},
         ))
 
     @property

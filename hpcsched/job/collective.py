@@ -91,29 +91,50 @@ class ProcessGroup:
     """
 
     def __init__(self, dist, rank: int, world_size: int, generation: int, addr: str, port: int,
-                 backend: str, timeout: float, device):
+                 backend: str, timeout: float, device, joining: bool = False):
         self.dist = dist
         self.rank, self.world_size = rank, world_size
         self._backend, self._timeout = backend, timedelta(seconds=timeout)
         self.device = device
         self._store = None
-        if not dist.is_initialized():
+        if joining:  # an extension's worker: the running job's store, no group until invited
+            self._store = dist.TCPStore(addr, port, is_master=False, timeout=self._timeout)
+        elif not dist.is_initialized():
             self._store = dist.TCPStore(addr, port, is_master=rank == 0, timeout=self._timeout,
                                         wait_for_workers=False)
             self.form(generation, world_size)
 
+    @property
+    def store(self):
+        """The launch's TCPStore (None when the script formed its own group)."""
+        return self._store
+
+    def reform(self, form: int, rank: int, world_size: int, timeout: float) -> None:
+        """Leave the current group (if any) and form group number ``form`` (store prefix
+        ``hpcsched/f<form>/``) as ``rank`` of ``world_size``; collectives then give up on a
+        peer after ``timeout`` seconds."""
+        if self.dist.is_initialized():
+            self.dist.destroy_process_group()
+        self.rank, self.world_size = rank, world_size
+        self.dist.init_process_group(
+            self._backend, store=self.dist.PrefixStore(f"hpcsched/f{form}/", self._store),
+            rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout))
+
     @classmethod
     def join(cls, torch, rank: int, world_size: int, generation: int, addr: str, port: int,
-             backend: str | None, timeout: float, device) -> ProcessGroup | None:
-        """The group of a launch with ``world_size`` ranks (None for a single rank): ``backend``
-        defaults to ``nccl`` where CUDA is present, else ``gloo``; ``device`` is the rank's."""
-        if world_size <= 1:
+             backend: str | None, timeout: float, device, always: bool = False,
+             joining: bool = False) -> ProcessGroup | None:
+        """The group of a launch with ``world_size`` ranks (None for a single rank unless
+        ``always``: a job that may grow by extensions needs the store from the start):
+        ``backend`` defaults to ``nccl`` where CUDA is present, else ``gloo``; ``device`` is the
+        rank's. ``joining``: connect to a running job's store and form nothing yet."""
+        if world_size <= 1 and not (always or joining):
             return None
         import torch.distributed as dist
 
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         return cls(dist, rank, world_size, generation, addr, port, backend, timeout,
-                   device if backend == "nccl" else torch.device("cpu"))
+                   device if backend == "nccl" else torch.device("cpu"), joining=joining)
 
     def form(self, generation: int, world_size: int) -> None:
         """Join the process group of ``generation`` with ``world_size`` ranks."""
@@ -165,6 +186,14 @@ class ProcessGroup:
             error = release()
         self.form(generation, new_world)
         return error
+
+
+def leave_now(status: int = 0) -> None:
+    """End this worker at once (``os._exit``: interpreter teardown with torch loaded takes
+    seconds, and a leaving worker must not run the script's code after the loop)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _leave(left_dir: Path, marker: str, before_exit: Callable[[], None]) -> None:

@@ -62,19 +62,23 @@ from hpcsched.job.checkpoint import (
     CHECKPOINT_FORMAT,
     Checkpointer,
     Registered,
+    rng_state,
     set_rng_state,
     training_state,
 )
-from hpcsched.job.collective import ProcessGroup, allreduce_flat, select_device
+from hpcsched.job.collective import ProcessGroup, allreduce_flat, leave_now, select_device
 from hpcsched.job.data import DataPosition, Step, epoch_permutation, rank_micro_batches
 from hpcsched.job.gradient_noise import (
     GNSTracker,
     GradientNoiseEstimator,
     two_batch_estimate,
 )
+from hpcsched.job.membership import Membership, Refused
 from hpcsched.job.metrics import StepMetrics, identify_device
+from hpcsched.job.reform import Member, extension_member, primary_member
 from hpcsched.protocol.batching import BatchConfig, split_global_batch
 from hpcsched.protocol.env import LaunchEnv, ProcessEnv
+from hpcsched.protocol.extensions import format_layout
 from hpcsched.protocol.jobdir import LEFT_DIR, JobDir
 from hpcsched.protocol.kinds import AckState, ControlAction
 
@@ -151,16 +155,29 @@ class ElasticJob:
         self._noise = GNSTracker(torch, track_grad_noise and proc.grad_noise,
                                  self.global_batch_size)
         self.device = select_device(torch, self.local_rank)
+        joining = bool(launch.join_generation) and jd is not None
+        self._init_timeout = init_timeout
         self._group = ProcessGroup.join(torch, self.rank, proc.world_size, self.generation,
                                         launch.master_addr, launch.master_port, backend,
-                                        init_timeout, self.device)
+                                        init_timeout, self.device,
+                                        always=launch.extensions and jd is not None,
+                                        joining=joining)
+        device = identify_device(torch, self.device, self.local_rank, os.environ)
+        self._members = None
+        if self._group is not None and self._group.store is not None and \
+                (launch.extensions or joining):
+            me = Member(extension_member(proc.slurm_job_id, self.rank) if joining
+                        else primary_member(self.rank), device["node"],
+                        proc.slurm_job_id if joining else "")
+            self._members = Membership(self._group, launch, me, jd, self.rank,
+                                       proc.slurm_job_id)
+        self._void = False  # the step in flight lost a peer: it does not count
         self._watcher = ControlWatcher(jd)
         self._report = Reporter(jd, self.rank, self.state.total_samples)
-        self._applied_acked = False
+        self._applied_acked = joining
         self._metrics = StepMetrics.for_rank(
-            jd.metrics_dir if jd else None, self.launch, self.restart, self.rank,
-            identify_device(torch, self.device, self.local_rank, os.environ),
-            self.record_samples)
+            jd.metrics_dir if jd else None, self.launch, self.restart, self.rank, device,
+            self.record_samples, extension=proc.slurm_job_id if joining else "")
 
     # ------------------------------------------------------------ registration
     def register(self, model=None, optimizer=None, scheduler=None, **extra_state) -> bool:
@@ -176,6 +193,8 @@ class ElasticJob:
         self._reg = Registered(model, optimizer, scheduler, dict(extra_state))
         if model is not None and hasattr(model, "parameters"):
             self._noise.params = [p for p in model.parameters() if p.requires_grad]
+        if self._launch.join_generation and self._members is not None:
+            return self._join()
         return self._restore()
 
     @property
@@ -198,17 +217,22 @@ class ElasticJob:
             cfg = self._cfg
             step, consumed = self.state.next_step(cfg.batch, self.rank, cfg.lr_scale,
                                                   cfg.generation)
-            self._noise.begin_step(step, single_rank=self._group is None)
+            self._noise.begin_step(step, single_rank=self.world_size == 1)
             self._metrics.begin_step()
             yield step
             seconds = self._metrics.elapsed()
             self._noise.end_step()
+            if self._void:  # a peer was lost: the step's samples are given out again
+                self._void = False
+                continue
             self.state.advance(consumed)
             self._metrics.end_step(step, seconds, cfg.record(), self._noise.record())
             if self._report.progress_due:
                 self._progress()
         self._noise.flush()
         self._noise.remove_hooks()  # training is over: no more micro-batch hooks
+        if self._members is not None and self.rank == 0:
+            self._members.release_all()
         self._progress(finished=True)
 
     def log(self, **values: float) -> None:
@@ -237,13 +261,20 @@ class ElasticJob:
         params = [p for p in (model.parameters() if hasattr(model, "parameters") else model)
                   if p.requires_grad]
         step = self._noise.measuring(params)
-        if self._group is None:
+        if self._group is None or self.world_size == 1:
             if step is not None and params:
                 self._noise.single_rank(step, params)
             return
         local = self._noise.local_stats(step) if step is not None and params else None
-        flat, stats = allreduce_flat(self._torch, self._group.dist, params, local,
-                                     stats_size=2 if local is not None else 0)
+        try:
+            flat, stats = allreduce_flat(self._torch, self._group.dist, params, local,
+                                         stats_size=2 if local is not None else 0)
+        except RuntimeError as exc:
+            self._peer_lost(exc)
+            for p in params:  # torch's optimizers skip a parameter without a gradient
+                p.grad = None
+            self._void = True
+            return
         if local is not None:
             self._noise.after_reduce(step, flat, stats)
 
@@ -293,7 +324,10 @@ class ElasticJob:
             log.info("checkpoint %s (epoch %d, position %d)", path, self.state.epoch,
                      self.state.position)
         if self._group is not None:
-            self._group.barrier()
+            try:
+                self._group.barrier()
+            except RuntimeError as exc:
+                self._peer_lost(exc)
         self._ckpt.written()
         if path is None and self._ckpt.directory is not None:
             path = self._ckpt.latest_path()
@@ -304,6 +338,11 @@ class ElasticJob:
         if found is None:
             return False
         path, ck = found
+        self._load(ck, path)
+        return True
+
+    def _load(self, ck: dict, path) -> None:
+        """Take a checkpoint's state (from ``path``: a file, or the rank that sent it)."""
         self.state.load_state_dict(ck["data"], source=path)
         self._reg.load_state_dict(ck)
         if ck.get("grad_noise"):  # absent in checkpoints written before it existed
@@ -313,24 +352,131 @@ class ElasticJob:
             self._cfg.batch = split_global_batch(ck["batch"]["global_batch_size"], self.world_size)
         log.info("restored %s: epoch %d position %d step %d", path, self.state.epoch,
                  self.state.position, self.state.step)
+
+    # ------------------------------------------------- membership (extensions)
+    def _join(self) -> bool:
+        """A newcomer from an extension job: wait to be invited into the running job's group
+        at a step boundary, then take the training state from rank 0 (no checkpoint read)."""
+        form = self._members.join()
+        self._enter(form)
+        self._sync_state(form)
+        log.info("joined generation %d as rank %d of %d", form.generation, self.rank,
+                 self.world_size)
         return True
+
+    def _enter(self, form) -> None:
+        """Form ``form``'s group and take its configuration."""
+        timeout = self._launch.fault_timeout if form.has_extensions else self._init_timeout
+        self.rank = self._members.enter(form, timeout)
+        self._report.rank_changed(self.rank)
+        self._metrics.set_rank(self.rank)
+        self._cfg = InForce(form.generation, len(form.layout()),
+                            BatchConfig(form.world_size, form.local_batch_size,
+                                        form.accumulation_steps), form.lr_scale)
+
+    def _sync_state(self, form) -> None:
+        """Collective after entering a form with newcomers: rank 0's training state to all."""
+        if not form.newcomers:
+            return
+        state = [None]
+        if self.rank == 0:
+            state = [{**training_state(self._cfg, self.state, self._reg, self._noise.estimator),
+                      "rng": rng_state(self._torch)}]
+        self._group.dist.broadcast_object_list(state, src=0)
+        if self._members.me.id in form.newcomers:
+            self._load(state[0], "rank 0")
+
+    def _reform(self, d: Decision) -> bool:
+        """Every rank: leave, or enter the form rank 0 published for ``d``."""
+        old = self._members.form
+        form = self._members.read_form(d.form)
+        if form.rank_of(self._members.me.id) is None:
+            log.info("generation %d: this worker leaves the job", d.generation)
+            self._metrics.close()
+            leave_now()
+        self._enter(form)
+        self._sync_state(form)
+        if self.rank == 0:
+            self._members.record(old or form, form)
+            self._ack(AckState.APPLIED, d.generation,
+                      message=f"{form.world_size} worker(s) on {format_layout(form.layout())}; "
+                              "no worker restarted")
+        return True
+
+    def _peer_lost(self, exc: Exception) -> None:
+        """A collective failed. With extension members in the group, go on without the lost
+        peers (:meth:`Membership.survivors_form`); otherwise the error stands."""
+        form = self._members.form if self._members is not None else None
+        if form is None or not form.has_extensions:
+            raise exc
+        log.warning("a collective failed (%s); re-forming without the lost workers", exc)
+        refit = self._members.refit(self.global_batch_size) if self.rank == 0 else None
+        new = self._members.survivors_form(form, self.rank, refit)
+        if new.rank_of(self._members.me.id) is None:
+            log.error("this worker was counted as lost; leaving")
+            leave_now(1)
+        self._enter(new)
+        if self.rank == 0:
+            self._ack(AckState.APPLIED, self.generation, message=(
+                f"lost workers: went on with {new.world_size} on "
+                f"{format_layout(new.layout())}"))
+
+    def _decide(self, c, checkpoint_due: bool) -> Decision:
+        """Rank 0's decision at a step boundary, reform generations included."""
+        m = self._members
+        if c is not None and c.action == ControlAction.REFORM:
+            try:
+                if m is None:
+                    raise Refused("this job was not started with extension support")
+                d = m.request(c, self._current_form())
+            except Refused as exc:
+                self._ack(AckState.REJECTED, c.generation, message=str(exc))
+                return Decision(checkpoint_due=checkpoint_due)
+            return d or Decision(checkpoint_due=checkpoint_due)
+        if c is not None:
+            if m is not None:
+                m.abandon(f"superseded by generation {c.generation}")
+            return Decision.of(c, checkpoint_due)
+        if m is not None and m.pending is not None:
+            generation = m.pending.control.generation
+            try:
+                d = m.poll(self._current_form())
+            except Refused as exc:
+                self._ack(AckState.REJECTED, generation, message=str(exc))
+                d = None
+            if d is not None:
+                return d
+        return Decision(checkpoint_due=checkpoint_due)
+
+    def _current_form(self):
+        return self._members.current(self.world_size, self.generation, self.batch, self.lr_scale)
 
     # --------------------------------------------------------- step boundary
     def _ack(self, state: AckState, generation: int, checkpoint: str = "", message: str = ""):
-        self._report.ack(state, generation, self._cfg, self.state.step, checkpoint, message)
+        form = self._members.form if self._members is not None else None
+        layout = form.layout() if form is not None and form.has_extensions else None
+        self._report.ack(state, generation, self._cfg, self.state.step, checkpoint, message,
+                         layout)
 
     def _progress(self, finished: bool = False) -> None:
         self._report.progress(self._cfg, self.state, self._noise.estimator.estimate, finished)
 
     def _step_boundary(self) -> bool:
         """Collective: agree on any new generation and on checkpoints. False = stop."""
-        d = agree(self._watcher, self._group, self._torch, self.rank, self.generation,
-                  self._ckpt.due)
+        try:
+            d = agree(self._watcher, self._group, self._torch, self.rank, self.generation,
+                      self._ckpt.due, decide=self._decide)
+        except RuntimeError as exc:
+            self._peer_lost(exc)
+            return self._step_boundary()
         if not self._applied_acked:
             self._ack(AckState.APPLIED, self.generation)
             self._applied_acked = True
         if d.generation > self.generation:
-            return self._apply(d)
+            go_on = self._apply(d)
+            if go_on and d.action == ControlAction.REFORM:  # newcomers begin with a boundary
+                return self._step_boundary()
+            return go_on
         if d.checkpoint_due:
             self.checkpoint()
         return True
@@ -345,6 +491,8 @@ class ElasticJob:
                      d.local_batch_size, d.accumulation_steps, cfg.batch.global_batch_size)
             self._ack(AckState.APPLIED, d.generation)
             return True
+        if d.action == ControlAction.REFORM:
+            return self._reform(d)
         if d.action == ControlAction.CONTINUE:
             cfg.generation = d.generation  # never act twice on it
             self._ack(AckState.REJECTED, d.generation, message=(
@@ -353,6 +501,8 @@ class ElasticJob:
                 "or -requeue"))
             return True
         path = self.checkpoint()
+        if self._members is not None and self.rank == 0:
+            self._members.release_all()  # extension workers stop with the others
         self._ack(AckState.CHECKPOINTED, d.generation, checkpoint=str(path or ""))
         if d.action == ControlAction.CHECKPOINT_AND_SHRINK and self._can_shrink_in_place(d):
             return self._shrink_in_place(d)
@@ -361,8 +511,9 @@ class ElasticJob:
         return False
 
     def _can_shrink_in_place(self, d: Decision) -> bool:
+        form = self._members.form if self._members is not None else None
         return (self._group is not None and self.job_dir is not None
-                and self._launch.inplace_shrink
+                and self._launch.inplace_shrink and not (form and form.has_extensions)
                 and d.workers_per_node == self._launch.workers_per_node
                 and 1 <= d.nodes < self.nodes)
 

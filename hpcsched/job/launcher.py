@@ -40,6 +40,7 @@ from pathlib import Path
 
 from hpcsched import slurm
 from hpcsched.job.allocation import shrink_from_inside
+from hpcsched.job.extension import cancel_all
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.batching import BatchConfig, BatchSizeError
 from hpcsched.protocol.env import LaunchEnv
@@ -196,7 +197,10 @@ class Launcher:
                  cfg.nodes, cfg.workers_per_node, cfg.batch.global_batch_size,
                  cfg.batch.local_batch_size, cfg.batch.accumulation_steps, cfg.lr_scale)
         proc = subprocess.Popen(cmd, env=env, cwd=self.spec.submit_dir or None)
-        return proc.wait()
+        try:
+            return proc.wait()
+        finally:  # the workers are gone: no extension of theirs may hold GPUs
+            cancel_all(self.jd)
 
     def launch_env(self, cfg: LaunchConfig, master_addr: str) -> LaunchEnv:
         """What the workers of the next launch (number ``self.launches``) are told."""
@@ -209,7 +213,8 @@ class Launcher:
             global_batch_size=cfg.batch.global_batch_size, lr_scale=cfg.lr_scale,
             checkpoint_dir=spec.checkpoint_dir, checkpoint_interval=spec.checkpoint_interval,
             record_samples=spec.record_samples, python=spec.python, inplace_shrink=True,
-            master_addr=master_addr, master_port=master_port(self.job_id, self.launches))
+            master_addr=master_addr, master_port=master_port(self.job_id, self.launches),
+            extensions=True)
 
     @property
     def _resize_script(self) -> Path:

@@ -5,7 +5,8 @@ reads them (:mod:`hpcsched.daemon.ingest`) into the throughput profile and per-G
 measurements; the tests read them to prove that every sample was processed exactly once. Fields:
 
 * ``t``: Unix time (seconds) at the end of the step; ``launch``, ``restart``, ``generation``,
-  ``step``, ``epoch``, ``rank``;
+  ``step``, ``epoch``, ``rank``, ``pid`` (the worker's process id: a resize that restarts no
+  worker keeps it);
 * ``world_size``, ``nodes``, ``local_batch_size``, ``accumulation_steps``,
   ``global_batch_size``: the configuration in force;
 * ``global_samples`` (all ranks) and ``samples`` (this rank) in the step;
@@ -20,6 +21,7 @@ measurements; the tests read them to prove that every sample was processed exact
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from collections.abc import Mapping
@@ -70,12 +72,19 @@ class StepMetrics:
 
     @classmethod
     def for_rank(cls, metrics_dir: Path | None, launch: int, restart: int, rank: int,
-                 device: dict, record_samples: bool) -> StepMetrics:
+                 device: dict, record_samples: bool, extension: str = "") -> StepMetrics:
         """The records of ``rank`` in launch ``launch``: ``launch-<launch>-rank-<rank>.jsonl``
-        in ``metrics_dir`` (None: no records)."""
-        path = metrics_dir / f"launch-{launch}-rank-{rank}.jsonl" if metrics_dir else None
+        in ``metrics_dir`` (None: no records); a worker of extension job ``extension`` writes
+        ``launch-<launch>-ext-<extension>-rank-<task>.jsonl`` (its rank changes as it joins)."""
+        name = f"launch-{launch}-ext-{extension}-rank-{rank}" if extension else \
+            f"launch-{launch}-rank-{rank}"
+        path = metrics_dir / f"{name}.jsonl" if metrics_dir else None
         return cls(path, {"launch": launch, "restart": restart, "rank": rank}, device,
                    record_samples)
+
+    def set_rank(self, rank: int) -> None:
+        """The process's rank changed (a re-formed group): later records carry ``rank``."""
+        self._context["rank"] = rank
 
     def begin_step(self) -> None:
         """The step is handed to the training loop now."""
@@ -103,6 +112,7 @@ class StepMetrics:
                 "t": time.time(), "launch": self._context["launch"],
                 "restart": self._context["restart"], "generation": step.generation,
                 "step": step.step, "epoch": step.epoch, "rank": self._context["rank"],
+                "pid": os.getpid(),
                 "world_size": config["world_size"], "nodes": config["nodes"],
                 "local_batch_size": step.local_batch_size,
                 "accumulation_steps": step.accumulation_steps,

@@ -78,6 +78,14 @@ class LaunchEnv:
             workers (``HPCSCHED_INPLACE_SHRINK=1``).
         master_addr, master_port: rank 0's TCPStore (torch.distributed's ``MASTER_ADDR``,
             ``MASTER_PORT``).
+        extensions: the launcher supports growing through extension allocations
+            (``HPCSCHED_EXTENSIONS=1``; ``docs/extensions.md``).
+        join_generation: set in an extension job's workers only: the control generation whose
+            re-formed process group they join (``HPCSCHED_JOIN_GENERATION``; 0 = a primary
+            worker).
+        fault_timeout: seconds a collective may wait for a peer while the job runs on extension
+            allocations, after which a lost peer is assumed and the group re-forms without it
+            (``HPCSCHED_FAULT_TIMEOUT``).
     """
 
     job_dir: str = _var("HPCSCHED_JOB_DIR", "str", "")
@@ -97,6 +105,9 @@ class LaunchEnv:
     inplace_shrink: bool = _var("HPCSCHED_INPLACE_SHRINK", "bool", False)
     master_addr: str = _var("MASTER_ADDR", "str", "127.0.0.1")
     master_port: int = _var("MASTER_PORT", "int", 29500)
+    extensions: bool = _var("HPCSCHED_EXTENSIONS", "bool", False)
+    join_generation: int = _var("HPCSCHED_JOIN_GENERATION", "int", 0)
+    fault_timeout: float = _var("HPCSCHED_FAULT_TIMEOUT", "float", 30.0)
 
     def to_env(self) -> dict[str, str]:
         """The variables to put in the workers' environment (fields that are None are left

@@ -26,9 +26,10 @@ import errno
 import json
 import math
 import os
+import re
 import stat
 import tempfile
-from dataclasses import MISSING, asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -236,6 +237,9 @@ class Control:
         issued_at: Unix time (seconds) of the request.
         issued_by: who wrote it (free text, e.g. ``hpcsched resize``).
         reason: why (free text, shown by ``hpcsched status``).
+        layout: ``{node: GPUs}``, the whole allocation the job should run on (the primary's
+            GPUs and any extension allocations'); required by ``reform``, empty otherwise.
+            With a layout the world size is its sum and ``nodes`` the number of its nodes.
     """
 
     job_uid: str
@@ -250,11 +254,12 @@ class Control:
     issued_at: float
     issued_by: str = ""
     reason: str = ""
+    layout: dict[str, int] = field(default_factory=dict)
     schema: str = CONTROL_SCHEMA
 
     @property
     def world_size(self) -> int:
-        return self.nodes * self.workers_per_node
+        return sum(self.layout.values()) if self.layout else self.nodes * self.workers_per_node
 
     def validate(self, path: Path | str = "control.json") -> Control:
         path = Path(path)
@@ -268,13 +273,43 @@ class Control:
         if not self.lr_scale > 0:
             raise ProtocolError(f"{path}: field 'lr_scale' must be > 0, got {self.lr_scale!r}")
         _expect(path, "issued_at", self.issued_at, (int, float))
+        check_layout(path, self.layout)
+        if self.action == ControlAction.REFORM and not self.layout:
+            raise ProtocolError(f"{path}: action 'reform' needs a layout")
+        if self.layout and len(self.layout) != self.nodes:
+            raise ProtocolError(f"{path}: nodes {self.nodes} != the layout's {len(self.layout)} "
+                                "node(s)")
         if self.global_batch_size != self.world_size * self.local_batch_size * self.accumulation_steps:
             raise ProtocolError(
-                f"{path}: global_batch_size {self.global_batch_size} != nodes {self.nodes} x "
-                f"workers_per_node {self.workers_per_node} x local_batch_size "
-                f"{self.local_batch_size} x accumulation_steps {self.accumulation_steps}"
+                f"{path}: global_batch_size {self.global_batch_size} != world size "
+                f"{self.world_size} x local_batch_size {self.local_batch_size} x "
+                f"accumulation_steps {self.accumulation_steps}"
             )
         return self
+
+
+#: the most nodes a layout may name (a bound on what a job file can make anyone read)
+MAX_LAYOUT_NODES = 4096
+#: a Slurm node name (slurm.conf(5) NodeName: a host name, no hostlist expression)
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_layout(path: Path | str, layout: Any) -> None:
+    """A layout is ``{node name: GPUs >= 1}`` with at most :data:`MAX_LAYOUT_NODES` nodes.
+
+    Raises:
+        ProtocolError: anything else.
+    """
+    if not isinstance(layout, dict):
+        raise ProtocolError(f"{path}: field 'layout' must be an object {{node: GPUs}}, "
+                            f"got {type(layout).__name__}")
+    if len(layout) > MAX_LAYOUT_NODES:
+        raise ProtocolError(f"{path}: layout names {len(layout)} nodes (at most "
+                            f"{MAX_LAYOUT_NODES})")
+    for node, gpus in layout.items():
+        if not isinstance(node, str) or not NODE_NAME.fullmatch(node):
+            raise ProtocolError(f"{path}: layout: {node!r} is not a node name")
+        _expect(path, f"layout[{node}]", gpus, int, 1)
 
 
 @dataclass(frozen=True)
@@ -293,6 +328,8 @@ class Ack:
         time: Unix time (seconds) of the acknowledgement.
         checkpoint: path of the checkpoint written for this generation, if any.
         message: free text.
+        layout: ``{node: GPUs}`` in force when the job runs on extension allocations (empty:
+            ``nodes`` x the submitted GPUs per node).
     """
 
     job_uid: str
@@ -307,6 +344,7 @@ class Ack:
     time: float
     checkpoint: str = ""
     message: str = ""
+    layout: dict[str, int] = field(default_factory=dict)
     schema: str = ACK_SCHEMA
 
     def validate(self, path: Path | str = "ack.json") -> Ack:
@@ -318,6 +356,7 @@ class Ack:
             _expect(path, name, getattr(self, name), int, 1)
         _expect(path, "step", self.step, int, 0)
         _expect(path, "time", self.time, (int, float))
+        check_layout(path, self.layout)
         return self
 
 

@@ -13,6 +13,8 @@ it must be on a file system that the login node and every compute node see)::
         metrics/launch-<L>-rank-<R>.jsonl   per-rank step records (workers, append-only)
         checkpoints/                  default checkpoint directory (CHECKPOINTS_DIR)
         left/g<gen>-rank-<R>          ranks that left in an in-place shrink (LEFT_DIR)
+        extensions.json               the job's extension allocations (rank 0; protocol.extensions)
+        extensions/                   their batch scripts and output (rank 0, Slurm)
         resize.lock                   held by whoever is resizing the job
     <control_dir>/by-id/<slurm_job_id> -> ../<job_uid>   lookup by Slurm job id
 
@@ -350,6 +352,8 @@ class JobDir:
     metrics_dir = property(lambda self: self.path / "metrics")
     checkpoints_dir = property(lambda self: self.path / CHECKPOINTS_DIR)
     left_dir = property(lambda self: self.path / LEFT_DIR)
+    extensions_path = property(lambda self: self.path / "extensions.json")
+    extensions_dir = property(lambda self: self.path / "extensions")
     script_path = property(lambda self: self.path / "job.sbatch")
 
     def write_spec(self, spec: JobSpec) -> None:

@@ -22,6 +22,9 @@ class ChangeKind(StrEnum):
       the release of a job held after a preemption).
     * ``PREEMPT``: a running job given 0 GPUs: checkpoint, requeue and hold until a plan gives
       it GPUs again (Tiresias, Gu et al., NSDI'19 §4).
+    * ``REFORM``: a new layout (GPUs per node) reached without restarting a worker: GPUs added
+      through extension allocations (a second Slurm job whose workers join the running job),
+      extension GPUs released; a move is both at once (``docs/extensions.md``).
     """
 
     BATCH = "batch"
@@ -29,6 +32,7 @@ class ChangeKind(StrEnum):
     GROW = "grow"
     PENDING = "pending"
     PREEMPT = "preempt"
+    REFORM = "reform"
 
     @classmethod
     def between(cls, from_nodes: int, to_nodes: int) -> ChangeKind:
@@ -48,6 +52,8 @@ class ControlAction(StrEnum):
     CONTINUE = "continue"
     CHECKPOINT_AND_SHRINK = "checkpoint-and-shrink"
     CHECKPOINT_AND_REQUEUE = "checkpoint-and-requeue"
+    #: run on the control's ``layout`` without restarting a worker (extension allocations)
+    REFORM = "reform"
 
 
 #: the control action that carries out each change kind
@@ -57,6 +63,7 @@ ACTION_FOR_KIND: dict[ChangeKind, ControlAction] = {
     ChangeKind.SHRINK: ControlAction.CHECKPOINT_AND_SHRINK,
     ChangeKind.GROW: ControlAction.CHECKPOINT_AND_REQUEUE,
     ChangeKind.PREEMPT: ControlAction.CHECKPOINT_AND_REQUEUE,
+    ChangeKind.REFORM: ControlAction.REFORM,
 }
 
 

@@ -109,6 +109,16 @@ class JobLimits:
                          min_global=self.min_batch_size, max_global=self.max_batch_size,
                          max_local_batch_size=self.max_local_batch_size)
 
+    def fit_batch_gpus(self, requested_global: int, gpus: int) -> BatchConfig:
+        """:meth:`fit_batch` on ``gpus`` workers in any layout (extension allocations).
+
+        Raises:
+            BatchSizeError: no batch size in range fits ``gpus`` GPUs.
+        """
+        return fit_batch(requested_global, gpus, min_global=self.min_batch_size,
+                         max_global=self.max_batch_size,
+                         max_local_batch_size=self.max_local_batch_size)
+
     def lr_scale(self, global_batch_size: int) -> float:
         """Learning-rate factor at ``global_batch_size`` relative to ``base_batch_size``, by
         ``lr_scaling`` (:func:`hpcsched.protocol.batching.lr_scale`)."""

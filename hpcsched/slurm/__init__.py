@@ -19,6 +19,7 @@ reads as the Slurm API it is.
 from hpcsched.slurm.commands import (  # noqa: F401
     DEFAULT_TIMEOUT,
     calls,
+    cancel,
     count_call,
     hostnames,
     job_info,
@@ -26,6 +27,8 @@ from hpcsched.slurm.commands import (  # noqa: F401
     requeue,
     run,
     squeue,
+    submit,
+    time_left,
     update_job,
 )
 from hpcsched.slurm.errors import SlurmError, SlurmUnavailable  # noqa: F401

@@ -23,7 +23,8 @@ from hpcsched.slurm.parse import JobInfo, parse_squeue_json
 
 __all__ = [
     "DEFAULT_TIMEOUT", "SlurmError", "SlurmUnavailable", "calls", "count_call", "hostnames",
-    "job_info", "node_addr", "requeue", "run", "squeue", "update_job",
+    "cancel", "job_info", "node_addr", "requeue", "run", "squeue", "submit", "time_left",
+    "update_job",
 ]
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,52 @@ def update_job(job_id: str | int, timeout: float = DEFAULT_TIMEOUT,
 def requeue(job_id: str | int, hold: bool = False, timeout: float = DEFAULT_TIMEOUT) -> None:
     """``scontrol requeue`` (or ``requeuehold``) a running job."""
     run(["scontrol", "requeuehold" if hold else "requeue", str(job_id)], timeout=timeout)
+
+
+def time_left(job_id: str | int, timeout: float = DEFAULT_TIMEOUT) -> str | None:
+    """The time a running job has left, as ``squeue -o %L`` prints it (``[days-]h:mm:ss`` or
+    ``m:ss``, which ``sbatch --time`` reads the same way); None when it has no limit.
+
+    Raises:
+        SlurmUnavailable, SlurmError: as :func:`run`.
+    """
+    out = run(["squeue", "-h", "-j", str(job_id), "-o", "%L"], timeout=timeout).strip()
+    return None if out in ("", "UNLIMITED", "NOT_SET", "INVALID") else out
+
+
+def submit(args: Sequence[str], script: str | os.PathLike, env: dict | None = None,
+           timeout: float = DEFAULT_TIMEOUT) -> str:
+    """``sbatch --parsable ARGS SCRIPT``; returns the new job's id.
+
+    ``env``: the whole environment of the submission (None: this process's); sbatch
+    propagates it to the job (``--export=ALL``, sbatch's default).
+
+    Raises:
+        SlurmUnavailable: as :func:`run`. SlurmError: sbatch refused the job (its message).
+    """
+    args = ["sbatch", "--parsable", *[str(a) for a in args], str(script)]
+    log.debug("slurm: %s", " ".join(args))
+    count_call()
+    try:
+        proc = subprocess.run(args, check=False, capture_output=True, text=True,
+                              timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmUnavailable(f"sbatch did not answer within {timeout:g} s") from exc
+    except FileNotFoundError as exc:
+        raise SlurmError("sbatch: not found; is Slurm installed and on PATH?") from exc
+    if proc.returncode != 0:
+        text = "; ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        raise (SlurmUnavailable if says_unreachable(text) else SlurmError)(f"sbatch: {text}")
+    return proc.stdout.strip().split(";")[0]
+
+
+def cancel(job_id: str | int, timeout: float = DEFAULT_TIMEOUT) -> None:
+    """``scancel JOB``.
+
+    Raises:
+        SlurmUnavailable, SlurmError: as :func:`run`.
+    """
+    run(["scancel", str(job_id)], timeout=timeout)
 
 
 def hostnames(nodelist: str, timeout: float = DEFAULT_TIMEOUT) -> list[str]:

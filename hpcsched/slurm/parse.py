@@ -74,6 +74,7 @@ class JobInfo:
     batch_host: str
     priority: int
     cpus_per_task: int = 1  # from cpus / tasks: 22.05's JSON leaves cpus_per_task null
+    comment: str = ""       # --comment (an extension job's tag: hpcsched.protocol.extensions)
 
     @property
     def active(self) -> bool:
@@ -373,7 +374,16 @@ def _job_from_json(j: dict) -> JobInfo:
         batch_host=str(j.get("batch_host") or ""),
         priority=_int(j.get("priority")),
         cpus_per_task=_cpus_per_task(j),
+        comment=_comment(j.get("comment")),
     )
+
+
+def _comment(value) -> str:
+    """The job's ``--comment``: a string in 22.05; ``{"job": ..., "administrator": ...,
+    "system": ...}`` from 23.02 (openapi v0.0.39+)."""
+    if isinstance(value, dict):
+        value = value.get("job")
+    return str(value or "")
 
 
 def parse_squeue_json(text: str | bytes) -> dict[str, JobInfo]:

@@ -1,0 +1,238 @@
+"""Extension allocations, from inside the job: what to add and release for a layout
+(:func:`plan_layout`, pure), and rank 0's dealings with Slurm for them (:class:`Extender`).
+
+Slurm facts relied on (``docs/slurm-22.05-notes.md`` §3, and ``docs/slurm-versions.md`` for
+24.11 / 26.05): no release grows a running GPU job, so GPUs are added as another job; a running
+job's GRES cannot be changed, so the primary's GPUs on a node it keeps cannot be given back
+without a requeue, while a whole extension job can end at any time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpcsched import slurm
+from hpcsched.protocol.extensions import (
+    Extension,
+    Extensions,
+    ExtensionState,
+    extension_comment,
+    read_extensions,
+    write_extensions,
+)
+from hpcsched.protocol.files import ProtocolError
+from hpcsched.protocol.jobdir import JobDir, JobSpec
+
+log = logging.getLogger(__name__)
+
+#: Slurm job states in which an extension's workers may still come (``squeue --json``)
+WAITING = ("PENDING", "CONFIGURING", "RUNNING", "REQUEUED", "RESIZING")
+#: environment variables of the primary that must not leak into an extension's submission
+_SLURM_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "PMI_", "PMIX_", "OMPI_")
+_TORCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+
+
+class LayoutRefused(ValueError):
+    """A layout the job cannot reach without a restart (``str`` = why)."""
+
+
+@dataclass(frozen=True)
+class LayoutPlan:
+    """How to go from the allocations a job has to a target layout.
+
+    Attributes:
+        keep: extension job ids that stay. release: extension job ids whose workers leave
+            (their jobs end and give the GPUs back). add: ``{node: GPUs}`` to add, one new
+            extension job per node.
+    """
+
+    keep: tuple[str, ...] = ()
+    release: tuple[str, ...] = ()
+    add: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.release or self.add)
+
+
+def plan_layout(primary: Mapping[str, int], extensions: list[Extension],
+                target: Mapping[str, int]) -> LayoutPlan:
+    """Which extension allocations to keep, release and add to run on ``target`` (pure).
+
+    ``primary``: the primary job's GPUs per node; ``extensions``: the active extension
+    allocations, oldest first. On each node the primary's GPUs stay; the extensions there are
+    kept oldest first while they fit in what the target leaves above the primary, the rest are
+    released, and what is still missing is added as one new extension on that node.
+
+    Raises:
+        LayoutRefused: the target gives a node fewer GPUs than the primary holds there (Slurm
+            cannot release part of a running job's GRES: that needs a requeue).
+    """
+    short = {n: g for n, g in primary.items() if target.get(n, 0) < g}
+    if short:
+        raise LayoutRefused(
+            "the primary allocation's GPUs cannot be given back in place (" +
+            ", ".join(f"{n}: {primary[n]} held, {target.get(n, 0)} asked" for n in short) +
+            "); shrink it by whole nodes or requeue")
+    keep, release, add = [], [], {}
+    for node in dict.fromkeys([*target, *(e.node for e in extensions)]):
+        room = target.get(node, 0) - primary.get(node, 0)
+        for e in (e for e in extensions if e.node == node):
+            if e.gpus <= room:
+                keep.append(e.job_id)
+                room -= e.gpus
+            else:
+                release.append(e.job_id)
+        if room > 0:
+            add[node] = room
+    return LayoutPlan(tuple(keep), tuple(release), add)
+
+
+def extension_env(environ: Mapping[str, str], launch: Mapping[str, str]) -> dict[str, str]:
+    """The environment an extension job is submitted with: this worker's, without the
+    primary's Slurm, MPI and torch.distributed variables (the extension's own are set by
+    Slurm and the worker shim), plus ``launch`` (:class:`hpcsched.protocol.env.LaunchEnv`)."""
+    env = {k: v for k, v in environ.items()
+           if not k.startswith(_SLURM_PREFIXES) and k not in _TORCH_VARS}
+    if "SLURM_CONF" in environ:
+        env["SLURM_CONF"] = environ["SLURM_CONF"]
+    env.update(launch)
+    return env
+
+
+class Extender:
+    """Rank 0's extension allocations: submit, watch, cancel, and ``extensions.json``.
+
+    Args:
+        jd: the job directory. spec: the job's spec. primary_job_id: ``SLURM_JOB_ID``.
+        environ: this process's environment (partition, account, QoS of the primary).
+    """
+
+    def __init__(self, jd: JobDir, spec: JobSpec, primary_job_id: str,
+                 environ: Mapping[str, str]):
+        self.jd, self.spec, self.primary = jd, spec, primary_job_id
+        self.environ = environ
+        try:
+            found = read_extensions(jd.extensions_path, jd.uid)
+        except ProtocolError as exc:
+            log.warning("starting a new extensions.json: %s", exc)
+            found = None
+        self.items: list[Extension] = list(found.extensions) if found else []
+
+    @property
+    def active(self) -> list[Extension]:
+        return [e for e in self.items if e.state.active]
+
+    def get(self, job_id: str) -> Extension | None:
+        return next((e for e in self.items if e.job_id == job_id), None)
+
+    def set_state(self, job_id: str, state: ExtensionState, reason: str = "") -> None:
+        self.items = [e.to(state, time.time(), reason) if e.job_id == job_id else e
+                      for e in self.items]
+        self.save()
+
+    def save(self) -> None:
+        done = [e for e in self.items if not e.state.active]
+        if len(done) > 64:  # keep the file small: the oldest finished entries go
+            drop = {e.job_id for e in done[:-64]}
+            self.items = [e for e in self.items if e.job_id not in drop]
+        write_extensions(self.jd.extensions_path, Extensions(
+            self.jd.uid, self.primary, tuple(self.items), time.time()))
+
+    # ------------------------------------------------------------------ Slurm
+    def sbatch_args(self, node: str, gpus: int, generation: int) -> list[str]:
+        """sbatch's options for ``gpus`` GPUs on ``node``: the primary's partition, account,
+        QoS and remaining time, a recognisable name and the tag."""
+        env = self.environ
+        name = env.get("SLURM_JOB_NAME", "hpcsched")
+        out = self.jd.extensions_dir / "slurm-%j.out"
+        args = [f"--job-name={name}+ext", f"--comment={extension_comment(self.primary, self.jd.uid, generation)}",
+                "--nodes=1", f"--nodelist={node}", f"--ntasks={gpus}",
+                f"--ntasks-per-node={gpus}", f"--gres=gpu:{gpus}", f"--output={out}",
+                "--requeue" if False else "--no-requeue"]
+        for opt, var in (("partition", "SLURM_JOB_PARTITION"), ("account", "SLURM_JOB_ACCOUNT"),
+                         ("qos", "SLURM_JOB_QOS")):
+            if env.get(var):
+                args.append(f"--{opt}={env[var]}")
+        left = slurm.time_left(self.primary)
+        if left is not None:
+            args.append(f"--time={left}")
+        if self.spec.submit_dir:
+            args.append(f"--chdir={self.spec.submit_dir}")
+        return args
+
+    def script(self, node: str, gpus: int, generation: int) -> Path:
+        """The extension's batch script: one ``srun`` of the job's workers on its GPUs."""
+        d = self.jd.extensions_dir
+        d.mkdir(exist_ok=True)
+        path = d / f"g{generation}-{node}.sh"
+        cmd = ["srun", "--nodes=1", f"--ntasks={gpus}", f"--ntasks-per-node={gpus}",
+               self.spec.python, "-m", "hpcsched.worker", self.spec.script, *self.spec.script_args]
+        path.write_text("#!/bin/bash\n"
+                        f"# hpcsched: extension of job {self.primary} ({self.jd.uid}), "
+                        f"generation {generation}\n"
+                        f"exec {shlex.join(cmd)}\n")
+        path.chmod(0o700)
+        return path
+
+    def submit(self, node: str, gpus: int, generation: int, launch: Mapping[str, str]) -> Extension:
+        """Submit one extension job; it is recorded as ``submitted``.
+
+        Raises:
+            slurm.SlurmError: sbatch refused it (e.g. a limit: its message says which).
+            slurm.SlurmUnavailable: the controller did not answer.
+        """
+        env = extension_env(os.environ, launch)
+        job_id = slurm.submit(self.sbatch_args(node, gpus, generation),
+                              self.script(node, gpus, generation), env=env)
+        now = time.time()
+        ext = Extension(job_id, node, gpus, generation, ExtensionState.SUBMITTED, now, now)
+        self.items.append(ext)
+        self.save()
+        log.info("extension job %s submitted: %d GPU(s) on %s for generation %d", job_id, gpus,
+                 node, generation)
+        return ext
+
+    def cancel(self, job_id: str, state: ExtensionState, reason: str = "") -> None:
+        """``scancel`` an extension (errors logged: it may have ended already) and record
+        ``state``."""
+        try:
+            slurm.cancel(job_id)
+        except slurm.SlurmError as exc:
+            log.info("scancel %s: %s", job_id, exc)
+        self.set_state(job_id, state, reason)
+
+    def slurm_states(self) -> dict[str, slurm.JobInfo]:
+        """Slurm's view of the active extensions (one ``squeue``); a job Slurm has forgotten
+        is absent.
+
+        Raises:
+            slurm.SlurmUnavailable, slurm.SlurmError: as :func:`hpcsched.slurm.squeue`.
+        """
+        jobs = slurm.squeue()
+        return {e.job_id: jobs[e.job_id] for e in self.active if e.job_id in jobs}
+
+
+def cancel_all(jd: JobDir) -> list[str]:
+    """``scancel`` every active extension of the job in ``jd`` (the launcher, when the primary
+    ends); returns their ids. Nothing is raised: errors are logged."""
+    try:
+        found = read_extensions(jd.extensions_path, jd.uid)
+    except ProtocolError as exc:
+        log.error("cannot read the extensions to cancel them: %s", exc)
+        return []
+    ids = [e.job_id for e in found.active] if found else []
+    for job_id in ids:
+        try:
+            slurm.cancel(job_id)
+        except slurm.SlurmError as exc:
+            log.warning("scancel %s: %s", job_id, exc)
+    if ids:
+        log.info("cancelled extension job(s) %s", ", ".join(ids))
+    return ids
