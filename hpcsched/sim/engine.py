@@ -55,7 +55,7 @@ from hpcsched.policies.round import decide_round
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView
 from hpcsched.protocol.batching import BatchConfig, BatchSizeError
 from hpcsched.protocol.kinds import ChangeKind
-from hpcsched.sim import SimResult, WorkloadJob
+from hpcsched.sim import SimResult, WorkloadJob, resize
 from hpcsched.sim.cluster import CLASSES, PARTITION, SimBackend, SimCluster, job_info
 from hpcsched.sim.state import Extension, SimConfig, SimJob, SimulationError, job_limits, job_shape
 
@@ -141,21 +141,11 @@ class Simulator:
     # ----------------------------------------------------------------------- Slurm
     def job_infos(self) -> dict[str, object]:
         """The active jobs as ``squeue`` reports them."""
-        n = len(self.jobs)
-        return {j.job_id: job_info(j.job_id, j.wj.name, j.state, self._held_nodes(j),
-                                   len(self._held_nodes(j)) if j.ext else j.nodes,
+        n, names = len(self.jobs), self.cluster.node_names
+        return {j.job_id: job_info(j.job_id, j.wj.name, j.state, j.held_nodes(names),
+                                   len(j.held_nodes(names)) if j.ext else j.nodes,
                                    j.per_node, j.restarts, n - int(j.job_id))
                 for j in self.jobs if j.state in ("PENDING", "RUNNING")}
-
-    def _held_gpus(self, j: SimJob) -> tuple[tuple[int, int], ...]:
-        """The GPUs ``j`` holds, its extension's (starting) included."""
-        return j.gpus + j.ext.gpus if j.ext else j.gpus
-
-    def _held_nodes(self, j: SimJob) -> tuple[str, ...]:
-        """The nodes ``j`` holds GPUs on, its extension's included, in node order."""
-        if not j.ext:
-            return j.node_names
-        return tuple(self.cluster.node_names[n] for n in sorted({n for n, _ in self._held_gpus(j)}))
 
     def _try_start(self, j: SimJob) -> bool:
         if j.granular:
@@ -178,7 +168,7 @@ class Simulator:
         return True
 
     def _release(self, j: SimJob) -> None:
-        self.cluster.release(self._held_gpus(j))
+        self.cluster.release(j.held_gpus)
         j.gpus, j.node_names, j.ext = (), (), None
 
     def _schedule(self) -> None:
@@ -204,19 +194,8 @@ class Simulator:
             busy=j.state == "RUNNING" and (j.blocked_until > self.now or j.ext is not None),
             held=j.held,
             requested_nodes=j.req_nodes, start_time=j.start_time,
-            layout=self._layout(j),
+            layout=j.view_layout(self.cfg.gpus_per_node),
             resized_at=j.resized_at if j.state == "RUNNING" else None))
-
-    def _layout(self, j: SimJob) -> tuple[int, ...]:
-        """A GPU-granular job's GPUs per node: held (running; an extension's starting GPUs
-        included) or, packed, asked for."""
-        if not j.granular:
-            return ()
-        if j.state == "RUNNING":
-            held = [n for n, _ in self._held_gpus(j)]
-            return tuple(held.count(n) for n in sorted(set(held)))
-        per = self.cfg.gpus_per_node
-        return (per,) * (j.size // per) + ((j.size % per,) if j.size % per else ())
 
     def snapshot(self) -> ClusterSnapshot:
         """What the daemon would see now (the observation plus the jobs' own reports)."""
@@ -267,18 +246,9 @@ class Simulator:
 
     def _extend(self, j: SimJob, c: Change, gpus: int, cfg: BatchConfig) -> None:
         """Grow ``j`` to ``gpus`` GPUs by extension: the extension job takes the new GPUs now
-        (on the change's placement when it names nodes, else on the job's own nodes when they
-        hold them, else packed; whole nodes of its GPUs per node when node-granular); the job
-        trains on at its size until :meth:`_join`. Not made, with a note, when Slurm cannot
-        place the extension now."""
-        names = self.cluster.node_names
-        mine = tuple(dict.fromkeys(names[n] for n, _ in j.gpus))
-        if j.granular:
-            extra = gpus - j.size
-            tries = [tuple(c.placement), mine, ()] if c.placement else [mine, ()]
-            got = next(filter(None, (self.cluster.allocate_gpus(extra, req) for req in tries)), None)
-        else:
-            got = self._extension_nodes(c.to_nodes - len(mine), j.per_node, mine, c.placement)
+        (:func:`hpcsched.sim.resize.extension_gpus`); the job trains on at its size until
+        :meth:`_join`. Not made, with a note, when Slurm cannot place the extension now."""
+        got = resize.extension_gpus(self.cluster, j, gpus, c.to_nodes, c.placement)
         if got is None:
             self.notes.append(f"t={self.now:.0f} job {j.wj.name}: grow to {gpus} GPU(s) by "
                               "extension not applied: its GPUs are not free")
@@ -287,61 +257,19 @@ class Simulator:
         j.ext = Extension(self.now + self.cfg.extension_startup, got[1], gpus, cfg)
         j.resizes += 1
 
-    def _extension_nodes(self, count: int, per_node: int, mine: tuple[str, ...],
-                         placement: tuple[str, ...]):
-        """``count`` other nodes than ``mine`` with ``per_node`` GPUs each for a node-granular
-        extension: the placement's new nodes when they are that many and fit, else by Slurm's
-        rule (:meth:`SimCluster.allocate`: fewest free GPUs that hold them); ``None``: none."""
-        req = tuple(n for n in placement if n not in mine)
-        got = self.cluster.allocate(count, per_node, req) if req and len(req) == count else None
-        if got is not None:
-            return got
-        free = self.cluster.free.sum(axis=1)
-        names = self.cluster.node_names
-        fits = sorted((i for i, n in enumerate(names) if n not in mine and free[i] >= per_node),
-                      key=lambda i: (free[i], i))[:count]
-        return self.cluster.allocate(count, per_node, tuple(names[i] for i in sorted(fits))) \
-            if len(fits) == count else None
-
     def _join(self, j: SimJob) -> None:
-        """At ``j.ext.at`` (``self.now``): the extension's workers have started; the group
-        re-forms at the new size, every rank stalled ``extension_stall`` seconds while the
-        newcomers receive the state."""
+        """At ``j.ext.at`` (``self.now``): the group re-forms at the new size after the stall
+        (:func:`hpcsched.sim.resize.join`)."""
         self._advance(j, self.now)
-        ext, j.ext = j.ext, None
-        j.gpus = tuple(sorted(j.gpus + ext.gpus))
-        j.node_names = tuple(self.cluster.node_names[n] for n in sorted({n for n, _ in j.gpus}))
-        j.nodes, j.size, j.cfg = len(j.node_names), ext.size, ext.cfg
-        j.blocked_until = max(j.blocked_until, self.now) + self.cfg.extension_stall
-        j.resized_at = self.now
-        j.max_gpus = max(j.max_gpus, j.size)
-        j.eta = j.st = None
+        resize.join(j, self.cluster.node_names, self.now, self.cfg.extension_stall)
 
     def _log(self, j: SimJob, before: int, after: int) -> None:
         j.resize_log.append((self.now, self.rounds, before, after))
 
     def _shrink(self, j: SimJob, gpus: int, cfg: BatchConfig) -> None:
-        """Shrink in place to ``gpus`` GPUs: whole nodes keep the first nodes of the allocation
-        (Slurm's rule); GPU-granular, the GPUs on the nodes where the job holds fewest go first
-        (the rest stay packed)."""
+        """Shrink in place to ``gpus`` GPUs (:func:`hpcsched.sim.resize.shrink_in_place`)."""
         self._log(j, j.size, gpus)
-        names = self.cluster.node_names
-        if j.granular:
-            order = sorted(j.gpus, key=lambda ng: (-j.layout[j.node_names.index(names[ng[0]])],
-                                                   ng[0], ng[1]))
-            keep_gpus, drop = tuple(sorted(order[:gpus])), order[gpus:]
-            self.cluster.release(drop)
-            j.gpus = keep_gpus
-            j.node_names = tuple(dict.fromkeys(names[n] for n, _ in keep_gpus))
-        else:
-            keep = j.node_names[:gpus // j.per_node]
-            self.cluster.release((n, g) for n, g in j.gpus if names[n] not in keep)
-            j.gpus = tuple((n, g) for n, g in j.gpus if names[n] in keep)
-            j.node_names = keep
-        j.nodes, j.size, j.cfg = len(j.node_names), gpus, cfg
-        j.blocked_until = max(j.blocked_until, self.now) + self.cfg.shrink_cost
-        j.resized_at = self.now
-        j.resizes += 1
+        resize.shrink_in_place(self.cluster, j, gpus, cfg, self.now, self.cfg.shrink_cost)
 
     def _round(self) -> None:
         for j in self.jobs:

@@ -11,7 +11,7 @@ Units: seconds from the start of the trace, samples, GPUs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -177,6 +177,30 @@ class SimJob:
     @property
     def n_gpus(self) -> int:
         return self.size
+
+    @property
+    def held_gpus(self) -> tuple[tuple[int, int], ...]:
+        """The GPUs the job holds, its extension's (starting) included."""
+        return self.gpus + self.ext.gpus if self.ext else self.gpus
+
+    def view_layout(self, gpus_per_node: int) -> tuple[int, ...]:
+        """A GPU-granular job's GPUs per node as the daemon's view shows them: held (running;
+        an extension's starting GPUs included) or, packed on ``gpus_per_node``-GPU nodes,
+        asked for; ``()`` for a node-granular job."""
+        if not self.granular:
+            return ()
+        if self.state == "RUNNING":
+            held = [n for n, _ in self.held_gpus]
+            return tuple(held.count(n) for n in sorted(set(held)))
+        per = gpus_per_node
+        return (per,) * (self.size // per) + ((self.size % per,) if self.size % per else ())
+
+    def held_nodes(self, names: Sequence[str]) -> tuple[str, ...]:
+        """The nodes the job holds GPUs on, its extension's included, in node order
+        (``names``: the cluster's node names)."""
+        if not self.ext:
+            return self.node_names
+        return tuple(names[n] for n in sorted({n for n, _ in self.held_gpus}))
 
     @property
     def layout(self) -> tuple[int, ...]:
