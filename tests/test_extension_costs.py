@@ -10,7 +10,16 @@ import pytest
 
 from hpcsched.daemon import config as cfg
 from hpcsched.policies import jct
-from hpcsched.policies.reconcile import Change, Costs, _place_extension_gpus, feasible_now, gain_test, predict
+from hpcsched.policies.reconcile import (
+    Change,
+    Costs,
+    _place_extension_gpus,
+    classify,
+    extension_spans,
+    feasible_now,
+    gain_test,
+    predict,
+)
 from hpcsched.policies.round import decide_round
 from hpcsched.policies.snapshot import (
     EXTENSION_STALL,
@@ -203,3 +212,30 @@ def test_daemon_reads_the_extension_settings(tmp_path):
     path.write_text('[daemon]\ngrow = "extension"\nextension_startup = 6.5\nextension_stall = 0.8\n')
     d = cfg.load(path, env={}).daemon
     assert (d.grow, d.extension_startup, d.extension_stall) == ("extension", 6.5, 0.8)
+
+
+@pytest.mark.parametrize(("free", "own", "to_gpus", "spans"), [
+    ({"n1": 2, "n2": 4}, {"n1": 2}, 4, 1),             # the rest fits on its own node
+    ({"n1": 1, "n2": 4}, {"n1": 3}, 6, 2),             # 1 on its node, 2 on the fullest other
+    ({"n1": 0, "n2": 1, "n3": 3}, {"n1": 4}, 8, 3),     # 3 then 1: two more nodes
+    ({"n1": 0, "n2": 4, "n3": 4}, {"n1": 4}, 6, 2),
+])
+def test_extension_spans_its_own_nodes_then_the_fullest(free, own, to_gpus, spans):
+    job = replace(_job("G", len(own), names=tuple(own)), layout=tuple(own.values()))
+    snap = ClusterSnapshot(0.0, tuple(NodeView(n, 4, 4 - f, "mixed") for n, f in free.items()), (job,),
+                           granularity="gpu")
+    assert extension_spans(job, to_gpus, snap) == spans
+
+
+@pytest.mark.parametrize(("grow", "nodes"), [("requeue", 1), ("extension", 2)])
+def test_a_grow_by_extension_is_predicted_on_the_nodes_it_will_span(grow, nodes):
+    """G holds 2 GPUs of n1, which is full; a GPU-granular plan gives it 4: by requeue it is
+    packed onto one node, by extension it keeps n1 and adds n2."""
+    job = replace(_job("G", 1, wpn=2, max_nodes=4, names=("n1",), batch=128), layout=(2,),
+                  app_class="cifar10")      # its prior: a cross-node step is slower
+    snap = ClusterSnapshot(0.0, (NodeView("n1", 4, 4, "allocated"), NodeView("n2", 4, 0, "idle")),
+                           (job,), granularity="gpu")
+    plan = Plan("x", (JobTarget("G", 1, 128, "r", gpus=4),))
+    (cand,), _ = classify(plan, snap, Costs(grow=grow))
+    assert cand.x_to == pytest.approx(predict(job, nodes, 128, 4))
+    assert predict(job, 2, 128, 4) < 0.5 * predict(job, 1, 128, 4)

@@ -187,3 +187,20 @@ def test_same_seed_same_result(grow):
     if grow == "extension":
         assert sum(j.restarts for j in a.jobs) < sum(j.resizes for j in a.jobs)
     assert np.isfinite([j.finish_time for j in a.jobs if j.finish_time is not None]).all()
+
+
+def test_an_extension_takes_the_free_gpus_of_the_jobs_own_nodes_first():
+    """The job holds GPUs 0-1 of n1; n2 has 3 free. Growing to 5 takes n1's other 2, then 1
+    on n2 (packed by itself, all 3 would have gone to n2)."""
+    from hpcsched.sim import resize
+
+    sim = Simulator([JOB], "static", config=SimConfig(nodes=2, gpus_per_node=4, granularity="gpu"))
+    j = sim.jobs[0]
+    j.state = "PENDING"
+    sim._schedule()
+    sim.cluster.free[1, 0] = False               # someone else's GPU on n2
+    names, gpus = resize.extension_gpus(sim.cluster, j, 5, 2)
+    assert j.gpus == ((0, 0), (0, 1))
+    assert names == ("n1", "n2") and gpus == ((0, 2), (0, 3), (1, 1))
+    assert resize.extension_gpus(sim.cluster, j, 9, 2) is None    # 4 more: only 2 free
+    assert sim.cluster.free.sum() == 2                             # nothing taken by the refusal

@@ -17,7 +17,9 @@ Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``, in five steps:
    gets a change even at an unchanged size (the simulator; the daemon does not know a pending
    job's requested node list yet, and would re-send it every round).
    Sizes are compared in GPUs; a plan that speaks GPUs on a node-granular snapshot (the daemon
-   today) is mapped onto whole nodes first (:func:`on_grid`).
+   today) is mapped onto whole nodes first (:func:`on_grid`). A GPU-granular grow by extension
+   keeps the job's GPUs, so its goodput is predicted on the nodes it will span
+   (:func:`extension_spans`), not packed as the plan assumes.
 2. :func:`hold_back` (no thrash): a job resized or started less than ``Costs.hold`` seconds ago
    keeps its size this round.
 3. :func:`admission_room`: shrinks are made without the gain test when the plan starts pending
@@ -200,7 +202,7 @@ def classify(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()
         if job.state == "PENDING":
             out = _classify_pending(job, t, costs)
         elif job.state == "RUNNING" and (t.gpus_for(job), t.batch_size) != (job.gpus, job.batch_size):
-            out = _classify_running(job, t, costs)
+            out = _classify_running(job, t, costs, snapshot)
         else:
             continue
         if isinstance(out, Candidate):
@@ -240,7 +242,8 @@ def _classify_pending(job: JobView, t: JobTarget, costs: Costs) -> Candidate | s
     return None
 
 
-def _classify_running(job: JobView, t: JobTarget, costs: Costs) -> Candidate | str:
+def _classify_running(job: JobView, t: JobTarget, costs: Costs, snapshot: ClusterSnapshot | None = None
+                      ) -> Candidate | str:
     if t.nodes == 0:
         if costs.preemption:
             return Candidate(Change(job.job_id, ChangeKind.PREEMPT, job.nodes, 0, job.batch_size,
@@ -250,12 +253,34 @@ def _classify_running(job: JobView, t: JobTarget, costs: Costs) -> Candidate | s
     want = t.gpus_for(job)
     kind = ChangeKind.between(job.gpus, want)
     x_from = predict(job, job.nodes, job.batch_size, job.gpus)
-    x_to = predict(job, t.nodes, t.batch_size, want)
+    spans = t.nodes
+    if kind == ChangeKind.GROW and costs.grow == "extension" and snapshot is not None \
+            and snapshot.granularity == "gpu":
+        spans = extension_spans(job, want, snapshot)
+    x_to = predict(job, spans, t.batch_size, want)
     if x_from is None or x_to is None:
         return f"job {job.job_id}: no throughput model yet; {kind} not made"
     reason = f"{t.reason}; goodput {x_from:.0f} -> {x_to:.0f} samples/s predicted"
     placement = t.placement if kind == ChangeKind.GROW else ()
     return Candidate(_change(job, t, kind, reason, placement), x_from, x_to, t.weight)
+
+
+def extension_spans(job: JobView, gpus: int, snapshot: ClusterSnapshot) -> int:
+    """Nodes running ``job`` spans after a GPU-granular grow to ``gpus`` GPUs by extension:
+    its own nodes, whose free GPUs the extension takes first, and for the rest the fewest other
+    nodes that hold them (fullest first), as :func:`_place_extension_gpus` claims them. An
+    extension keeps the job's GPUs, so it may leave the job spread where a requeue would pack
+    it; its goodput is predicted on the nodes it will span."""
+    free = {n.name: n.gpus_free for n in snapshot.nodes if n.usable}
+    own = set(job.node_names)
+    rest = gpus - job.gpus - sum(free.get(n, 0) for n in own)
+    spans = len(own)
+    for f in sorted((f for n, f in free.items() if n not in own and f > 0), reverse=True):
+        if rest <= 0:
+            break
+        rest -= f
+        spans += 1
+    return max(spans, 1)
 
 
 # ----------------------------------------------------------------------------- admission room

@@ -31,8 +31,19 @@ def extension_gpus(cluster: SimCluster, j: SimJob, gpus: int, nodes: int,
     if not j.granular:
         return extension_nodes(cluster, nodes - len(mine), j.per_node, mine, placement)
     extra = gpus - j.size
-    tries = [tuple(placement), mine, ()] if placement else [mine, ()]
-    return next(filter(None, (cluster.allocate_gpus(extra, req) for req in tries)), None)
+    if placement:
+        got = cluster.allocate_gpus(extra, tuple(placement))
+        if got is not None:
+            return got
+    free = cluster.free.sum(axis=1)
+    on_mine = min(extra, sum(int(free[cluster.node_index[n]]) for n in mine))
+    first = cluster.allocate_gpus(on_mine, mine) if on_mine else ((), ())
+    rest = cluster.allocate_gpus(extra - on_mine) if extra > on_mine else ((), ())
+    if rest is None:
+        cluster.release(first[1])
+        return None
+    gpus_taken = tuple(sorted(first[1] + rest[1]))
+    return tuple(names[i] for i in sorted({n for n, _ in gpus_taken})), gpus_taken
 
 
 def extension_nodes(cluster: SimCluster, count: int, per_node: int, mine: Sequence[str],
