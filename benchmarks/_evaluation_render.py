@@ -212,6 +212,16 @@ def grow_section(heading: str, means: Mapping[tuple[str, str, str], float | None
     return out
 
 
+def section_of(doc: str, heading: str) -> str:
+    """The section of ``doc`` that starts at the line ``heading``, up to the next ``## ``
+    heading or the end (``""``: none)."""
+    start = doc.find(heading + "\n")
+    if start < 0:
+        return ""
+    end = doc.find("\n## ", start + len(heading))
+    return (doc[start:end] if end >= 0 else doc[start:]).rstrip("\n") + "\n"
+
+
 def replace_section(doc: str, heading: str, section: Sequence[str]) -> str:
     """``doc`` with the section that starts at the line ``heading`` (up to the next ``## ``
     heading or the end) replaced by ``section``'s lines, or ``section`` appended when ``doc``

@@ -418,7 +418,9 @@ def main() -> None:
     L += grid_section(out, means, pub, policies, grans, loads, wls, skipped, figs)
     L += render.targets_section(checks, args.quick)
     L += pal_section(out, rows, geo, wls, figs)
-    (docs / "evaluation.md").write_text("\n".join(L))
+    doc = docs / "evaluation.md"
+    kept = render.section_of(doc.read_text() if doc.exists() else "", GROW_SECTION)
+    doc.write_text("\n".join(L) + (f"\n{kept}" if kept else ""))   # section 5 has its own run
     for name, ok, detail in checks:
         print(f"{'NOT RUN' if ok is None else ('PASS' if ok else 'FAIL'):>7}  {name}: {detail}")
     print(f"wrote {docs / 'evaluation.md'} and {args.results} ({wall / 60:.1f} min)")

@@ -46,3 +46,12 @@ def test_grow_section_tabulates_both_modes_and_the_change():
     assert "| extension | 900 | 900 |" in text and "| requeue | 1000 | 1000 |" in text
     assert text.count("| extension vs requeue | -10.0% | -10.0% |") == 2      # average and p99
     assert "8 s while the new workers" in text and "stalls 1.5 s" in text and "`cmd`" in text
+
+
+@pytest.mark.parametrize(("doc", "section"), [
+    (DOC, ""),
+    (DOC + "\n## 5. Grow\n\nold\n", "## 5. Grow\n\nold\n"),
+    (DOC.replace("## 4. Four", "## 5. Grow\n\nold\n\n## 4. Four"), "## 5. Grow\n\nold\n"),
+])
+def test_section_of_finds_the_section_a_full_run_carries_over(doc, section):
+    assert render.section_of(doc, "## 5. Grow") == section
