@@ -418,12 +418,17 @@ def main() -> None:
     L += grid_section(out, means, pub, policies, grans, loads, wls, skipped, figs)
     L += render.targets_section(checks, args.quick)
     L += pal_section(out, rows, geo, wls, figs)
-    doc = docs / "evaluation.md"
-    kept = render.section_of(doc.read_text() if doc.exists() else "", GROW_SECTION)
-    doc.write_text("\n".join(L) + (f"\n{kept}" if kept else ""))   # section 5 has its own run
+    _write_doc(docs / "evaluation.md", L)
     for name, ok, detail in checks:
         print(f"{'NOT RUN' if ok is None else ('PASS' if ok else 'FAIL'):>7}  {name}: {detail}")
     print(f"wrote {docs / 'evaluation.md'} and {args.results} ({wall / 60:.1f} min)")
+
+
+def _write_doc(doc: Path, lines: list[str]) -> None:
+    """Write the document, carrying its section 5 over: that section has its own run
+    (``--grow-modes``)."""
+    kept = render.section_of(doc.read_text() if doc.exists() else "", GROW_SECTION)
+    doc.write_text("\n".join(lines) + (f"\n{kept}" if kept else ""))
 
 
 def _write_results(path: Path, out, runs, wall: float, quick: bool, checks) -> None:
