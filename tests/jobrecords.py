@@ -39,6 +39,40 @@ def check_exactly_once(recs: list[dict], dataset_size: int, epochs: int) -> None
         assert len(idx) == dataset_size
 
 
+def check_positions_exactly_once(recs: list[dict], dataset_size: int, epochs: int,
+                                 seed: int = 0) -> None:
+    """Exactly once by data position, for runs that lost workers: every step's range of the
+    epoch's permutation (``position``, ``consumed``; the same in every rank's record) tiles each
+    epoch with no gap and no overlap, the steps are consecutive, and what each rank recorded
+    lies in its step's range with no sample on two ranks. A lost worker's last record may be
+    missing (it died after the step's reduction, before writing); the range still counts it."""
+    from hpcsched.job.data import epoch_permutation
+
+    steps: dict[int, tuple] = {}
+    for r in recs:
+        key = (r["epoch"], r["position"], r["consumed"])
+        assert steps.setdefault(r["step"], key) == key, f"step {r['step']}: ranks disagree"
+    assert sorted(steps) == list(range(len(steps))), "steps missing or repeated"
+    by_epoch: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for epoch, pos, n in steps.values():
+        by_epoch[epoch].append((pos, n))
+    assert sorted(by_epoch) == list(range(epochs)), f"epochs seen: {sorted(by_epoch)}"
+    for e, ranges in by_epoch.items():
+        at = 0
+        for pos, n in sorted(ranges):
+            assert pos == at, f"epoch {e}: positions {at}..{pos} skipped or repeated"
+            at = pos + n
+        assert at == dataset_size, f"epoch {e} ends at {at}, not {dataset_size}"
+    seen: dict[int, set] = defaultdict(set)
+    for r in recs:
+        epoch, pos, n = steps[r["step"]]
+        allowed = set(epoch_permutation(dataset_size, epoch, seed)[pos:pos + n].tolist())
+        idx = set(r["indices"])
+        assert idx <= allowed, f"step {r['step']}: rank {r['rank']} outside its step's range"
+        assert not idx & seen[r["step"]], f"step {r['step']}: a sample on two ranks"
+        seen[r["step"]] |= idx
+
+
 def generations(recs: list[dict]) -> dict[int, dict]:
     """Per generation: the (world size, global batch, local batch, accumulation) in force."""
     out: dict[int, set] = defaultdict(set)

@@ -225,8 +225,10 @@ class ElasticJob:
             if self._void:  # a peer was lost: the step's samples are given out again
                 self._void = False
                 continue
+            position = {"position": self.state.position, "consumed": consumed}
             self.state.advance(consumed)
-            self._metrics.end_step(step, seconds, cfg.record(), self._noise.record())
+            self._metrics.end_step(step, seconds, {**cfg.record(), **position},
+                                   self._noise.record())
             if self._report.progress_due:
                 self._progress()
         self._noise.flush()

@@ -155,7 +155,7 @@ class Extender:
         args = [f"--job-name={name}+ext", f"--comment={extension_comment(self.primary, self.jd.uid, generation)}",
                 "--nodes=1", f"--nodelist={node}", f"--ntasks={gpus}",
                 f"--ntasks-per-node={gpus}", f"--gres=gpu:{gpus}", f"--output={out}",
-                "--requeue" if False else "--no-requeue"]
+                "--no-requeue"]
         for opt, var in (("partition", "SLURM_JOB_PARTITION"), ("account", "SLURM_JOB_ACCOUNT"),
                          ("qos", "SLURM_JOB_QOS")):
             if env.get(var):
@@ -220,19 +220,21 @@ class Extender:
 
 
 def cancel_all(jd: JobDir) -> list[str]:
-    """``scancel`` every active extension of the job in ``jd`` (the launcher, when the primary
-    ends); returns their ids. Nothing is raised: errors are logged."""
+    """``scancel`` every extension of the job in ``jd`` that may still hold GPUs (submitted,
+    joined, or released and perhaps not yet ended), in one call: the launcher does it when the
+    primary's workers end, so that no extension outlives them. Returns their ids; nothing is
+    raised (errors are logged: Slurm refuses ids that have ended, which is fine)."""
     try:
         found = read_extensions(jd.extensions_path, jd.uid)
     except ProtocolError as exc:
         log.error("cannot read the extensions to cancel them: %s", exc)
         return []
-    ids = [e.job_id for e in found.active] if found else []
-    for job_id in ids:
-        try:
-            slurm.cancel(job_id)
-        except slurm.SlurmError as exc:
-            log.warning("scancel %s: %s", job_id, exc)
+    ids = [e.job_id for e in found.extensions if e.state.active or
+           e.state == ExtensionState.RELEASED] if found else []
     if ids:
+        try:
+            slurm.cancel(*ids)
+        except slurm.SlurmError as exc:
+            log.info("scancel %s: %s", " ".join(ids), exc)
         log.info("cancelled extension job(s) %s", ", ".join(ids))
     return ids

@@ -211,9 +211,14 @@ class Membership:
     def release_all(self) -> None:
         """Rank 0, before the workers stop for a checkpoint-and-requeue or -shrink: every
         extension is released (its workers stop too, and its job ends)."""
-        if self.extender is not None:
-            for e in self.extender.active:
+        if self.extender is None:
+            return
+        self.abandon("the workers stop")
+        for e in self.extender.active:
+            if e.state == ExtensionState.JOINED:
                 self.extender.set_state(e.job_id, ExtensionState.RELEASED)
+            else:  # submitted for a grow that will not happen
+                self.extender.cancel(e.job_id, ExtensionState.REFUSED, "the workers stopped")
 
     # ------------------------------------------------------------- any rank
     def read_form(self, number: int) -> rf.Form:
@@ -238,7 +243,7 @@ class Membership:
         rf.mark_alive(self.store, old.form, self.me.id)
         if rank != 0:
             return rf.recovery(self.store, old)
-        alive = rf.survivors(self.store, old, self._gone(), self.launch.fault_timeout)
+        alive = rf.survivors(self.store, old, self._gone(), 2 * self.launch.fault_timeout)
         local, accumulation, lr = refit(len(alive))
         new = rf.Form(rf.next_form(self.store), old.generation, tuple(alive), (), local,
                       accumulation, lr)

@@ -9,7 +9,9 @@ measurements; the tests read them to prove that every sample was processed exact
   worker keeps it);
 * ``world_size``, ``nodes``, ``local_batch_size``, ``accumulation_steps``,
   ``global_batch_size``: the configuration in force;
-* ``global_samples`` (all ranks) and ``samples`` (this rank) in the step;
+* ``global_samples`` (all ranks) and ``samples`` (this rank) in the step; ``position`` and
+  ``consumed``: the step took positions ``[position, position + consumed)`` of the epoch's
+  permutation (the same on every rank: any one rank's records account for the whole job);
 * ``step_time``: seconds from handing out the step to its end; ``compute_time``: seconds from
   handing it out to the gradient reduction (None without one);
 * ``device``: ``{node, local_rank, gpu_index?, gpu_uuid?, gpu_name?}``;
@@ -118,6 +120,7 @@ class StepMetrics:
                 "accumulation_steps": step.accumulation_steps,
                 "global_batch_size": config["global_batch_size"],
                 "global_samples": step.global_samples, "samples": step.samples,
+                "position": config.get("position"), "consumed": config.get("consumed"),
                 "step_time": seconds, "compute_time": self._compute_time,
                 "device": self._device, **noise, **self._logged,
             }

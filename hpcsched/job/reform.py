@@ -166,17 +166,33 @@ def mark_alive(store, form: int, member: str) -> None:
     store.set(f"hpcsched/alive/{form}/{member}", "1")
 
 
-def survivors(store, old: Form, gone, timeout: float, poll: float = 0.2) -> list[Member]:
-    """Rank 0, after a failed collective: the members of ``old`` that marked themselves alive,
-    waiting until every member is alive or ``gone(member)`` says its allocation no longer runs,
-    or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
+def survivors(store, old: Form, gone, timeout: float, limit: float = 300.0,
+              poll: float = 0.2) -> list[Member]:
+    """Rank 0, after a failed collective: the members of ``old`` that marked themselves alive.
+
+    A primary member is never counted lost (the primary's workers are one ``srun`` step: if one
+    dies, Slurm ends them all), so every one of them is waited for; it marks itself alive once
+    its own collective fails, at the latest after the group's timeout. An extension member is
+    waited for until it is alive, or ``gone(member)`` says its allocation no longer runs, or
+    ``timeout`` seconds have passed.
+
+    Raises:
+        RuntimeError: a primary member did not mark itself alive within ``limit`` seconds.
+    """
+    start = time.monotonic()
     while True:
         alive = [m for m in old.members
                  if store.check([f"hpcsched/alive/{old.form}/{m.id}"])]
-        settled = {m.id for m in alive} | {m.id for m in old.members if gone(m)}
-        if len(settled) >= len(old.members) or time.monotonic() > deadline:
+        ids = {m.id for m in alive}
+        waiting = [m for m in old.members if m.id not in ids]
+        primaries = [m for m in waiting if m.allocation == PRIMARY]
+        others = [m for m in waiting if m.allocation != PRIMARY and not gone(m)]
+        elapsed = time.monotonic() - start
+        if not primaries and (not others or elapsed > timeout):
             return alive
+        if elapsed > limit:
+            raise RuntimeError(f"primary worker(s) {', '.join(m.id for m in primaries)} did not "
+                               f"come back within {limit:.0f} s")
         time.sleep(poll)
 
 

@@ -157,13 +157,13 @@ def submit(args: Sequence[str], script: str | os.PathLike, env: dict | None = No
     return proc.stdout.strip().split(";")[0]
 
 
-def cancel(job_id: str | int, timeout: float = DEFAULT_TIMEOUT) -> None:
-    """``scancel JOB``.
+def cancel(*job_ids: str | int, timeout: float = DEFAULT_TIMEOUT) -> None:
+    """``scancel JOB...`` (one call).
 
     Raises:
         SlurmUnavailable, SlurmError: as :func:`run`.
     """
-    run(["scancel", str(job_id)], timeout=timeout)
+    run(["scancel", *(str(j) for j in job_ids)], timeout=timeout)
 
 
 def hostnames(nodelist: str, timeout: float = DEFAULT_TIMEOUT) -> list[str]:

@@ -1,0 +1,159 @@
+"""Extension allocations on the real dev cluster (issue 10): a job grows onto GPUs another job
+half-uses without restarting a worker, shrinks and moves in place, survives a cancelled
+extension, and is refused cleanly when an extension cannot start.
+
+The job's own records (``--hpcsched-record-samples``) prove that every sample of every epoch was
+processed exactly once; their ``pid`` fields, that no worker was restarted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from hpcsched import slurm
+from hpcsched.protocol import files as ctl
+from hpcsched.protocol.extensions import parse_extension_comment, read_extensions
+from hpcsched.protocol.jobdir import JobDir
+from tests.conftest import EXAMPLE, cli, wait_for
+from tests.jobrecords import (
+    check_exactly_once,
+    check_positions_exactly_once,
+    generations,
+    load_records,
+    mean_loss_by_step,
+)
+
+DIGITS = 1797
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def _hold(tmp_path, slurm_jobs, node: str, gpus: int) -> str:
+    """A plain job holding ``gpus`` GPUs of ``node`` for the test."""
+    out = subprocess.run(["sbatch", "--parsable", "-w", node, f"--gres=gpu:{gpus}",
+                          f"--output={tmp_path}/hold-{node}.out", "--wrap", "sleep 900"],
+                         capture_output=True, text=True, check=True)
+    job = out.stdout.strip()
+    slurm_jobs.append(job)
+    wait_for(lambda: (i := slurm.job_info(job)) and i.state == "RUNNING", 60, f"the job on {node}")
+    return job
+
+
+def _submit(tmp_path, slurm_jobs, epochs: int, env=None) -> tuple[str, JobDir]:
+    out = cli("hpcsub", "--parsable", "-N", "1", "-w", "n1", "--gres=gpu:4",
+              f"--output={tmp_path}/slurm-%j.out", "--hpcsched-min-nodes", "1",
+              "--hpcsched-max-nodes", "4", "--hpcsched-batch-size", "64",
+              "--hpcsched-max-batch-size", "512", "--hpcsched-record-samples", str(EXAMPLE),
+              "--epochs", str(epochs), "--min-step-time", "0.05", cwd=tmp_path, env=env)
+    job_id = out.stdout.strip()
+    slurm_jobs.append(job_id)
+    jd = JobDir.for_job(job_id)
+    wait_for(lambda: jd.ack_path.exists(), 120, f"job {job_id} to start training")
+    return job_id, jd
+
+
+def _layout(job_id: str, layout: str, reason: str) -> str:
+    return cli("hpcsched", "resize", job_id, "--layout", layout, "--reason", reason).stdout
+
+
+def _extensions(jd: JobDir):
+    return read_extensions(jd.extensions_path, jd.uid).extensions
+
+
+def _finish(job_id: str, tmp_path) -> slurm.JobInfo:
+    log = tmp_path / f"slurm-{job_id}.out"
+    return wait_for(lambda: (i := slurm.job_info(job_id)) and not i.active and i, 300,
+                    f"job {job_id} to finish\n{log.read_text() if log.exists() else ''}",
+                    interval=0.5)
+
+
+def _none_active(jd: JobDir) -> bool:
+    jobs = slurm.squeue()
+    return not [e.job_id for e in _extensions(jd) if e.job_id in jobs and jobs[e.job_id].active]
+
+
+def test_grow_onto_a_shared_node_then_grow_shrink_and_move_without_restarting_a_worker(
+        devcluster, control_dir, tmp_path, slurm_jobs):
+    _hold(tmp_path, slurm_jobs, "n2", 2)               # n2: 2 of its 4 GPUs taken
+    job_id, jd = _submit(tmp_path, slurm_jobs, epochs=40)
+
+    steps = [("n1:4,n2:2", 6), ("n1:4,n2:2,n3:2", 8), ("n1:4,n3:2", 6), ("n1:4,n4:2", 6),
+             ("n1:4", 4)]
+    for generation, (layout, gpus) in enumerate(steps, start=1):
+        out = _layout(job_id, layout, f"test: {layout}")
+        assert f"generation {generation} in force" in out, out
+        ack = ctl.read_ack(jd.ack_path, jd.uid)
+        assert (ack.generation, ack.state, ack.world_size) == (generation, "applied", gpus), ack
+        assert "no worker restarted" in ack.message
+        if generation == 1:   # the extension is the user's job, named and tagged as such
+            (ext,) = _extensions(jd)
+            info = slurm.job_info(ext.job_id)
+            assert (ext.node, ext.gpus, info.state, info.user) == ("n2", 2, "RUNNING", "root")
+            assert info.name.endswith("+ext")
+            assert parse_extension_comment(info.comment) == (job_id, jd.uid, 1)
+
+    final = _finish(job_id, tmp_path)
+    assert final.state == "COMPLETED"
+    assert final.restarts == 0
+    wait_for(lambda: _none_active(jd), 30, "every extension job to end")
+    states = [e.state for e in _extensions(jd)]
+    assert states == ["released"] * 3, states   # n2, n3, n4 (the move): all given back
+
+    recs = load_records(jd.path)
+    check_exactly_once(recs, DIGITS, 40)
+    assert [g["world_size"] for g in generations(recs).values()] == [4, 6, 8, 6, 6, 4]
+    files = sorted(p.name for p in jd.metrics_dir.iterdir())
+    assert [f for f in files if "-ext-" not in f] == [f"launch-1-rank-{r}.jsonl" for r in range(4)]
+    for f in files:   # one process per file: its pid never changed, whatever the resizes
+        pids = {json.loads(line)["pid"] for line in (jd.metrics_dir / f).read_text().splitlines()}
+        assert len(pids) == 1, (f, pids)
+    by_node_gen = {(r["generation"], r["device"]["node"]) for r in recs}
+    assert {(1, "n2"), (2, "n3"), (3, "n3"), (4, "n4")} <= by_node_gen
+    assert not any(n == "n2" for g, n in by_node_gen if g >= 3)   # n2 released at 3
+    losses = mean_loss_by_step(recs)
+    assert losses[-1] < losses[0] / 10
+
+
+def test_a_cancelled_extension_is_a_shrink_the_job_did_not_ask_for(
+        devcluster, control_dir, tmp_path, slurm_jobs):
+    job_id, jd = _submit(tmp_path, slurm_jobs, epochs=60)
+    out = _layout(job_id, "n1:4,n2:2", "test: grow")
+    assert "generation 1 in force" in out, out
+    (ext,) = _extensions(jd)
+    time.sleep(1.0)
+    cancelled = time.time()
+    subprocess.run(["scancel", ext.job_id], check=True)
+    ack = wait_for(lambda: (a := ctl.read_ack(jd.ack_path, jd.uid)) and a.world_size == 4
+                   and "lost" in a.message and a, 60, "the job to go on without the extension")
+    assert ack.time - cancelled < 60
+    assert ack.layout == {}   # the primary's GPUs only
+
+    assert _finish(job_id, tmp_path).state == "COMPLETED"
+    (ext,) = _extensions(jd)
+    assert ext.state == "lost"
+    check_positions_exactly_once(load_records(jd.path), DIGITS, 60)
+    assert _none_active(jd)
+
+
+def test_an_extension_that_cannot_start_is_reported_and_the_job_keeps_its_size(
+        devcluster, control_dir, tmp_path, slurm_jobs):
+    _hold(tmp_path, slurm_jobs, "n2", 4)               # n2 full: the extension must wait
+    env = {**os.environ, "HPCSCHED_EXTENSION_TIMEOUT": "6"}
+    job_id, jd = _submit(tmp_path, slurm_jobs, epochs=20, env=env)
+    r = cli("hpcsched", "resize", job_id, "--layout", "n1:4,n2:2", check=False)
+    assert r.returncode == 1
+    assert "rejected generation 1" in r.stderr and "did not start within 6 s" in r.stderr, r.stderr
+    assert "Resources" in r.stderr      # Slurm's reason for the pending extension
+    (ext,) = _extensions(jd)
+    assert ext.state == "refused"
+    wait_for(lambda: _none_active(jd), 30, "the refused extension to be cancelled")
+    status = json.loads(cli("hpcsched", "status", "--json").stdout)
+    (row,) = [j for j in status["jobs"] if j["job_id"] == job_id]
+    assert row["gpus"] == 4
+    assert _finish(job_id, tmp_path).state == "COMPLETED"
+    check_exactly_once(load_records(jd.path), DIGITS, 20)
