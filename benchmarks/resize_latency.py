@@ -1,22 +1,28 @@
 #!/usr/bin/env python3
-"""Benchmark: time from a resize request to the first training step at the new size.
+"""Benchmark: what a grow, a shrink and a move cost a running job, three ways.
 
-Three changes: batch size only (64 -> 128, 2 nodes); shrink (2 -> 1 node); grow (1 -> 2 nodes).
+* **extension** (issue 10): ``hpcsched resize --layout``; GPUs are added as an extension Slurm
+  job whose workers join at a step boundary and take the state from rank 0; no worker restarts.
+  Grow ``n1:2 -> n1:2,n2:2``, move ``-> n1:2,n3:2``, shrink ``-> n1:2``.
+* **requeue** (the actuator's other path): grow ``--nodes 2`` = checkpoint, ``scontrol
+  requeue``, resume at the new size; shrink ``--nodes 1`` = checkpoint and release the node in
+  place. No move.
+* **resubmit** (no hpcsched): a checkpoint asked through the control file, ``scancel``, and a
+  new ``hpcsub`` job at the new size (a move: on another node) that restores from it.
 
-* **hpcsched**: ``hpcsched resize --json`` on the running job. The clock starts when the command
-  is launched (so Python start-up is included). It stops at the job's ``applied``
-  acknowledgement, which rank 0 writes at the start of the first step at the new configuration.
-  The checkpoint share (request -> ``checkpointed``) is reported beside it.
-* **naive**: the same change without hpcsched's actuator. The job is asked for a checkpoint
-  through the same mechanism, so the checkpoint costs the same, then ``scancel`` and a
-  resubmission with ``hpcsub`` at the new size that restores from that checkpoint. The clock
-  starts at the checkpoint request and stops at the new job's first step.
+For each: **seconds** from the request (the ``hpcsched resize`` command's launch; for resubmit,
+the checkpoint request) to the first step at the new size (rank 0's ``applied``
+acknowledgement, or the new job's first); the **stall**: the longest gap between two
+consecutive steps of rank 0 (the process that runs throughout, where there is one) from one
+second before the request to two seconds after the new size is in force, which includes one
+ordinary step (~50 ms here); for extension grows and moves, the newcomers' **start-up**
+(submission to all ready: ``extensions.json``). The job is the digits example with 2 workers
+per node, each step padded to 50 ms, on the dev cluster (started if needed; root).
 
-It runs on the local dev cluster (``hpcsched devcluster up``, 4 nodes x 4 GPUs, started if
-needed, which needs root) with the digits example at 2 workers per node, padded to 20 ms a step.
-It prints a table and writes JSON (``--out``, default ``bench-results/resize_latency.json``):
+    .venv/bin/python benchmarks/resize_latency.py [--repeats 3] [--out FILE]
 
-    .venv/bin/python benchmarks/resize_latency.py [--repeats 3]
+It prints a table and the targets of issue 10, and writes JSON (default
+``bench-results/resize_latency.json``).
 """
 
 from __future__ import annotations
@@ -38,16 +44,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import write_report  # noqa: E402
 
 from hpcsched.protocol import files as ctl  # noqa: E402
+from hpcsched.protocol.extensions import read_extensions  # noqa: E402
 from hpcsched.protocol.jobdir import JobDir  # noqa: E402
 from hpcsched.slurm import devcluster  # noqa: E402
 
 EXAMPLE = ROOT / "jobscripts" / "examples" / "digits_mlp.py"
 BIN = Path(sys.executable).parent
-CHANGES = (  # kind, hpcsched resize arguments, naive resubmission (nodes, global batch)
-    ("batch", ["--batch-size", "128"], (2, 128)),
-    ("shrink", ["--nodes", "1"], (1, 128)),
-    ("grow", ["--nodes", "2"], (2, 128)),
-)
+STEP = 0.05
+CHANGES = ("grow", "move", "shrink")
+METHODS = ("extension", "requeue", "resubmit")
 
 
 def sh(*args, **kw) -> subprocess.CompletedProcess:
@@ -76,46 +81,74 @@ def ack(jd: JobDir, generation: int, state: str = "applied") -> ctl.Ack | None:
     return a if a and a.generation == generation and a.state == state else None
 
 
-def submit(workdir: Path, nodes: int, batch: int, extra=()) -> tuple[str, JobDir]:
-    """hpcsub the example and wait for its first step."""
-    out = sh(BIN / "hpcsub", "--parsable", "-N", nodes, "--gres=gpu:2", "--output=slurm-%j.out",
-             "--hpcsched-min-nodes", 1, "--hpcsched-max-nodes", 2, "--hpcsched-batch-size", batch,
-             "--hpcsched-min-batch-size", 32, "--hpcsched-max-batch-size", 256, *extra,
-             EXAMPLE, "--epochs", 1000, "--min-step-time", 0.02, cwd=workdir).stdout
+def submit(workdir: Path, nodes: int, node: str | None = None, extra=()) -> tuple[str, JobDir]:
+    """hpcsub the example (2 GPUs per node) and wait for its first step."""
+    where = ("-w", node) if node else ()
+    out = sh(BIN / "hpcsub", "--parsable", "-N", nodes, *where, "--gres=gpu:2",
+             "--output=slurm-%j.out", "--hpcsched-min-nodes", 1, "--hpcsched-max-nodes", 2,
+             "--hpcsched-batch-size", 64, "--hpcsched-min-batch-size", 32,
+             "--hpcsched-max-batch-size", 256, *extra, EXAMPLE, "--epochs", 1000,
+             "--min-step-time", STEP, cwd=workdir).stdout
     job_id = out.strip().split(";")[0]
     jd = JobDir.for_job(job_id)
     wait(lambda: ack(jd, 0), 180, f"job {job_id} to start")
+    time.sleep(2.0)   # steady state
     return job_id, jd
 
 
-def steps_in_flight(jd: JobDir, t0: float, generation: int) -> int | None:
-    """Steps rank 0 started after the request and before the new configuration (0 = next step)."""
-    before, first = -1, None
-    for f in (jd.path / "metrics").glob("launch-*-rank-0.jsonl"):
-        for line in f.read_text().splitlines():
-            r = json.loads(line)
-            if r["t"] - r["step_time"] <= t0:  # the step had started before the request
-                before = max(before, r["step"])
-            if r["generation"] == generation:
-                first = r["step"] if first is None else min(first, r["step"])
-    return None if first is None else first - before - 1
+def rank0_step_ends(*jds: JobDir) -> list[float]:
+    """End times of rank 0's steps (the primary's rank 0, every launch), sorted."""
+    ts = []
+    for jd in jds:
+        for f in jd.metrics_dir.glob("launch-*-rank-0.jsonl"):
+            if "-ext-" in f.name:
+                continue
+            for line in f.read_text().splitlines():
+                r = json.loads(line)
+                if r.get("rank", 0) == 0:
+                    ts.append(r["t"])
+    return sorted(ts)
 
 
-def run_hpcsched(job_id: str, jd: JobDir, kind: str, args: list[str]) -> dict:
+def stall(t0: float, t1: float, *jds: JobDir) -> float:
+    """The longest gap between consecutive rank-0 steps ending in [t0 - 1, t1 + 2]."""
+    time.sleep(2.5)
+    ts = [t for t in rank0_step_ends(*jds) if t0 - 1 <= t <= t1 + 2]
+    return max((b - a for a, b in zip(ts, ts[1:])), default=float("nan"))
+
+
+def resize(job_id: str, jd: JobDir, args: list) -> dict:
     t0 = time.time()
     res = json.loads(sh(BIN / "hpcsched", "resize", job_id, "--json", *args).stdout)
-    rec = {"seconds": res["applied"] - t0}
+    rec = {"seconds": res["applied"] - t0, "stall": stall(t0, res["applied"], jd)}
     if res["checkpointed"] is not None:
         rec["checkpoint_seconds"] = res["checkpointed"] - t0
-        rec["after_checkpoint_seconds"] = res["applied"] - res["checkpointed"]
-    if kind == "batch":
-        # counted from the moment the control file was written, not from the CLI's start-up
-        issued = ctl.read_control(jd.control_path, jd.uid).issued_at
-        rec["steps_in_flight"] = steps_in_flight(jd, issued, res["generation"])
     return rec
 
 
-def run_naive(job_id: str, jd: JobDir, workdir: Path, nodes: int, batch: int):
+def run_extension(work: Path) -> tuple[dict, list[str]]:
+    job_id, jd = submit(work, 1, "n1")
+    out = {}
+    for change, layout in zip(CHANGES, ("n1:2,n2:2", "n1:2,n3:2", "n1:2")):
+        time.sleep(1.0)
+        out[change] = resize(job_id, jd, ["--layout", layout])
+        if change in ("grow", "move"):
+            ext = read_extensions(jd.extensions_path, jd.uid).extensions[-1]
+            out[change]["startup"] = ext.ready_at - ext.submitted_at
+    ids = [job_id] + [e.job_id for e in read_extensions(jd.extensions_path, jd.uid).extensions]
+    return out, ids
+
+
+def run_requeue(work: Path) -> tuple[dict, list[str]]:
+    job_id, jd = submit(work, 1, "n1")
+    out = {"grow": resize(job_id, jd, ["--nodes", "2"])}
+    time.sleep(1.0)
+    out["shrink"] = resize(job_id, jd, ["--nodes", "1"])
+    return out, [job_id]
+
+
+def checkpoint_now(jd: JobDir) -> tuple[float, ctl.Ack]:
+    """Ask the job for a checkpoint as hpcsched would (checkpoint-and-requeue)."""
     c = ctl.read_control(jd.control_path, jd.uid)
     a = ctl.read_ack(jd.ack_path, jd.uid)
     gen = max(c.generation if c else 0, a.generation) + 1
@@ -124,15 +157,53 @@ def run_naive(job_id: str, jd: JobDir, workdir: Path, nodes: int, batch: int):
         job_uid=jd.uid, generation=gen, action="checkpoint-and-requeue", nodes=a.nodes,
         workers_per_node=2, global_batch_size=a.global_batch_size,
         local_batch_size=a.local_batch_size, accumulation_steps=a.accumulation_steps,
-        lr_scale=1.0, issued_at=t0, issued_by="benchmark", reason="naive: checkpoint"))
-    ck = wait(lambda: ack(jd, gen, "checkpointed"), 120, "the checkpoint")
-    sh("scancel", job_id)
-    new_id, new_jd = submit(workdir, nodes, batch,
-                            extra=("--hpcsched-checkpoint-dir", jd.path / "checkpoints"))
-    first = ack(new_jd, 0)
-    rec = {"seconds": first.time - t0, "checkpoint_seconds": ck.time - t0,
-           "after_checkpoint_seconds": first.time - ck.time}
-    return rec, new_id, new_jd
+        lr_scale=1.0, issued_at=t0, issued_by="benchmark", reason="resubmit: checkpoint"))
+    return t0, wait(lambda: ack(jd, gen, "checkpointed"), 120, "the checkpoint")
+
+
+def run_resubmit(work: Path) -> tuple[dict, list[str]]:
+    job_id, jd = submit(work, 1, "n1")
+    checkpoints = jd.path / "checkpoints"   # every resubmission restores from and writes here
+    ids, out = [job_id], {}
+    for change, (nodes, node) in zip(CHANGES, ((2, None), (2, "n3,n4"), (1, None))):
+        time.sleep(1.0)
+        t0, ck = checkpoint_now(jd)
+        sh("scancel", job_id)
+        new_id, new_jd = submit(work, nodes, node, extra=("--hpcsched-checkpoint-dir", checkpoints))
+        first = ack(new_jd, 0)
+        out[change] = {"seconds": first.time - t0, "checkpoint_seconds": ck.time - t0,
+                       "stall": stall(t0, first.time, jd, new_jd)}
+        job_id, jd = new_id, new_jd
+        ids.append(job_id)
+    return out, ids
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def summarize(runs: dict) -> dict:
+    out = {}
+    for method, changes in runs.items():
+        for change, recs in changes.items():
+            out.setdefault(method, {})[change] = {
+                key: med(r.get(key) for r in recs)
+                for key in ("seconds", "stall", "startup", "checkpoint_seconds")
+                if any(key in r for r in recs)}
+    return out
+
+
+def targets(s: dict) -> list[tuple[str, float | None, str, bool | None]]:
+    g = s["extension"]["grow"]
+    resub = s["resubmit"]["grow"]["seconds"]
+    return [
+        ("grow stall (extension), s", g["stall"], "<= 1 s + state transfer (~0 here)",
+         g["stall"] <= 1.0),
+        ("grow decision -> new size - newcomers' start-up, s", g["seconds"] - g["startup"],
+         "<= 1 s", g["seconds"] - g["startup"] <= 1.0),
+        ("resubmit's time to resume / grow stall", resub / g["stall"], ">= 5", resub / g["stall"] >= 5),
+    ]
 
 
 def main() -> int:
@@ -145,52 +216,42 @@ def main() -> int:
     os.environ["SLURM_CONF"] = str(devcluster.up(state))
     work = Path(tempfile.mkdtemp(prefix="hpcsched-bench-"))
     os.environ["HPCSCHED_CONTROL_DIR"] = str(work / "jobs")
-    runs: dict[str, dict[str, list]] = {k: {"hpcsched": [], "naive": []} for k, _, _ in CHANGES}
+    runs: dict[str, dict[str, list]] = {m: {} for m in METHODS}
     submitted: list[str] = []
     try:
         for rep in range(args.repeats):
-            job_id, jd = submit(work, 2, 64)
-            submitted.append(job_id)
-            for kind, cli_args, _ in CHANGES:
-                time.sleep(1.0)
-                rec = run_hpcsched(job_id, jd, kind, cli_args)
-                runs[kind]["hpcsched"].append(rec)
-                print(f"[{rep}] hpcsched {kind:<6} {rec['seconds']:6.2f} s", flush=True)
-            sh("scancel", job_id)
-
-            job_id, jd = submit(work, 2, 64)
-            submitted.append(job_id)
-            for kind, _, (nodes, batch) in CHANGES:
-                time.sleep(1.0)
-                rec, job_id, jd = run_naive(job_id, jd, work, nodes, batch)
-                submitted.append(job_id)
-                runs[kind]["naive"].append(rec)
-                print(f"[{rep}] naive    {kind:<6} {rec['seconds']:6.2f} s", flush=True)
-            sh("scancel", job_id)
+            for method, fn in (("extension", run_extension), ("requeue", run_requeue),
+                               ("resubmit", run_resubmit)):
+                res, ids = fn(work)
+                submitted += ids
+                subprocess.run(["scancel", *ids], capture_output=True)
+                for change, rec in res.items():
+                    runs[method].setdefault(change, []).append(rec)
+                    print(f"[{rep}] {method:<9} {change:<6} {rec['seconds']:6.2f} s, stall "
+                          f"{rec['stall']:6.2f} s", flush=True)
+                time.sleep(2.0)
     finally:
         subprocess.run(["scancel", *submitted], capture_output=True)
 
-    def med(xs):
-        xs = [x for x in xs if x is not None]
-        return statistics.median(xs) if xs else None
-
-    summary = {}
-    print(f"\n{'change':<7} {'hpcsched':>9} {'checkpoint':>11} {'after ckpt':>11} {'naive':>8} "
-          f"{'speed-up':>9}   (medians of {args.repeats}, seconds)")
-    for kind, r in runs.items():
-        h = med(x["seconds"] for x in r["hpcsched"])
-        n = med(x["seconds"] for x in r["naive"])
-        ck = med(x.get("checkpoint_seconds") for x in r["hpcsched"])
-        after = med(x.get("after_checkpoint_seconds") for x in r["hpcsched"])
-        summary[kind] = {"hpcsched_s": h, "hpcsched_checkpoint_s": ck,
-                         "hpcsched_after_checkpoint_s": after, "naive_s": n, "speedup": n / h}
-        if kind == "batch":
-            summary[kind]["steps_in_flight"] = [x["steps_in_flight"] for x in r["hpcsched"]]
-        fmt = lambda v: f"{v:.2f}" if v is not None else "-"  # noqa: E731
-        print(f"{kind:<7} {fmt(h):>9} {fmt(ck):>11} {fmt(after):>11} {fmt(n):>8} {n / h:>8.1f}x")
-    print("batch-only: steps started between the request and the new configuration:",
-          summary["batch"]["steps_in_flight"], "(0 = applied at the next step)")
-    write_report(args.out, "resize_latency", repeats=args.repeats, summary=summary, runs=runs)
+    summary = summarize(runs)
+    fmt = lambda v: f"{v:.2f}" if v is not None else "-"  # noqa: E731
+    print(f"\n{'method':<10} {'change':<7} {'seconds':>8} {'stall':>7} {'start-up':>9} "
+          f"{'checkpoint':>11}   (medians of {args.repeats}; seconds)")
+    for method in METHODS:
+        for change in CHANGES:
+            r = summary[method].get(change)
+            if r is None:
+                print(f"{method:<10} {change:<7} {'-':>8} {'-':>7} {'-':>9} {'-':>11}")
+                continue
+            print(f"{method:<10} {change:<7} {fmt(r.get('seconds')):>8} {fmt(r.get('stall')):>7} "
+                  f"{fmt(r.get('startup')):>9} {fmt(r.get('checkpoint_seconds')):>11}")
+    print("\ntargets (issue 10):")
+    checks = targets(summary)
+    for name, value, want, ok in checks:
+        print(f"  {name:<52} {fmt(value):>7}  {want:<36} {'PASS' if ok else 'FAIL'}")
+    write_report(args.out, "resize_latency", repeats=args.repeats, summary=summary, runs=runs,
+                 targets=[{"name": n, "value": v, "target": w, "pass": ok}
+                          for n, v, w, ok in checks])
     return 0
 
 

@@ -14,7 +14,7 @@ import os
 import shlex
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hpcsched import slurm
@@ -135,6 +135,11 @@ class Extender:
     def set_state(self, job_id: str, state: ExtensionState, reason: str = "") -> None:
         self.items = [e.to(state, time.time(), reason) if e.job_id == job_id else e
                       for e in self.items]
+        self.save()
+
+    def mark_ready(self, job_id: str, at: float) -> None:
+        """All of ``job_id``'s workers were ready at ``at`` (Unix seconds)."""
+        self.items = [replace(e, ready_at=at) if e.job_id == job_id else e for e in self.items]
         self.save()
 
     def save(self) -> None:

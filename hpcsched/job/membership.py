@@ -136,8 +136,11 @@ class Membership:
         n = rf.ready(self.store, p.control.generation)
         if n >= p.newcomers:
             self.pending = None
-            joiners = rf.announced(self.store, p.control.generation, n)
-            return self._publish(p.control, form, p.release, joiners)
+            announced = rf.announced(self.store, p.control.generation, n)
+            for job_id in p.submitted:
+                self.extender.mark_ready(job_id, max(
+                    (at for m, at in announced if m.allocation == job_id), default=0.0))
+            return self._publish(p.control, form, p.release, [m for m, _ in announced])
         now = time.monotonic()
         if now - p.looked >= SLURM_LOOK_S:
             p.looked = now

@@ -131,9 +131,10 @@ def next_form(store) -> int:
 
 # ------------------------------------------------------------------------- newcomers
 def announce(store, generation: int, member: Member) -> None:
-    """A newcomer is ready to join the group of ``generation``."""
+    """A newcomer is ready to join the group of ``generation`` (now: Unix seconds)."""
     i = int(store.add(f"hpcsched/ready/g{generation}", 1)) - 1
-    store.set(f"hpcsched/ready/g{generation}/{i}", json.dumps(asdict(member)))
+    store.set(f"hpcsched/ready/g{generation}/{i}",
+              json.dumps({"member": asdict(member), "at": time.time()}))
 
 
 def ready(store, generation: int) -> int:
@@ -141,9 +142,13 @@ def ready(store, generation: int) -> int:
     return int(store.add(f"hpcsched/ready/g{generation}", 0))
 
 
-def announced(store, generation: int, count: int) -> list[Member]:
-    return [Member(**json.loads(store.get(f"hpcsched/ready/g{generation}/{i}")))
-            for i in range(count)]
+def announced(store, generation: int, count: int) -> list[tuple[Member, float]]:
+    """The newcomers of ``generation``, each with the Unix time it announced itself."""
+    out = []
+    for i in range(count):
+        obj = json.loads(store.get(f"hpcsched/ready/g{generation}/{i}"))
+        out.append((Member(**obj["member"]), float(obj["at"])))
+    return out
 
 
 def invite(store, generation: int, form: int) -> None:

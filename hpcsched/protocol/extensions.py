@@ -105,6 +105,9 @@ class Extension:
         generation: the control generation it was submitted for.
         state: an :class:`ExtensionState`. submitted_at, updated_at: Unix seconds.
         reason: why it was refused or lost (Slurm's reason where there is one).
+        ready_at: Unix seconds when the last of its workers was ready to join (0: not yet):
+            ``ready_at - submitted_at`` is the extension's start-up time (Slurm scheduling,
+            Python and torch imports, the script's set-up).
     """
 
     job_id: str
@@ -115,6 +118,7 @@ class Extension:
     submitted_at: float
     updated_at: float
     reason: str = ""
+    ready_at: float = 0.0
 
     def to(self, state: ExtensionState, at: float, reason: str = "") -> Extension:
         return replace(self, state=state, updated_at=at, reason=reason or self.reason)
@@ -160,6 +164,7 @@ class Extensions:
             _expect(path, "extensions[].submitted_at", e.submitted_at, (int, float))
             _expect(path, "extensions[].updated_at", e.updated_at, (int, float))
             _expect(path, "extensions[].reason", e.reason, str)
+            _expect(path, "extensions[].ready_at", e.ready_at, (int, float))
         return self
 
 
