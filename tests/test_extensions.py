@@ -1,0 +1,212 @@
+"""Extension allocations, the pure parts: layouts, the plan from a layout, the tag, the
+``extensions.json`` file, forms, the survivors rule, and what an extension is submitted with.
+(The mechanism against the real Slurm and torch.distributed: tests/test_extensions_slurm.py.)
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hpcsched.job import extension as ex
+from hpcsched.job import reform as rf
+from hpcsched.protocol import files as ctl
+from hpcsched.protocol.extensions import (
+    Extension,
+    Extensions,
+    ExtensionState,
+    extension_comment,
+    format_layout,
+    parse_extension_comment,
+    parse_layout,
+    read_extensions,
+    write_extensions,
+)
+from hpcsched.protocol.jobdir import JobDir
+
+S, J = ExtensionState.SUBMITTED, ExtensionState.JOINED
+
+
+def _ext(job_id: str, node: str, gpus: int, state=J) -> Extension:
+    return Extension(job_id, node, gpus, 1, state, 100.0, 100.0)
+
+
+# ------------------------------------------------------------------------------ layouts
+@pytest.mark.parametrize("text, layout", [
+    ("n1:4", {"n1": 4}), ("n1:4,n2:2", {"n1": 4, "n2": 2}), (" n1:4 , gpu-a.1:1", {"n1": 4, "gpu-a.1": 1}),
+])
+def test_layouts_parse_and_format(text, layout):
+    assert parse_layout(text) == layout
+    assert parse_layout(format_layout(layout)) == layout
+
+
+@pytest.mark.parametrize("text, message", [
+    ("n1", "is not NODE:GPUS"), ("n1:x", "is not NODE:GPUS"), ("n1:4,n1:2", "named twice"),
+    ("n1:0", "must be >= 1"), ("n[1-2]:4", "is not a node name"), (":4", "is not a node name"),
+    ("n1:-1", "is not NODE:GPUS"),
+])
+def test_bad_layouts_are_refused_with_the_reason(text, message):
+    with pytest.raises(ctl.ProtocolError, match=message.replace("[", r"\[")):
+        parse_layout(text)
+
+
+# ---------------------------------------------------------------------------- the plan
+@pytest.mark.parametrize("primary, active, target, keep, release, add", [
+    ({"n1": 4}, [], {"n1": 4, "n2": 2}, (), (), {"n2": 2}),                  # grow onto n2
+    ({"n1": 4}, [_ext("7", "n2", 2)], {"n1": 4, "n2": 2, "n3": 2}, ("7",), (), {"n3": 2}),
+    ({"n1": 4}, [_ext("7", "n2", 2), _ext("8", "n3", 2)], {"n1": 4, "n3": 2}, ("8",), ("7",), {}),
+    ({"n1": 4}, [_ext("7", "n2", 2)], {"n1": 4, "n4": 2}, (), ("7",), {"n4": 2}),  # move
+    ({"n1": 4}, [_ext("7", "n2", 2)], {"n1": 4, "n2": 1}, (), ("7",), {"n2": 1}),  # 2 -> 1
+    ({"n1": 4}, [_ext("7", "n2", 1), _ext("8", "n2", 2)], {"n1": 4, "n2": 2},
+     ("7",), ("8",), {"n2": 1}),                                             # oldest first
+    ({"n1": 2}, [], {"n1": 4}, (), (), {"n1": 2}),                           # more on n1 itself
+    ({"n1": 4, "n2": 4}, [], {"n1": 4, "n2": 4}, (), (), {}),                # nothing to do
+])
+def test_plan_layout(primary, active, target, keep, release, add):
+    plan = ex.plan_layout(primary, active, target)
+    assert (plan.keep, plan.release, plan.add) == (keep, release, add)
+    assert plan.changes == bool(release or add)
+
+
+@pytest.mark.parametrize("target", [{"n2": 2}, {"n1": 2}, {"n1": 3, "n2": 4}])
+def test_the_primary_gpus_cannot_be_given_back_in_place(target):
+    with pytest.raises(ex.LayoutRefused, match="cannot be given back in place.*requeue"):
+        ex.plan_layout({"n1": 4}, [], target)
+
+
+# ------------------------------------------------------------------------------- tag
+def test_the_tag_round_trips_and_nothing_else_parses():
+    assert parse_extension_comment(extension_comment("123", "ab-c.1", 7)) == ("123", "ab-c.1", 7)
+    for other in ("", "hello", "hpcsched-extension:12", "hpcsched-extension:x:u:g1",
+                  "hpcsched-extension:1:u:g1 extra", "hpcsched-extension:1:../x:g1", None):
+        assert parse_extension_comment(other) is None
+
+
+# ------------------------------------------------------------------- extensions.json
+def test_extensions_file_round_trips(tmp_path):
+    path = tmp_path / "extensions.json"
+    ext = Extensions("uid1", "42", (_ext("43", "n2", 2), _ext("44", "n3", 1, S)), 5.0)
+    write_extensions(path, ext)
+    back = read_extensions(path, "uid1")
+    assert back == ext and back.extensions[0].state is ExtensionState.JOINED
+    assert [e.job_id for e in back.active] == ["43", "44"]
+    assert back.layout({"n1": 4}) == {"n1": 4, "n2": 2}   # joined ones only
+
+
+@pytest.mark.parametrize("obj, message", [
+    ({"extensions": "x"}, "must be a list of objects"),
+    ({"extensions": [{"job_id": "1"}]}, "an extension entry"),
+    ({"extensions": [{**json.loads(json.dumps(_ext("1", "n2", 2).__dict__)), "state": "zombie"}]},
+     "is not one of"),
+    ({"extensions": [{**json.loads(json.dumps(_ext("1", "n[2]", 2).__dict__)), "state": "joined"}]},
+     "is not a node name"),
+    ({"job_uid": "other"}, "written for job"),
+])
+def test_a_malformed_extensions_file_is_refused(tmp_path, obj, message):
+    path = tmp_path / "extensions.json"
+    base = {"schema": "hpcsched.extensions/1", "job_uid": "uid1", "primary_job_id": "42",
+            "extensions": [], "time": 0.0}
+    path.write_text(json.dumps({**base, **obj}))
+    with pytest.raises(ctl.ProtocolError, match=message):
+        read_extensions(path, "uid1")
+
+
+# --------------------------------------------------------------------- control layout
+def _control(**kw) -> ctl.Control:
+    base = dict(job_uid="u", generation=2, action="reform", nodes=2, workers_per_node=4,
+                global_batch_size=66, local_batch_size=11, accumulation_steps=1, lr_scale=1.0,
+                issued_at=0.0, layout={"n1": 4, "n2": 2})
+    return ctl.Control(**{**base, **kw})
+
+
+def test_a_layout_makes_the_world_size():
+    assert _control().validate().world_size == 6
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"layout": {}}, "'reform' needs a layout"),
+    ({"nodes": 3}, "nodes 3 != the layout's 2"),
+    ({"global_batch_size": 64}, "global_batch_size 64 != world size 6"),
+    ({"layout": {"n1": 0, "n2": 6}}, "must be >= 1"),
+    ({"layout": ["n1"]}, "must be an object"),
+])
+def test_a_bad_reform_control_is_refused(kw, message):
+    with pytest.raises(ctl.ProtocolError, match=message):
+        _control(**kw).validate()
+
+
+# ---------------------------------------------------------------------------- forms
+def test_a_form_round_trips_and_knows_its_layout():
+    members = (rf.Member("p0", "n1"), rf.Member("p1", "n1"), rf.Member("e9.0", "n2", "9"))
+    form = rf.Form(3, 5, members, ("e9.0",), 11, 2, 1.5)
+    back = rf.Form.from_json(form.to_json())
+    assert back == form
+    assert (back.rank_of("e9.0"), back.rank_of("e9.1"), back.world_size) == (2, None, 3)
+    assert back.layout() == {"n1": 2, "n2": 1} and back.primary_layout() == {"n1": 2}
+    assert back.has_extensions and not rf.Form(0, 0, members[:2]).has_extensions
+
+
+class _Store:
+    """The TCPStore calls the survivors rule makes (set, check)."""
+
+    def __init__(self, keys=()):
+        self.keys = set(keys)
+
+    def check(self, keys):
+        return all(k in self.keys for k in keys)
+
+
+OLD = rf.Form(4, 1, (rf.Member("p0", "n1"), rf.Member("p1", "n1"),
+                     rf.Member("e9.0", "n2", "9"), rf.Member("e9.1", "n2", "9")))
+
+
+def _alive(*ids):
+    return _Store(f"hpcsched/alive/4/{i}" for i in ids)
+
+
+def test_survivors_leave_out_a_gone_extension_at_once():
+    alive = rf.survivors(_alive("p0", "p1"), OLD, gone=lambda m: m.allocation == "9",
+                         timeout=60, poll=0.01)
+    assert [m.id for m in alive] == ["p0", "p1"]
+
+
+def test_survivors_wait_for_an_extension_that_still_runs_until_the_timeout():
+    alive = rf.survivors(_alive("p0", "p1", "e9.0"), OLD, gone=lambda m: False, timeout=0.05,
+                         poll=0.01)
+    assert [m.id for m in alive] == ["p0", "p1", "e9.0"]
+
+
+def test_a_primary_worker_is_never_counted_lost():
+    with pytest.raises(RuntimeError, match="primary worker.*p1.*did not come back"):
+        rf.survivors(_alive("p0"), OLD, gone=lambda m: True, timeout=0.01, limit=0.1, poll=0.01)
+
+
+# --------------------------------------------------------------- what Slurm is asked
+def test_an_extension_is_the_users_job_on_the_primarys_terms(tmp_path, monkeypatch):
+    from tests.test_launcher import _spec
+
+    jd = JobDir.create(tmp_path)
+    jd.write_spec(_spec(jd.uid))
+    monkeypatch.setattr(ex.slurm, "time_left", lambda job_id: "1:02:03")
+    env = {"SLURM_JOB_NAME": "train", "SLURM_JOB_PARTITION": "gpu", "SLURM_JOB_ACCOUNT": "ml",
+           "SLURM_JOB_QOS": "normal"}
+    e = ex.Extender(jd, jd.read_spec(), "42", env)
+    args = e.sbatch_args("n2", 2, 3)
+    assert f"--comment=hpcsched-extension:42:{jd.uid}:g3" in args
+    for a in ("--job-name=train+ext", "--nodes=1", "--nodelist=n2", "--ntasks=2",
+              "--gres=gpu:2", "--partition=gpu", "--account=ml", "--qos=normal",
+              "--time=1:02:03", "--no-requeue"):
+        assert a in args
+    script = e.script("n2", 2, 3).read_text()
+    assert "exec srun --nodes=1 --ntasks=2 --ntasks-per-node=2" in script
+    assert "-m hpcsched.worker" in script
+
+
+def test_the_primarys_slurm_and_torch_variables_stay_behind():
+    env = ex.extension_env({"SLURM_JOB_ID": "42", "SLURM_NODELIST": "n1", "RANK": "0",
+                            "WORLD_SIZE": "4", "SLURM_CONF": "/etc/slurm.conf", "HOME": "/h",
+                            "SBATCH_PARTITION": "x", "PMI_RANK": "0"},
+                           {"HPCSCHED_JOIN_GENERATION": "3"})
+    assert env == {"SLURM_CONF": "/etc/slurm.conf", "HOME": "/h",
+                   "HPCSCHED_JOIN_GENERATION": "3"}
