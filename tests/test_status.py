@@ -190,3 +190,146 @@ def test_status_without_jobs(control_dir, monkeypatch, no_store):
     monkeypatch.setattr(slurm, "squeue", lambda: {})
     r = CliRunner().invoke(status.status_command, [])
     assert (r.exit_code, r.output.strip()) == (0, f"no hpcsched jobs under {control_dir}")
+
+
+# -- extension allocations ------------------------------------------------------------------------
+
+from hpcsched.protocol.extensions import (  # noqa: E402
+    EXTENSIONS_SCHEMA,
+    Extension,
+    Extensions,
+    ExtensionState,
+    write_extensions,
+)
+
+
+def extensions(d, *items):
+    """``extensions.json`` with (job id, node, GPUs, state) entries."""
+    write_extensions(d.extensions_path, Extensions(d.uid, JOB_ID, tuple(
+        Extension(job_id, node, gpus, 1, ExtensionState(state), 1.0, 2.0)
+        for job_id, node, gpus, state in items), 3.0))
+
+
+def raw_extensions(d, entries, **top):
+    doc = {"schema": EXTENSIONS_SCHEMA, "job_uid": d.uid, "primary_job_id": JOB_ID,
+           "extensions": entries, "time": 1.0, **top}
+    d.extensions_path.write_text(json.dumps(doc))
+
+
+ENTRY = dict(job_id="101", node="n3", gpus=2, generation=1, state="joined", submitted_at=1.0,
+             updated_at=2.0)
+PRIMARY = {"role": "primary", "job_id": JOB_ID, "layout": {"n1": 2, "n2": 2}, "gpus": 4,
+           "state": "RUNNING", "extension_state": ""}
+
+
+def ext_alloc(job_id="101", node="n3", gpus=2, state="RUNNING", ext_state="joined"):
+    return {"role": "extension", "job_id": job_id, "layout": {node: gpus}, "gpus": gpus,
+            "state": state, "extension_state": ext_state}
+
+
+# (files written, Slurm's queue (None: Slurm does not know the primary), total_gpus, layout,
+#  allocations, GPUS cell)
+EXT_ROWS = {
+    "no extensions: the primary alone": (
+        [], {JOB_ID: info()}, 4, {"n1": 2, "n2": 2}, [PRIMARY], "4"),
+    "a joined extension adds its GPUs": (
+        [lambda d: extensions(d, ("101", "n3", 2, "joined"))],
+        {JOB_ID: info(), "101": info(job_id="101", nodes=1, node_count=1)},
+        6, {"n1": 2, "n2": 2, "n3": 2}, [PRIMARY, ext_alloc()], "6 (4+2)"),
+    "an extension on a node of the primary": (
+        [lambda d: extensions(d, ("101", "n2", 1, "joined"))],
+        {JOB_ID: info(), "101": info(job_id="101", nodes=1, node_count=1)},
+        5, {"n1": 2, "n2": 3}, [PRIMARY, ext_alloc(node="n2", gpus=1)], "5 (4+1)"),
+    "a submitted extension is shown, not counted": (
+        [lambda d: extensions(d, ("101", "n3", 2, "submitted"))],
+        {JOB_ID: info(), "101": info(job_id="101", state="PENDING", nodes=1, node_count=1)},
+        4, {"n1": 2, "n2": 2}, [PRIMARY, ext_alloc(state="PENDING", ext_state="submitted")], "4"),
+    "released, lost and refused extensions are not shown": (
+        [lambda d: extensions(d, ("101", "n3", 2, "released"), ("102", "n3", 2, "lost"),
+                              ("103", "n4", 1, "refused"), ("104", "n4", 2, "joined"))],
+        {JOB_ID: info(), "104": info(job_id="104", nodes=1, node_count=1)},
+        6, {"n1": 2, "n2": 2, "n4": 2}, [PRIMARY, ext_alloc("104", "n4")], "6 (4+2)"),
+    "the acknowledged layout wins over extensions.json": (
+        [lambda d: extensions(d, ("101", "n3", 2, "joined"), ("102", "n4", 2, "submitted")),
+         lambda d: ack(d, 2, layout={"n1": 2, "n2": 2, "n3": 2, "n4": 2})],
+        {JOB_ID: info(), "101": info(job_id="101", nodes=1, node_count=1),
+         "102": info(job_id="102", nodes=1, node_count=1)},
+        8, {"n1": 2, "n2": 2, "n3": 2, "n4": 2},
+        [PRIMARY, ext_alloc(), ext_alloc("102", "n4", ext_state="submitted")], "8 (4+4)"),
+    "an extension Slurm has forgotten": (
+        [lambda d: extensions(d, ("101", "n3", 2, "joined"))], {JOB_ID: info()},
+        6, {"n1": 2, "n2": 2, "n3": 2}, [PRIMARY, ext_alloc(state="GONE")], "6 (4+2)"),
+    "a job id of another user's is not described": (
+        [lambda d: extensions(d, ("101", "n3", 2, "joined"))],
+        {JOB_ID: info(), "101": info(job_id="101", user="mallory", nodes=1, node_count=1)},
+        6, {"n1": 2, "n2": 2, "n3": 2}, [PRIMARY, ext_alloc(state="OTHER USER")], "6 (4+2)"),
+    "the primary is gone: its extensions count for nothing": (
+        [lambda d: extensions(d, ("101", "n3", 2, "joined"))], None,
+        0, {}, [ext_alloc(state="GONE")], "-"),
+}
+
+
+@pytest.mark.parametrize("writes,queue,total,layout,allocations,cell", EXT_ROWS.values(),
+                         ids=EXT_ROWS.keys())
+def test_extension_allocations(jd, writes, queue, total, layout, allocations, cell):
+    for write in writes:
+        write(jd)
+    row = job_row(JOB_ID, (queue or {}).get(JOB_ID), queue=queue or {})
+    assert (row.total_gpus, row.layout, row.allocations) == (total, layout, allocations)
+    assert table_cells(row)[4] == cell
+    assert row.problems == []
+
+
+BROKEN_EXTENSIONS = {
+    "not JSON": lambda d: d.extensions_path.write_text("{"),
+    "a list": lambda d: d.extensions_path.write_text("[]"),
+    "another job's": lambda d: raw_extensions(d, [ENTRY], job_uid="someone-else"),
+    "extensions not a list": lambda d: raw_extensions(d, {"a": ENTRY}),
+    "an entry with an unknown field": lambda d: raw_extensions(d, [{**ENTRY, "x": 1}]),
+    "an entry without a field": lambda d: raw_extensions(d, [{k: v for k, v in ENTRY.items() if k != "gpus"}]),
+    "a node that is not a string": lambda d: raw_extensions(d, [{**ENTRY, "node": ["n3"]}]),
+    "a state that is not a string": lambda d: raw_extensions(d, [{**ENTRY, "state": ["joined"]}]),
+    "an unknown state": lambda d: raw_extensions(d, [{**ENTRY, "state": "borrowed"}]),
+    "negative GPUs": lambda d: raw_extensions(d, [{**ENTRY, "gpus": -2}]),
+    "a boolean generation": lambda d: raw_extensions(d, [{**ENTRY, "generation": True}]),
+    "too many entries": lambda d: raw_extensions(d, [ENTRY] * 1025),
+    "too large": lambda d: d.extensions_path.write_text(" " * (2 << 20) + "{}"),
+    "a symbolic link": lambda d: d.extensions_path.symlink_to(d.spec_path),
+    "a directory": lambda d: d.extensions_path.mkdir(),
+}
+
+
+@pytest.mark.parametrize("write", BROKEN_EXTENSIONS.values(), ids=BROKEN_EXTENSIONS.keys())
+def test_a_broken_extensions_file_is_a_problem_not_a_traceback(jd, write):
+    write(jd)
+    row = job_row(JOB_ID, info(), queue={JOB_ID: info()})
+    assert len(row.problems) == 1 and "extensions.json" in row.problems[0]
+    assert (row.total_gpus, row.allocations) == (4, [PRIMARY])
+    assert table_cells(row)[4] == "4"
+
+
+def test_allocations_table(jd, monkeypatch, no_store):
+    extensions(jd, ("101", "n3", 2, "joined"), ("102", "n4", 1, "submitted"))
+    monkeypatch.setattr(slurm, "squeue", lambda: {
+        JOB_ID: info(), "101": info(job_id="101", nodes=1, node_count=1),
+        "102": info(job_id="102", state="PENDING", nodes=1, node_count=1)})
+    r = CliRunner().invoke(status.status_command, [])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[1].split()[3:6] == ["n[1-2]", "6", "(4+2)"]
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("allocations"))
+    assert [line.split() for line in lines[start + 1:start + 5]] == [
+        ["JOBID", "ALLOCATION", "ROLE", "NODE", "GPUS", "GPUS", "STATE"],
+        [JOB_ID, JOB_ID, "primary", "n1:2,n2:2", "4", "RUNNING"],
+        [JOB_ID, "101", "extension", "n3:2", "2", "RUNNING", "(joined)"],
+        [JOB_ID, "102", "extension", "n4:1", "1", "PENDING", "(submitted)"]]
+    doc = json.loads(CliRunner().invoke(status.status_command, ["--json"]).output)
+    (row,) = doc["jobs"]
+    assert (row["gpus"], row["total_gpus"], row["layout"]) == (4, 6, {"n1": 2, "n2": 2, "n3": 2})
+    assert [a["job_id"] for a in row["allocations"]] == [JOB_ID, "101", "102"]
+
+
+def test_no_allocations_table_without_extensions(jd, monkeypatch, no_store):
+    monkeypatch.setattr(slurm, "squeue", lambda: {JOB_ID: info()})
+    r = CliRunner().invoke(status.status_command, [])
+    assert r.exit_code == 0 and "allocations" not in r.output

@@ -7,6 +7,12 @@ the problem in its ``problems`` field, never a traceback.
 :func:`collect` asks Slurm once and builds one :class:`JobStatus` per job with :func:`job_row`;
 ``--json`` prints :func:`status_json`, the table has one :func:`table_cells` row per job.
 
+A job that grew by extension allocations (:mod:`hpcsched.protocol.extensions`) shows each of
+them beside its primary Slurm job (``allocations``), and its GPUs in all (``total_gpus``: the
+``layout`` of its last acknowledgement when it has one, else the primary's GPUs plus those of
+the extensions ``extensions.json`` lists as joined); :func:`allocations_cells` gives the rows of
+the allocations table printed under the jobs.
+
 Status shows a change under way as *in force -> requested* (batch size from the last ack vs.
 ``control.json``, generation acknowledged / requested). It does not use
 :func:`hpcsched.daemon.actuator.current_from`, which answers another question: what to plan the
@@ -18,6 +24,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -26,6 +33,7 @@ import click
 from hpcsched import slurm
 from hpcsched.daemon.access import Caller, NotYourJob
 from hpcsched.protocol import files as ctl
+from hpcsched.protocol.extensions import Extensions, ExtensionState, format_layout, read_extensions
 from hpcsched.protocol.jobdir import JobDir, control_dir
 
 
@@ -58,6 +66,15 @@ class JobStatus:
     decisions: list[dict] = field(default_factory=list)   # newest first, from the daemon's journal
     profile: list[dict] = field(default_factory=list)     # measured throughput per configuration
     problems: list[str] = field(default_factory=list)
+    #: GPUs in all: the primary's (``gpus``) plus those of its joined extension allocations
+    total_gpus: int = 0
+    #: ``{node: GPUs}`` the job runs on, its extensions' included (empty: not running)
+    layout: dict[str, int] = field(default_factory=dict)
+    #: the primary Slurm job and each active extension allocation, primary first: ``role``
+    #: (``primary``/``extension``), ``job_id``, ``layout`` ``{node: GPUs}``, ``gpus``,
+    #: ``state`` (Slurm's; ``GONE`` once forgotten, ``UNKNOWN`` if Slurm did not answer),
+    #: ``extension_state`` (``submitted``/``joined``; "" for the primary)
+    allocations: list[dict] = field(default_factory=list)
 
 
 def open_store():
@@ -120,7 +137,7 @@ def collect(job_ids: list[str] | None = None, store=None, decisions: int = 3,
             if job_ids:
                 caller.check(job_id, owner)
             continue
-        row = job_row(job_id, info, slurm_answered=slurm_error is None)
+        row = job_row(job_id, info, slurm_answered=slurm_error is None, queue=queue)
         if store is not None and row.job_dir:
             row.decisions = _decisions(store, job_id, decisions)
             row.profile = _profile(store, job_id)
@@ -136,9 +153,12 @@ def _directory_owner(job_id: str) -> str:
         return ""
 
 
-def job_row(job_id: str, info: slurm.JobInfo | None, slurm_answered: bool = True) -> JobStatus:
+def job_row(job_id: str, info: slurm.JobInfo | None, slurm_answered: bool = True,
+            queue: Mapping[str, slurm.JobInfo] | None = None) -> JobStatus:
     """One job's row from what Slurm said of it (``info``; None: Slurm does not know it) and
     its job directory. A file that cannot be read adds a line to ``problems``, never raises.
+    ``queue``: Slurm's jobs by id (``squeue``), where the extension allocations' states are
+    looked up (None: not asked).
 
     The batch size shown is the one in force: the last acknowledgement's (an ack of any state
     reports the configuration in force, :class:`hpcsched.protocol.files.Ack`), else the
@@ -159,6 +179,7 @@ def job_row(job_id: str, info: slurm.JobInfo | None, slurm_answered: bool = True
         spec = None
     _apply_slurm(row, info, spec.limits.workers_per_node if spec else 1, slurm_answered)
     _apply_launcher(row, jd.read_launcher_state())
+    ack = None
     for reader, path, apply in (
         (ctl.read_ack, jd.ack_path, _apply_ack),
         (ctl.read_control, jd.control_path, _apply_control),
@@ -173,9 +194,70 @@ def job_row(job_id: str, info: slurm.JobInfo | None, slurm_answered: bool = True
         else:
             if obj is not None:
                 apply(row, obj)
+                ack = obj if isinstance(obj, ctl.Ack) else ack
     if row.global_batch_size is None and spec is not None:
         row.global_batch_size = spec.limits.base_batch_size
+    owner = info.user if info is not None else jd.owner()
+    _apply_allocations(row, info, ack, _read_extensions(row, jd), owner,
+                       spec.limits.workers_per_node if spec else 1, queue, slurm_answered)
     return row
+
+
+def _read_extensions(row: JobStatus, jd: JobDir) -> Extensions | None:
+    """The job's ``extensions.json`` (None: absent); a file that cannot be read (malformed,
+    another job's, too large, a link) adds a line to ``problems`` and counts as absent."""
+    try:
+        return read_extensions(jd.extensions_path, jd.uid)
+    except ctl.ProtocolError as exc:
+        row.problems.append(str(exc))
+    except (TypeError, ValueError) as exc:   # e.g. an entry whose node is not a string
+        row.problems.append(f"{jd.extensions_path}: {exc}")
+    return None
+
+
+def _apply_allocations(row: JobStatus, info: slurm.JobInfo | None, ack: ctl.Ack | None,
+                       ext: Extensions | None, owner: str, workers_per_node: int,
+                       queue: Mapping[str, slurm.JobInfo] | None, slurm_answered: bool) -> None:
+    """``allocations``, ``layout`` and ``total_gpus`` (see :class:`JobStatus`).
+
+    The primary's GPUs per node are Slurm's (``tres_per_node``, else the spec's workers per
+    node). An extension's Slurm state is shown only if Slurm runs it for ``owner`` (the
+    primary's user): its id comes from a file the job writes. Joined extensions count while the primary runs;
+    ``Ack.layout`` (the layout the job acknowledged running on) wins when present.
+    """
+    primary: dict[str, int] = {}
+    if info is not None:
+        per = info.gpus_per_node or workers_per_node
+        primary = {n: per for n in slurm.expand_hostlist(info.nodes)}
+        row.allocations.append(_allocation("primary", info.job_id, primary, row.state))
+    joined = {}
+    for e in ext.active if ext is not None else ():
+        theirs = (queue or {}).get(e.job_id)
+        if theirs is not None and theirs.user == owner:
+            state = theirs.state
+        elif theirs is not None:
+            state = "OTHER USER"
+        else:
+            state = "GONE" if slurm_answered and queue is not None else "UNKNOWN"
+        row.allocations.append(_allocation("extension", e.job_id, {e.node: e.gpus}, state, e.state))
+        if e.state == ExtensionState.JOINED:
+            joined[e.node] = joined.get(e.node, 0) + e.gpus
+    if row.state != "RUNNING":
+        row.total_gpus = row.gpus
+        return
+    if ack is not None and ack.layout:
+        row.layout = dict(ack.layout)
+    else:
+        row.layout = dict(primary)
+        for node, gpus in joined.items():
+            row.layout[node] = row.layout.get(node, 0) + gpus
+    row.total_gpus = sum(row.layout.values()) if row.layout else row.gpus
+
+
+def _allocation(role: str, job_id: str, layout: dict[str, int], state: str,
+                extension_state: str = "") -> dict:
+    return {"role": role, "job_id": job_id, "layout": layout, "gpus": sum(layout.values()),
+            "state": state, "extension_state": str(extension_state)}
 
 
 def _apply_slurm(row: JobStatus, info: slurm.JobInfo | None, workers_per_node: int,
@@ -260,6 +342,10 @@ def _print_status(rows: list[JobStatus], rounds: list[dict], slurm_error: str | 
         console.print(f"no hpcsched jobs under {control_dir()}")
         return
     console.print(_jobs_table(rows))
+    extensions = allocations_cells(rows)
+    if extensions:
+        console.print(_table("allocations (primary and extension Slurm jobs)",
+                             ALLOCATION_COLUMNS, extensions, right=("GPUS",)))
     if rounds:
         console.print(_round_line(rounds[0]))
     if detail:
@@ -267,6 +353,18 @@ def _print_status(rows: list[JobStatus], rounds: list[dict], slurm_error: str | 
     for r in rows:
         for p in r.problems:
             console.print(f"[red]job {r.job_id}: {p}")
+
+
+def _table(title: str, columns: tuple[str, ...], cells: list[tuple[str, ...]],
+           right: tuple[str, ...] = ()):
+    from rich.table import Table
+
+    table = Table(title=title, box=None, header_style="bold")
+    for col in columns:
+        table.add_column(col, justify="right" if col in right else "left")
+    for row in cells:
+        table.add_row(*row)
+    return table
 
 
 def _jobs_table(rows: list[JobStatus]):
@@ -291,9 +389,35 @@ def table_cells(r: JobStatus) -> tuple[str, ...]:
     state = r.state
     if r.phase and r.state == "RUNNING" and r.phase != "running":
         state += f" ({r.phase})"
-    return (r.job_id, r.name, state, r.nodelist or "-", str(r.gpus or "-"), batch, gen,
+    return (r.job_id, r.name, state, r.nodelist or "-", _gpus_cell(r), batch, gen,
             str(r.epoch), str(r.samples_processed), f"{r.throughput:.0f}" if r.throughput else "-",
             str(r.restarts), _last_decision(r))
+
+
+def _gpus_cell(r: JobStatus) -> str:
+    """The job's GPUs; ``6 (4+2)`` when extension allocations add to the primary's."""
+    total = r.total_gpus or r.gpus
+    if total > r.gpus > 0:
+        return f"{total} ({r.gpus}+{total - r.gpus})"
+    return str(total or "-")
+
+
+ALLOCATION_COLUMNS = ("JOBID", "ALLOCATION", "ROLE", "NODE GPUS", "GPUS", "STATE")
+
+
+def allocations_cells(rows: list[JobStatus]) -> list[tuple[str, ...]]:
+    """The allocations table's rows (:data:`ALLOCATION_COLUMNS`), one per Slurm job of each job
+    that has an active extension allocation: the primary first, then its extensions (STATE:
+    Slurm's, and the extension's own ``submitted``/``joined``)."""
+    out = []
+    for r in rows:
+        if not any(a["role"] == "extension" for a in r.allocations):
+            continue
+        for a in r.allocations:
+            state = a["state"] + (f" ({a['extension_state']})" if a["extension_state"] else "")
+            out.append((r.job_id, a["job_id"], a["role"], format_layout(a["layout"]) or "-",
+                        str(a["gpus"]), state))
+    return out
 
 
 def _round_line(last: dict) -> str:
