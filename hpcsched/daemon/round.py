@@ -5,6 +5,8 @@
   error recorded and nothing decided: the daemon never acts on stale state.
 * **ingest**: each managed job's new metrics lines into profile samples and per-GPU
   measurements (:mod:`hpcsched.daemon.ingest`).
+* **reap**: extension jobs whose primary job has ended are cancelled
+  (:mod:`hpcsched.daemon.reaper`).
 * **advance**: every open action of the journal (not ``running`` or ``failed``; also those an
   earlier daemon left) takes one step of its state machine (:mod:`hpcsched.daemon.phases`,
   executed by :class:`hpcsched.daemon.actuator.Actuator`) on this round's observation; each
@@ -50,6 +52,7 @@ from hpcsched.daemon.config import ConfigError, Settings, load
 from hpcsched.daemon.costs import measured_costs
 from hpcsched.daemon.ingest import ingest_job
 from hpcsched.daemon.phases import History, ResizePhase, Timeouts
+from hpcsched.daemon.reaper import Reaper
 from hpcsched.daemon.store import Store
 from hpcsched.daemon.views import application_of
 from hpcsched.policies import POLICIES, PolicyError, make_policy
@@ -78,6 +81,7 @@ class RoundReport:
     # (Slurm did not answer an effect: the step is taken again next round)
     outcomes: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    reaped: list[str] = field(default_factory=list)   # orphaned extension jobs cancelled
     objective: float | None = None   # the plan's own figure of merit (unit per policy)
     error: str | None = None
 
@@ -103,6 +107,7 @@ class Daemon:
                            min_gain=d.min_gain, horizon=d.horizon, preemption=True,
                            hold=max(0, d.hold_rounds) * d.round_interval)
         self.managed = views.ManagedJobs(self.control_dir, d.partitions)
+        self.reaper = Reaper(self.control_dir, d.partitions, dry_run=d.dry_run)
         self._costs_said = ""      # the last resize-cost line logged (logged when it changes)
 
     # ----------------------------------------------------------------- jobs
@@ -162,6 +167,7 @@ class Daemon:
     def _round(self, rep: RoundReport) -> None:
         obs = self.backend.observe()
         managed = self.managed.find(obs)
+        rep.reaped = self.reaper.reap(obs, self.actuator.slurm)   # orphaned extension jobs
         for job_id, (jd, spec, info) in managed.items():
             self._record_job(jd, spec, info, obs.time)
             if info.state in ("RUNNING", "COMPLETING") or not info.active:
