@@ -27,6 +27,7 @@ from hpcsched import slurm
 from hpcsched.daemon.actuator import current_from
 from hpcsched.policies.snapshot import ClusterSnapshot, GPUView, JobView, ProfilePoint
 from hpcsched.protocol import files as ctl
+from hpcsched.protocol.extensions import parse_extension_comment
 from hpcsched.protocol.jobdir import JobDir, JobSpec
 from hpcsched.protocol.limits import JobLimits
 from hpcsched.slurm.observe import Observation
@@ -151,10 +152,12 @@ def job_view(f: JobFacts) -> JobView:
 
 
 def cluster_snapshot(obs: Observation, jobs: Sequence[JobView], partitions: Sequence[str] = (),
-                     gpus: Sequence[GPUView] = ()) -> ClusterSnapshot:
+                     gpus: Sequence[GPUView] = (), counted: Iterable[str] = ()) -> ClusterSnapshot:
     """The snapshot of ``obs`` with the managed ``jobs``; GPUs that running jobs hpcsched does
-    not manage hold on each node are counted from Slurm's records (their GPUs per node)."""
-    mine = {j.job_id for j in jobs}
+    not manage hold on each node are counted from Slurm's records (their GPUs per node).
+    ``counted``: other Slurm jobs whose GPUs ``jobs`` already count (extension jobs, see
+    :func:`extension_jobs`), not counted again."""
+    mine = {j.job_id for j in jobs} | set(counted)
     other: dict[str, int] = {}
     for info in obs.jobs.values():
         if info.job_id not in mine and info.state == "RUNNING" and info.gpus_per_node:
@@ -346,21 +349,69 @@ def measured_gpu_views(store: Store, applications: Iterable[str]) -> tuple[GPUVi
                  for (node, idx), s in sorted(slow.items()))
 
 
+def extension_jobs(obs: Observation, managed: Mapping[str, ManagedJob]
+                   ) -> dict[str, tuple[slurm.JobInfo, ...]]:
+    """The running extension jobs of each running managed job, by its Slurm id (pure): RUNNING
+    Slurm jobs whose ``--comment`` tags them as extensions of it
+    (:func:`hpcsched.protocol.extensions.parse_extension_comment`) with its job directory's
+    uid, run by its Slurm user. A tag naming another uid or user is not the job's."""
+    out: dict[str, list[slurm.JobInfo]] = {}
+    for info in obs.jobs.values():
+        tag = parse_extension_comment(info.comment) if info.state == "RUNNING" else None
+        primary = managed.get(tag[0]) if tag is not None else None
+        if (primary is not None and primary[2].state == "RUNNING" and primary[0].uid == tag[1]
+                and primary[2].user == info.user and info.job_id != tag[0]):
+            out.setdefault(tag[0], []).append(info)
+    return {k: tuple(sorted(v, key=lambda i: (len(i.job_id), i.job_id))) for k, v in out.items()}
+
+
+def with_extensions(info: slurm.JobInfo, extensions: Sequence[slurm.JobInfo],
+                    workers_per_node: int) -> slurm.JobInfo | None:
+    """A running job's Slurm record widened to its extension jobs' nodes (pure): ``nodes`` and
+    ``node_count`` of the whole allocation, primary's nodes first, as the simulator reports a job
+    grown by extension (:meth:`hpcsched.sim.engine.Simulator.job_infos`); None when a node
+    would then hold other than ``workers_per_node`` of its GPUs (4 + 2): a node-granular view
+    (whole nodes x workers per node) cannot describe that allocation."""
+    per = {n: info.gpus_per_node or workers_per_node for n in slurm.expand_hostlist(info.nodes)}
+    for e in extensions:
+        for n in slurm.expand_hostlist(e.nodes):
+            per[n] = per.get(n, 0) + e.gpus_per_node
+    if any(g != workers_per_node for g in per.values()):
+        return None
+    return dataclasses.replace(info, nodes=",".join(per), node_count=len(per))
+
+
 def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: Store,
                     busy: set[str], partitions: Sequence[str]) -> ClusterSnapshot:
     """The daemon's snapshot: every eligible managed job's view (a job hpcsched preempted and
-    holds: ``held``), and the measured GPUs."""
+    holds: ``held``), and the measured GPUs.
+
+    A running job's extension jobs (:func:`extension_jobs`) count as its own GPUs, not other
+    jobs', when its whole allocation is whole nodes of its workers per node
+    (:func:`with_extensions`); otherwise (4 + 2) they stay counted as GPUs other jobs hold and
+    the job's view is its primary allocation, as before extensions."""
     held = {job_id for job_id, (_, _, info) in managed.items()
             if job_id not in busy and held_after_preemption(info, store)}
-    views = tuple(job_view(dataclasses.replace(daemon_job_facts(jd, spec, info, store,
-                                                                job_id in busy),
-                                               held=job_id in held))
+    widened: dict[str, slurm.JobInfo] = {}
+    counted: list[str] = []
+    for job_id, found in extension_jobs(obs, managed).items():
+        _, spec, info = managed[job_id]
+        whole = with_extensions(info, found, spec.limits.workers_per_node)
+        if whole is None:
+            log.debug("job %s: extension job(s) %s left as other jobs' GPUs: not whole nodes",
+                      job_id, ", ".join(e.job_id for e in found))
+            continue
+        widened[job_id] = whole
+        counted.extend(e.job_id for e in found)
+    views = tuple(job_view(dataclasses.replace(
+                      daemon_job_facts(jd, spec, widened.get(job_id, info), store, job_id in busy),
+                      held=job_id in held))
                   for job_id, (jd, spec, info) in managed.items()
                   if eligible(info, job_id in held))
     return cluster_snapshot(obs, views, partitions,
-                            measured_gpu_views(store, {j.app_class for j in views}))
+                            measured_gpu_views(store, {j.app_class for j in views}), counted)
 
 
 __all__ = ["JobFacts", "JobReport", "ManagedJobs", "attained_gpu_seconds", "cluster_snapshot",
-           "daemon_job_facts", "daemon_snapshot", "eligible", "held_after_preemption", "job_view",
-           "measured_gpu_views"]
+           "daemon_job_facts", "daemon_snapshot", "eligible", "extension_jobs",
+           "held_after_preemption", "job_view", "measured_gpu_views", "with_extensions"]
