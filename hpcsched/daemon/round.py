@@ -167,11 +167,11 @@ class Daemon:
     def _round(self, rep: RoundReport) -> None:
         obs = self.backend.observe()
         managed = self.managed.find(obs)
-        rep.reaped = self.reaper.reap(obs, self.actuator.slurm)   # orphaned extension jobs
         for job_id, (jd, spec, info) in managed.items():
             self._record_job(jd, spec, info, obs.time)
             if info.state in ("RUNNING", "COMPLETING") or not info.active:
                 ingest_job(self.store, job_id, jd.path, application_of(spec))
+        rep.reaped = self.reaper.reap(obs, self.actuator.slurm)   # orphaned extension jobs
         busy = self._resume(managed, rep)
         snapshot = views.daemon_snapshot(obs, managed, self.store, busy,
                                          self.settings.daemon.partitions)
