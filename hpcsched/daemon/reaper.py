@@ -149,33 +149,45 @@ class Reaper:
                 continue
             if self.dry_run:
                 self._cancelled.add(t.job_id)
-                log.warning("dry run: would cancel job %s, an extension of job %s (ended)",
+                log.warning("dry run: would cancel job %s, an extension of job %s (not active)",
                             t.job_id, t.primary_job_id)
                 continue
             try:
-                control.cancel(t.job_id)
+                if self._cancel(t, control):
+                    done.append(t.job_id)
             except slurm.SlurmUnavailable as exc:
                 log.warning("orphaned extension %s of job %s not cancelled: Slurm did not "
                             "answer (%s); next round retries", t.job_id, t.primary_job_id, exc)
                 break
-            except slurm.SlurmError as exc:
-                log.warning("orphaned extension %s of job %s: scancel refused: %s; next round "
-                            "retries", t.job_id, t.primary_job_id, exc)
-                continue
-            done.append(t.job_id)
-            if t.job_id not in self._cancelled:
-                self._cancelled.add(t.job_id)
-                self.reaped += 1
-                log.warning("cancelled job %s, an extension of job %s (%s), which is not "
-                            "active: an orphan (%d reaped so far)", t.job_id, t.primary_job_id,
-                            t.job_uid, self.reaped)
-            else:
-                log.info("job %s, an orphaned extension of job %s, still %s: cancelled again",
-                         t.job_id, t.primary_job_id, t.state)
         active = {j for j, info in obs.jobs.items() if info.active}
         self._cancelled &= active
         self._said &= active
         return done
+
+    def _cancel(self, t: Tagged, control: SlurmControl) -> bool:
+        """``scancel`` orphan ``t``, counted and logged at WARNING the first time; False when
+        Slurm refused (logged).
+
+        Raises:
+            SlurmUnavailable: the controller did not answer.
+        """
+        try:
+            control.cancel(t.job_id)
+        except slurm.SlurmUnavailable:
+            raise
+        except slurm.SlurmError as exc:
+            log.warning("orphaned extension %s of job %s: scancel refused: %s; next round "
+                        "retries", t.job_id, t.primary_job_id, exc)
+            return False
+        if t.job_id in self._cancelled:
+            log.info("job %s, an orphaned extension of job %s, still %s: cancelled again",
+                     t.job_id, t.primary_job_id, t.state)
+            return True
+        self._cancelled.add(t.job_id)
+        self.reaped += 1
+        log.warning("cancelled job %s, an extension of job %s (%s), which is not active: an "
+                    "orphan (%d reaped so far)", t.job_id, t.primary_job_id, t.job_uid, self.reaped)
+        return True
 
 
 __all__ = ["Reaper", "Tagged", "Verdict", "decide", "suspects"]

@@ -232,13 +232,7 @@ def _apply_allocations(row: JobStatus, info: slurm.JobInfo | None, ack: ctl.Ack 
         row.allocations.append(_allocation("primary", info.job_id, primary, row.state))
     joined = {}
     for e in ext.active if ext is not None else ():
-        theirs = (queue or {}).get(e.job_id)
-        if theirs is not None and theirs.user == owner:
-            state = theirs.state
-        elif theirs is not None:
-            state = "OTHER USER"
-        else:
-            state = "GONE" if slurm_answered and queue is not None else "UNKNOWN"
+        state = _slurm_state(e.job_id, queue, owner, slurm_answered)
         row.allocations.append(_allocation("extension", e.job_id, {e.node: e.gpus}, state, e.state))
         if e.state == ExtensionState.JOINED:
             joined[e.node] = joined.get(e.node, 0) + e.gpus
@@ -252,6 +246,16 @@ def _apply_allocations(row: JobStatus, info: slurm.JobInfo | None, ack: ctl.Ack 
         for node, gpus in joined.items():
             row.layout[node] = row.layout.get(node, 0) + gpus
     row.total_gpus = sum(row.layout.values()) if row.layout else row.gpus
+
+
+def _slurm_state(job_id: str, queue: Mapping[str, slurm.JobInfo] | None, owner: str,
+                 slurm_answered: bool) -> str:
+    """Slurm's state of job ``job_id`` if Slurm runs it for ``owner``; ``OTHER USER`` if for
+    someone else; ``GONE`` if Slurm answered without it, ``UNKNOWN`` if not asked or down."""
+    info = (queue or {}).get(job_id)
+    if info is not None:
+        return info.state if info.user == owner else "OTHER USER"
+    return "GONE" if slurm_answered and queue is not None else "UNKNOWN"
 
 
 def _allocation(role: str, job_id: str, layout: dict[str, int], state: str,
