@@ -1,0 +1,154 @@
+"""The half of :class:`hpcsched.elastic.ElasticJob` that changes who its workers are while they
+run: joining as a newcomer, entering a re-formed group (:mod:`hpcsched.job.reform`, driven by
+:class:`hpcsched.job.membership.Membership`), going on without lost workers, rank 0's decisions
+on ``reform`` generations, and the in-place shrink of the primary's nodes.
+
+A mixin over ``ElasticJob``'s state (``_cfg``, ``state``, ``_reg``, ``_group``, ``_members``,
+``_metrics``, ``_report``, ``_launch``...), split from it along that seam so that the training
+loop reads on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from hpcsched.job.allocation import shrink_from_inside
+from hpcsched.job.boundary import Decision, InForce
+from hpcsched.job.checkpoint import rng_state, training_state
+from hpcsched.job.collective import leave_now
+from hpcsched.job.membership import Refused
+from hpcsched.protocol.batching import BatchConfig
+from hpcsched.protocol.extensions import format_layout
+from hpcsched.protocol.jobdir import LEFT_DIR
+from hpcsched.protocol.kinds import AckState, ControlAction
+
+log = logging.getLogger("hpcsched.job.elastic")
+
+
+class ElasticMembership:
+    """Membership changes of an elastic job (module docstring)."""
+
+    def _join(self) -> bool:
+        """A newcomer from an extension job: wait to be invited into the running job's group
+        at a step boundary, then take the training state from rank 0 (no checkpoint read)."""
+        form = self._members.join()
+        self._enter(form)
+        self._sync_state(form)
+        log.info("joined generation %d as rank %d of %d", form.generation, self.rank,
+                 self.world_size)
+        return True
+
+    def _enter(self, form) -> None:
+        """Form ``form``'s group and take its configuration."""
+        timeout = self._launch.fault_timeout if form.has_extensions else self._init_timeout
+        self.rank = self._members.enter(form, timeout)
+        self._report.rank_changed(self.rank)
+        self._metrics.set_rank(self.rank)
+        self._cfg = InForce(form.generation, len(form.layout()),
+                            BatchConfig(form.world_size, form.local_batch_size,
+                                        form.accumulation_steps), form.lr_scale)
+
+    def _sync_state(self, form) -> None:
+        """Collective after entering a form with newcomers: rank 0's training state to all."""
+        if not form.newcomers:
+            return
+        state = [None]
+        if self.rank == 0:
+            state = [{**training_state(self._cfg, self.state, self._reg, self._noise.estimator),
+                      "rng": rng_state(self._torch)}]
+        self._group.dist.broadcast_object_list(state, src=0)
+        if self._members.me.id in form.newcomers:
+            self._load(state[0], "rank 0")
+
+    def _reform(self, d: Decision) -> bool:
+        """Every rank: leave, or enter the form rank 0 published for ``d``."""
+        old = self._members.form
+        form = self._members.read_form(d.form)
+        if form.rank_of(self._members.me.id) is None:
+            log.info("generation %d: this worker leaves the job", d.generation)
+            self._metrics.close()
+            leave_now()
+        self._enter(form)
+        self._sync_state(form)
+        if self.rank == 0:
+            self._members.record(old or form, form)
+            self._ack(AckState.APPLIED, d.generation,
+                      message=f"{form.world_size} worker(s) on {format_layout(form.layout())}; "
+                              "no worker restarted")
+        return True
+
+    def _peer_lost(self, exc: Exception) -> None:
+        """A collective failed. With extension members in the group, go on without the lost
+        peers (:meth:`Membership.survivors_form`); otherwise the error stands."""
+        form = self._members.form if self._members is not None else None
+        if form is None or not form.has_extensions:
+            raise exc
+        log.warning("a collective failed (%s); re-forming without the lost workers", exc)
+        refit = self._members.refit(self.global_batch_size) if self.rank == 0 else None
+        new = self._members.survivors_form(form, self.rank, refit)
+        if new.rank_of(self._members.me.id) is None:
+            log.error("this worker was counted as lost; leaving")
+            leave_now(1)
+        self._enter(new)
+        if self.rank == 0:
+            self._ack(AckState.APPLIED, self.generation, message=(
+                f"lost workers: went on with {new.world_size} on "
+                f"{format_layout(new.layout())}"))
+
+    def _decide(self, c, checkpoint_due: bool) -> Decision:
+        """Rank 0's decision at a step boundary, reform generations included."""
+        m = self._members
+        if c is not None and c.action == ControlAction.REFORM:
+            try:
+                if m is None:
+                    raise Refused("this job was not started with extension support")
+                d = m.request(c, self._current_form())
+            except Refused as exc:
+                self._ack(AckState.REJECTED, c.generation, message=str(exc))
+                return Decision(checkpoint_due=checkpoint_due)
+            return d or Decision(checkpoint_due=checkpoint_due)
+        if c is not None:
+            if m is not None:
+                m.abandon(f"superseded by generation {c.generation}")
+            return Decision.of(c, checkpoint_due)
+        if m is not None and m.pending is not None:
+            generation = m.pending.control.generation
+            try:
+                d = m.poll(self._current_form())
+            except Refused as exc:
+                self._ack(AckState.REJECTED, generation, message=str(exc))
+                d = None
+            if d is not None:
+                return d
+        return Decision(checkpoint_due=checkpoint_due)
+
+    def _current_form(self):
+        return self._members.current(self.world_size, self.generation, self.batch, self.lr_scale)
+
+    # ----------------------------------------------- in-place shrink (primary)
+    def _can_shrink_in_place(self, d: Decision) -> bool:
+        form = self._members.form if self._members is not None else None
+        return (self._group is not None and self.job_dir is not None
+                and self._launch.inplace_shrink and not (form and form.has_extensions)
+                and d.workers_per_node == self._launch.workers_per_node
+                and 1 <= d.nodes < self.nodes)
+
+    def _shrink_in_place(self, d: Decision) -> bool:
+        """Release nodes without restarting the workers that stay (:meth:`ProcessGroup.
+        shrink_in_place`): ranks are laid out block-wise (rank // workers_per_node = node index)
+        and ``scontrol update NumNodes=n`` on a running job keeps the first ``n`` nodes (Slurm
+        22.05, measured), so ranks ``< n * workers_per_node`` stay. Rank 0 runs the update from
+        inside the job (:func:`hpcsched.job.allocation.shrink_from_inside`). A checkpoint was
+        written first, so any failure here is recoverable."""
+        new_world = d.nodes * self._launch.workers_per_node
+        error = self._group.shrink_in_place(
+            d.generation, new_world, self.job_dir / LEFT_DIR, before_exit=self._metrics.close,
+            release=lambda: shrink_from_inside(self._slurm_job_id, d.nodes, self.job_dir))
+        message = (f"shrunk in place to {d.nodes} node(s); workers not restarted" if error is None
+                   else f"workers shrunk to {new_world} but Slurm kept the nodes: {error}")
+        self._cfg = InForce(d.generation, d.nodes,
+                            BatchConfig(new_world, d.local_batch_size, d.accumulation_steps),
+                            d.lr_scale)
+        log.info("generation %d: %s", d.generation, message)
+        self._ack(AckState.APPLIED, d.generation, message=message)
+        return True
