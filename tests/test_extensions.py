@@ -210,3 +210,23 @@ def test_the_primarys_slurm_and_torch_variables_stay_behind():
                            {"HPCSCHED_JOIN_GENERATION": "3"})
     assert env == {"SLURM_CONF": "/etc/slurm.conf", "HOME": "/h",
                    "HPCSCHED_JOIN_GENERATION": "3"}
+
+
+@pytest.mark.parametrize("raw, text", [
+    ("hpcsched-extension:1:u:g2", "hpcsched-extension:1:u:g2"),          # 22.05: a string
+    ({"job": "hpcsched-extension:1:u:g2", "administrator": None}, "hpcsched-extension:1:u:g2"),
+    (None, ""), ({}, ""),                                                 # 23.02+: an object
+])
+def test_squeue_comments_of_every_version_read_the_same(raw, text):
+    from hpcsched.slurm.parse import comment_text
+
+    assert comment_text(raw) == text
+
+
+def test_an_extension_entry_with_a_node_that_is_not_a_string_is_refused(tmp_path):
+    path = tmp_path / "extensions.json"
+    entry = {**_ext("1", "n2", 2).__dict__, "state": "joined", "node": 7}
+    path.write_text(json.dumps({"schema": "hpcsched.extensions/1", "job_uid": "u",
+                                "primary_job_id": "4", "extensions": [entry], "time": 0.0}))
+    with pytest.raises(ctl.ProtocolError, match="'extensions\\[\\].node' must be str"):
+        read_extensions(path, "u")

@@ -158,6 +158,7 @@ class Extensions:
                                 f"{MAX_EXTENSIONS})")
         for e in self.extensions:
             _expect(path, "extensions[].job_id", e.job_id, str)
+            _expect(path, "extensions[].node", e.node, str)
             check_layout(path, {e.node: e.gpus})
             _expect(path, "extensions[].generation", e.generation, int, 0)
             _expect_member(path, "extensions[].state", e.state, ExtensionState)

@@ -37,6 +37,7 @@ from hpcsched.slurm.errors import SlurmError, SlurmUnavailable, says_unreachable
 from hpcsched.slurm.hostlist import expand_hostlist
 from hpcsched.slurm.parse import (
     JobInfo,
+    comment_text,
     gpu_count,
     name_list,
     node_state,
@@ -327,6 +328,7 @@ class PyslurmBackend:
             restarts=int(_attr(j, "requeue_count", "restart_cnt", default=0)),
             batch_host=str(_attr(j, "batch_host", default="")),
             priority=int(_attr(j, "priority", default=0)),
+            comment=comment_text(_attr(j, "comment", default="")),
         )
 
     @staticmethod

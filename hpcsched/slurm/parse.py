@@ -374,11 +374,11 @@ def _job_from_json(j: dict) -> JobInfo:
         batch_host=str(j.get("batch_host") or ""),
         priority=_int(j.get("priority")),
         cpus_per_task=_cpus_per_task(j),
-        comment=_comment(j.get("comment")),
+        comment=comment_text(j.get("comment")),
     )
 
 
-def _comment(value) -> str:
+def comment_text(value) -> str:
     """The job's ``--comment``: a string in 22.05; ``{"job": ..., "administrator": ...,
     "system": ...}`` from 23.02 (openapi v0.0.39+)."""
     if isinstance(value, dict):
