@@ -230,3 +230,34 @@ def test_an_extension_entry_with_a_node_that_is_not_a_string_is_refused(tmp_path
                                 "primary_job_id": "4", "extensions": [entry], "time": 0.0}))
     with pytest.raises(ctl.ProtocolError, match="'extensions\\[\\].node' must be str"):
         read_extensions(path, "u")
+
+
+# ------------------------------------------------------------ the daemon's translation
+@pytest.mark.parametrize("kind, to_nodes, placement, layout, want", [
+    ("grow", 2, ("n1", "n2"), {"n1": 4}, {"n1": 4, "n2": 4}),            # one node added
+    ("grow", 3, ("n2", "n1", "n3"), {"n1": 4}, {"n1": 4, "n2": 4, "n3": 4}),
+    ("grow", 3, ("n1", "n2"), {"n1": 4}, None),                          # too few nodes named
+    ("grow", 2, (), {"n1": 4}, None),                                    # Slurm would choose
+    ("shrink", 2, (), {"n1": 4, "n2": 4, "n3": 4}, {"n1": 4, "n2": 4}),  # newest extension first
+    ("shrink", 1, (), {"n1": 4, "n2": 4, "n3": 4}, {"n1": 4}),
+    ("shrink", 1, (), {"n1": 4, "n5": 4, "n2": 4}, {"n1": 4, "n5": 4}),  # primary n1,n5 stays
+    ("shrink", 1, (), {"n1": 4, "n5": 4}, None),                         # no extension: in place
+    ("batch", 1, (), {"n1": 4, "n2": 4}, None),
+])
+def test_the_daemon_reaches_node_granular_plans_by_extension(kind, to_nodes, placement, layout,
+                                                             want):
+    from hpcsched.daemon.actuator import reform_layout
+    from hpcsched.protocol.kinds import ChangeKind
+
+    primary = {n: 4 for n in layout if n in ("n1", "n5")}
+    assert reform_layout(ChangeKind(kind), to_nodes, placement, layout, primary, 4) == want
+
+
+def test_the_layout_in_force_is_the_acknowledged_one_when_there_is_one():
+    from hpcsched.daemon.actuator import layout_in_force
+    from hpcsched.slurm.parse import JobInfo
+
+    info = JobInfo("7", "j", "u", "RUNNING", "", "gpu", "n[1-2]", 2, 4, 0, "n1", 0)
+    assert layout_in_force(info, None, 4) == ({"n1": 4, "n2": 4}, {"n1": 4, "n2": 4})
+    a = ctl.Ack("u", 3, "applied", 10, 3, 10, 1, 1, 0, 0.0, layout={"n1": 4, "n2": 4, "n3": 2})
+    assert layout_in_force(info, a, 4) == ({"n1": 4, "n2": 4, "n3": 2}, {"n1": 4, "n2": 4})

@@ -197,6 +197,44 @@ def _plan_reform(spec: JobSpec, current: Current, batch_size: int | None,
                       current.generation + 1, dict(layout))
 
 
+def layout_in_force(info: slurm.JobInfo, ack: ctl.Ack | None, workers_per_node: int
+                    ) -> tuple[dict[str, int], dict[str, int]]:
+    """``(layout, primary)``: the GPUs per node a running job trains on (its acknowledged
+    layout when it runs on extension allocations, in rank order: the primary's nodes first,
+    then its extensions', oldest first) and those of its primary Slurm job (pure)."""
+    primary = {n: workers_per_node for n in slurm.expand_hostlist(info.nodes)} if info.nodes else {}
+    layout = dict(ack.layout) if ack is not None and ack.layout else dict(primary)
+    return layout, primary
+
+
+def reform_layout(kind: ChangeKind, to_nodes: int, placement: tuple[str, ...],
+                  layout: dict[str, int], primary: dict[str, int], workers_per_node: int
+                  ) -> dict[str, int] | None:
+    """The layout a node-granular change of a running job reaches by extension allocations
+    (``docs/extensions.md``), or None when it is not made that way (pure).
+
+    * A grow to ``to_nodes`` nodes adds the planned nodes it does not have yet (``placement``,
+      in order), each with ``workers_per_node`` GPUs, as extensions. None when the placement
+      names too few new nodes (reconcile claims the nodes of an extension grow).
+    * A shrink of a job that runs on extensions releases extension nodes, the newest first,
+      down to ``to_nodes`` but never below its primary's nodes (those are released in place by
+      a ``shrink`` once no extension is left). None for a job without extensions.
+    """
+    if kind == ChangeKind.GROW:
+        new = dict(layout)
+        for node in placement:
+            if len(new) >= to_nodes:
+                break
+            new.setdefault(node, workers_per_node)
+        return new if len(new) == to_nodes else None
+    extensions = [n for n in layout if n not in primary]
+    if kind == ChangeKind.SHRINK and extensions:
+        drop = max(0, len(layout) - max(to_nodes, len(primary)))
+        gone = set(extensions[len(extensions) - drop:]) if drop else set()
+        return {n: g for n, g in layout.items() if n not in gone}
+    return None
+
+
 def current_of(jd: JobDir, spec: JobSpec, info: slurm.JobInfo) -> Current:
     """The job's :class:`Current` from Slurm's view and the control/ack files."""
     return current_from(spec, info, read_or_none(ctl.read_control, jd.control_path, jd.uid),

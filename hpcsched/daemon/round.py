@@ -47,7 +47,15 @@ import click
 
 from hpcsched import slurm
 from hpcsched.daemon import views
-from hpcsched.daemon.actuator import Action, Actuator, current_of, journaled
+from hpcsched.daemon.actuator import (
+    Action,
+    Actuator,
+    current_of,
+    journaled,
+    layout_in_force,
+    read_or_none,
+    reform_layout,
+)
 from hpcsched.daemon.config import ConfigError, Settings, load
 from hpcsched.daemon.costs import measured_costs
 from hpcsched.daemon.ingest import ingest_job
@@ -58,6 +66,7 @@ from hpcsched.daemon.views import application_of
 from hpcsched.policies import POLICIES, PolicyError, make_policy
 from hpcsched.policies.reconcile import Change, Costs
 from hpcsched.policies.round import decide_round
+from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir, JobSpec
 from hpcsched.protocol.kinds import ChangeKind
 from hpcsched.slurm.control import CLISlurmControl
@@ -105,7 +114,9 @@ class Daemon:
         # a plan's 0 GPUs for a running job is applied (checkpoint, requeue, hold with a deadline)
         self.costs = Costs(restart_cost=d.restart_cost, shrink_cost=d.shrink_cost,
                            min_gain=d.min_gain, horizon=d.horizon, preemption=True,
-                           hold=max(0, d.hold_rounds) * d.round_interval)
+                           hold=max(0, d.hold_rounds) * d.round_interval, grow=d.grow,
+                           extension_startup=d.extension_startup,
+                           extension_stall=d.extension_stall)
         self.managed = views.ManagedJobs(self.control_dir, d.partitions)
         self.reaper = Reaper(self.control_dir, d.partitions, dry_run=d.dry_run)
         self._costs_said = ""      # the last resize-cost line logged (logged when it changes)
@@ -206,17 +217,35 @@ class Daemon:
         cur = current_of(jd, spec, info)
         kind = ChangeKind(c.kind)
         nodes = c.from_nodes if kind == ChangeKind.PREEMPT else c.to_nodes
+        placement = tuple(c.placement)
+        layout = self._by_extension(c, jd, spec, info)
+        if layout is not None:
+            kind, placement = ChangeKind.REFORM, tuple(f"{n}:{g}" for n, g in layout.items())
         action = Action(c.job_id, kind, cur.generation + 1, nodes,
                         c.to_batch_size, info.restarts, c.reason, f"hpcsched daemon (round {rid})",
-                        tuple(c.placement))
+                        placement)
         created = time.time()
         aid = self.store.plan_action(
-            round_id=rid, job_id=c.job_id, kind=c.kind, generation=action.generation,
+            round_id=rid, job_id=c.job_id, kind=action.kind, generation=action.generation,
             from_nodes=c.from_nodes, to_nodes=c.to_nodes, from_batch_size=c.from_batch_size,
             to_batch_size=c.to_batch_size, reason=c.reason, restarts_at_plan=info.restarts,
             placement=action.placement, created_at=created)
         self._stepped.add(aid)
         return self._drive(aid, action, History.begin(created), jd, spec, info)
+
+    def _by_extension(self, c: Change, jd: JobDir, spec: JobSpec, info: slurm.JobInfo
+                      ) -> dict[str, int] | None:
+        """The layout to reach by extension allocations for ``c`` (None: today's path): a
+        grow of a running job when ``daemon.grow`` is ``extension``; a shrink of a job that runs
+        on extensions, always (:func:`~hpcsched.daemon.actuator.reform_layout`)."""
+        if info.state != "RUNNING" or c.kind not in (ChangeKind.GROW, ChangeKind.SHRINK):
+            return None
+        if c.kind == ChangeKind.GROW and self.costs.grow != "extension":
+            return None
+        ack = read_or_none(ctl.read_ack, jd.ack_path, jd.uid)
+        layout, primary = layout_in_force(info, ack, spec.workers_per_node)
+        return reform_layout(ChangeKind(c.kind), c.to_nodes, tuple(c.placement), layout, primary,
+                             spec.workers_per_node)
 
     def _drive(self, aid: int, action: Action, history: History, jd: JobDir, spec: JobSpec,
                info: slurm.JobInfo) -> str:
