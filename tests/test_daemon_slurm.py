@@ -25,11 +25,13 @@ DIGITS = 1797
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-@pytest.mark.parametrize("policy", ["dp", "default"])
+@pytest.mark.parametrize("policy", ["dp", "default", "extension"])
 def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_jobs, policy,
                                                      monkeypatch):
     """``default`` runs the daemon's default policy (``jct``: the sum of completion rates by
-    the DP's exact search) with no [policy] table at all.
+    the DP's exact search) with no [policy] table at all; ``extension`` the same with
+    ``daemon.grow = "extension"``: B grows by an extension allocation (a ``reform``), no worker
+    restarted.
 
     The jobs measure no gradient noise (``HPCSCHED_GRAD_NOISE=0``, exported to them by sbatch):
     with it, whether a larger batch pays depends on the noise scale measured by then, which
@@ -39,9 +41,12 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
     monkeypatch.setenv("HPCSCHED_GRAD_NOISE", "0")
     tmp_path, db = daemon_env
     cfg = Path(os.environ["HPCSCHED_CONFIG"])
-    if policy == "default":
+    if policy in ("default", "extension"):
         cfg.write_text(cfg.read_text().replace('[policy]\nname = "dp"\n', ""))
-    prefix = {"dp": "dp: predicted", "default": "jct: "}[policy]
+    if policy == "extension":
+        cfg.write_text(cfg.read_text().replace("[daemon]\n", '[daemon]\ngrow = "extension"\n'))
+    prefix = {"dp": "dp: predicted", "default": "jct: ", "extension": "jct: "}[policy]
+    grow = "reform" if policy == "extension" else "grow"
     a = submit(tmp_path, "-N", "2", "--gres=gpu:2", "--hpcsched-max-nodes", "2",
                "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", "40", "--min-step-time", "0.1")
     b = submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-max-nodes", "2",
@@ -69,7 +74,7 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
     # jct weighs each job's goodput by 1 / its remaining work, and A, measured at one size
     # only, is predicted to slow down on fewer nodes, so it may keep them: B grows when room
     # appears
-    assert ("grow", 1, 2, 96, 96, "running") in acts[b], (acts, log[-4000:])
+    assert (grow, 1, 2, 96, 96, "running") in acts[b], (acts, log[-4000:])
     assert ("batch", 1, 1, 32, 128, "running") in acts[c], (acts, log[-4000:])
     for x in store.actions():
         assert x.reason.startswith(prefix) and "samples/s" in x.reason, x.reason
@@ -86,11 +91,18 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
 
     status = json.loads(cli("hpcsched", "status", "--json", b).stdout)
     (row,) = status["jobs"]
-    grow = [d for d in row["decisions"] if d["kind"] == "grow"]
-    assert grow and grow[0]["status"] == "running" and "samples/s" in grow[0]["reason"]
+    grown = [d for d in row["decisions"] if d["kind"] == grow]
+    assert grown and grown[0]["status"] == "running" and "samples/s" in grown[0]["reason"]
     assert row["profile"], "status shows no throughput profile"
     table = cli("hpcsched", "status").stdout
-    assert "grow" in table and "batch" in table and (policy != "dp" or "shrink" in table)
+    assert grow in table and "batch" in table and (policy != "dp" or "shrink" in table)
+    if policy == "extension":   # B's first workers ran throughout; its extension has ended
+        jd = JobDir.for_job(b)
+        assert len({json.loads(line)["pid"] for line in
+                    (jd.metrics_dir / "launch-1-rank-0.jsonl").read_text().splitlines()}) == 1 and \
+            not list(jd.metrics_dir.glob("launch-2-*"))
+        ext = json.loads(jd.extensions_path.read_text())["extensions"]
+        assert ext and all(e["state"] in ("released", "refused") for e in ext), ext
 
 
 def test_dry_run_decides_and_logs_but_never_acts(daemon_env, blocker, slurm_jobs):

@@ -415,7 +415,8 @@ def feasible_now(chosen: list[Candidate], snapshot: ClusterSnapshot, grow: str =
 def _place_grow(c: Change, job: JobView, free: dict[str, int], keep_own: bool = False
                 ) -> tuple[Change | None, str]:
     """The grow as it can be made now (``None``: it waits) and a note; claims its nodes in
-    ``free``. With ``keep_own`` (by extension) a placement must contain the job's nodes."""
+    ``free``. With ``keep_own`` (by extension) a placement must contain the job's nodes, and
+    the change carries the nodes claimed (its own first), whether planned or chosen here."""
     wpn = job.workers_per_node
     mine = {name: free.get(name, 0) + wpn for name in job.node_names}
     fits = sorted((n for n, g in {**free, **mine}.items() if g >= wpn),
@@ -434,6 +435,8 @@ def _place_grow(c: Change, job: JobView, free: dict[str, int], keep_own: bool = 
         c = replace(c, placement=())
     for n in nodes:
         free[n] = free.get(n, 0) + (wpn if n in mine else 0) - wpn
+    if keep_own:   # the job itself submits the extension: it is told the nodes claimed here
+        c = replace(c, placement=tuple(nodes))
     return c, note
 
 
