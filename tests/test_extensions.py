@@ -261,3 +261,33 @@ def test_the_layout_in_force_is_the_acknowledged_one_when_there_is_one():
     assert layout_in_force(info, None, 4) == ({"n1": 4, "n2": 4}, {"n1": 4, "n2": 4})
     a = ctl.Ack("u", 3, "applied", 10, 3, 10, 1, 1, 0, 0.0, layout={"n1": 4, "n2": 4, "n3": 2})
     assert layout_in_force(info, a, 4) == ({"n1": 4, "n2": 4, "n3": 2}, {"n1": 4, "n2": 4})
+
+
+# ---------------------------------------------------------------- layouts, planned
+def _plan(layout, now, primary, state="RUNNING"):
+    from hpcsched.daemon.actuator import Current, plan_resize
+    from tests.test_launcher import _spec
+
+    spec = _spec("u", workers_per_node=2, min_nodes=1, max_nodes=4)
+    return plan_resize(spec, Current(state, len(primary), 64, 3), layout=layout,
+                       in_force=(now, primary))
+
+
+@pytest.mark.parametrize("layout, now, primary, kind", [
+    ({"n1": 2, "n2": 2}, {"n1": 2}, {"n1": 2}, "reform"),            # grow by extension
+    ({"n1": 2}, {"n1": 2, "n2": 2}, {"n1": 2}, "reform"),            # release the extension
+    ({"n1": 2, "n3": 4}, {"n1": 2, "n2": 2}, {"n1": 2}, "reform"),   # move it, any count
+    ({"n4": 2}, {"n1": 2}, {"n1": 2}, "grow"),                       # move the primary: requeue
+    ({"n2": 2}, {"n1": 2, "n2": 2}, {"n1": 2}, "grow"),              # off its node: requeue
+])
+def test_a_layout_is_reached_in_place_when_the_primary_keeps_its_gpus(layout, now, primary, kind):
+    plan = _plan(layout, now, primary)
+    assert (plan.kind, plan.layout, plan.generation) == (kind, layout, 4)
+    assert plan.batch.world_size == sum(layout.values())
+
+
+def test_a_requeue_onto_uneven_gpus_per_node_is_refused():
+    from hpcsched.daemon.actuator import ResizeRefused
+
+    with pytest.raises(ResizeRefused, match="same GPUs on every node: n3:2,n4:1 does not"):
+        _plan({"n3": 2, "n4": 1}, {"n1": 2}, {"n1": 2})

@@ -115,7 +115,8 @@ class ResizePlan:
         wpn = spec.workers_per_node
         parts = []
         if self.layout:
-            parts.append(f"{self.batch.world_size} GPUs on {format_layout(self.layout)}")
+            how = "by requeue, " if self.kind == ChangeKind.GROW else ""
+            parts.append(f"{how}{self.batch.world_size} GPUs on {format_layout(self.layout)}")
         elif self.nodes != self.from_nodes:
             parts.append(f"{self.from_nodes} -> {self.nodes} node(s) "
                          f"({self.from_nodes * wpn} -> {self.nodes * wpn} GPUs)")
@@ -130,12 +131,15 @@ class ResizePlan:
 
 
 def plan_resize(spec: JobSpec, current: Current, nodes: int | None = None,
-                batch_size: int | None = None, layout: dict[str, int] | None = None) -> ResizePlan:
+                batch_size: int | None = None, layout: dict[str, int] | None = None,
+                in_force: tuple[dict[str, int], dict[str, int]] = ({}, {})) -> ResizePlan:
     """Decide how to move the job to ``nodes`` nodes and global batch ``batch_size`` (pure).
 
     ``None`` keeps the current value. A node change keeps the global batch size (refitted to
     the new world size, with gradient accumulation above the per-GPU limit). ``layout``
-    (``{node: GPUs}``): a ``reform`` onto exactly those GPUs, by extension allocations.
+    (``{node: GPUs}``): exactly those GPUs, by extension allocations (``reform``), or by requeue
+    when it gives back GPUs of the primary job; ``in_force``: the job's layout and its
+    primary's (:func:`layout_in_force`).
 
     Raises:
         ResizeRefused: outside ``[min_nodes, max_nodes]`` (a layout: ``[min_gpus, max_gpus]``)
@@ -145,7 +149,7 @@ def plan_resize(spec: JobSpec, current: Current, nodes: int | None = None,
     if current.state not in ("RUNNING", "PENDING"):
         raise ResizeRefused(f"the job is {current.state}; only RUNNING or PENDING jobs can be resized")
     if layout:
-        return _plan_reform(spec, current, batch_size, layout)
+        return _plan_reform(spec, current, batch_size, layout, *in_force)
     lim = spec.limits
     target_nodes = current.nodes if nodes is None else nodes
     if not lim.allows_nodes(target_nodes):
@@ -179,7 +183,12 @@ def plan_resize(spec: JobSpec, current: Current, nodes: int | None = None,
 
 
 def _plan_reform(spec: JobSpec, current: Current, batch_size: int | None,
-                 layout: dict[str, int]) -> ResizePlan:
+                 layout: dict[str, int], now: dict[str, int], primary: dict[str, int]
+                 ) -> ResizePlan:
+    del now   # the layout in force does not change how: the primary's GPUs do
+    """A layout: in place by extension allocations when the primary keeps its GPUs; else by
+    requeue onto a layout of the same GPUs on every node (Slurm cannot release part of a
+    running job's GRES; a pending job takes ``TresPerNode``); the extensions end with it."""
     lim = spec.limits
     if current.state != "RUNNING":
         raise ResizeRefused("a layout applies to a running job (a pending one: --nodes)")
@@ -192,7 +201,15 @@ def _plan_reform(spec: JobSpec, current: Current, batch_size: int | None,
         batch = lim.fit_batch_gpus(want, gpus)
     except BatchSizeError as exc:
         raise ResizeRefused(str(exc)) from None
-    return ResizePlan(ChangeKind.REFORM, len(layout), current.nodes, batch,
+    kind = ChangeKind.REFORM
+    if any(layout.get(n, 0) < g for n, g in primary.items()):
+        # extension workers stop at the requeue's checkpoint too, and their jobs end
+        if len(set(layout.values())) != 1:
+            raise ResizeRefused("this layout gives back GPUs of the primary job, which needs a "
+                                "requeue, and a requeued job has the same GPUs on every node: "
+                                f"{format_layout(layout)} does not")
+        kind = ChangeKind.GROW   # the requeue path: checkpoint, requeue, resume on the layout
+    return ResizePlan(kind, len(layout), current.nodes, batch,
                       current.global_batch_size, lim.lr_scale(batch.global_batch_size),
                       current.generation + 1, dict(layout))
 
@@ -279,7 +296,11 @@ def plan_for(jd: JobDir, spec: JobSpec, info: slurm.JobInfo | None, nodes: int |
             f"job {info.job_id} has not reported to hpcsched yet: it is still starting, or "
             "its script does not use hpcsched.elastic (then it runs, but cannot be "
             "resized in place)")
-    return plan_resize(spec, current_of(jd, spec, info), nodes, batch_size, layout)
+    in_force = ({}, {})
+    if layout and info.state == "RUNNING":
+        ack = read_or_none(ctl.read_ack, jd.ack_path, jd.uid)
+        in_force = layout_in_force(info, ack, info.gpus_per_node or spec.workers_per_node)
+    return plan_resize(spec, current_of(jd, spec, info), nodes, batch_size, layout, in_force)
 
 
 def read_or_none(fn, path, uid):
@@ -435,9 +456,12 @@ class Actuator:
         layout = parse_layout(",".join(e.layout)) if e.layout else {}
         batch = (spec.limits.fit_batch_gpus(e.global_batch_size, sum(layout.values())) if layout
                  else spec.limits.fit_batch(e.global_batch_size, e.nodes))
+        wpn = spec.workers_per_node
+        if layout and e.action != ControlAction.REFORM:   # a requeue onto k GPUs per node
+            wpn = next(iter(layout.values()))
         ctl.write_control(jd.control_path, ctl.Control(
             job_uid=jd.uid, generation=e.generation, action=e.action, nodes=e.nodes,
-            workers_per_node=spec.workers_per_node, global_batch_size=batch.global_batch_size,
+            workers_per_node=wpn, global_batch_size=batch.global_batch_size,
             local_batch_size=batch.local_batch_size, accumulation_steps=batch.accumulation_steps,
             lr_scale=spec.limits.lr_scale(batch.global_batch_size),
             issued_at=self.clock(), issued_by=action.issued_by, reason=action.reason,
@@ -454,8 +478,9 @@ class Actuator:
 
     def _resize_pending(self, action: Action, e: ResizePendingJob, jd: JobDir,
                         spec: JobSpec) -> None:
-        resize_pending_job(self.slurm, action.job_id, e.nodes, spec.workers_per_node,
-                           e.placement, e.cpus_per_task)
+        resize_pending_job(self.slurm, action.job_id, e.nodes,
+                           e.workers_per_node or spec.workers_per_node, e.placement,
+                           e.cpus_per_task, gpus_per_node=e.workers_per_node or None)
 
     def _requeue(self, action: Action, e: Requeue, jd: JobDir, spec: JobSpec) -> None:
         self.slurm.requeue(action.job_id)

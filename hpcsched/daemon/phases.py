@@ -204,7 +204,8 @@ class Action:
     pending job, or a grow after its requeue); empty lets Slurm choose. For a ``preempt``,
     ``nodes`` is the size the job resumes at (its size now; the plan's 0 is in the journal's
     ``to_nodes``): the control generation asks for it, and the requeued job is given it.
-    A ``reform``'s ``placement`` is its layout, ``node:GPUs`` pairs (``("n1:4", "n2:2")``).
+    A ``reform``'s ``placement`` is its layout, ``node:GPUs`` pairs (``("n1:4", "n2:2")``); so
+    is a grow's that requeues the job onto another number of GPUs per node (``("n4:2",)``).
     """
 
     job_id: str
@@ -216,6 +217,21 @@ class Action:
     reason: str = ""
     issued_by: str = "hpcsched resize"
     placement: tuple[str, ...] = ()
+
+    @property
+    def layout(self) -> tuple[str, ...]:
+        """The ``node:GPUs`` pairs of a layout (empty: ``placement`` names nodes only)."""
+        return self.placement if self.placement and ":" in self.placement[0] else ()
+
+    @property
+    def nodes_placed(self) -> tuple[str, ...]:
+        """The nodes to start on."""
+        return tuple(p.split(":")[0] for p in self.placement)
+
+    @property
+    def gpus_per_node(self) -> int:
+        """A layout's GPUs per node for a requeue onto it (0: the job's own)."""
+        return int(self.layout[0].split(":")[1]) if self.layout else 0
 
 
 @dataclass(frozen=True)
@@ -285,6 +301,7 @@ class ResizePendingJob:
     placement: tuple[str, ...]
     cpus_per_task: int
     required: bool
+    workers_per_node: int = 0   # GPUs (= tasks) per node; 0: the job's own
 
 
 @dataclass(frozen=True)
@@ -392,9 +409,10 @@ def _request(a: Action, obs: Observed) -> Step:
     job = obs.job
     effects: list[Effect] = []
     if a.kind == ChangeKind.PENDING and job.state == "PENDING" and job.node_count != a.nodes:
-        effects.append(ResizePendingJob(a.nodes, a.placement, job.cpus_per_task, required=True))
+        effects.append(ResizePendingJob(a.nodes, a.nodes_placed, job.cpus_per_task, required=True,
+                                        workers_per_node=a.gpus_per_node))
     effects.append(WriteControl(a.generation, ACTION_FOR_KIND[a.kind], a.nodes, a.batch_size,
-                                a.placement if a.kind == ChangeKind.REFORM else ()))
+                                a.layout))
     if a.kind == ChangeKind.PENDING:
         effects += _release_held(job)   # after the generation: the launcher starts with it
     return Step(P.REQUESTED, tuple(effects))
@@ -452,8 +470,9 @@ def _requeued(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
         return _hold(a, h, obs, t)
     if obs.job.state == "PENDING":
         # the hold must go whether or not Slurm takes the new size
-        return Step(P.RELEASED, (ResizePendingJob(a.nodes, a.placement, obs.job.cpus_per_task,
-                                                  required=False),
+        return Step(P.RELEASED, (ResizePendingJob(a.nodes, a.nodes_placed, obs.job.cpus_per_task,
+                                                  required=False,
+                                                  workers_per_node=a.gpus_per_node),
                                  SetStartTime(f"now+{REQUEUE_START_DELAY_S}")))
     return _waiting_to_start(a, h, obs, t, P.REQUEUED)
 

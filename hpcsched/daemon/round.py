@@ -243,7 +243,7 @@ class Daemon:
         if c.kind == ChangeKind.GROW and self.costs.grow != "extension":
             return None
         ack = read_or_none(ctl.read_ack, jd.ack_path, jd.uid)
-        layout, primary = layout_in_force(info, ack, spec.workers_per_node)
+        layout, primary = layout_in_force(info, ack, info.gpus_per_node or spec.workers_per_node)
         return reform_layout(ChangeKind(c.kind), c.to_nodes, tuple(c.placement), layout, primary,
                              spec.workers_per_node)
 

@@ -71,21 +71,26 @@ def effective_config(spec: JobSpec, control: ctl.Control | None, nodes: int) -> 
     The newest control generation wins; when its world size matches the allocation its batch
     configuration is used as is, otherwise (Slurm gave a different number of nodes, or the job
     starts for the first time) its global batch size is refitted to the real world size within
-    the job's limits (:func:`hpcsched.protocol.batching.fit_batch`).
+    the job's limits (:func:`hpcsched.protocol.batching.fit_batch`). A generation that
+    requeued the job onto a layout of ``k`` GPUs per node (``k`` other than the submitted)
+    runs ``k`` workers per node.
 
     Raises:
         BatchSizeError: no batch configuration fits the limits at this world size.
     """
     limits = spec.limits
-    world = nodes * limits.workers_per_node
+    wpn = limits.workers_per_node
+    if control is not None and control.layout and control.action != ControlAction.REFORM \
+            and control.nodes == nodes:   # requeued onto another number of GPUs per node
+        wpn = control.workers_per_node
+    world = nodes * wpn
     generation = control.generation if control is not None else 0
     if control is not None and control.world_size == world:
         batch = BatchConfig(world, control.local_batch_size, control.accumulation_steps)
     else:
         target = control.global_batch_size if control is not None else limits.base_batch_size
-        batch = limits.fit_batch(target, nodes)
-    return LaunchConfig(generation, nodes, limits.workers_per_node, batch,
-                        limits.lr_scale(batch.global_batch_size))
+        batch = limits.fit_batch_gpus(target, world)
+    return LaunchConfig(generation, nodes, wpn, batch, limits.lr_scale(batch.global_batch_size))
 
 
 def master_port(job_id: str, launch: int) -> int:

@@ -65,9 +65,14 @@ class CLISlurmControl:
 
 
 def resize_pending_job(control: SlurmControl, job_id: str, nodes: int, workers_per_node: int,
-                       placement: tuple[str, ...] = (), cpus_per_task: int = 1) -> None:
+                       placement: tuple[str, ...] = (), cpus_per_task: int = 1,
+                       gpus_per_node: int | None = None) -> None:
     """Set a PENDING job's size: ``scontrol update NumNodes=<n>-<n> NumTasks=<n * wpn>
-    NumCPUs=<tasks * cpus_per_task> ReqNodeList=<nodes>``.
+    NumCPUs=<tasks * cpus_per_task> ReqNodeList=<nodes>``, and ``TresPerNode=gres:gpu:<k>``
+    with ``gpus_per_node`` (measured on 22.05: a job submitted with ``--ntasks-per-node=4
+    --gres=gpu:4``, so updated to 1 node, 2 tasks and ``gres:gpu:2``, ran on 2 GPUs of the
+    node asked for; its ``SLURM_NTASKS_PER_NODE`` stays 4, so the launcher's ``srun`` is
+    always explicit).
 
     Measured on Slurm 22.05: ``NumNodes=3`` alone is refused ("Node count specification
     invalid") for a job submitted with ``-N 2``, whose node range is 2-2; the range form sets
@@ -80,9 +85,10 @@ def resize_pending_job(control: SlurmControl, job_id: str, nodes: int, workers_p
     submitted node count unless this is done while it is PENDING.
     """
     tasks = nodes * workers_per_node
+    gres = {"TresPerNode": f"gres:gpu:{gpus_per_node}"} if gpus_per_node else {}
     control.update(job_id, NumNodes=f"{nodes}-{nodes}", NumTasks=tasks,
                    NumCPUs=tasks * cpus_per_task,
-                   ReqNodeList=",".join(placement) if placement else "")
+                   ReqNodeList=",".join(placement) if placement else "", **gres)
 
 
 def set_start_time(control: SlurmControl, job_id: str, when: str) -> bool:
