@@ -127,7 +127,7 @@ def test_reconcile_through_the_round_admits_the_grow_only_by_extension():
 
 @pytest.mark.parametrize(("free", "placement", "made", "kept"), [
     ({"n1": 0, "n2": 4, "n3": 4}, ("n1", "n3"), True, True),     # its own node and a new one
-    ({"n1": 0, "n2": 4, "n3": 4}, ("n2", "n3"), True, False),    # would move it: Slurm chooses
+    ({"n1": 0, "n2": 4, "n3": 4}, ("n2", "n3"), True, False),    # would move it: its own + n2
     ({"n1": 0, "n2": 0, "n3": 0}, (), False, False),             # nothing beside its own: waits
 ])
 def test_a_node_granular_extension_keeps_the_jobs_nodes(free, placement, made, kept):
@@ -137,7 +137,8 @@ def test_a_node_granular_extension_keeps_the_jobs_nodes(free, placement, made, k
                               snap, "extension")
     assert [c.job_id for c in changes] == (["G"] if made else [])
     if made:
-        assert changes[0].placement == (placement if kept else ())
+        # the job submits its extension itself: it is told the nodes claimed (its own first)
+        assert changes[0].placement == (placement if kept else ("n1", "n2"))
 
 
 @pytest.mark.parametrize(("free", "own", "to_gpus", "placement", "fits", "taken"), [

@@ -11,7 +11,7 @@ import pytest
 
 from hpcsched.job.sbatch_args import Geometry, UsageError
 from hpcsched.job.submit import job_limits, validate_geometry
-from hpcsched.protocol.jobdir import JobDir, current_user
+from hpcsched.protocol.jobdir import JobDir, JobSpec, current_user
 from hpcsched.protocol.limits import JobLimits
 from tests.conftest import EXAMPLE, cli
 
@@ -165,7 +165,7 @@ def test_job_limits_and_their_defaults(opts, nodes, wpn, expected):
 
 @pytest.mark.parametrize("opts,nodes,wpn,message", [
     ({"min-nodes": 2, "min-gpus": 8}, 2, 4, "give --hpcsched-min-nodes or --hpcsched-min-gpus, not both"),
-    ({"min-gpus": 6}, 2, 4, "--hpcsched-min-gpus=6 is not a multiple of the 4 GPUs per node"),
+    ({"max-gpus": 6}, 2, 4, "--hpcsched-max-gpus=6 is not a multiple of the 4 GPUs per node"),
     ({"min-nodes": 2, "batch-size": 4}, 2, 4,
      "--hpcsched-max-batch-size=4 is smaller than the 8 GPUs of the smallest allowed size"),
     ({"batch-size": 64, "max-batch-size": 32}, 1, 1, "batch size 64 is outside [32, 32]"),
@@ -174,3 +174,21 @@ def test_job_limits_refuses(opts, nodes, wpn, message):
     with pytest.raises(UsageError) as exc:
         job_limits(opts, nodes, wpn)
     assert message in str(exc.value)
+
+
+@pytest.mark.parametrize("opts, wpn, min_nodes, min_gpus", [
+    ({"min-gpus": 2}, 4, 1, 2),     # half a node: whole-node sizes stop at 1 node, layouts at 2
+    ({"min-gpus": 6}, 4, 2, 6),     # between whole nodes
+    ({"min-gpus": 8}, 4, 2, 8),     # a multiple: nodes only
+])
+def test_a_gpu_minimum_below_or_between_whole_nodes_is_kept(opts, wpn, min_nodes, min_gpus):
+    from dataclasses import replace
+
+    from tests.test_launcher import _spec
+
+    lim = job_limits({**opts, "max-nodes": 3}, 2, wpn)
+    assert (lim.min_nodes, lim.min_gpus) == (min_nodes, min_gpus)
+    assert lim.min_gpu_count == (None if min_gpus % wpn == 0 else min_gpus)
+    spec = replace(_spec("u"), limits=lim)   # spec.json keeps it ("min_gpus"), or leaves it out
+    assert JobSpec.from_json(spec.to_json()) == spec
+    assert ("min_gpus" in spec.to_json()) == (lim.min_gpu_count is not None)

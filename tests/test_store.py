@@ -15,7 +15,7 @@ TABLES = {
     "jobs": {"job_id", "job_uid", "user", "script", "workers_per_node", "min_nodes", "max_nodes",
              "min_batch_size", "max_batch_size", "max_local_batch_size", "base_batch_size",
              "lr_scaling", "spec_json", "state", "submit_time", "first_seen", "last_seen",
-             "finished_at", "app_class"},
+             "finished_at", "app_class", "min_gpu_count"},
     "profile_samples": {"id", "job_id", "time", "launch", "generation", "world_size", "nodes",
                         "local_batch_size", "accumulation_steps", "global_batch_size",
                         "step_time", "throughput", "steps"},
@@ -34,7 +34,7 @@ JOB = dict(job_uid="uid-1", user="alice", script="train.py", workers_per_node=4,
            lr_scaling="linear", spec_json='{"x": 1}', state="RUNNING")
 
 
-HEAD = "0003"
+HEAD = "0004"
 
 
 def _url(path) -> str:

@@ -74,7 +74,8 @@ OPTIONS = {o.name: o for o in [
     Option("max-nodes", _positive_int,
            "most nodes hpcsched may grow the job to (default: the submitted node count)", "N"),
     Option("min-gpus", _positive_int,
-           "like --hpcsched-min-nodes, in GPUs (a multiple of the GPUs per node)", "N"),
+           "like --hpcsched-min-nodes, in GPUs; fewer than a whole node's (or not a multiple of "
+           "the GPUs per node) is reached by a layout: hpcsched resize --layout", "N"),
     Option("max-gpus", _positive_int,
            "like --hpcsched-max-nodes, in GPUs (a multiple of the GPUs per node)", "N"),
     Option("batch-size", _positive_int,
@@ -248,10 +249,12 @@ def job_limits(opts: dict[str, object], nodes: int, workers_per_node: int) -> Jo
                          f"{min_nodes * workers_per_node} GPUs of the smallest allowed size: "
                          "every GPU needs at least one sample")
     try:
+        g = opts.get("min-gpus")
         return JobLimits(workers_per_node=workers_per_node, min_nodes=min_nodes,
                          max_nodes=max_nodes, min_batch_size=bmin, max_batch_size=bmax,
                          max_local_batch_size=opts.get("max-local-batch-size"),
-                         base_batch_size=batch, lr_scaling=str(opts.get("lr-scaling") or "linear"))
+                         base_batch_size=batch, lr_scaling=str(opts.get("lr-scaling") or "linear"),
+                         min_gpu_count=g if g is not None and g % workers_per_node else None)
     except ValueError as exc:  # every rule is checked above with the option's name; a safety net
         raise UsageError(str(exc)) from None
 
@@ -275,10 +278,10 @@ def _node_limit(opts: dict[str, object], kind: str, default: int, wpn: int) -> i
     if n is not None and g is not None:
         raise UsageError(f"give --hpcsched-{kind}-nodes or --hpcsched-{kind}-gpus, not both")
     if g is not None:
-        if g % wpn:
+        if g % wpn and kind == "max":
             raise UsageError(f"--hpcsched-{kind}-gpus={g} is not a multiple of the {wpn} "
                              "GPUs per node")
-        return g // wpn
+        return -(-g // wpn)   # a minimum between whole nodes: min_gpu_count holds it
     return n if n is not None else default
 
 

@@ -140,6 +140,8 @@ _LIMIT_KEYS = {
     "max_local_batch_size": "max_local_batch_size",
     "lr_scaling": "lr_scaling",
 }
+#: limit keys a spec may leave out (older hpcsub versions wrote none)
+_OPTIONAL_LIMIT_KEYS = {"min_gpus": "min_gpu_count"}
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,8 @@ class JobSpec:
         for name in self.__dataclass_fields__:
             if name == "limits":
                 out.update({key: limits[attr] for key, attr in _LIMIT_KEYS.items()})
+                out.update({key: limits[attr] for key, attr in _OPTIONAL_LIMIT_KEYS.items()
+                            if limits[attr] is not None})
             else:
                 out[name] = d[name]
         out["script_args"] = list(self.script_args)
@@ -224,7 +228,9 @@ class JobSpec:
             kwargs = {k: v for k, v in obj.items() if k in known}
             kwargs["script_args"] = tuple(kwargs.get("script_args", ()))
             kwargs["sbatch_args"] = tuple(kwargs.get("sbatch_args", ()))
-            limits = JobLimits(**{attr: obj[key] for key, attr in _LIMIT_KEYS.items()})
+            limits = JobLimits(**{attr: obj[key] for key, attr in _LIMIT_KEYS.items()},
+                               **{attr: obj[key] for key, attr in _OPTIONAL_LIMIT_KEYS.items()
+                                  if obj.get(key) is not None})
             return cls(limits=limits, **kwargs)
         except (TypeError, ValueError) as exc:
             raise ProtocolError(f"{path}: {exc}") from exc

@@ -31,6 +31,11 @@ class JobLimits:
         lr_scaling: how the learning rate follows the global batch size, one of
             :data:`hpcsched.protocol.batching.LR_RULES`: ``linear`` (Goyal et al. 2017, §2.1),
             ``sqrt`` (Krizhevsky 2014, §5) or ``none``.
+        min_gpu_count: the fewest GPUs when that is not a whole number of nodes
+            (``--hpcsched-min-gpus 2`` on 4 GPUs per node): a layout (extension allocations, or
+            a requeue onto fewer GPUs per node) may go down to it, whole-node sizes stop at
+            ``min_nodes``; ``1 <= min_gpu_count <= min_nodes * workers_per_node``. None:
+            ``min_nodes * workers_per_node``.
 
     Also ``max_batch_size >= min_nodes * workers_per_node``: at the smallest size every GPU
     still gets at least one sample.
@@ -48,6 +53,7 @@ class JobLimits:
     max_local_batch_size: int | None
     base_batch_size: int
     lr_scaling: str = "linear"
+    min_gpu_count: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("workers_per_node", "min_nodes", "max_nodes", "min_batch_size",
@@ -55,6 +61,11 @@ class JobLimits:
             _check_count(name, getattr(self, name))
         if self.max_local_batch_size is not None:
             _check_count("max_local_batch_size", self.max_local_batch_size)
+        if self.min_gpu_count is not None:
+            _check_count("min_gpu_count", self.min_gpu_count)
+            if self.min_gpu_count > self.min_nodes * self.workers_per_node:
+                raise ValueError(f"min_gpu_count {self.min_gpu_count} exceeds the "
+                                 f"{self.min_nodes * self.workers_per_node} GPUs of min_nodes")
         if self.lr_scaling not in LR_RULES:
             raise ValueError(f"lr_scaling {self.lr_scaling!r} is not one of {', '.join(LR_RULES)}")
         if self.min_nodes > self.max_nodes:
@@ -71,8 +82,9 @@ class JobLimits:
 
     @property
     def min_gpus(self) -> int:
-        """GPUs at the smallest size (``min_nodes * workers_per_node``)."""
-        return self.min_nodes * self.workers_per_node
+        """GPUs at the smallest size (:attr:`min_gpu_count`, else
+        ``min_nodes * workers_per_node``)."""
+        return self.min_gpu_count or self.min_nodes * self.workers_per_node
 
     @property
     def max_gpus(self) -> int:

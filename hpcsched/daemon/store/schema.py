@@ -78,6 +78,7 @@ class Job(Base):
     max_local_batch_size: Mapped[int | None] = mapped_column(Integer)
     base_batch_size: Mapped[int] = mapped_column(Integer)
     lr_scaling: Mapped[str] = mapped_column(String(16), default="linear")
+    min_gpu_count: Mapped[int | None] = mapped_column(Integer)
     spec_json: Mapped[str] = mapped_column(Text, default="{}")
     state: Mapped[str] = mapped_column(String(32), default="")
     submit_time: Mapped[float | None] = mapped_column(Float)
