@@ -15,7 +15,7 @@ A **layout** is ``{node: GPUs}``: the whole allocation a job runs on (``control.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from hpcsched.protocol.files import (
     _expect_member,
     check_layout,
     load_json_object,
-    write_json_atomic,
+    write_valid,
 )
 
 EXTENSIONS_SCHEMA = "hpcsched.extensions/1"
@@ -175,8 +175,7 @@ def write_extensions(path: Path, ext: Extensions) -> None:
     Raises:
         ProtocolError: ``ext`` is invalid.
     """
-    ext.validate(path)
-    write_json_atomic(path, asdict(ext))
+    write_valid(path, ext)
 
 
 def read_extensions(path: Path, job_uid: str | None = None) -> Extensions | None:

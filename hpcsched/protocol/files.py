@@ -77,6 +77,16 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         raise
 
 
+def write_valid(path: Path, record: Any) -> None:
+    """``record.validate(path)`` (a protocol dataclass), then write it atomically as JSON.
+
+    Raises:
+        ProtocolError: the record is invalid (nothing is written).
+    """
+    record.validate(path)
+    write_json_atomic(path, asdict(record))
+
+
 #: the most bytes a control, ack, progress or launcher file may hold (they are a few hundred)
 MAX_JSON_BYTES = 1 << 20
 #: the largest integer a protocol field may hold (a 64-bit count), so no arithmetic overflows
@@ -485,8 +495,7 @@ def read_control(path: Path, job_uid: str | None = None) -> Control | None:
 
 def write_ack(path: Path, ack: Ack) -> None:
     """Validate and atomically write ``ack``."""
-    ack.validate(path)
-    write_json_atomic(path, asdict(ack))
+    write_valid(path, ack)
 
 
 def read_ack(path: Path, job_uid: str | None = None) -> Ack | None:
@@ -544,8 +553,7 @@ def write_launcher_state(path: Path, state: LauncherState) -> None:
     Raises:
         ProtocolError: ``state`` is invalid.
     """
-    state.validate(path)
-    write_json_atomic(path, asdict(state))
+    write_valid(path, state)
 
 
 def read_launcher_state(path: Path, job_uid: str | None = None) -> LauncherState | None:
