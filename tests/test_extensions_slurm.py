@@ -170,3 +170,13 @@ def test_an_extension_that_cannot_start_is_reported_and_the_job_keeps_its_size(
     assert row["gpus"] == 4
     assert _finish(job_id, tmp_path).state == "COMPLETED"
     check_exactly_once(load_records(jd.path), DIGITS, 20)
+
+
+def test_cancelling_the_primary_ends_its_extensions(devcluster, control_dir, tmp_path,
+                                                     slurm_jobs):
+    job_id, jd = _submit(tmp_path, slurm_jobs, epochs=200)
+    out = _layout(job_id, "n1:4,n2:2,n3:1", "test: grow")
+    assert "generation 1 in force" in out, out
+    assert len(_extensions(jd)) == 2 and not _none_active(jd)
+    subprocess.run(["scancel", job_id], check=True)
+    wait_for(lambda: _none_active(jd), 60, "the extensions to end with their primary")
