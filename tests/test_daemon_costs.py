@@ -78,3 +78,26 @@ def test_only_the_latest_window_counts(store):
         _grow(store, 5000.0 + 100 * i, 8.0)         # recent, fast
     costs, _ = measured_costs(store.actions(limit=200), Costs(), window=3)
     assert costs.restart_cost == pytest.approx(8.0)
+
+
+def _extension(store, t0, seconds, to_nodes=2):
+    aid = store.plan_action(job_id="1", kind="reform", generation=1, from_nodes=1,
+                            to_nodes=to_nodes, from_batch_size=64, to_batch_size=64,
+                            placement=("n1:4", "n2:4")[:to_nodes], created_at=t0)
+    store.set_action_phase(aid, "running", at=t0 + seconds)
+    return aid
+
+
+@pytest.mark.parametrize(("spans", "startup"), [
+    ([4.0, 6.0], 2.25),                 # fewer than 3: the configured start-up
+    ([4.0, 6.0, 5.0], 5.0),             # the median of the grows by extension
+])
+def test_a_grow_by_extension_is_measured_from_its_request_to_its_first_step(store, spans, startup):
+    for i, s in enumerate(spans):
+        _extension(store, 1000.0 + 100 * i, s)
+    _extension(store, 2000.0, 0.1, to_nodes=1)        # a release: not a start-up
+    costs, said = measured_costs(store.actions(limit=200),
+                                 Costs(grow="extension", extension_startup=2.25))
+    assert costs.extension_startup == pytest.approx(startup)
+    assert costs.extension_stall == Costs().extension_stall     # not measured here
+    assert ("extension start-up" in said) and (("median" in said) == (len(spans) >= 3))

@@ -25,13 +25,13 @@ DIGITS = 1797
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-@pytest.mark.parametrize("policy", ["dp", "default", "extension"])
+@pytest.mark.parametrize("policy", ["dp", "default"])
 def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_jobs, policy,
                                                      monkeypatch):
     """``default`` runs the daemon's default policy (``jct``: the sum of completion rates by
-    the DP's exact search) with no [policy] table at all; ``extension`` the same with
-    ``daemon.grow = "extension"``: B grows by an extension allocation (a ``reform``), no worker
-    restarted.
+    the DP's exact search) with no [policy] table at all, and the daemon's default grow: B
+    grows by an extension allocation (a ``reform``), no worker restarted; ``dp`` runs with
+    ``daemon.grow = "requeue"``: B grows by checkpoint, requeue and restart.
 
     The jobs measure no gradient noise (``HPCSCHED_GRAD_NOISE=0``, exported to them by sbatch):
     with it, whether a larger batch pays depends on the noise scale measured by then, which
@@ -41,12 +41,12 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
     monkeypatch.setenv("HPCSCHED_GRAD_NOISE", "0")
     tmp_path, db = daemon_env
     cfg = Path(os.environ["HPCSCHED_CONFIG"])
-    if policy in ("default", "extension"):
+    if policy == "default":
         cfg.write_text(cfg.read_text().replace('[policy]\nname = "dp"\n', ""))
-    if policy == "extension":
-        cfg.write_text(cfg.read_text().replace("[daemon]\n", '[daemon]\ngrow = "extension"\n'))
-    prefix = {"dp": "dp: predicted", "default": "jct: ", "extension": "jct: "}[policy]
-    grow = "reform" if policy == "extension" else "grow"
+    else:
+        cfg.write_text(cfg.read_text().replace("[daemon]\n", '[daemon]\ngrow = "requeue"\n'))
+    prefix = {"dp": "dp: predicted", "default": "jct: "}[policy]
+    grow = "reform" if policy == "default" else "grow"
     a = submit(tmp_path, "-N", "2", "--gres=gpu:2", "--hpcsched-max-nodes", "2",
                "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", "40", "--min-step-time", "0.1")
     b = submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-max-nodes", "2",
@@ -96,7 +96,7 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
     assert row["profile"], "status shows no throughput profile"
     table = cli("hpcsched", "status").stdout
     assert grow in table and "batch" in table and (policy != "dp" or "shrink" in table)
-    if policy == "extension":   # B's first workers ran throughout; its extension has ended
+    if policy == "default":   # B's first workers ran throughout; its extension has ended
         jd = JobDir.for_job(b)
         assert len({json.loads(line)["pid"] for line in
                     (jd.metrics_dir / "launch-1-rank-0.jsonl").read_text().splitlines()}) == 1 and \

@@ -45,7 +45,8 @@ def test_grow_section_tabulates_both_modes_and_the_change():
                                          "cmd", 4, 60.0, "2026-11-24", run, "jct"))
     assert "| extension | 900 | 900 |" in text and "| requeue | 1000 | 1000 |" in text
     assert text.count("| extension vs requeue | -10.0% | -10.0% |") == 2      # average and p99
-    assert "8 s while the new workers" in text and "stalls 1.5 s" in text and "`cmd`" in text
+    assert f"{run.extension_startup:g} s while the new workers" in text
+    assert f"stalls {run.extension_stall:g} s" in text and "`cmd`" in text
 
 
 @pytest.mark.parametrize(("doc", "section"), [

@@ -60,11 +60,12 @@ def test_the_extension_cost_is_what_the_grow_adds_to_the_remaining_time():
     assert finish - r / x_to == pytest.approx(grow_cost("extension", 30.0, startup, stall, x_from, x_to))
 
 
-def test_provisional_defaults_are_defined_once():
+def test_extension_defaults_are_defined_once():
     assert (Costs().extension_startup, Costs().extension_stall) == (EXTENSION_STARTUP, EXTENSION_STALL)
     d = cfg.DaemonSettings()
-    assert (d.grow, d.extension_startup, d.extension_stall) == ("requeue", EXTENSION_STARTUP, EXTENSION_STALL)
-    assert Costs().grow == "requeue"          # the daemon's actuator grows by requeue today
+    assert (d.grow, d.extension_startup, d.extension_stall) == ("extension", EXTENSION_STARTUP,
+                                                                EXTENSION_STALL)
+    assert Costs().grow == "requeue"   # reconcile's own default; the daemon and simulator say
 
 
 def test_costs_refuse_an_unknown_grow_mode():
@@ -175,7 +176,8 @@ def test_jct_prices_a_grow_with_the_snapshots_grow_cost():
     ext = ClusterSnapshot(0.0, (), (), restart_cost=30.0, grow="extension")
     p_ext = replace(p_req, grow_cost=ext.grow_cost)
     assert jct._change_cost(job, 4, p_req, 1000.0, 2000.0) == 30.0
-    assert jct._change_cost(job, 4, p_ext, 1000.0, 2000.0) == pytest.approx(8 * 0.5 + 1.5)
+    assert jct._change_cost(job, 4, p_ext, 1000.0, 2000.0) == pytest.approx(
+        EXTENSION_STARTUP * 0.5 + EXTENSION_STALL)
     assert jct._change_cost(job, 1, p_ext, 1000.0, 500.0) == 2.0               # a shrink
     assert jct._change_cost(job, 2, p_ext, 1000.0, 1000.0) == 0.0              # stays
     pending = replace(job, state="PENDING")

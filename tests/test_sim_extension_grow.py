@@ -162,8 +162,8 @@ def _cli(tmp_path, *extra):
 
 
 @pytest.mark.parametrize(("extra", "grow", "startup", "stall"), [
-    ((), "extension", 8.0, 1.5),                          # the default
-    (("--grow", "requeue"), "requeue", 8.0, 1.5),
+    ((), "extension", 2.25, 0.09),                        # the default (measured)
+    (("--grow", "requeue"), "requeue", 2.25, 0.09),
     (("--grow", "extension", "--extension-startup", "5", "--extension-stall", "0.5"), "extension", 5.0, 0.5),
 ])
 def test_the_cli_option_reaches_the_simulation(tmp_path, extra, grow, startup, stall):

@@ -173,17 +173,19 @@ class DaemonSettings:
                               "seconds an in-place shrink costs until 3 have been measured here; "
                               "then the median of the latest 20 (>= 0)")
     grow: str = _opt(
-        "requeue", _choice(*GROW_MODES),
-        "how reconcile and the policy price a grow: " + "|".join(GROW_MODES) + "; requeue "
-        "(restart_cost) until the actuator issues grows by extension allocation")
+        "extension", _choice(*GROW_MODES),
+        "how a running job grows: " + "|".join(GROW_MODES) + "; extension: extension Slurm "
+        "jobs whose workers join it, no restart (docs/extensions.md); requeue: checkpoint, "
+        "requeue, restart at the new size (priced at restart_cost)")
     extension_startup: float = _opt(
         EXTENSION_STARTUP, _number(ge=0),
         "with grow = extension: seconds the new workers take to start while the job trains on "
-        "at its old size (provisional until benchmarks/resize_latency.py measures it; >= 0)")
+        "at its old size, until 3 grows by extension have been measured here; then the median "
+        "of the latest 20 (>= 0)")
     extension_stall: float = _opt(
         EXTENSION_STALL, _number(ge=0),
         "with grow = extension: seconds every rank stalls while the group re-forms and the new "
-        "workers receive the state (provisional, as extension_startup; >= 0)")
+        "workers receive the state (benchmarks/resize_latency.py measures it; >= 0)")
     min_gain: float = _opt(
         0.05, _number(ge=0),
         "a change must improve predicted throughput by at least this fraction of the "

@@ -15,13 +15,18 @@ from functools import cached_property
 #: job trains on and join its process group at a step boundary (issue 10); ``"requeue"``, the
 #: job checkpoints, gives its GPUs back and restarts every worker at the new size
 GROW_MODES = ("extension", "requeue")
-#: Provisional, until ``benchmarks/resize_latency.py`` measures them on the dev cluster: seconds
-#: an extension's new workers take to start (Python, torch import, model build) while the job
-#: trains on at its old size, and seconds every rank stalls at the step boundary where the group
-#: re-forms and the newcomers receive the state from a running rank. The one definition: the
-#: simulator, the daemon's configuration and reconcile's ``Costs`` take their defaults from here.
-EXTENSION_STARTUP = 8.0
-EXTENSION_STALL = 1.5
+#: Measured by ``benchmarks/resize_latency.py --repeats 3`` on the dev cluster (2026-11-24,
+#: medians; ``docs/extensions.md``): seconds an extension's new workers take from submission
+#: to being ready to join (Slurm scheduling, Python and torch imports, the model's build) while
+#: the job trains on at its old size, 2.25 s; and the longest pause of the running ranks at the
+#: step boundary where the group re-forms and the newcomers receive the state, 0.09 s (one
+#: 50 ms step included). On GPUs the start-up is longer (CUDA, NCCL, the model on the device)
+#: and the state transfer grows with the model: measure both on the cluster and set them
+#: (``hpcsched simulate --extension-startup/--extension-stall``, ``daemon.extension_*``). The
+#: one definition: the simulator, the daemon's configuration and reconcile's ``Costs`` take
+#: their defaults from here.
+EXTENSION_STARTUP = 2.25
+EXTENSION_STALL = 0.09
 
 
 def grow_cost(grow: str, restart_cost: float, startup: float, stall: float, x_from: float,
