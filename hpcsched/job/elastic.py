@@ -34,6 +34,12 @@ Guarantees (``docs/control-protocol.md``):
   step: same world size -> new local batch size / accumulation steps / lr scale in place;
   a checkpoint-and-shrink or checkpoint-and-requeue -> a consistent checkpoint, an ``ack.json``
   saying ``checkpointed``, and :meth:`ElasticJob.steps` returns. The launcher does the rest.
+* **Growing without a restart** (``docs/extensions.md``): a ``reform`` generation adds GPUs as
+  extension Slurm jobs; their workers run this same script, and in ``register`` they wait to be
+  invited into the running group at a step boundary, then take model, optimizer, scheduler,
+  data position and RNG state from rank 0 (so a newcomer's ``rank`` and ``world_size`` are
+  final once ``register`` returns). A worker lost with its extension voids the step in flight
+  (its gradients are dropped, so ``optimizer.step()`` changes nothing) and the survivors go on.
 * **Checkpoints** hold model, optimizer, LR scheduler, data position and RNG state (torch,
   numpy, python), written atomically by rank 0 (temporary file, fsync, rename, then the
   ``latest`` pointer).

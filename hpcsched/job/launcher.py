@@ -19,6 +19,10 @@ SIGKILLs tasks on released nodes (hence checkpoint first); the batch environment
 a resize unless the resize script is sourced; a plain ``srun`` afterwards fails, so ``-N``/``-n``
 are always explicit.
 
+Extension allocations (``docs/extensions.md``) are the workers' business (rank 0 submits and
+releases them); the launcher cancels every one that may still run whenever its own workers
+end (:func:`hpcsched.job.extension.cancel_all`), so none outlives the job.
+
 The launcher tells the workers what to run with through their environment
 (:class:`hpcsched.protocol.env.LaunchEnv`) and tells hpcsched what it is doing in
 ``launcher.json`` (:class:`hpcsched.protocol.files.LauncherState`).
