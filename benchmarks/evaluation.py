@@ -338,29 +338,44 @@ def grow_runs(wls, loads) -> dict[tuple, Run]:
 
 
 def grow_main(args, wls, loads) -> None:
-    """``--grow-modes``: run section 5 and rewrite only that section of the document."""
-    runs = grow_runs(wls, loads)
-    t0 = time.time()
-    out = execute_all(runs, args.jobs)
-    wall = time.time() - t0
-    means = {(m, mode, ld): _mean(out[("grow", mode, "gpu", ld, w)][1].get(m) for w in wls)
-             for m in ("avg_jct", "p99_jct", "restarts_per_job", "resizes")
-             for mode in GROW_MODES for ld in loads}
-    cmd = f".venv/bin/python benchmarks/evaluation.py --grow-modes --jobs {args.jobs}" + (
-        " --quick" if args.quick else "")
-    first = next(iter(runs.values()))
-    section = render.grow_section(GROW_SECTION, means, GROW_MODES, loads, wls, cmd, len(runs), wall,
-                                  time.strftime("%Y-%m-%d"), first, GROW_POLICY)
-    doc = Path(args.docs) / "evaluation.md"
-    doc.write_text(render.replace_section(doc.read_text() if doc.exists() else "", GROW_SECTION, section))
+    """``--grow-modes``: run section 5, save its summaries, and rewrite only that section of the
+    document; with ``--render-only``, rewrite it from the summaries saved by the last run."""
     path = Path(args.results).with_name("evaluation-grow.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"wall_seconds": wall, "quick": args.quick, "runs": [
-        {**s, "grow": k[1], "load": k[3], "workload": k[4]} for k, (_, s) in out.items()]}, indent=1))
-    for ld in loads:
+    if not args.render_only:
+        runs = grow_runs(wls, loads)
+        t0 = time.time()
+        out = execute_all(runs, args.jobs)
+        cmd = f".venv/bin/python benchmarks/evaluation.py --grow-modes --jobs {args.jobs}" + (
+            " --quick" if args.quick else "")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({
+            "wall_seconds": time.time() - t0, "quick": args.quick, "command": cmd,
+            "date": time.strftime("%Y-%m-%d"), "workloads": list(wls), "loads": list(loads),
+            "runs": [{**s, "grow": k[1], "load": k[3], "workload": k[4]} for k, (_, s) in out.items()]},
+            indent=1))
+    saved = json.loads(path.read_text())
+    doc = Path(args.docs) / "evaluation.md"
+    section, means = grow_render(saved)
+    doc.write_text(render.replace_section(doc.read_text() if doc.exists() else "", GROW_SECTION, section))
+    for ld in saved["loads"]:
         print(f"load {ld}: " + ", ".join(f"{mode} avg {render.fmt(means[('avg_jct', mode, ld)])} s "
                                          f"p99 {render.fmt(means[('p99_jct', mode, ld)])} s" for mode in GROW_MODES))
-    print(f"wrote section 5 of {doc} and {path} ({wall / 60:.1f} min)")
+    print(f"wrote section 5 of {doc} from {path} (simulated in {saved['wall_seconds'] / 60:.1f} min)")
+
+
+def grow_render(saved: dict) -> tuple[list[str], dict]:
+    """Section 5's lines and its means ``(metric, mode, load) -> mean over the workloads`` from
+    the saved summaries of a ``--grow-modes`` run."""
+    wls, loads = saved["workloads"], saved["loads"]
+    by = {(r["grow"], r["load"], r["workload"]): r for r in saved["runs"]}
+    means = {(m, mode, ld): _mean(by[(mode, ld, w)].get(m) for w in wls)
+             for m in ("avg_jct", "p99_jct", "restarts_per_job", "resizes")
+             for mode in GROW_MODES for ld in loads}
+    params = by[("extension", loads[0], wls[0])]["params"]
+    section = render.grow_section(GROW_SECTION, means, GROW_MODES, loads, wls, saved["command"],
+                                  len(saved["runs"]), saved["wall_seconds"], saved["date"], params,
+                                  GROW_POLICY)
+    return section, means
 
 
 def main() -> None:
@@ -370,6 +385,8 @@ def main() -> None:
     ap.add_argument("--policies", default=None, help="comma-separated policies for section 2")
     ap.add_argument("--grow-modes", action="store_true",
                     help="only section 5: jct (gpu) with grows by extension and by requeue")
+    ap.add_argument("--render-only", action="store_true",
+                    help="with --grow-modes: rewrite section 5 from the summaries of the last run")
     ap.add_argument("--docs", default=str(ROOT / "docs"))
     ap.add_argument("--results", default=str(ROOT / "bench-results" / "evaluation.json"))
     args = ap.parse_args()

@@ -40,13 +40,13 @@ def test_grow_section_tabulates_both_modes_and_the_change():
     loads = ("0.5", "1.0")
     means = {(m, mode, ld): v for m in ("avg_jct", "p99_jct", "restarts_per_job", "resizes")
              for mode, v in (("extension", 900.0), ("requeue", 1000.0)) for ld in loads}
-    run = ev.make_run("pollux:1@0.5", "jct", granularity="gpu", grow="extension")
+    params = {"extension_startup": 2.25, "extension_stall": 0.09, "restart_cost": {"*": 30.0}}
     text = "\n".join(render.grow_section("## 5. Grow", means, ("extension", "requeue"), loads, [1, 8],
-                                         "cmd", 4, 60.0, "2026-11-24", run, "jct"))
+                                         "cmd", 4, 60.0, "2026-11-24", params, "jct"))
     assert "| extension | 900 | 900 |" in text and "| requeue | 1000 | 1000 |" in text
     assert text.count("| extension vs requeue | -10.0% | -10.0% |") == 2      # average and p99
-    assert f"{run.extension_startup:g} s while the new workers" in text
-    assert f"stalls {run.extension_stall:g} s" in text and "`cmd`" in text
+    assert "2.25 s while the new workers" in text and "stalls 0.09 s" in text and "`cmd`" in text
+    assert "paying the 30 s restart" in text
 
 
 @pytest.mark.parametrize(("doc", "section"), [
@@ -56,3 +56,16 @@ def test_grow_section_tabulates_both_modes_and_the_change():
 ])
 def test_section_of_finds_the_section_a_full_run_carries_over(doc, section):
     assert render.section_of(doc, "## 5. Grow") == section
+
+
+def test_grow_render_reads_a_saved_run():
+    params = {"extension_startup": 2.25, "extension_stall": 0.09, "restart_cost": {"*": 30.0}}
+    runs = [{"grow": mode, "load": "1.0", "workload": w, "avg_jct": avg + w, "p99_jct": 10.0 * avg,
+             "restarts_per_job": 0.0, "resizes": 5, "params": params}
+            for mode, avg in (("extension", 900.0), ("requeue", 1000.0)) for w in (1, 2)]
+    saved = {"command": "cmd --grow-modes", "date": "2026-11-24", "wall_seconds": 120.0,
+             "workloads": [1, 2], "loads": ["1.0"], "runs": runs}
+    section, means = ev.grow_render(saved)
+    assert means[("avg_jct", "extension", "1.0")] == 901.5 and means[("avg_jct", "requeue", "1.0")] == 1001.5
+    text = "\n".join(section)
+    assert text.startswith(ev.GROW_SECTION) and "`cmd --grow-modes`" in text and "4 simulations in 2.0 min" in text
