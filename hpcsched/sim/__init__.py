@@ -7,7 +7,9 @@ Modules:
   history) into :class:`WorkloadJob` records.
 * :mod:`~hpcsched.sim.physics` -- how fast a job trains in a given placement, from measured data
   (Pollux profiles and convergence curves, PAL's per-GPU variability).
-* :mod:`~hpcsched.sim.engine` -- the discrete-event engine and the simulated backend.
+* :mod:`~hpcsched.sim.engine` -- the discrete-event engine and the simulated backend;
+  :mod:`~hpcsched.sim.state` (its configuration and a job's state) and
+  :mod:`~hpcsched.sim.resize` (shrinks, extension grows) beside it.
 * :mod:`~hpcsched.sim.report` -- summary JSON, per-job CSV, plots.
 
 The records below are the interfaces between those modules. Units: seconds (times are from the
