@@ -46,6 +46,8 @@ def _open_grow(store: Store, job_id: str):
 def test_daemon_killed_mid_grow_resumes_without_doing_anything_twice(daemon_env, blocker,
                                                                       slurm_jobs, kill_at):
     tmp_path, db = daemon_env
+    cfg = Path(os.environ["HPCSCHED_CONFIG"])   # the requeue grow's path is what this kills
+    cfg.write_text(cfg.read_text().replace("[daemon]\n", '[daemon]\ngrow = "requeue"\n'))
     job = submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-max-nodes", "2",
                  "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", "40",
                  "--sample-time", "0.002")
