@@ -159,7 +159,8 @@ def _hot(action: Action, phase: ResizePhase) -> bool:
               help="Target GPU count (a multiple of the job's GPUs per node).")
 @click.option("--layout", metavar="NODE:GPUS,...",
               help="Target GPUs per node, e.g. n1:4,n2:2: reached without restarting a worker "
-                   "(GPUs added through extension allocations, extension GPUs released).")
+                   "(GPUs added through extension allocations, extension GPUs released); one "
+                   "that gives back GPUs of the job's first allocation, by requeue.")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Target global batch size (samples).")
 @click.option("--reason", default="", help="Recorded with the request and shown by status.")
 @click.option("--wait/--no-wait", default=True, show_default=True,
@@ -170,7 +171,7 @@ def _hot(action: Action, phase: ResizePhase) -> bool:
               help="Print the result as JSON (plan and Unix timestamps of each phase).")
 def resize_command(job_id, nodes, gpus, layout, batch_size, reason, wait, timeout, as_json):
     """Resize hpcsched job JOB_ID: batch size in place, shrink in place, grow by requeue, or
-    any layout in place through extension allocations (--layout)."""
+    any layout through extension allocations (--layout; docs/extensions.md)."""
     if sum(x is not None for x in (nodes, gpus, layout)) > 1:
         raise click.UsageError("give one of --nodes, --gpus and --layout")
     if nodes is None and gpus is None and layout is None and batch_size is None:
