@@ -129,9 +129,6 @@ class Extender:
     def active(self) -> list[Extension]:
         return [e for e in self.items if e.state.active]
 
-    def get(self, job_id: str) -> Extension | None:
-        return next((e for e in self.items if e.job_id == job_id), None)
-
     def set_state(self, job_id: str, state: ExtensionState, reason: str = "") -> None:
         self.items = [e.to(state, time.time(), reason) if e.job_id == job_id else e
                       for e in self.items]

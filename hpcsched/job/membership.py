@@ -21,7 +21,7 @@ from hpcsched.job.extension import WAITING, Extender, LayoutRefused, plan_layout
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.batching import BatchSizeError, split_global_batch
 from hpcsched.protocol.env import LaunchEnv
-from hpcsched.protocol.extensions import ExtensionState
+from hpcsched.protocol.extensions import ExtensionState, format_layout
 from hpcsched.protocol.jobdir import JobDir
 from hpcsched.protocol.kinds import ControlAction
 
@@ -43,7 +43,6 @@ class Pending:
     """Rank 0: a grow waiting for its newcomers."""
 
     control: ctl.Control
-    keep: tuple[str, ...]
     release: tuple[str, ...]
     submitted: tuple[str, ...]     # extension job ids
     newcomers: int
@@ -106,8 +105,6 @@ class Membership:
             plan = plan_layout(form.primary_layout(), active, control.layout)
         except LayoutRefused as exc:
             raise Refused(str(exc)) from None
-        if control.world_size != sum(control.layout.values()):
-            raise Refused("the control's world size is not its layout's")
         if not plan.add:
             return self._publish(control, form, plan.release, [])
         launch = self._newcomer_launch(control)
@@ -119,7 +116,7 @@ class Membership:
             for job_id in submitted:
                 self.extender.cancel(job_id, ExtensionState.REFUSED, "grow refused")
             raise Refused(f"Slurm refused the extension job: {exc}") from None
-        self.pending = Pending(control, plan.keep, plan.release, tuple(submitted),
+        self.pending = Pending(control, plan.release, tuple(submitted),
                                sum(plan.add.values()), time.monotonic())
         return None
 
@@ -190,7 +187,7 @@ class Membership:
         if joiners:
             rf.invite(self.store, control.generation, new.form)
         log.info("generation %d: form %d, %d worker(s) on %s", control.generation, new.form,
-                 new.world_size, ctl_layout(new))
+                 new.world_size, format_layout(new.layout()))
         return Decision(control.generation, ControlAction.REFORM, len(new.layout()), 0,
                         control.local_batch_size, control.accumulation_steps,
                         float(control.lr_scale), new.world_size, form=new.form)
@@ -289,6 +286,3 @@ class Membership:
             return b.local_batch_size, b.accumulation_steps, limits.lr_scale(b.global_batch_size)
         return fit
 
-
-def ctl_layout(form: rf.Form) -> str:
-    return ",".join(f"{n}:{g}" for n, g in form.layout().items())
