@@ -264,24 +264,24 @@ def test_the_layout_in_force_is_the_acknowledged_one_when_there_is_one():
 
 
 # ---------------------------------------------------------------- layouts, planned
-def _plan(layout, now, primary, state="RUNNING"):
+def _plan(layout, primary, state="RUNNING"):
     from hpcsched.daemon.actuator import Current, plan_resize
     from tests.test_launcher import _spec
 
     spec = _spec("u", workers_per_node=2, min_nodes=1, max_nodes=4)
     return plan_resize(spec, Current(state, len(primary), 64, 3), layout=layout,
-                       in_force=(now, primary))
+                       primary=primary)
 
 
-@pytest.mark.parametrize("layout, now, primary, kind", [
-    ({"n1": 2, "n2": 2}, {"n1": 2}, {"n1": 2}, "reform"),            # grow by extension
-    ({"n1": 2}, {"n1": 2, "n2": 2}, {"n1": 2}, "reform"),            # release the extension
-    ({"n1": 2, "n3": 4}, {"n1": 2, "n2": 2}, {"n1": 2}, "reform"),   # move it, any count
-    ({"n4": 2}, {"n1": 2}, {"n1": 2}, "grow"),                       # move the primary: requeue
-    ({"n2": 2}, {"n1": 2, "n2": 2}, {"n1": 2}, "grow"),              # off its node: requeue
+@pytest.mark.parametrize("layout, primary, kind", [
+    ({"n1": 2, "n2": 2}, {"n1": 2}, "reform"),            # grow by extension
+    ({"n1": 2}, {"n1": 2}, "reform"),                     # release an extension
+    ({"n1": 2, "n3": 4}, {"n1": 2}, "reform"),            # move one, any count
+    ({"n4": 2}, {"n1": 2}, "grow"),                       # move the primary: requeue
+    ({"n2": 2}, {"n1": 2}, "grow"),                       # off its node: requeue
 ])
-def test_a_layout_is_reached_in_place_when_the_primary_keeps_its_gpus(layout, now, primary, kind):
-    plan = _plan(layout, now, primary)
+def test_a_layout_is_reached_in_place_when_the_primary_keeps_its_gpus(layout, primary, kind):
+    plan = _plan(layout, primary)
     assert (plan.kind, plan.layout, plan.generation) == (kind, layout, 4)
     assert plan.batch.world_size == sum(layout.values())
 
@@ -290,4 +290,4 @@ def test_a_requeue_onto_uneven_gpus_per_node_is_refused():
     from hpcsched.daemon.actuator import ResizeRefused
 
     with pytest.raises(ResizeRefused, match="same GPUs on every node: n3:2,n4:1 does not"):
-        _plan({"n3": 2, "n4": 1}, {"n1": 2}, {"n1": 2})
+        _plan({"n3": 2, "n4": 1}, {"n1": 2})

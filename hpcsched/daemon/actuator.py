@@ -132,14 +132,14 @@ class ResizePlan:
 
 def plan_resize(spec: JobSpec, current: Current, nodes: int | None = None,
                 batch_size: int | None = None, layout: dict[str, int] | None = None,
-                in_force: tuple[dict[str, int], dict[str, int]] = ({}, {})) -> ResizePlan:
+                primary: dict[str, int] | None = None) -> ResizePlan:
     """Decide how to move the job to ``nodes`` nodes and global batch ``batch_size`` (pure).
 
     ``None`` keeps the current value. A node change keeps the global batch size (refitted to
     the new world size, with gradient accumulation above the per-GPU limit). ``layout``
     (``{node: GPUs}``): exactly those GPUs, by extension allocations (``reform``), or by requeue
-    when it gives back GPUs of the primary job; ``in_force``: the job's layout and its
-    primary's (:func:`layout_in_force`).
+    when it gives back GPUs of the primary job; ``primary``: the primary job's GPUs per node
+    (:func:`layout_in_force`).
 
     Raises:
         ResizeRefused: outside ``[min_nodes, max_nodes]`` (a layout: ``[min_gpus, max_gpus]``)
@@ -149,7 +149,7 @@ def plan_resize(spec: JobSpec, current: Current, nodes: int | None = None,
     if current.state not in ("RUNNING", "PENDING"):
         raise ResizeRefused(f"the job is {current.state}; only RUNNING or PENDING jobs can be resized")
     if layout:
-        return _plan_reform(spec, current, batch_size, layout, *in_force)
+        return _plan_reform(spec, current, batch_size, layout, primary or {})
     lim = spec.limits
     target_nodes = current.nodes if nodes is None else nodes
     if not lim.allows_nodes(target_nodes):
@@ -183,9 +183,7 @@ def plan_resize(spec: JobSpec, current: Current, nodes: int | None = None,
 
 
 def _plan_reform(spec: JobSpec, current: Current, batch_size: int | None,
-                 layout: dict[str, int], now: dict[str, int], primary: dict[str, int]
-                 ) -> ResizePlan:
-    del now   # the layout in force does not change how: the primary's GPUs do
+                 layout: dict[str, int], primary: dict[str, int]) -> ResizePlan:
     """A layout: in place by extension allocations when the primary keeps its GPUs; else by
     requeue onto a layout of the same GPUs on every node (Slurm cannot release part of a
     running job's GRES; a pending job takes ``TresPerNode``); the extensions end with it."""
@@ -296,11 +294,11 @@ def plan_for(jd: JobDir, spec: JobSpec, info: slurm.JobInfo | None, nodes: int |
             f"job {info.job_id} has not reported to hpcsched yet: it is still starting, or "
             "its script does not use hpcsched.elastic (then it runs, but cannot be "
             "resized in place)")
-    in_force = ({}, {})
+    primary = None
     if layout and info.state == "RUNNING":
         ack = read_or_none(ctl.read_ack, jd.ack_path, jd.uid)
-        in_force = layout_in_force(info, ack, info.gpus_per_node or spec.workers_per_node)
-    return plan_resize(spec, current_of(jd, spec, info), nodes, batch_size, layout, in_force)
+        _, primary = layout_in_force(info, ack, info.gpus_per_node or spec.workers_per_node)
+    return plan_resize(spec, current_of(jd, spec, info), nodes, batch_size, layout, primary)
 
 
 def read_or_none(fn, path, uid):
