@@ -22,6 +22,7 @@ class _LazyGroup(click.Group):
         "daemon": ("hpcsched.daemon.round", "daemon_command"),
         "db": ("hpcsched.daemon.store", "db_group"),
         "devcluster": ("hpcsched.slurm.devcluster", "devcluster"),
+        "replay": ("hpcsched.replay.cli", "replay_command"),
         "resize": ("hpcsched.daemon.resize_cli", "resize_command"),
         "simulate": ("hpcsched.sim.cli", "simulate_command"),
         "status": ("hpcsched.daemon.status", "status_command"),

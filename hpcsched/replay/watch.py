@@ -134,22 +134,31 @@ class Replay:
                 self._submit(t)
             now = self.clock()
             if due or last_poll is None or now - last_poll >= self.poll_interval:
-                try:
-                    self._poll()
-                    outage_since = None
-                except SlurmError as exc:
-                    outage_since = now if outage_since is None else outage_since
-                    if now - outage_since >= self.max_outage:
-                        raise ReplayError(f"Slurm did not answer for {now - outage_since:.0f} s "
-                                          f"({exc})") from None
+                outage_since = self._poll_or_wait(now, outage_since)
                 last_poll = now
-                if self.on_update:
-                    self.on_update(self.tracked)
             if not queue and all(t.done for t in self.tracked):
                 return self.tracked
             wake = min([last_poll + self.poll_interval]
                        + [self.start + t.planned.submit_at for t in queue[:1]])
             self.sleep(max(0.0, min(self.poll_interval, wake - self.clock())))
+
+    def _poll_or_wait(self, now: float, outage_since: float | None) -> float | None:
+        """One poll; returns since when Slurm has not answered (None: it answered).
+
+        Raises:
+            ReplayError: it has not answered for ``max_outage`` seconds.
+        """
+        try:
+            self._poll()
+            outage_since = None
+        except SlurmError as exc:
+            outage_since = now if outage_since is None else outage_since
+            if now - outage_since >= self.max_outage:
+                raise ReplayError(f"Slurm did not answer for {now - outage_since:.0f} s "
+                                  f"({exc})") from None
+        if self.on_update:
+            self.on_update(self.tracked)
+        return outage_since
 
     def _submit(self, t: Tracked) -> None:
         try:
