@@ -54,6 +54,7 @@ class Run:
     grow: str = "extension"                 # SimConfig.grow
     extension_startup: float = EXTENSION_STARTUP
     extension_stall: float = EXTENSION_STALL
+    scale: float = 1.0                      # arrivals and work x scale (SimConfig.work_scale)
 
     @property
     def label(self) -> str:
@@ -96,9 +97,10 @@ def execute(run: Run):
     from dataclasses import replace
 
     from hpcsched.sim.engine import SimConfig, Simulator
-    from hpcsched.sim.workload import load_workload
+    from hpcsched.sim.workload import load_workload, scale_workload
 
     name, jobs = load_workload(run.workload, seed=run.seed)
+    jobs = scale_workload(jobs, run.scale)
     params = dict(run.params)
     if run.placement:
         params["placement"] = run.placement
@@ -107,7 +109,8 @@ def execute(run: Run):
                     variability=run.variability, locality_penalty=run.locality_penalty,
                     seed=run.seed, max_time=run.max_time, hold_new_jobs=run.hold_new_jobs,
                     granularity=run.granularity, grow=run.grow,
-                    extension_startup=run.extension_startup, extension_stall=run.extension_stall)
+                    extension_startup=run.extension_startup, extension_stall=run.extension_stall,
+                    work_scale=run.scale)
     res = Simulator(jobs, run.policy, policy_params=params, config=cfg,
                     workload_name=name).run()
     return replace(res, policy=run.label)
@@ -198,6 +201,10 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
 @click.option("--extension-stall", type=click.FloatRange(min=0), default=EXTENSION_STALL,
               show_default=True,
               help="Seconds every rank stalls when an extension's workers join the group.")
+@click.option("--scale", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0,
+              show_default=True,
+              help="Time scale in (0, 1]: every submit time and every job's work x SCALE (what "
+                   "'hpcsched replay --scale' and the emulated application's --scale run).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--max-days", type=click.FloatRange(min=0.01), default=60.0, show_default=True,
               help="Stop a simulation after this many simulated days.")
@@ -211,7 +218,7 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
 def simulate_command(workloads, policies, placements, raw_params, pollux_tiresias, nodes,
                      gpus_per_node, interval, restart_cost, shrink_cost, variability,
                      variability_draws, locality_penalty, hold_new_jobs, granularity, grow,
-                     extension_startup, extension_stall, seed, max_days, json_path, out_dir,
+                     extension_startup, extension_stall, scale, seed, max_days, json_path, out_dir,
                      n_procs, quiet):
     """Replay WORKLOADs on a simulated Slurm cluster with the daemon's own POLICYs.
 
@@ -222,6 +229,7 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
       hpcsched simulate -w pollux:3@2.0 -p dp --json dp.json --out results/
       hpcsched simulate -w pollux:1 -p dp --granularity gpu
       hpcsched simulate -w pollux:1 -p jct --granularity gpu --grow requeue
+      hpcsched simulate -w pollux:1 -p jct --scale 0.05
     """
     from hpcsched.sim.engine import SimulationError
     from hpcsched.sim.workload import WorkloadError, load_workload
@@ -240,7 +248,7 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
     runs = [Run(w, p, pl, tuple(sorted(params.get(p, {}).items(), key=lambda kv: kv[0])),
                 nodes, gpus_per_node, interval, costs, shrink_cost, variability,
                 locality_penalty, seed, max_days * 86400.0, hold_new_jobs, granularity, grow,
-                extension_startup, extension_stall)
+                extension_startup, extension_stall, scale)
             for w in workloads for p in policies for pl in (placements or (None,))]
     try:
         with single_threaded_blas():

@@ -98,7 +98,8 @@ class Simulator:
             raise SimulationError(f"job {wj.name}: {exc}") from None
         return SimJob(wj=wj, job_id=str(i + 1), app=app, fixed=fixed, limits=limits, nodes=nodes,
                     cfg=cfg, size=nodes * limits.workers_per_node,
-                    granular=self.cfg.granularity == "gpu" and fixed is None)
+                    granular=self.cfg.granularity == "gpu" and fixed is None,
+                    work_scale=self.cfg.work_scale)
 
     # ----------------------------------------------------------------------- physics
     def _rate(self, j: SimJob, progress: float) -> tuple[float, float]:

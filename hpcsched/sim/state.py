@@ -68,9 +68,16 @@ class SimConfig:
             gives its GPUs back, waits pending with its new size and pays its restart cost.
         extension_startup, extension_stall: seconds (the provisional defaults:
             :data:`~hpcsched.policies.snapshot.EXTENSION_STARTUP`, ``EXTENSION_STALL``).
+        work_scale: factor on every job's work, in ``(0, 1]``: a Pollux application ends at
+            ``work_scale`` x its total progress (its epochs' boundaries, and so its gradient
+            statistics, unchanged), a fixed-work job after ``work_scale`` x its iterations.
+            ``hpcsched simulate --scale`` (with the arrivals scaled alike,
+            :func:`hpcsched.sim.workload.scale_workload`); the emulated application's
+            ``--scale`` counts the same work (:mod:`hpcsched.sim.emulate`).
 
     Raises:
-        ValueError: ``grow`` not one of ``GROW_MODES``, or a negative extension cost.
+        ValueError: ``grow`` not one of ``GROW_MODES``, a negative extension cost, or
+            ``work_scale`` outside ``(0, 1]``.
     """
 
     nodes: int = 16
@@ -90,12 +97,15 @@ class SimConfig:
     grow: str = "extension"
     extension_startup: float = EXTENSION_STARTUP
     extension_stall: float = EXTENSION_STALL
+    work_scale: float = 1.0
 
     def __post_init__(self):
         if self.grow not in GROW_MODES:
             raise ValueError(f"grow must be one of {', '.join(GROW_MODES)}, not {self.grow!r}")
         if self.extension_startup < 0 or self.extension_stall < 0:
             raise ValueError("extension_startup and extension_stall must be >= 0 seconds")
+        if not 0.0 < self.work_scale <= 1.0:
+            raise ValueError(f"work_scale must be in (0, 1], got {self.work_scale!r}")
 
     def restart_cost_for(self, app: str) -> float:
         return float(self.restart_cost.get(app, self.restart_cost.get("*", 30.0)))
@@ -131,7 +141,8 @@ class SimJob:
 
     Physics (:mod:`hpcsched.sim.physics`): a Pollux application advances in Pollux progress
     units (one unit = one step at the base batch size, times the statistical efficiency of the
-    batch size in force); a fixed-work job in iterations.
+    batch size in force); a fixed-work job in iterations. ``work_scale``
+    (:attr:`SimConfig.work_scale`) multiplies its total work.
     """
 
     wj: WorkloadJob
@@ -164,10 +175,13 @@ class SimJob:
     eta: float | None = None         # cached finish time (None: recompute)
     st: float | None = None          # cached seconds per step at the current configuration
     ext: Extension | None = None     # a grow by extension whose new workers are starting
+    work_scale: float = 1.0          # SimConfig.work_scale
 
     @property
     def total(self) -> float:
-        return self.fixed.iterations if self.fixed is not None else self.app.total_progress
+        """Work to do: progress units (iterations for fixed work), scaled by ``work_scale``."""
+        full = self.fixed.iterations if self.fixed is not None else self.app.total_progress
+        return full * self.work_scale
 
     @property
     def per_node(self) -> int:

@@ -97,7 +97,7 @@ import math
 import os
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -218,6 +218,15 @@ def load_workload(spec: str, *, seed: int = 0) -> tuple[str, list[WorkloadJob]]:
                 f"{spec}: unknown workload name {kind + ':'!r}; expected a CSV file, "
                 "pollux:N[@LOAD], pal:N, philly:COUNT or store[:URL]")
     return Path(spec).name, load_csv(spec)
+
+
+def scale_workload(jobs: Sequence[WorkloadJob], scale: float) -> list[WorkloadJob]:
+    """The same ``jobs`` with submit times x ``scale`` (arrival gaps shrunk as their work is by
+    :attr:`hpcsched.sim.engine.SimConfig.work_scale`: ``hpcsched simulate --scale``). Pure.
+    Raises :class:`WorkloadError` for ``scale`` outside ``(0, 1]``."""
+    if not 0.0 < scale <= 1.0:
+        raise WorkloadError(f"scale must be in (0, 1], got {scale!r}")
+    return [replace(j, submit_time=j.submit_time * scale) for j in jobs]
 
 
 def load_csv(path: str | os.PathLike) -> list[WorkloadJob]:

@@ -1,0 +1,138 @@
+"""The simulator's job physics for a job that really runs: the emulated application
+(``jobscripts/examples/emulated.py``) trains on the real elastic API, sleeps what
+:mod:`hpcsched.sim.physics` says its compute takes, and counts progress as the simulator does.
+
+One optimizer step of a Pollux application at placement ``p`` (GPUs per node), ``accum``
+micro-batches of ``m`` samples per GPU, global batch ``M = sum(p) * m * accum``:
+
+* takes :meth:`Emulation.step_seconds` = ``Application.step_time(p, m, accum)`` seconds (the
+  simulator's ``SimJob.rate`` on median GPUs, no variability);
+* advances the job by :meth:`Emulation.gain` = ``Application.gain(M, epoch_at(progress))``
+  progress units (Pollux's unit: steps at the base batch size ``M0``; statistical efficiency
+  included);
+* the job ends at :attr:`Emulation.total` = ``scale`` x ``total_progress``, exactly
+  ``SimJob.total`` under ``SimConfig(work_scale=scale)``;
+* work in samples (what the job reports, the simulator's ``SimJob.remaining_samples``):
+  progress x ``M0``.
+
+Gradient noise: the emulated model's per-sample gradient is ``G + sigma z`` with ``|G|^2 =
+grad_sqr`` and ``z`` standard normal in ``dim`` dimensions, ``sigma^2 dim = tr(Sigma) = grad_var
+x M0``: the physics' statistics are Pollux's, at the base batch size (``grad_var`` is the
+variance of a gradient of ``M0`` samples), and the elastic API measures ``tr(Sigma)`` per sample
+(:mod:`hpcsched.job.gradient_noise`). :meth:`Emulation.gradient_sum` gives a micro-batch's sum
+of per-sample gradients, drawn at once (the sum of ``n`` standard normals is ``sqrt(n)`` times
+one) from a generator seeded by the micro-batch's first sample, its size and the data epoch.
+
+Units: seconds, samples, GPUs, Pollux progress units.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hpcsched.sim.physics import Application, PhysicsError, application
+
+#: smallest emulated data set (samples): its permutation costs about 0.5 ms a step
+MIN_DATASET = 2 ** 16
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """One Pollux application's physics at a work ``scale`` (module docstring).
+
+    Attributes:
+        app: the application (:func:`hpcsched.sim.physics.application`).
+        scale: factor on its work, in ``(0, 1]``.
+        dim: dimensions of the synthetic gradient.
+
+    Raises:
+        ValueError: ``scale`` outside ``(0, 1]`` or ``dim < 2``.
+    """
+
+    app: Application
+    scale: float = 1.0
+    dim: int = 4096
+
+    def __post_init__(self):
+        if not 0.0 < self.scale <= 1.0:
+            raise ValueError(f"scale must be in (0, 1], got {self.scale!r}")
+        if self.dim < 2:
+            raise ValueError(f"dim must be >= 2, got {self.dim}")
+
+    @classmethod
+    def of(cls, name: str, scale: float = 1.0, dim: int = 4096) -> Emulation:
+        """The emulation of application ``name``.
+
+        Raises:
+            PhysicsError: unknown application. ValueError: bad ``scale`` or ``dim``.
+        """
+        return cls(application(name), scale, dim)
+
+    @property
+    def base_batch_size(self) -> int:
+        """``M0``, samples: the unit of progress and of the gradient statistics."""
+        return self.app.init_batch_size
+
+    @property
+    def total(self) -> float:
+        """Progress at which the job ends (``SimJob.total`` at ``work_scale = scale``)."""
+        return self.scale * self.app.total_progress
+
+    def samples(self, progress: float) -> float:
+        """Work in samples of ``progress`` (the unit of ``SimJob.remaining_samples``)."""
+        return progress * self.base_batch_size
+
+    def step_seconds(self, placement: tuple[int, ...], global_samples: float,
+                     accum: int = 1) -> float:
+        """Seconds of one optimizer step of ``global_samples`` samples over ``accum``
+        micro-batches at ``placement`` (GPUs per node); a full step's local batch is
+        ``global_samples / (sum(placement) * accum)``.
+
+        Raises:
+            PhysicsError: an empty placement.
+        """
+        gpus = sum(placement)
+        if gpus < 1:
+            raise PhysicsError(f"empty placement {placement!r}")
+        accum = max(1, int(accum))
+        return self.app.step_time(tuple(placement), global_samples / (gpus * accum), accum)
+
+    def gain(self, global_samples: float, progress: float) -> float:
+        """Progress units one step of ``global_samples`` samples makes at ``progress``."""
+        return self.app.gain(global_samples, self.app.epoch_at(progress))
+
+    def grad_stats(self, global_batch: float, progress: float) -> tuple[float, float]:
+        """``(|G|^2, tr(Sigma))`` at ``progress`` and ``global_batch``: the physics'
+        ``(grad_sqr, grad_var x M0)``, ``tr(Sigma)`` per sample as the elastic API measures it."""
+        sqr, var = self.app.grad_stats(global_batch, self.app.epoch_at(progress))
+        return sqr, var * self.base_batch_size
+
+    def gradient_sum(self, stats: tuple[float, float], first: int, n: int, epoch: int,
+                     seed: int = 0) -> np.ndarray:
+        """Sum over ``n`` samples of their gradients ``G + sigma z_i`` (float64, ``(dim,)``),
+        ``stats`` = :meth:`grad_stats`; ``G`` points along the diagonal. Deterministic in
+        ``(seed, epoch, first, n)``: ``first`` is the micro-batch's first sample index, which
+        names it within a data epoch."""
+        sqr, trace = stats
+        g = np.full(self.dim, np.sqrt(max(sqr, 0.0) / self.dim))
+        rng = np.random.default_rng([seed, epoch, first, n])
+        z = rng.standard_normal(self.dim)
+        return n * g + np.sqrt(max(trace, 0.0) / self.dim * n) * z
+
+    def dataset_size(self, batch_size: int) -> int:
+        """Samples of the emulated data set: the least power of two >= :data:`MIN_DATASET` and
+        >= 4 x the larger of ``batch_size`` and the application's largest batch, so that a short
+        last step of a data epoch (:meth:`step_seconds`, :meth:`gain` take its real size) is
+        rare."""
+        need = max(MIN_DATASET, 4 * max(int(batch_size), self.app.max_batch_size))
+        return 1 << (need - 1).bit_length()
+
+    def data_epochs(self, dataset_size: int, max_batch_size: int) -> int:
+        """Data epochs that outlast the work at any batch size up to ``max_batch_size``: a step
+        of ``M`` samples gains at least ``min(1, M / M0)`` (Pollux's gain is between
+        ``min(1, r)`` and ``max(1, r)``, ``r = M / M0``), so the work takes at most
+        ``total x max(M, M0)`` samples; one epoch more for the short steps."""
+        most = self.total * max(int(max_batch_size), self.base_batch_size)
+        return int(most // dataset_size) + 2
