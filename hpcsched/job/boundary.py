@@ -175,12 +175,18 @@ class Reporter:
         jd: the job directory (None: not run by hpcsched).
         rank: this process's rank.
         total_samples: samples the whole run trains on.
+
+    Attributes:
+        work: ``(done, total)`` samples when the job measures its work itself
+            (:meth:`hpcsched.elastic.ElasticJob.set_work`): reported instead of the data
+            position's ``samples_processed`` and ``total_samples``. None: not set.
     """
 
     def __init__(self, jd: JobDir | None, rank: int, total_samples: int):
         self._jd = jd
         self.jd = jd if rank == 0 else None
         self.total_samples = total_samples
+        self.work: tuple[float, float] | None = None
         self._last = 0.0
         self._mark = (time.monotonic(), 0)
 
@@ -202,13 +208,18 @@ class Reporter:
         ))
 
     @property
+    def work_done(self) -> bool:
+        """The work set by the job is done (``done >= total``)."""
+        return self.work is not None and self.work[0] >= self.work[1]
+
+    @property
     def progress_due(self) -> bool:
         return self.jd is not None and time.monotonic() - self._last >= PROGRESS_INTERVAL
 
     def progress(self, cfg: InForce, data, noise: tuple[float, float] | None,
                  finished: bool = False) -> None:
-        """Report ``data`` (a :class:`hpcsched.job.data.DataPosition`); ``throughput`` is
-        samples/s since the last report."""
+        """Report ``data`` (a :class:`hpcsched.job.data.DataPosition`), or :attr:`work` where
+        set; ``throughput`` is the data's samples/s since the last report."""
         if self.jd is None:
             return
         now = time.monotonic()
@@ -216,11 +227,13 @@ class Reporter:
         rate = (data.samples_processed - s0) / (now - t0) if now > t0 else 0.0
         self._mark = (now, data.samples_processed)
         self._last = now
+        done, total = ((round(self.work[0]), round(self.work[1])) if self.work is not None
+                       else (data.samples_processed, self.total_samples))
         ctl.write_progress(self.jd.progress_path, ctl.Progress(
             job_uid=self.jd.uid, generation=cfg.generation, step=data.step,
-            epoch=data.epoch, samples_processed=data.samples_processed,
+            epoch=data.epoch, samples_processed=done,
             epoch_position=data.position, throughput=rate, world_size=cfg.world_size,
             global_batch_size=cfg.batch.global_batch_size, time=time.time(), finished=finished,
-            total_samples=self.total_samples,
+            total_samples=total,
             grad_sqr=noise[0] if noise else None, grad_var=noise[1] if noise else None,
         ))

@@ -213,9 +213,10 @@ class ElasticJob(ElasticMembership):
         return self._cfg.batch.global_batch_size
 
     def steps(self) -> Iterator[Step]:
-        """Yield one :class:`Step` per optimizer step until training ends or hpcsched asks
-        for a checkpoint (then :attr:`stopped_for` names the action)."""
-        while not self.state.finished:
+        """Yield one :class:`Step` per optimizer step until training ends (the last epoch, or
+        the work of :meth:`set_work`, is done) or hpcsched asks for a checkpoint (then
+        :attr:`stopped_for` names the action)."""
+        while not (self.state.finished or self._report.work_done):
             if not self._step_boundary():
                 return
             cfg = self._cfg
@@ -240,6 +241,33 @@ class ElasticJob(ElasticMembership):
         if self._members is not None and self.rank == 0:
             self._members.release_all()
         self._progress(finished=True)
+
+    def set_work(self, done: float, total: float) -> None:
+        """Optional: measure the job's work in samples, ``done`` of ``total``, instead of by its
+        data position, for a job whose end is not its data's (``jobscripts/examples/
+        emulated.py``). Call it on every rank with the same values (e.g. after each step).
+        Progress reports then say ``samples_processed = done`` and ``total_samples = total``
+        (the daemon's remaining work is their difference) and :meth:`steps` ends, as after the
+        last epoch, at the first step boundary with ``done >= total``. The data position still
+        cuts the batches: give ``epochs`` enough for the work.
+
+        Raises:
+            ValueError: ``done < 0`` or ``total <= 0``.
+        """
+        if done < 0 or total <= 0:
+            raise ValueError(f"need done >= 0 and total > 0 samples, got {done}, {total}")
+        self._report.work = (float(done), float(total))
+
+    @property
+    def layout(self) -> tuple[int, ...]:
+        """Workers (GPUs) per node in force, nodes in rank order: ``(4, 2)`` for 4 on the
+        primary's node and 2 on an extension's (``docs/extensions.md``). Without extensions the
+        workers are spread evenly over :attr:`nodes`."""
+        form = self._members.form if self._members is not None else None
+        if form is not None:
+            return tuple(form.layout().values())
+        n, w = max(1, self.nodes), self.world_size
+        return tuple(w // n + (i < w % n) for i in range(n))
 
     def log(self, **values: float) -> None:
         """Attach values (e.g. ``loss=0.3``) to this rank's metrics record of the current step."""

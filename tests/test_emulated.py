@@ -1,0 +1,177 @@
+"""The emulated application's physics (hpcsched/sim/emulate.py) against the simulator's job
+(SimJob) and the gradient-noise estimator, and the script itself run as one process. No Slurm."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcsched.job.gradient_noise import GradientNoiseEstimator, two_batch_estimate
+from hpcsched.sim import WorkloadJob
+from hpcsched.sim.emulate import Emulation
+from hpcsched.sim.physics import APPLICATIONS
+from hpcsched.sim.state import SimConfig, SimJob, job_limits
+
+SCRIPT = Path(__file__).resolve().parent.parent / "jobscripts" / "examples" / "emulated.py"
+
+
+def sim_job(app: str, placement: tuple[int, ...], batch: int, scale: float) -> SimJob:
+    """A running SimJob of ``app`` on ``placement`` (GPUs per node) at global ``batch``."""
+    gpus = sum(placement)
+    wj = WorkloadJob("j", 0.0, app, gpus, batch, "A")
+    cfg = SimConfig(nodes=4, gpus_per_node=4, granularity="gpu", work_scale=scale)
+    application, fixed, nodes, limits, _ = job_limits(wj, cfg)
+    j = SimJob(wj=wj, job_id="1", app=application, fixed=fixed, limits=limits, nodes=nodes,
+               cfg=limits.fit_batch(limits.base_batch_size, nodes), size=gpus, granular=True,
+               work_scale=scale, state="RUNNING")
+    j.cfg = j.fit(batch, gpus)
+    j.gpus = tuple((n, g) for n, k in enumerate(placement) for g in range(k))
+    return j
+
+
+CASES = [(app, placement) for app in APPLICATIONS
+         for placement in ((1,), (4,), (4, 2), (2, 2, 2), (4, 4))]
+
+
+@pytest.mark.parametrize("app, placement", CASES)
+@pytest.mark.parametrize("at", [0.0, 0.4, 0.97])  # fraction of the scaled work done
+def test_step_time_progress_and_work_are_the_simulators(app, placement, at):
+    scale = 0.3
+    emu = Emulation.of(app, scale)
+    batch = max(emu.base_batch_size, sum(placement) * emu.app.min_local_bsz) * 2
+    j = sim_job(app, placement, batch, scale)
+    j.progress = at * j.total
+    rate, st = j.rate(j.progress, 1.0, 1.7)
+    b = j.cfg
+    assert j.layout == placement
+    assert emu.total == pytest.approx(j.total, rel=1e-12)
+    assert emu.step_seconds(placement, b.global_batch_size, b.accumulation_steps) == \
+        pytest.approx(st, rel=1e-9)
+    assert emu.gain(b.global_batch_size, j.progress) == pytest.approx(rate * st, rel=1e-9)
+    assert emu.samples(emu.total - j.progress) == pytest.approx(j.remaining_samples(), rel=1e-9)
+    sqr, var = j.report().grad_noise
+    assert emu.grad_stats(b.global_batch_size, j.progress) == \
+        pytest.approx((sqr, var * emu.base_batch_size), rel=1e-12)
+
+
+def test_work_scale_multiplies_a_fixed_work_jobs_iterations():
+    wj = WorkloadJob("f", 0.0, "imagenet", 4, 128, "A", iterations=1000.0, iteration_time=1.0)
+    cfg = SimConfig(nodes=1, gpus_per_node=4, work_scale=0.25)
+    app, fixed, nodes, limits, batch = job_limits(wj, cfg)
+    j = SimJob(wj=wj, job_id="1", app=app, fixed=fixed, limits=limits, nodes=nodes,
+               cfg=limits.fit_batch(batch, nodes), work_scale=cfg.work_scale)
+    assert j.total == 250.0
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, 1.01, float("nan")])
+def test_a_scale_outside_0_1_is_refused(bad):
+    with pytest.raises(ValueError, match="work_scale must be in"):
+        SimConfig(work_scale=bad)
+    with pytest.raises(ValueError, match="scale must be in"):
+        Emulation.of("ncf", bad)
+
+
+# ------------------------------------------------------------------------ gradient noise
+@pytest.mark.parametrize("app", APPLICATIONS)
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_two_batch_estimates_of_the_synthetic_gradients_are_the_applications(app, ranks):
+    """What the elastic API computes with ``ranks`` ranks (small batch: a rank's samples; big
+    batch: the all-reduced gradient; :meth:`GNSTracker.after_reduce`) from the synthetic
+    gradients. Each single-step estimate is unbiased (McCandlish et al., App. A.1), so the mean
+    over steps must be within 4 standard errors of the application's statistics (a fair test
+    fails 1 time in 16,000). ``grad_var`` is also held to 3%: a step's estimate has relative
+    standard deviation ``sqrt(2 / (dim (k - 1)))`` (2.2% at 2 ranks in 4096 dimensions,
+    measured), so 400 steps average to about 0.1%. (``grad_sqr``'s per-step error is the real
+    estimator's: ``~ sqrt(2 / dim) x noise scale / b``, from 0.6% for yolov3 to 50 x for ncf,
+    whose noise scale is 70 x its batch; hence no relative bound on it.)"""
+    emu = Emulation.of(app, 1.0)
+    N = emu.base_batch_size * 2
+    n = N // ranks
+    truth = emu.grad_stats(N, 0.0)
+    est = []
+    for step in range(400):
+        sums = [emu.gradient_sum(truth, first=step * N + r * n, n=n, epoch=0) for r in range(ranks)]
+        small = sum(n * float(np.dot(s / n, s / n)) for s in sums) / (n * ranks)
+        total = sum(sums) / (n * ranks)
+        est.append(two_batch_estimate(small, float(np.dot(total, total)), n, n * ranks))
+    est = np.array(est)
+    mean, se = est.mean(axis=0), est.std(axis=0, ddof=1) / np.sqrt(len(est))
+    assert abs(mean[0] - truth[0]) <= 4 * se[0]
+    assert abs(mean[1] - truth[1]) <= 4 * se[1]
+    assert mean[1] == pytest.approx(truth[1], rel=0.03)
+
+
+def test_the_smoothed_estimator_reaches_the_applications_variance():
+    """The daemon reads the smoothed estimator (AdaptDL's average): cifar10 at its base batch
+    on 2 ranks, 300 steps, noise scale ~72 samples, so both statistics are within 5%."""
+    emu = Emulation.of("cifar10", 1.0)
+    N, n = 128, 64
+    truth = emu.grad_stats(N, 0.0)
+    g = GradientNoiseEstimator(base_batch_size=N)
+    for step in range(300):
+        a, b = (emu.gradient_sum(truth, step * N + r * n, n, 0) for r in (0, 1))
+        small = (float(np.dot(a, a)) + float(np.dot(b, b))) / n / N
+        big = float(np.dot(a + b, a + b)) / N / N
+        g.update(small, big, n, N)
+    assert g.estimate == pytest.approx(truth, rel=0.05)
+
+
+def test_gradient_sums_are_deterministic_in_their_samples():
+    emu = Emulation.of("ncf", 0.1)
+    s = (1.0, 4.0)
+    np.testing.assert_array_equal(emu.gradient_sum(s, 7, 3, 1), emu.gradient_sum(s, 7, 3, 1))
+    assert not np.array_equal(emu.gradient_sum(s, 7, 3, 1), emu.gradient_sum(s, 7, 3, 2))
+
+
+# ---------------------------------------------------------------------------- data set
+@pytest.mark.parametrize("app", APPLICATIONS)
+def test_the_data_outlasts_the_work_at_any_batch(app):
+    """At the largest batch (or the smallest, 1 sample) the work ends before the data."""
+    emu = Emulation.of(app, 1.0)
+    size = emu.dataset_size(emu.base_batch_size)
+    assert size >= 4 * emu.app.max_batch_size and size & (size - 1) == 0
+    for batch in (1, emu.base_batch_size, emu.app.max_batch_size):
+        epochs = emu.data_epochs(size, batch)
+        steps = emu.total / min(emu.gain(batch, p) for p in np.linspace(0, emu.total, 50))
+        assert steps * batch < epochs * size
+
+
+# ------------------------------------------------------------------------------ script
+def expected_run(app: str, scale: float, batch: int, placement: tuple[int, ...]):
+    """``(steps, progress, compute seconds)`` of a run at a fixed configuration, by the physics."""
+    emu = Emulation.of(app, scale)
+    steps, progress = 0, 0.0
+    while progress < emu.total:
+        progress += emu.gain(batch, progress)
+        steps += 1
+    return steps, progress, steps * emu.step_seconds(placement, batch)
+
+
+def test_the_script_alone_ends_on_the_physics_work():
+    out = subprocess.run([sys.executable, str(SCRIPT), "--application", "ncf", "--scale", "0.001"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    steps, progress, seconds = expected_run("ncf", 0.001, 256, (1,))
+    assert res["steps"] == steps and res["progress"] == pytest.approx(progress, rel=1e-12)
+    assert res["total"] == pytest.approx(0.001 * Emulation.of("ncf").app.total_progress)
+    # every step sleeps up to its physics time; what the protocol adds (about 1.5 ms a step
+    # here) comes on top, bounded loosely for a busy machine
+    assert seconds * 0.99 <= res["seconds"] <= 3 * seconds + 5
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--application", "resnet", "--scale", "0.1"], "invalid choice: 'resnet'"),
+    (["--application", "ncf", "--scale", "0"], "must be in (0, 1], got 0"),
+    (["--application", "ncf", "--scale", "2"], "must be in (0, 1], got 2"),
+    (["--scale", "0.1"], "the following arguments are required: --application"),
+])
+def test_the_script_refuses_bad_arguments(args, message):
+    out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and message in out.stderr

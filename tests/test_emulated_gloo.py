@@ -1,0 +1,106 @@
+"""The emulated application with real torch.distributed (gloo on CPU) workers, no Slurm: its
+progress, end and reports follow the simulator's physics across a checkpoint-and-shrink, and
+the gradient noise the API measures is the application's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcsched.protocol import files as ctl
+from hpcsched.protocol.jobdir import JobDir
+from hpcsched.sim.emulate import Emulation
+from tests.gloo_workers import free_port, join, wait_ack, write_control
+
+SCRIPT = Path(__file__).resolve().parent.parent / "jobscripts" / "examples" / "emulated.py"
+
+
+def launch(jd: JobDir, world: int, generation: int, local: int, launch: int, app: str,
+           scale: float) -> list[subprocess.Popen]:
+    """``world`` workers of the emulated application as launch ``launch`` of job ``jd``, with
+    the environment the launcher gives them."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
+                   HPCSCHED_JOB_DIR=str(jd.path), HPCSCHED_LAUNCH=str(launch),
+                   HPCSCHED_GENERATION=str(generation), HPCSCHED_NODES="1",
+                   HPCSCHED_LOCAL_BATCH_SIZE=str(local), HPCSCHED_ACCUMULATION_STEPS="1",
+                   HPCSCHED_LR_SCALE="1.0")
+        procs.append(subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--application", app, "--scale", str(scale)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def physics_run(emu: Emulation, batch: int) -> tuple[int, float]:
+    """``(steps, final progress)`` at a constant global ``batch``."""
+    steps, progress = 0, 0.0
+    while progress < emu.total:
+        progress += emu.gain(batch, progress)
+        steps += 1
+    return steps, progress
+
+
+@pytest.mark.slow
+def test_progress_survives_a_shrink_and_the_job_ends_on_the_physics_work(tmp_path):
+    """ncf at 1% of its work, global batch 256 throughout: 2 workers, then (checkpoint and
+    shrink) 1 worker from the checkpoint. Progress per step depends only on the batch and the
+    progress so far, so the run must take exactly the steps the physics says, whoever runs
+    them, and report the simulator's work in samples."""
+    app, scale = "ncf", 0.01
+    emu = Emulation.of(app, scale)
+    jd = JobDir.create(tmp_path)
+    procs = launch(jd, world=2, generation=0, local=128, launch=1, app=app, scale=scale)
+    wait_ack(jd, 0, "applied", procs)
+    time.sleep(3.0)
+    mid = ctl.read_progress(jd.progress_path, jd.uid)
+    assert mid is not None and 0 < mid.samples_processed < mid.total_samples
+    assert mid.total_samples == round(emu.samples(emu.total))
+    write_control(jd, 1, "checkpoint-and-shrink", world=1, local=256, accum=1)
+    a1 = wait_ack(jd, 1, "checkpointed", procs)
+    assert Path(a1.checkpoint).is_file()
+    join(procs)
+    stopped = ctl.read_progress(jd.progress_path, jd.uid)
+    assert 0 < stopped.step and not stopped.finished
+
+    procs = launch(jd, world=1, generation=1, local=256, launch=2, app=app, scale=scale)
+    out = join(procs)[0]
+    res = json.loads(out.strip().splitlines()[-1])
+    steps, progress = physics_run(emu, 256)
+    assert res["steps"] == steps
+    assert res["progress"] == pytest.approx(progress, rel=1e-9)
+    end = ctl.read_progress(jd.progress_path, jd.uid)
+    assert end.finished and end.step == steps
+    assert end.samples_processed == round(emu.samples(progress))
+    assert end.total_samples == round(emu.samples(emu.total))
+    # the work ended training, not the data: every step took a full batch (256 divides the
+    # data set), and the data position is far from its last epoch
+    size = emu.dataset_size(256)
+    assert end.epoch * size + end.epoch_position == steps * 256
+    assert end.epoch < emu.data_epochs(size, 256) - 1
+
+
+@pytest.mark.slow
+def test_the_measured_gradient_noise_is_the_applications(tmp_path):
+    """cifar10 on 2 workers at its base batch (128): after ~150 steps the job's smoothed
+    estimate (progress.json, the daemon's input) is the application's epoch-0 statistics,
+    ``grad_var`` x M0 per sample, within 10% (the test above of the estimator: per-step
+    errors of about 2%, and cifar10's noise scale of ~72 samples is below its batch)."""
+    app, scale = "cifar10", 0.004
+    emu = Emulation.of(app, scale)
+    jd = JobDir.create(tmp_path)
+    procs = launch(jd, world=2, generation=0, local=64, launch=1, app=app, scale=scale)
+    join(procs, timeout=180)
+    end = ctl.read_progress(jd.progress_path, jd.uid)
+    assert end.finished
+    sqr, var = emu.grad_stats(128, 0.0)
+    assert end.grad_sqr == pytest.approx(sqr, rel=0.10)
+    assert end.grad_var == pytest.approx(var, rel=0.10)
