@@ -227,3 +227,53 @@ def test_compare_from_a_directory(fake_sinfo, tmp_path, workload, monkeypatch):
     assert (out / "compare.json").exists()
     r = _invoke("--from", str(tmp_path), "--compare")
     assert r.exit_code == 2 and "not a replay's directory" in r.output
+
+
+def test_startup_is_read_from_the_latest_launchs_first_step(tmp_path, monkeypatch):
+    from hpcsched.protocol.jobdir import JobDir
+
+    monkeypatch.setenv("HPCSCHED_CONTROL_DIR", str(tmp_path / "jobs"))
+    jd = JobDir.create(tmp_path / "jobs")
+    jd.link_job_id("77")
+    jd.metrics_dir.mkdir(parents=True, exist_ok=True)
+    (jd.metrics_dir / "launch-1-rank-0.jsonl").write_text('{"t": 1003.5, "step": 0}\n')
+    (jd.metrics_dir / "launch-10-rank-0.jsonl").write_text(
+        '{"t": 1052.25, "step": 0}\n{"t": 1052.5, "step": 1}\n')
+    (jd.metrics_dir / "launch-10-rank-1.jsonl").write_text('{"t": 1051.0, "step": 0}\n')
+    assert report.startup_seconds("77", 1050.0) == 2.25     # after a requeue: launch 10
+    assert report.startup_seconds("77", None) is None
+    assert report.startup_seconds("78", 1050.0) is None     # no job directory
+
+
+@pytest.mark.parametrize("measured, startups, expect, said", [
+    (False, [3.0, None, 5.0, 4.0], 4.0, "start/restart cost 4.0 s (median start-up of the "
+                                        "replay's 3 jobs)"),
+    (False, [None], 30.0, None),
+    (True, [3.0], 30.0, None),
+])
+def test_restart_cost_from_the_replays_start_ups(measured, startups, expect, said):
+    s = compare.Settings(policy="jct", restart_cost=30.0, restart_measured=measured,
+                         costs_note="resize costs: ...")
+    got = compare.with_startups(s, startups)
+    assert got.restart_cost == expect
+    assert (said in got.costs_note) if said else got == s
+
+
+@pytest.mark.parametrize("starts, complete, expect", [
+    ([50.0, 150.0, 250.0], True, True),     # a round within [100, 200]
+    ([50.0, 250.0], True, False),
+    ([], True, False),
+    ([250.0, 300.0], False, None),          # only later rounds seen; older ones not looked at
+    ([250.0, 300.0], True, False),
+])
+def test_daemon_ran(starts, complete, expect):
+    assert compare.daemon_ran(starts, 100.0, 200.0, complete) is expect
+
+
+def test_compare_without_a_daemon_simulates_static(fake_sinfo, tmp_path, workload, monkeypatch):
+    monkeypatch.setenv("HPCSCHED_DATABASE_URL", f"sqlite:///{tmp_path}/absent.db")
+    out = _run_dir(tmp_path, workload)
+    r = _invoke("--from", str(out), "--compare")
+    assert r.exit_code == 0, r.output
+    assert "real vs simulated (static)" in r.output
+    assert "no daemon round during the replay: static" in " ".join(r.output.split())

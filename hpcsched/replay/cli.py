@@ -89,9 +89,11 @@ def _run(replay, console) -> None:
 
 def _save(out: Path, meta: dict, replay, started: float) -> dict:
     """Write the run's files from ``replay.tracked``; returns the summary."""
-    from hpcsched.replay.report import as_result, job_rows, summarize_real, write_run
+    from hpcsched.replay.report import as_result, job_rows, startup_seconds, summarize_real, write_run
 
-    rows = job_rows(replay.tracked, replay.start)
+    startups = {t.job_id: startup_seconds(t.job_id, t.record.start)
+                for t in replay.tracked if t.job_id and t.record}
+    rows = job_rows(replay.tracked, replay.start, startups)
     meta = dict(meta, start=replay.start, wall_seconds=time.time() - started)
     result = as_result(rows, meta["workload_name"], meta["nodes"] * meta["gpus_per_node"],
                        meta["wall_seconds"], {"scale": meta["scale"], "seed": meta["seed"]})
@@ -118,13 +120,22 @@ def _interrupted(out: Path, meta: dict, replay, started: float) -> None:
     sys.exit(130)
 
 
-def _compare(out: Path, policy: str | None, console) -> None:
-    from hpcsched.replay import compare
+def _compare(out: Path, policy: str | None, restart_cost: float | None, console) -> None:
+    from dataclasses import replace
 
-    settings = compare.load_settings(policy)
-    console.print(f"simulating: policy {settings.policy}, grow {settings.grow}, round "
-                  f"{settings.interval:g} s; {settings.costs_note}")
+    from hpcsched.replay import compare
+    from hpcsched.replay.report import read_run
+
+    meta, _ = read_run(out)
+    start = float(meta.get("start", 0.0))
+    settings = compare.load_settings(policy, (start, start + float(meta.get("wall_seconds", 0))))
+    if restart_cost is not None:
+        settings = replace(settings, restart_cost=restart_cost, restart_measured=True,
+                           costs_note=f"{settings.costs_note}; start/restart cost "
+                                      f"{restart_cost:g} s (--restart-cost)")
     doc = compare.compare_run(out, settings)
+    console.print(f"simulated: policy {settings.policy}, grow {settings.grow}, round "
+                  f"{settings.interval:g} s; {doc['costs']}")
     real, sim = doc["runs"]
     console.print(compare.render(real, sim, doc["jct_ratio"]))
     console.print(f"JCT CDF: {out / 'jct-cdf.png'}")
@@ -156,6 +167,9 @@ def _plan(workload: str, scale: float, seed: int, partition: str | None, script:
 @click.option("--policy", default=None,
               help="With --compare: the policy to simulate (default: the daemon's configured "
                    "one; static for a replay without the daemon).")
+@click.option("--restart-cost", type=click.FloatRange(min=0), default=None,
+              help="With --compare: seconds the simulation charges a start or restart (default: "
+                   "the daemon's measured grows, else the replay's measured start-ups).")
 @click.option("--from", "from_dir", type=click.Path(file_okay=False, exists=True), default=None,
               help="With --compare: compare a finished replay's folder instead of running one.")
 @click.option("--seed", type=int, default=0, show_default=True,
@@ -168,8 +182,8 @@ def _plan(workload: str, scale: float, seed: int, partition: str | None, script:
 @click.option("--poll", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
               help="Seconds between polls of squeue.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; submit nothing.")
-def replay_command(workload, scale, out_dir, compare, policy, from_dir, seed, partition, script,
-                   poll, dry_run):
+def replay_command(workload, scale, out_dir, compare, policy, restart_cost, from_dir, seed,
+                   partition, script, poll, dry_run):
     """Submit WORKLOAD's jobs to Slurm with hpcsub at their arrival times, as the emulated
     application, wait for them, and report their JCTs (docs/replay.md).
 
@@ -190,7 +204,7 @@ def replay_command(workload, scale, out_dir, compare, policy, from_dir, seed, pa
             raise click.UsageError("--from DIR compares a finished replay: give --compare and "
                                    "no WORKLOAD")
         try:
-            _compare(Path(from_dir), policy, Console())
+            _compare(Path(from_dir), policy, restart_cost, Console())
         except ReplayError as exc:
             _fail(str(exc))
         return
@@ -216,11 +230,11 @@ def replay_command(workload, scale, out_dir, compare, policy, from_dir, seed, pa
             "workload_name": name, "scale": scale, "seed": seed, "partition": shape.partition,
             "nodes": shape.nodes, "gpus_per_node": shape.gpus_per_node, "script": script,
             "interrupted": False}
-    _execute(out, meta, plan, hpcsub, poll, compare, policy)
+    _execute(out, meta, plan, hpcsub, poll, (policy, restart_cost) if compare else None)
 
 
-def _execute(out: Path, meta: dict, plan, hpcsub: str, poll: float, compare: bool,
-             policy: str | None) -> None:
+def _execute(out: Path, meta: dict, plan, hpcsub: str, poll: float,
+             compare: tuple[str | None, float | None] | None) -> None:
     """Run the replay, write and print its results, then compare if asked."""
     from rich.console import Console
 
@@ -241,6 +255,6 @@ def _execute(out: Path, meta: dict, plan, hpcsub: str, poll: float, compare: boo
     console.print(f"results in {out}/")
     if compare:
         try:
-            _compare(out, policy, Console())
+            _compare(out, *compare, Console())
         except ReplayError as exc:
             _fail(str(exc), status=1)

@@ -12,7 +12,12 @@ What the simulation is given (so that it predicts the run the replay made):
 * the resize costs :func:`hpcsched.daemon.costs.measured_costs` gives from the store's journal
   (the median of the latest completed resizes of a kind once 3 exist, else the configured
   value; the line saying which is :attr:`Settings.costs_note`). The simulator charges the
-  restart cost at every start, the first included.
+  restart cost at every start, the first included; so when the journal holds fewer than 3
+  completed grows by requeue (the daemon grows by extension by default), the restart cost is
+  the median start-up the replay's own jobs measured (Slurm's start to the first step,
+  :func:`hpcsched.replay.report.startup_seconds`; :func:`with_startups`) rather than the
+  configured 30 s, which would charge a scaled run's jobs many times what they pay here.
+  ``--restart-cost`` overrides both.
 
 :func:`compare_run` works on a finished replay's directory, so a benchmark can call it.
 Outputs beside the replay's: ``compare.json`` (``{"runs": [real, simulated]}``, as
@@ -53,31 +58,56 @@ class Settings:
     min_gain: float = 0.05
     horizon: float = 600.0
     costs_note: str = ""
+    #: the restart cost is measured (the journal's grows, or given): else the replay's start-ups
+    restart_measured: bool = False
 
 
 def daemon_settings(config, actions: Sequence, policy: str | None = None) -> Settings:
     """:class:`Settings` from the daemon's configuration ``config``
     (:class:`hpcsched.daemon.config.Settings`) and the store's journal ``actions`` (newest first);
     ``policy`` overrides the configured policy's name (its parameters then are not used)."""
-    from hpcsched.daemon.costs import measured_costs
+    from hpcsched.daemon.costs import MIN_SAMPLES, measured_costs, resize_seconds
     from hpcsched.policies.reconcile import Costs
+    from hpcsched.protocol.kinds import ChangeKind
 
     d = config.daemon
     configured = Costs(restart_cost=d.restart_cost, shrink_cost=d.shrink_cost,
                        extension_startup=d.extension_startup, extension_stall=d.extension_stall)
     costs, note = measured_costs(actions, configured)
+    grows = sum(1 for a in actions if a.kind == ChangeKind.GROW and resize_seconds(a) is not None)
     same = policy is None or policy == config.policy.name
     return Settings(policy=config.policy.name if same else policy,
                     params=dict(config.policy.params) if same else {}, seed=config.policy.seed,
                     interval=d.round_interval, grow=d.grow, restart_cost=costs.restart_cost,
                     shrink_cost=costs.shrink_cost, extension_startup=costs.extension_startup,
                     extension_stall=costs.extension_stall, hold_rounds=d.hold_rounds,
-                    min_gain=d.min_gain, horizon=d.horizon, costs_note=note)
+                    min_gain=d.min_gain, horizon=d.horizon, costs_note=note,
+                    restart_measured=grows >= MIN_SAMPLES)
 
 
-def load_settings(policy: str | None = None) -> Settings:
+#: rounds of the store looked at to tell whether the daemon ran during a replay
+ROUNDS_LOOKED_AT = 5000
+
+
+def daemon_ran(round_starts: Sequence[float], start: float, end: float,
+               complete: bool) -> bool | None:
+    """Whether a daemon round started within ``[start, end]`` (epoch seconds), from the start
+    times of the store's latest rounds (``complete``: they are all of them); None when the
+    rounds looked at are all later than ``end`` and there may be older ones."""
+    if any(start <= t <= end for t in round_starts):
+        return True
+    if round_starts and min(round_starts) > end and not complete:
+        return None
+    return False
+
+
+def load_settings(policy: str | None = None, window: tuple[float, float] | None = None
+                  ) -> Settings:
     """:func:`daemon_settings` of the configuration file and the store this host's daemon uses
-    (no store: the configured costs, and the note says so).
+    (no store: the configured costs, and the note says so). Without ``policy``, when
+    ``window`` (the replay's start and end, epoch seconds) is given and the store shows that no
+    daemon round ran within it (:func:`daemon_ran`; no store: none ran), the policy is
+    ``static``: Slurm alone placed the jobs.
 
     Raises:
         ReplayError: the configuration cannot be read.
@@ -90,7 +120,15 @@ def load_settings(policy: str | None = None) -> Settings:
     except ConfigError as exc:
         raise ReplayError(str(exc)) from None
     store = open_store()
-    s = daemon_settings(config, store.actions(limit=200) if store else (), policy)
+    ran = None
+    if policy is None and window is not None:
+        rounds = store.rounds(limit=ROUNDS_LOOKED_AT) if store else []
+        ran = daemon_ran([r.started_at for r in rounds], *window,
+                         complete=len(rounds) < ROUNDS_LOOKED_AT)
+    s = daemon_settings(config, store.actions(limit=200) if store else (),
+                        "static" if ran is False else policy)
+    if ran is False:
+        s = replace(s, costs_note=s.costs_note + "; no daemon round during the replay: static")
     return s if store else replace(s, costs_note=s.costs_note + " (no store found)")
 
 
@@ -164,6 +202,18 @@ def render(real: dict, sim: dict, ratios: dict) -> Table:
     return t
 
 
+def with_startups(s: Settings, startups: Sequence[float | None]) -> Settings:
+    """``s`` with the restart cost the replay's jobs measured (the median of their start-ups,
+    :func:`hpcsched.replay.report.startup_seconds`) unless ``s``'s is measured or none was."""
+    got = [x for x in startups if x is not None]
+    if s.restart_measured or not got:
+        return s
+    median = statistics.median(got)
+    return replace(s, restart_cost=median, restart_measured=True,
+                   costs_note=f"{s.costs_note}; start/restart cost {median:.1f} s (median start-up "
+                              f"of the replay's {len(got)} jobs)")
+
+
 def compare_run(out: Path, settings: Settings) -> dict[str, Any]:
     """Simulate the replay in ``out`` under ``settings``; write ``compare.json``,
     ``simulated-jobs.csv`` and ``jct-cdf.png`` into ``out``; returns ``{"runs": [real summary,
@@ -175,6 +225,7 @@ def compare_run(out: Path, settings: Settings) -> dict[str, Any]:
     from hpcsched.sim import report
 
     meta, rows = read_run(out)
+    settings = with_startups(settings, [r["startup"] for r in rows])
     real = as_result(rows, meta.get("workload_name", meta["workload"]), int(meta["nodes"]) * int(meta["gpus_per_node"]),
                      float(meta.get("wall_seconds", 0.0)), {"scale": meta["scale"]})
     sim = simulate(meta, settings)

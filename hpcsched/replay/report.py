@@ -28,7 +28,7 @@ from hpcsched.sim import JobResult, SimResult
 
 #: the per-job CSV's columns, in order
 CSV_COLUMNS = ("name", "application", "job_id", "planned_submit", "submit_time", "start_time",
-               "end_time", "jct", "gpus", "final_state", "requeues")
+               "end_time", "jct", "gpus", "final_state", "requeues", "startup")
 #: summary keys a replay does not measure (None in its summary)
 NOT_MEASURED = ("gpu_utilization", "gpu_hours_per_job", "resizes_per_job", "resizes",
                 "flip_flops", "flip_flop_fraction", "rounds")
@@ -39,9 +39,33 @@ def _rel(t: float | None, start: float) -> float | None:
     return None if t is None else t - start
 
 
-def job_rows(tracked: Sequence[Tracked], start: float) -> list[dict[str, Any]]:
+def startup_seconds(job_id: str, started: float | None) -> float | None:
+    """Seconds from Slurm's (latest) start of ``job_id`` to its first step: the first record of
+    rank 0's metrics in its latest launch (``<job dir>/metrics/launch-N-rank-0.jsonl``, field
+    ``t``); None when the job directory or the record cannot be read. Slurm's start is whole
+    seconds, so this reads up to 1 s long."""
+    from hpcsched.protocol.jobdir import JobDir, JobNotFound
+
+    if started is None:
+        return None
+    try:
+        metrics = JobDir.for_job(job_id).metrics_dir
+        files = sorted(metrics.glob("launch-*-rank-0.jsonl"),
+                       key=lambda p: int(p.name.split("-")[1]))
+        if not files:
+            return None
+        with files[-1].open(encoding="utf-8") as f:
+            first = json.loads(f.readline())
+        return max(0.0, float(first["t"]) - started)
+    except (JobNotFound, OSError, ValueError, KeyError, TypeError):   # not measured
+        return None
+
+
+def job_rows(tracked: Sequence[Tracked], start: float,
+             startups: dict[str, float | None] | None = None) -> list[dict[str, Any]]:
     """One dict per job (keys :data:`CSV_COLUMNS`), times from ``start``; ``jct`` only for a
-    ``COMPLETED`` job."""
+    ``COMPLETED`` job; ``startup`` from ``startups`` (by job id; see :func:`startup_seconds`)."""
+    startups = startups or {}
     rows = []
     for t in tracked:
         rec, p = t.record, t.planned
@@ -52,7 +76,8 @@ def job_rows(tracked: Sequence[Tracked], start: float) -> list[dict[str, Any]]:
                      "planned_submit": p.submit_at, "submit_time": submit,
                      "start_time": _rel(rec.start, start) if rec else None, "end_time": end,
                      "jct": end - submit if done else None, "gpus": p.gpus,
-                     "final_state": t.state, "requeues": rec.requeues if rec else 0})
+                     "final_state": t.state, "requeues": rec.requeues if rec else 0,
+                     "startup": startups.get(t.job_id)})
     return rows
 
 
@@ -126,7 +151,8 @@ def read_run(out: Path) -> tuple[dict, list[dict[str, Any]]]:
                          **{k: _num(r[k]) for k in ("submit_time", "start_time", "end_time",
                                                     "jct")},
                          "gpus": int(r["gpus"]), "final_state": r["final_state"],
-                         "requeues": _num(r["requeues"], int) or 0})
+                         "requeues": _num(r["requeues"], int) or 0,
+                         "startup": _num(r.get("startup") or "")})
         except (KeyError, ValueError) as exc:
             raise ReplayError(f"{out / 'jobs.csv'}: bad row {r!r:.120} ({exc})") from None
     return meta, rows
