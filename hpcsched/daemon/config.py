@@ -85,6 +85,12 @@ def _boolean(v: Any) -> bool:
     return v
 
 
+def _port(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 65535:
+        raise _Bad("a TCP port, an integer 0..65535")
+    return v
+
+
 def _string(*, nonempty: bool = False) -> Callable[[Any], str]:
     expected = "a non-empty string" if nonempty else "a string"
 
@@ -213,6 +219,14 @@ class DaemonSettings:
         "seconds a job preempted by the policy stays held at most: the daemon requeues it with "
         "StartTime=now+<this>, so Slurm itself starts it then even if no daemon runs; a plan "
         "that gives it GPUs releases it earlier (> 0)")
+    metrics_port: int = _opt(
+        0, _port,
+        "TCP port of the Prometheus metrics endpoint (/metrics; docs/metrics.md); 0 = off")
+    metrics_addr: str = _opt(
+        "127.0.0.1", _string(nonempty=True),
+        "address the metrics endpoint listens on; the default keeps it to this host (it has no "
+        "authentication and names jobs and nodes): set the host's address for a remote "
+        "Prometheus, behind a firewall")
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ from hpcsched.daemon.actuator import (
 from hpcsched.daemon.config import ConfigError, Settings, load
 from hpcsched.daemon.costs import measured_costs
 from hpcsched.daemon.ingest import ingest_job
+from hpcsched.daemon.metrics import DaemonMetrics
 from hpcsched.daemon.phases import History, ResizePhase, Timeouts
 from hpcsched.daemon.reaper import Reaper
 from hpcsched.daemon.store import Store
@@ -66,6 +67,7 @@ from hpcsched.daemon.views import application_of
 from hpcsched.policies import POLICIES, PolicyError, make_policy
 from hpcsched.policies.reconcile import Change, Costs
 from hpcsched.policies.round import decide_round
+from hpcsched.policies.snapshot import ClusterSnapshot
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir, JobSpec
 from hpcsched.protocol.kinds import ChangeKind
@@ -89,18 +91,22 @@ class RoundReport:
     # job_id -> the phase its action reached this round, "failed: <why>", or "interrupted"
     # (Slurm did not answer an effect: the step is taken again next round)
     outcomes: dict[str, str] = field(default_factory=dict)
+    kinds: dict[str, str] = field(default_factory=dict)   # job_id -> journal kind of its outcome
     notes: list[str] = field(default_factory=list)
     reaped: list[str] = field(default_factory=list)   # orphaned extension jobs cancelled
     objective: float | None = None   # the plan's own figure of merit (unit per policy)
     error: str | None = None
+    slurm_states: dict[str, str] = field(default_factory=dict)   # managed job_id -> Slurm state
+    snapshot: ClusterSnapshot | None = None   # what the policy decided on (None: no decision)
 
 
 class Daemon:
     """The round loop (see module docstring). Collaborators can be injected for tests."""
 
     def __init__(self, settings: Settings, *, backend: Backend | None = None,
-                 store: Store | None = None):
+                 store: Store | None = None, metrics: DaemonMetrics | None = None):
         self.settings = settings
+        self.metrics = metrics   # Prometheus recorder (hpcsched.daemon.metrics); None: off
         d = settings.daemon
         self.backend = backend or make_backend("auto", timeout=d.slurm_timeout,
                                                partitions=d.partitions)
@@ -154,6 +160,8 @@ class Daemon:
         log.info("round %d: %d job(s), %d change(s), %d Slurm call(s), %.2f s (policy %.3f s)%s",
                  rid, rep.jobs, len(rep.changes), rep.slurm_calls, rep.duration,
                  rep.policy_seconds, f", error: {rep.error}" if rep.error else "")
+        if self.metrics is not None:
+            self.metrics.record_round(rep, dry_run=d.dry_run)
         return rep
 
     def actuate(self) -> dict[str, str]:
@@ -173,11 +181,14 @@ class Daemon:
             self._resume(managed, rep)
         except slurm.SlurmError as exc:
             log.warning("resizes in flight not advanced: Slurm: %s; next round or tick retries", exc)
+        if self.metrics is not None:
+            self.metrics.record_actions(rep)
         return rep.outcomes
 
     def _round(self, rep: RoundReport) -> None:
         obs = self.backend.observe()
         managed = self.managed.find(obs)
+        rep.slurm_states = {job_id: info.state for job_id, (_, _, info) in managed.items()}
         for job_id, (jd, spec, info) in managed.items():
             self._record_job(jd, spec, info, obs.time)
             if info.state in ("RUNNING", "COMPLETING") or not info.active:
@@ -186,7 +197,7 @@ class Daemon:
         busy = self._resume(managed, rep)
         snapshot = views.daemon_snapshot(obs, managed, self.store, busy,
                                          self.settings.daemon.partitions)
-        rep.jobs = len(snapshot.jobs)
+        rep.jobs, rep.snapshot = len(snapshot.jobs), snapshot
         t = time.perf_counter()
         costs, said = measured_costs(self.store.actions(limit=200), self.costs)
         if said != self._costs_said:
@@ -209,9 +220,10 @@ class Daemon:
             return
         for c in decision.changes:
             jd, spec, info = managed[c.job_id]
-            rep.outcomes[c.job_id] = self._apply(c, jd, spec, info, rep.round_id)
+            rep.outcomes[c.job_id] = self._apply(c, jd, spec, info, rep)
 
-    def _apply(self, c: Change, jd: JobDir, spec: JobSpec, info: slurm.JobInfo, rid: int) -> str:
+    def _apply(self, c: Change, jd: JobDir, spec: JobSpec, info: slurm.JobInfo,
+               rep: RoundReport) -> str:
         """Journal ``c`` as ``requested`` (committed), then take its first step. A preemption's
         action asks for the job's size now, which it resumes at (:class:`Action`)."""
         cur = current_of(jd, spec, info)
@@ -221,6 +233,8 @@ class Daemon:
         layout = self._by_extension(c, jd, spec, info)
         if layout is not None:
             kind, placement = ChangeKind.REFORM, tuple(f"{n}:{g}" for n, g in layout.items())
+        rid = rep.round_id
+        rep.kinds[c.job_id] = str(kind)   # the journal's kind (a grow by extension: reform)
         action = Action(c.job_id, kind, cur.generation + 1, nodes,
                         c.to_batch_size, info.restarts, c.reason, f"hpcsched daemon (round {rid})",
                         placement)
@@ -275,6 +289,7 @@ class Daemon:
         touched = set()
         for a in self.store.open_actions():
             touched.add(a.job_id)
+            rep.kinds[a.job_id] = a.kind
             if a.job_id not in managed:
                 why = "job no longer known to Slurm"
                 self.store.set_action_phase(a.id, ResizePhase.FAILED, error=why)
@@ -324,6 +339,22 @@ def _load_settings(config: str | None, overrides: dict) -> Settings:
     return settings
 
 
+def _serve_metrics(port: int, addr: str) -> DaemonMetrics | None:
+    """The Prometheus recorder, its endpoint listening on ``addr:port`` (None: ``port`` 0, off).
+    Started once: a SIGHUP reload keeps it (a new port takes a restart). An address that cannot
+    be bound is a one-line error (ClickException), not a traceback."""
+    if not port:
+        return None
+    metrics = DaemonMetrics()
+    try:
+        metrics.serve(port, addr)
+    except OSError as exc:
+        raise click.ClickException(
+            f"metrics endpoint: cannot listen on {addr}:{port}: {exc.strerror or exc}") from None
+    log.info("Prometheus metrics at http://%s:%d/metrics", addr, port)
+    return metrics
+
+
 def _between_rounds(daemon: Daemon, d, t0: float, state: dict) -> None:
     """Wait until ``d.round_interval`` seconds after ``t0`` (monotonic), a stop or a reload,
     advancing resizes in flight every ``d.actuation_interval`` seconds meanwhile."""
@@ -344,9 +375,16 @@ def _between_rounds(daemon: Daemon, d, t0: float, state: dict) -> None:
               help="Seconds between rounds (overrides daemon.round_interval).")
 @click.option("--dry-run", is_flag=True, default=None,
               help="Decide and record, never act (overrides daemon.dry_run).")
-def daemon_command(config, once, interval, dry_run):
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve Prometheus metrics on this TCP port (/metrics; 0 = off; overrides "
+                   "daemon.metrics_port; docs/metrics.md).")
+@click.option("--metrics-addr", default=None,
+              help="Address the metrics endpoint listens on (default 127.0.0.1: this host only, "
+                   "the endpoint has no authentication; overrides daemon.metrics_addr).")
+def daemon_command(config, once, interval, dry_run, metrics_port, metrics_addr):
     """Run the scheduler: every round observe Slurm, decide with the policy, resize jobs."""
-    overrides = {"round_interval": interval, "dry_run": dry_run}
+    overrides = {"round_interval": interval, "dry_run": dry_run, "metrics_port": metrics_port,
+                 "metrics_addr": metrics_addr}
     try:
         settings = _load_settings(config, overrides)
     except (ConfigError, PolicyError) as exc:
@@ -356,7 +394,8 @@ def daemon_command(config, once, interval, dry_run):
     lock.acquire()
     store = Store(settings.daemon.database_url)
     rev = store.upgrade()
-    daemon = Daemon(settings, store=store)
+    metrics = _serve_metrics(settings.daemon.metrics_port, settings.daemon.metrics_addr)
+    daemon = Daemon(settings, store=store, metrics=metrics)
     log.info("hpcsched daemon pid %d: policy %s, every %.0f s, %s, database at revision %s, "
              "control dir %s%s", os.getpid(), daemon.policy.name, settings.daemon.round_interval,
              daemon.backend.name, rev, daemon.control_dir,
@@ -378,7 +417,7 @@ def daemon_command(config, once, interval, dry_run):
             state["reload"] = False
             try:
                 settings = _load_settings(config, overrides)
-                daemon = Daemon(settings, store=store)
+                daemon = Daemon(settings, store=store, metrics=metrics)   # same endpoint
                 log.info("SIGHUP: configuration reloaded (policy %s, every %.0f s)",
                          daemon.policy.name, settings.daemon.round_interval)
             except (ConfigError, PolicyError) as exc:
