@@ -175,3 +175,54 @@ def test_the_script_refuses_bad_arguments(args, message):
     out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and message in out.stderr
+
+
+# ------------------------------------------------------- the elastic API's work hook
+@pytest.mark.parametrize("work, want", [
+    (None, (20, 1000)),                 # the data position's samples and epochs x data set
+    ((30.4, 99.6), (30, 100)),          # the job's own work, in whole samples
+])
+def test_progress_reports_the_work_set_by_the_job(tmp_path, work, want):
+    from hpcsched.job.boundary import InForce, Reporter
+    from hpcsched.job.data import DataPosition
+    from hpcsched.protocol import files as ctl
+    from hpcsched.protocol.batching import BatchConfig
+    from hpcsched.protocol.jobdir import JobDir
+
+    jd = JobDir.create(tmp_path)
+    r = Reporter(jd, 0, total_samples=1000)
+    r.work = work
+    data = DataPosition(100, 10, 0)
+    data.advance(20)
+    r.progress(InForce(0, 1, BatchConfig(1, 20, 1), 1.0), data, None)
+    p = ctl.read_progress(jd.progress_path, jd.uid)
+    assert (p.samples_processed, p.total_samples) == want
+    assert p.step == 1 and p.epoch_position == 20   # the data position itself is unchanged
+
+
+@pytest.mark.parametrize("work, done", [(None, False), ((5.0, 10.0), False), ((10.0, 10.0), True),
+                                        ((11.0, 10.0), True)])
+def test_the_work_is_done_when_done_reaches_total(work, done):
+    from hpcsched.job.boundary import Reporter
+
+    r = Reporter(None, 0, 100)
+    r.work = work
+    assert r.work_done is done
+
+
+def test_steps_end_when_the_work_is_done_and_set_work_checks_its_arguments(monkeypatch):
+    from hpcsched.elastic import ElasticJob
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HPCSCHED_JOB_DIR", "HPCSCHED_NODES",
+                "HPCSCHED_LOCAL_BATCH_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    job = ElasticJob(dataset_size=100, epochs=5, batch_size=10, track_grad_noise=False)
+    assert job.layout == (1,)
+    job.set_work(0, 35)
+    for step in job.steps():
+        job.set_work((step.step + 1) * 10, 35)
+    assert job.state.step == 4 and not job.state.finished   # 40 >= 35 after 4 steps of 10
+    for bad in ((-1, 10), (0, 0)):
+        with pytest.raises(ValueError, match="need done >= 0 and total > 0"):
+            job.set_work(*bad)
+    job.close()
