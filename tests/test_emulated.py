@@ -226,3 +226,35 @@ def test_steps_end_when_the_work_is_done_and_set_work_checks_its_arguments(monke
         with pytest.raises(ValueError, match="need done >= 0 and total > 0"):
             job.set_work(*bad)
     job.close()
+
+
+@pytest.mark.parametrize("nodes, world, members, want", [
+    (1, 1, None, (1,)),
+    (2, 8, None, (4, 4)),                                   # a primary of 2 nodes x 4
+    (3, 7, None, (3, 2, 2)),                                # spread evenly, first nodes first
+    (2, 6, [("n1", ""), ("n1", ""), ("n1", ""), ("n1", ""), ("n2", "9"), ("n2", "9")], (4, 2)),
+    (1, 4, [("n1", ""), ("n1", ""), ("n1", "9"), ("n1", "9")], (4,)),   # extension on n1
+])
+def test_the_layout_in_force_counts_extension_workers_per_node(monkeypatch, nodes, world, members,
+                                                              want):
+    """ElasticJob.layout, the placement the emulated application sleeps for: from the form in
+    force (extensions) or from the nodes and workers in force. The job is a standalone one whose
+    configuration in force and membership are set by hand (the protocol that sets them is tested
+    against Slurm in tests/test_extensions_slurm.py)."""
+    from types import SimpleNamespace
+
+    from hpcsched.elastic import ElasticJob
+    from hpcsched.job.boundary import InForce
+    from hpcsched.job.reform import Form, Member
+    from hpcsched.protocol.batching import BatchConfig
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "HPCSCHED_JOB_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    job = ElasticJob(dataset_size=10, epochs=1, track_grad_noise=False)
+    job._cfg = InForce(0, nodes, BatchConfig(world, 1, 1), 1.0)
+    if members is not None:
+        form = Form(1, 0, tuple(Member(f"m{i}", node, alloc) for i, (node, alloc) in enumerate(members)))
+        job._members = SimpleNamespace(form=form)
+    assert job.layout == want
+    job._members = None
+    job.close()
