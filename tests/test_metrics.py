@@ -6,9 +6,12 @@ metrics on. The same endpoint during a real daemon run on the dev cluster:
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -347,3 +350,40 @@ def test_resizes_run_between_rounds_are_recorded_too(fake_daemon, control_dir, m
     assert value(m, "hpcsched_decisions_total", kind=kind, outcome="applied") == 1
     assert value(m, "hpcsched_resizes_in_flight", kind=kind) is None
     assert value(m, "hpcsched_round_duration_seconds_count") == 1
+
+
+# ------------------------------------------------------------------ docs and dashboard
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def series_names() -> set[str]:
+    """The exported names of every series (counters with their ``_total``)."""
+    m = DaemonMetrics()
+    return {f.name + ("_total" if f.type == "counter" else "") for f in m.registry.collect()}
+
+
+def test_every_series_is_documented():
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    assert {n for n in series_names() if f"`{n}`" not in doc} == set()
+
+
+def test_the_grafana_dashboard_queries_every_series_and_only_those():
+    dash = json.loads((ROOT / "docs" / "grafana-hpcsched.json").read_text())
+    assert dash["schemaVersion"] >= 36 and dash["uid"] and dash["title"]
+    (var,) = [v for v in dash["templating"]["list"] if v["type"] == "datasource"]
+    assert var["query"] == "prometheus"
+    ds = "${" + var["name"] + "}"
+    exprs = []
+    for p in dash["panels"]:
+        if p["type"] == "row":
+            continue
+        assert p["datasource"]["uid"] == ds and p["gridPos"]["w"] <= 24, p["title"]
+        for t in p["targets"]:
+            assert t["datasource"]["uid"] == ds and t["refId"], p["title"]
+            exprs.append(t["expr"])
+    used = {re.sub(r"_(bucket|sum|count)$", "", n) for e in exprs
+            for n in re.findall(r"\bhpcsched_[a-z_]+", e)}
+    names = series_names()
+    assert used - names == set(), "the dashboard queries series that do not exist"
+    assert names - used == set(), "series without a panel"
+    assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])

@@ -31,6 +31,7 @@ from hpcsched.daemon.phases import ResizePhase
 from hpcsched.perf.model import model_for
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView
 from hpcsched.protocol.batching import BatchSizeError, fit_batch
+from hpcsched.protocol.kinds import ChangeKind
 
 if TYPE_CHECKING:
     from hpcsched.daemon.round import RoundReport
@@ -43,11 +44,13 @@ ROUND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 12
 #: Policy decision times, seconds (``benchmarks/policy_decision.py``: ms for tens of jobs, up
 #: to seconds for Pollux's search on hundreds).
 POLICY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: The ``outcome`` labels of :attr:`DaemonMetrics.decisions`.
+OUTCOMES = ("applied", "refused", "failed", "dry-run")
 #: Slurm job states always exported (0 when no job is in them); other states appear while a
 #: managed job is in them.
 BASE_STATES = ("PENDING", "RUNNING")
-#: ``failed`` reasons that are the job's own refusal (:func:`hpcsched.daemon.phases` writes
-#: "job <id> rejected generation <g>: ..." when the job's ack says ``rejected``).
+#: In a ``failed`` outcome, the job's own refusal: :mod:`hpcsched.daemon.phases` fails a resize
+#: with "job <id> rejected generation <g>: <message>" when the job's ack says ``rejected``.
 _REFUSED = " rejected generation "
 
 
@@ -162,6 +165,9 @@ class DaemonMetrics:
             self.errors.labels(kind)   # exported at 0 from the start: rate() needs a baseline
         for during in ("round", "between_rounds"):
             self.slurm_calls.labels(during)
+        for kind in ChangeKind:
+            for outcome in OUTCOMES:
+                self.decisions.labels(str(kind), outcome)
         self._calls_seen = slurm.calls()
         self.server: Any = None
 
@@ -267,4 +273,4 @@ def _speeds(snapshot: ClusterSnapshot) -> dict[tuple[str, ...], float]:
     return out
 
 
-__all__ = ["BASE_STATES", "DaemonMetrics", "outcome_of", "predicted_throughput"]
+__all__ = ["BASE_STATES", "OUTCOMES", "DaemonMetrics", "outcome_of", "predicted_throughput"]
