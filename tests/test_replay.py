@@ -277,3 +277,48 @@ def test_compare_without_a_daemon_simulates_static(fake_sinfo, tmp_path, workloa
     assert r.exit_code == 0, r.output
     assert "real vs simulated (static)" in r.output
     assert "no daemon round during the replay: static" in " ".join(r.output.split())
+
+
+def test_the_replayed_workload_is_kept_and_simulated(tmp_path, workload):
+    jobs = load_csv(workload)
+    path = report.write_workload(tmp_path / "run", jobs)
+    assert path == tmp_path / "run" / "workload.csv" and load_csv(path) == jobs
+    out = _run_dir(tmp_path, workload)
+    meta = json.loads((out / "run.json").read_text())
+    workload.write_text(WORKLOAD.replace("ncf,1,256", "ncf,4,256"))   # changed since
+    (out / "run.json").write_text(json.dumps(dict(meta, workload_file="workload.csv")))
+    compare.compare_run(out, compare.Settings(policy="static", interval=2.0))
+    sim = (out / "simulated-jobs.csv").read_text().splitlines()
+    assert sim[2].startswith("ncf-b,ncf,") and sim[2].endswith(",1,1")   # 1 GPU, as replayed
+
+
+@pytest.mark.parametrize("raised, status, said", [
+    (KeyboardInterrupt(), 130, "interrupted: 1 of 3 jobs submitted (41); still in Slurm, not "
+                               "cancelled: 41; partial results in"),
+    (ReplayError("Slurm did not answer for 120 s"), 1,
+     "hpcsched replay: error: Slurm did not answer for 120 s; partial results in"),
+])
+def test_a_run_cut_short_keeps_its_partial_results(fake_sinfo, workload, tmp_path, monkeypatch,
+                                                   raised, status, said):
+    from hpcsched.replay import cli as replay_cli
+
+    script = tmp_path / "emulated.py"
+    script.write_text("pass\n")
+
+    def cut_short(replay, console):
+        replay.start = START
+        replay.tracked = [Tracked(p) for p in replay.plan]
+        replay.tracked[0].job_id, replay.tracked[0].submitted_at = "41", START + 0.2
+        raise raised
+
+    monkeypatch.setattr(replay_cli, "_run", cut_short)
+    out = tmp_path / "o"
+    r = _invoke(str(workload), "--scale", "0.01", "--out", str(out), "--script", str(script))
+    assert r.exit_code == status, r.output
+    assert said in " ".join(r.output.split())
+    meta, rows = report.read_run(out)
+    assert meta["interrupted"] is True
+    assert [(x["job_id"], x["final_state"]) for x in rows] == [
+        ("41", "PENDING"), (None, "NOT_SUBMITTED"), (None, "NOT_SUBMITTED")]
+    (summary,) = json.loads((out / "summary.json").read_text())["runs"]
+    assert (summary["finished"], summary["unfinished"]) == (0, 3)

@@ -143,7 +143,7 @@ def _compare(out: Path, policy: str | None, restart_cost: float | None, console)
 
 def _plan(workload: str, scale: float, seed: int, partition: str | None, script: str,
           out: Path | None):
-    """``(workload name, shape, plan)``; Slurm is asked for the cluster's shape."""
+    """``(workload name, jobs, shape, plan)``; Slurm is asked for the cluster's shape."""
     from hpcsched.replay.plan import check_emulatable, make_plan
     from hpcsched.replay.slurmread import read_cluster_shape
     from hpcsched.sim.workload import load_workload
@@ -153,7 +153,7 @@ def _plan(workload: str, scale: float, seed: int, partition: str | None, script:
     shape = read_cluster_shape(partition)
     plan = make_plan(jobs, shape, scale, script=script, seed=seed,
                      output_dir=str(out) if out else None)
-    return name, shape, plan
+    return name, jobs, shape, plan
 
 
 @click.command("replay")
@@ -195,6 +195,7 @@ def replay_command(workload, scale, out_dir, compare, policy, restart_cost, from
     """
     from rich.console import Console
 
+    from hpcsched.replay.report import write_workload
     from hpcsched.replay.submit import find_hpcsub
     from hpcsched.sim.workload import WorkloadError
     from hpcsched.slurm.errors import SlurmError
@@ -213,7 +214,7 @@ def replay_command(workload, scale, out_dir, compare, policy, restart_cost, from
     partition = partition or _default_partition()
     out = Path(out_dir or f"replay-{_safe(workload)}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     try:
-        name, shape, plan = _plan(workload, scale, seed, partition, script, out)
+        name, jobs, shape, plan = _plan(workload, scale, seed, partition, script, out)
         if dry_run:
             Console().print(_plan_table(plan))
             click.echo(f"{len(plan)} jobs on {shape.nodes} x {shape.gpus_per_node} GPUs"
@@ -229,7 +230,8 @@ def replay_command(workload, scale, out_dir, compare, policy, restart_cost, from
     meta = {"workload": os.path.abspath(workload) if Path(workload).is_file() else workload,
             "workload_name": name, "scale": scale, "seed": seed, "partition": shape.partition,
             "nodes": shape.nodes, "gpus_per_node": shape.gpus_per_node, "script": script,
-            "interrupted": False}
+            "interrupted": False,
+            "workload_file": write_workload(out, jobs).name}
     _execute(out, meta, plan, hpcsub, poll, (policy, restart_cost) if compare else None)
 
 

@@ -3,7 +3,8 @@ daemon's policy and grow mode and this cluster's measured resize costs.
 
 What the simulation is given (so that it predicts the run the replay made):
 
-* the workload of ``run.json``, arrivals x scale (:func:`hpcsched.sim.workload.scale_workload`)
+* the workload of ``run.json`` (the copy in the replay's folder, ``workload.csv``, when there is
+  one), arrivals x scale (:func:`hpcsched.sim.workload.scale_workload`)
   and work x scale (``SimConfig.work_scale``): simulated seconds are the replay's seconds;
 * the cluster ``nodes x gpus_per_node`` read from Slurm when the replay ran;
 * the daemon's configuration (:func:`hpcsched.daemon.config.load`): ``[policy]`` name, seed and
@@ -144,7 +145,9 @@ def simulate(meta: dict, s: Settings) -> SimResult:
 
     scale = float(meta["scale"])
     try:
-        name, jobs = load_workload(meta["workload"], seed=int(meta.get("seed", 0)))
+        name, jobs = load_workload(meta.get("workload_file") or meta["workload"],
+                                   seed=int(meta.get("seed", 0)))
+        name = meta.get("workload_name", name)
         base = SimConfig()
         cfg = SimConfig(nodes=int(meta["nodes"]), gpus_per_node=int(meta["gpus_per_node"]),
                         interval=s.interval, restart_cost={"*": s.restart_cost},
@@ -225,6 +228,8 @@ def compare_run(out: Path, settings: Settings) -> dict[str, Any]:
     from hpcsched.sim import report
 
     meta, rows = read_run(out)
+    if meta.get("workload_file"):   # relative to the replay's folder
+        meta = dict(meta, workload_file=str(out / meta["workload_file"]))
     settings = with_startups(settings, [r["startup"] for r in rows])
     real = as_result(rows, meta.get("workload_name", meta["workload"]), int(meta["nodes"]) * int(meta["gpus_per_node"]),
                      float(meta.get("wall_seconds", 0.0)), {"scale": meta["scale"]})

@@ -125,6 +125,27 @@ def write_run(out: Path, meta: dict, rows: Sequence[dict[str, Any]], summary: di
     write_summary_json([summary], out / "summary.json")
 
 
+#: the replayed workload, as run (Pollux format), in a replay's folder
+WORKLOAD_FILE = "workload.csv"
+
+
+def write_workload(out: Path, jobs: Sequence) -> Path:
+    """The workload jobs (:class:`~hpcsched.sim.WorkloadJob`, Pollux applications' convergence
+    jobs) as a Pollux-format CSV ``out/workload.csv``, unscaled, so that a comparison
+    simulates exactly what was replayed (a ``store`` or ``philly`` spec read later could give
+    other jobs). Returns the path."""
+    from hpcsched.sim.workload import POLLUX_COLUMNS
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / WORKLOAD_FILE
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(POLLUX_COLUMNS)
+        for j in jobs:
+            w.writerow([j.name, repr(float(j.submit_time)), j.application, j.gpus, j.batch_size])
+    return path
+
+
 def _num(text: str, kind=float):
     return None if text == "" else kind(text)
 
