@@ -1,8 +1,11 @@
 """hpcsched replay on the real dev cluster with the daemon deciding (issue 11's "must show").
 
-A 3-job Pollux-format workload (cifar10 on 1 GPU, ncf on 1 GPU, cifar10 on 2 GPUs; arrivals
-0, 200, 400 s) at scale 0.015: arrivals 0, 3, 6 s, and about 60, 22 and 35 s of emulated work
-alone at the submitted size. The daemon runs with its default policy and grow mode; the replay
+A 3-job Pollux-format workload (bert on 1 GPU at batch 48, cifar10 on 1 GPU at 512, bert on 2
+GPUs at 96; arrivals 0, 1000, 2000 s) at scale 0.004: arrivals 0, 4, 8 s, and 58, 37 and 30 s
+alone at the submitted size as the simulator counts them (a 3 s start included). These jobs
+scale with more nodes: the simulator's jct policy, with the test daemon's settings (2 s rounds,
+min_gain 0.02), grows each of them once, where it grows none of a cifar10/ncf mix on 1-2 GPUs
+(it changes their batch sizes instead). The daemon runs with its default policy and grow mode; the replay
 must end with every job COMPLETED, the daemon must have resized at least one of them, and
 ``hpcsched status`` must show its decisions with their reasons; ``--compare`` must write the
 simulator's side.
@@ -23,7 +26,7 @@ from tests.conftest import cli, start_daemon, stop_daemon
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-SCALE = 0.015
+SCALE = 0.004
 
 
 def test_replay_with_the_daemon(devcluster, daemon_env, tmp_path):
@@ -33,9 +36,9 @@ def test_replay_with_the_daemon(devcluster, daemon_env, tmp_path):
     tag = f"t{os.getpid()}"
     workload = tmp / "tiny.csv"
     workload.write_text("name,time,application,num_replicas,batch_size\n"
-                        f"{tag}-cifar10-a,0,cifar10,1,128\n"
-                        f"{tag}-ncf-b,200,ncf,1,256\n"
-                        f"{tag}-cifar10-c,400,cifar10,2,256\n")
+                        f"{tag}-bert-a,0,bert,1,48\n"
+                        f"{tag}-cifar10-b,1000,cifar10,1,512\n"
+                        f"{tag}-bert-c,2000,bert,2,96\n")
     out = tmp / "run"
     proc = start_daemon(tmp)
     try:
@@ -43,7 +46,7 @@ def test_replay_with_the_daemon(devcluster, daemon_env, tmp_path):
                 "--poll", "2", "--compare", check=False, timeout=540, cwd=tmp)
     finally:
         stop_daemon(proc)
-        for name in ("cifar10-a", "ncf-b", "cifar10-c"):   # whatever happened: no job left
+        for name in ("bert-a", "cifar10-b", "bert-c"):   # whatever happened: no job left
             subprocess.run(["scancel", f"--name=replay-{tag}-{name}"], capture_output=True,
                            timeout=30)
     log = (tmp / "daemon.log").read_text()
