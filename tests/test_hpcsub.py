@@ -41,6 +41,7 @@ def _nothing_created(control_dir: Path):
     (["--hpcsched-batch-size", "0", SCRIPT_OK], "--hpcsched-batch-size=0: must be >= 1"),
     (["--hpcsched-batch-size", "lots", SCRIPT_OK], "--hpcsched-batch-size=lots"),
     (["--hpcsched-lr-scaling", "cubic", SCRIPT_OK], "must be one of linear, sqrt, none"),
+    (["--hpcsched-application", "my app", SCRIPT_OK], "must be 1-64 letters, digits"),
     (["--gres=gpu:4", "--hpcsched-max-gpus", "6", SCRIPT_OK], "not a multiple of the 4 GPUs per node"),
     (["/nonexistent/train.py"], "does not exist"),
     (["-N", "2"], "no training script"),

@@ -134,6 +134,21 @@ def test_spec_round_trips_through_a_job_directory(tmp_path):
     assert json.loads(jd.spec_path.read_text())["batch_size"] == 32
 
 
+def test_the_application_is_written_only_when_given_and_names_the_job_for_the_daemon(tmp_path):
+    from hpcsched.daemon.views import application_of
+
+    jd = JobDir.create(tmp_path)
+    spec = JobSpec(job_uid=jd.uid, script="/s/emulated.py", script_args=(), python="python3",
+                   submit_dir="/s", sbatch_args=(), nodes=1,
+                   limits=JobLimits(2, 1, 2, 16, 64, 8, 32, "linear"), checkpoint_dir="/c")
+    jd.write_spec(spec)
+    assert "application" not in json.loads(jd.spec_path.read_text())
+    assert application_of(jd.read_spec()) == "emulated"
+    jd.write_spec(dataclasses.replace(spec, application="cifar10"))
+    assert json.loads(jd.spec_path.read_text())["application"] == "cifar10"
+    assert application_of(jd.read_spec()) == "cifar10"
+
+
 def test_unknown_keys_in_spec_json_are_ignored():
     obj = {**json.loads(OLD_SPEC_JSON), "added_later": 1}
     assert JobSpec.from_json(obj).limits == JobLimits(**GOOD)

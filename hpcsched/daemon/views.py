@@ -246,7 +246,7 @@ def _spec_problem(spec: JobSpec) -> str | None:
     """Why ``spec``'s fields that the daemon stores and computes with have the wrong types or
     sizes (the limits check themselves: :class:`JobLimits`), or None."""
     for name, most in (("job_uid", 64), ("user", 128), ("script", 4096), ("python", 4096),
-                       ("submit_dir", 4096), ("checkpoint_dir", 4096)):
+                       ("submit_dir", 4096), ("checkpoint_dir", 4096), ("application", 64)):
         v = getattr(spec, name)
         if not isinstance(v, str) or len(v) > most:
             return f"{name} must be a string of at most {most} characters"
@@ -264,8 +264,9 @@ def _spec_problem(spec: JobSpec) -> str | None:
 
 
 def application_of(spec: JobSpec) -> str:
-    """What a daemon-managed job trains: its script's file name without extension."""
-    return Path(spec.script).stem
+    """What a daemon-managed job trains: ``hpcsub --hpcsched-application``, else its script's
+    file name without extension."""
+    return spec.application or Path(spec.script).stem
 
 
 def daemon_job_facts(jd: JobDir, spec: JobSpec, info: slurm.JobInfo, store: Store,

@@ -63,6 +63,12 @@ def _nonneg_float(v: str) -> float:
     return x
 
 
+def _application(v: str) -> str:
+    if not v or len(v) > 64 or not all(c.isalnum() or c in "-_." for c in v):
+        raise ValueError("must be 1-64 letters, digits, '-', '_' or '.'")
+    return v
+
+
 def _lr_rule(v: str) -> str:
     if v not in LR_RULES:
         raise ValueError(f"must be one of {', '.join(LR_RULES)}")
@@ -96,6 +102,9 @@ OPTIONS = {o.name: o for o in [
            "also checkpoint every this many seconds (default 0: only when hpcsched asks)", "SECONDS"),
     Option("python", str,
            "Python interpreter for the launcher and workers (default: the one running hpcsub)", "PATH"),
+    Option("application", _application,
+           "what the job trains, for the daemon's throughput priors and GPU-variability class, "
+           "e.g. cifar10 or bert (default: the script's file name)", "NAME"),
     Option("record-samples", None,
            "record each step's sample indices in the metrics (for verification; costs disk)"),
     Option("print-script", None, "print the batch script that would be submitted and exit"),
@@ -198,6 +207,7 @@ def build_spec(argv: Sequence[str], job_uid: str, job_dir: Path) -> tuple[JobSpe
         record_samples=bool(opts.get("record-samples")),
         user=getpass.getuser(),
         created_at=time.time(),
+        application=str(opts.get("application") or ""),
     )
     defaults = _default_directives(geo, wpn, [*directives, *args.sbatch_args], script.name)
     return spec, list(args.sbatch_args), {"opts": opts, "directives": directives,

@@ -160,6 +160,8 @@ class JobSpec:
             asks).
         record_samples: whether workers record each step's sample indices.
         user, created_at: who submitted, and when (Unix seconds).
+        application: what the job trains (``--hpcsched-application``; "" = the script's file
+            name): the daemon's key for throughput priors and the GPU-variability class.
 
     ``spec.json`` is flat: the limits' fields are top-level keys, the base batch size under
     ``batch_size``. The flat names (``spec.workers_per_node``, ``spec.batch_size``, ...) are
@@ -179,6 +181,7 @@ class JobSpec:
     record_samples: bool = False
     user: str = ""
     created_at: float = 0.0
+    application: str = ""
     schema: str = SPEC_SCHEMA
     extra: dict = field(default_factory=dict)
 
@@ -204,7 +207,7 @@ class JobSpec:
                 out.update({key: limits[attr] for key, attr in _LIMIT_KEYS.items()})
                 out.update({key: limits[attr] for key, attr in _OPTIONAL_LIMIT_KEYS.items()
                             if limits[attr] is not None})
-            else:
+            elif name != "application" or d[name]:   # written only when given
                 out[name] = d[name]
         out["script_args"] = list(self.script_args)
         out["sbatch_args"] = list(self.sbatch_args)
