@@ -56,6 +56,7 @@ def test_hpcsub_reads_the_simulators_shape_and_limits(shape, tmp_path, monkeypat
         assert (p.batch_size, p.gpus) == (batch, wj.gpus)
         assert spec.script_args == ("--application", wj.application, "--scale", "0.1",
                                     "--seed", str(7 + p.index))
+        assert spec.application == wj.application   # the daemon's key, as the simulator's
         assert f"--job-name={slurm_job_name(wj.name)}" in sbatch
         assert (f"--partition={shape.partition}" in sbatch) == bool(shape.partition)
         assert p.submit_at == pytest.approx(wj.submit_time * 0.1)

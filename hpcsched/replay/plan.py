@@ -12,7 +12,9 @@ application counts progress in Pollux's units whatever the base, so only the lea
 factor, which the emulation does not use, differs).
 
 A job is submitted ``submit_time x scale`` seconds after the replay's start and runs the
-emulated application with ``--scale`` (its work x scale, ``SimConfig.work_scale``) and a
+emulated application with ``--application`` (also given to hpcsub as ``--hpcsched-application``,
+so that the daemon knows the job's application as the simulator does: its throughput priors and
+GPU-variability class), ``--scale`` (its work x scale, ``SimConfig.work_scale``) and a
 per-job seed (the replay's seed + the job's index). Its ``--time`` is twice its scaled run time
 alone at the slowest node count its limits allow (at its starting batch), plus 10 minutes.
 
@@ -141,7 +143,8 @@ def hpcsub_argv(pj_limits: JobLimits, nodes: int, batch_size: int, *, job_name: 
              "--hpcsched-max-batch-size", str(lim.max_batch_size),
              "--hpcsched-lr-scaling", lim.lr_scaling,
              "--hpcsched-min-nodes", str(lim.min_nodes),
-             "--hpcsched-max-nodes", str(lim.max_nodes)]
+             "--hpcsched-max-nodes", str(lim.max_nodes),
+             "--hpcsched-application", application]
     if lim.max_local_batch_size is not None:
         argv += ["--hpcsched-max-local-batch-size", str(lim.max_local_batch_size)]
     if lim.min_gpu_count is not None:
