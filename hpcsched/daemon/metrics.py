@@ -41,8 +41,8 @@ log = logging.getLogger("hpcsched.daemon.metrics")
 #: Round durations, seconds: a round is 2 Slurm calls plus file reads when idle (well under a
 #: second), up to tens of seconds with Slurm slow (``slurm_timeout`` is 20 s by default).
 ROUND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
-#: Policy decision times, seconds (``benchmarks/policy_decision.py``: ms for tens of jobs, up
-#: to seconds for Pollux's search on hundreds).
+#: Policy decision times, seconds (``benchmarks/policy_decision.py``'s targets: <= 50 ms at 64
+#: GPUs, <= 1 s at 4,096).
 POLICY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 #: The ``outcome`` labels of :attr:`DaemonMetrics.decisions`.
 OUTCOMES = ("applied", "refused", "failed", "dry-run")
