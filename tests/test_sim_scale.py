@@ -1,5 +1,6 @@
 """``hpcsched simulate --scale``: arrivals (scale_workload) and work (SimConfig.work_scale)
-scaled together; a lone job's work time scales with F, its restart cost does not. No Slurm."""
+scaled together, every epoch F x as long; a lone job's work time scales with F, its restart
+cost does not. No Slurm."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def physics_seconds(app: str, gpus: int, batch: int, scale: float) -> float:
     st = emu.step_seconds((gpus,), batch, accum)
     t, p = 0.0, 0.0
     while p < emu.total:
-        end = min(emu.total, emu.app.epoch_end(emu.app.epoch_at(p)))
+        end = min(emu.total, emu.app.epoch_end(emu.epoch_at(p)) * scale)
         t += (end - p) / emu.gain(batch, p) * st
         p = end
     return t
@@ -52,12 +53,14 @@ def test_a_lone_jobs_work_time_scales_exactly_at_its_base_batch(app, gpus, scale
 
 @pytest.mark.parametrize("app, gpus, batch", [("cifar10", 4, 512), ("imagenet", 4, 800),
                                               ("deepspeech2", 2, 40)])
-def test_a_scaled_job_does_the_first_f_of_its_work(app, gpus, batch, scale=0.05):
-    """Above the base batch the gain changes with the epoch, so a scaled job's time is not F x
-    the whole run's, but the physics of its first F of progress (what the emulated
-    application at --scale F does); within 1e-6."""
-    assert lone_jct(app, gpus, batch, scale) - RESTART == \
-        pytest.approx(physics_seconds(app, gpus, batch, scale), rel=1e-6)
+@pytest.mark.parametrize("scale", [0.5, 0.05, 0.01])
+def test_a_scaled_job_goes_through_all_its_epochs(app, gpus, batch, scale):
+    """Above the base batch the gain changes with the epoch; every epoch is F x as long, so a
+    scaled job's work time is F x the whole run's at any batch size (1e-9), and it is the
+    emulated application's physics epoch by epoch (1e-6)."""
+    full, scaled = lone_jct(app, gpus, batch, 1.0), lone_jct(app, gpus, batch, scale)
+    assert scaled - RESTART == pytest.approx(scale * (full - RESTART), rel=1e-9)
+    assert scaled - RESTART == pytest.approx(physics_seconds(app, gpus, batch, scale), rel=1e-6)
 
 
 def test_scale_workload_scales_submit_times_only_and_is_pure():

@@ -7,9 +7,10 @@ micro-batches of ``m`` samples per GPU, global batch ``M = sum(p) * m * accum``:
 
 * takes :meth:`Emulation.step_seconds` = ``Application.step_time(p, m, accum)`` seconds (the
   simulator's ``SimJob.rate`` on median GPUs, no variability);
-* advances the job by :meth:`Emulation.gain` = ``Application.gain(M, epoch_at(progress))``
-  progress units (Pollux's unit: steps at the base batch size ``M0``; statistical efficiency
-  included);
+* advances the job by :meth:`Emulation.gain` = ``Application.gain(M, epoch_at(progress /
+  scale))`` progress units (Pollux's unit: steps at the base batch size ``M0``; statistical
+  efficiency included): at a ``scale`` every epoch is ``scale`` x as long, so the job goes
+  through all the application's epochs (``SimJob.epoch_at``);
 * the job ends at :attr:`Emulation.total` = ``scale`` x ``total_progress``, exactly
   ``SimJob.total`` under ``SimConfig(work_scale=scale)``;
 * work in samples (what the job reports, the simulator's ``SimJob.remaining_samples``):
@@ -33,6 +34,7 @@ Units: seconds, samples, GPUs, Pollux progress units.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -105,12 +107,23 @@ class Emulation:
 
     def gain(self, global_samples: float, progress: float) -> float:
         """Progress units one step of ``global_samples`` samples makes at ``progress``."""
-        return self.app.gain(global_samples, self.app.epoch_at(progress))
+        return self.app.gain(global_samples, self.epoch_at(progress))
+
+    @cached_property
+    def _epoch_ends(self) -> np.ndarray:
+        a = self.app
+        return np.array([a.epoch_end(e) for e in range(a.max_epochs)]) * self.scale
+
+    def epoch_at(self, progress: float) -> int:
+        """The application's epoch at ``progress``, epochs ``scale`` x as long
+        (``SimJob.epoch_at``)."""
+        e = int(np.searchsorted(self._epoch_ends, progress, side="right"))
+        return min(e, self.app.max_epochs - 1)
 
     def grad_stats(self, global_batch: float, progress: float) -> tuple[float, float]:
         """``(|G|^2, tr(Sigma))`` at ``progress`` and ``global_batch``: the physics'
         ``(grad_sqr, grad_var x M0)``, ``tr(Sigma)`` per sample as the elastic API measures it."""
-        sqr, var = self.app.grad_stats(global_batch, self.app.epoch_at(progress))
+        sqr, var = self.app.grad_stats(global_batch, self.epoch_at(progress))
         return sqr, var * self.base_batch_size
 
     def gradient_sum(self, stats: tuple[float, float], first: int, n: int, epoch: int,

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
+
+import numpy as np
 
 from hpcsched.daemon.views import JobReport
 from hpcsched.policies.reconcile import Costs
@@ -68,9 +71,11 @@ class SimConfig:
             gives its GPUs back, waits pending with its new size and pays its restart cost.
         extension_startup, extension_stall: seconds (the provisional defaults:
             :data:`~hpcsched.policies.snapshot.EXTENSION_STARTUP`, ``EXTENSION_STALL``).
-        work_scale: factor on every job's work, in ``(0, 1]``: a Pollux application ends at
-            ``work_scale`` x its total progress (its epochs' boundaries, and so its gradient
-            statistics, unchanged), a fixed-work job after ``work_scale`` x its iterations.
+        work_scale: factor on every job's work, in ``(0, 1]``: a Pollux application's whole
+            training run shortened, every epoch to ``work_scale`` x its progress (so the job
+            still goes through all its epochs' gradient statistics, and its time to finish
+            alone is about ``work_scale`` x the unscaled one), ending at ``work_scale`` x its
+            total progress; a fixed-work job after ``work_scale`` x its iterations.
             ``hpcsched simulate --scale`` (with the arrivals scaled alike,
             :func:`hpcsched.sim.workload.scale_workload`); the emulated application's
             ``--scale`` counts the same work (:mod:`hpcsched.sim.emulate`).
@@ -252,14 +257,26 @@ class SimJob:
             self.st = st
         if self.fixed is not None:
             return 1.0 / st, st
-        gain = self.app.gain(self.cfg.global_batch_size, self.app.epoch_at(progress))
+        gain = self.app.gain(self.cfg.global_batch_size, self.epoch_at(progress))
         return gain / st, st
+
+    @cached_property
+    def _epoch_ends(self) -> np.ndarray:
+        """Progress at the end of each epoch, epochs ``work_scale`` x as long."""
+        a = self.app
+        return np.array([a.epoch_end(e) for e in range(a.max_epochs)]) * self.work_scale
+
+    def epoch_at(self, progress: float) -> int:
+        """The application's epoch (0-based) at ``progress``: epochs are ``work_scale`` x as
+        long; the end of epoch ``e`` belongs to ``e + 1``, as in :meth:`Application.epoch_at`."""
+        e = int(np.searchsorted(self._epoch_ends, progress, side="right"))
+        return min(e, self.app.max_epochs - 1)
 
     def segment_end(self, progress: float) -> float:
         """Progress at which the rate next changes (end of its epoch, or of its work)."""
         if self.fixed is not None:
             return self.total
-        return min(self.total, self.app.epoch_end(self.app.epoch_at(progress)))
+        return min(self.total, float(self._epoch_ends[self.epoch_at(progress)]))
 
     def remaining_samples(self) -> float:
         """Samples left: progress units at the base batch size (iterations at the batch size
@@ -278,7 +295,7 @@ class SimJob:
     def report(self) -> JobReport:
         """What the job's progress file would say."""
         noise = None if self.fixed is not None else self.app.grad_stats(
-            self.cfg.global_batch_size, self.app.epoch_at(self.progress))
+            self.cfg.global_batch_size, self.epoch_at(self.progress))
         return JobReport(
             remaining_samples=self.remaining_samples(), grad_noise=noise,
             throughput=(self.cfg.global_batch_size / self.last_step_time)
