@@ -258,3 +258,22 @@ def test_the_layout_in_force_counts_extension_workers_per_node(monkeypatch, node
     assert job.layout == want
     job._members = None
     job.close()
+
+
+@pytest.mark.parametrize("scale, smoothing", [(1.0, 0.999), (0.1, 0.99), (0.06, 1 - 0.001 / 0.06),
+                                              (0.0005, 0.0)])
+def test_the_estimators_memory_shrinks_with_the_epochs(scale, smoothing):
+    """A scaled job's gradient-noise estimate remembers as many epochs as an unscaled job's:
+    its smoothing's memory, 1 / (1 - s) steps, is scale x AdaptDL's 1,000 (never negative)."""
+    assert Emulation.of("cifar10", scale).grad_noise_smoothing() == pytest.approx(smoothing)
+
+
+def test_the_job_passes_its_smoothing_to_the_estimator():
+    import torch
+
+    from hpcsched.job.gradient_noise import GNSTracker
+
+    assert GNSTracker(torch, True, 128.0).estimator.smoothing == 0.999
+    assert GNSTracker(torch, True, 128.0, 0.9).estimator.smoothing == 0.9
+    with pytest.raises(ValueError, match="smoothing"):
+        GNSTracker(torch, True, 128.0, 1.0)

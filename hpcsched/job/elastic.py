@@ -111,6 +111,8 @@ class ElasticJob(ElasticMembership):
         init_timeout: seconds to wait for all ranks to join.
         track_grad_noise: estimate the gradient noise in :meth:`reduce_gradients`
             (:attr:`grad_noise`); also switched off by ``HPCSCHED_GRAD_NOISE=0``.
+        grad_noise_smoothing: the estimate's exponential smoothing per step at the job's first
+            batch size (AdaptDL's 0.999: a memory of about 1,000 such steps); in ``[0, 1)``.
 
     Environment (set by the launcher; see :mod:`hpcsched.protocol.env` and
     ``docs/control-protocol.md``): ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
@@ -124,7 +126,8 @@ class ElasticJob(ElasticMembership):
         generation, world_size, nodes, batch, lr_scale: the configuration in force.
 
     Raises:
-        ValueError: ``dataset_size`` or ``epochs`` < 1.
+        ValueError: ``dataset_size`` or ``epochs`` < 1, or ``grad_noise_smoothing`` outside
+            ``[0, 1)``.
     """
 
     generation = _in_force("generation", "Control generation in force.")
@@ -135,7 +138,7 @@ class ElasticJob(ElasticMembership):
 
     def __init__(self, dataset_size: int, epochs: int, batch_size: int = 32, seed: int = 0,
                  backend: str | None = None, init_timeout: float = 300.0,
-                 track_grad_noise: bool = True):
+                 track_grad_noise: bool = True, grad_noise_smoothing: float = 0.999):
         import torch  # imported here so hpcsched's CLI never pays for it
 
         if dataset_size < 1 or epochs < 1:
@@ -157,7 +160,7 @@ class ElasticJob(ElasticMembership):
         self.checkpoint_dir, self.checkpoint_interval = self._ckpt.directory, self._ckpt.interval
         self.record_samples = launch.record_samples
         self._noise = GNSTracker(torch, track_grad_noise and proc.grad_noise,
-                                 self.global_batch_size)
+                                 self.global_batch_size, grad_noise_smoothing)
         self.device = select_device(torch, self.local_rank)
         joining = bool(launch.join_generation) and jd is not None
         self._init_timeout = init_timeout

@@ -240,12 +240,13 @@ class GNSTracker:
         enabled: measure at all (``ElasticJob(track_grad_noise=...)``, ``HPCSCHED_GRAD_NOISE``).
         base_batch_size: the estimator's ``base_batch_size`` (samples), the job's first global
             batch size.
+        smoothing: the estimator's ``smoothing`` (:class:`GradientNoiseEstimator`).
     """
 
-    def __init__(self, torch, enabled: bool, base_batch_size: float):
+    def __init__(self, torch, enabled: bool, base_batch_size: float, smoothing: float = 0.999):
         self._torch = torch
         self.enabled = enabled
-        self.estimator = GradientNoiseEstimator(base_batch_size=base_batch_size)
+        self.estimator = GradientNoiseEstimator(smoothing, base_batch_size=base_batch_size)
         self.params: list | None = None        # parameters seen by register / reduce_gradients
         self.micro: _MicroBatchNorms | None = None
         self._step = None                       # the step being measured, None between steps

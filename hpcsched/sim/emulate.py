@@ -86,6 +86,14 @@ class Emulation:
         """Progress at which the job ends (``SimJob.total`` at ``work_scale = scale``)."""
         return self.scale * self.app.total_progress
 
+    def grad_noise_smoothing(self, unscaled: float = 0.999) -> float:
+        """The gradient-noise estimator's smoothing per step that gives the job, whose epochs
+        are ``scale`` x as long, the memory in epochs that ``unscaled`` gives an unscaled job:
+        ``1 - (1 - unscaled) / scale``, at least 0. Without it a scaled job's estimate would
+        lag ``1 / scale`` x further behind its statistics than a real job's (measured: cifar10
+        at scale 0.06 ended with a noise scale of 282 samples measured against 64,448)."""
+        return max(0.0, 1.0 - (1.0 - unscaled) / self.scale)
+
     def samples(self, progress: float) -> float:
         """Work in samples of ``progress`` (the unit of ``SimJob.remaining_samples``)."""
         return progress * self.base_batch_size

@@ -12,7 +12,8 @@ steps, less the time the real step took. Progress and end follow the same physic
 ends at ``--scale`` x the application's work, the work ``hpcsched simulate --scale`` counts.
 
 The model is one vector ``w``; a sample's loss is ``w . (G + sigma z)`` with synthetic ``G`` and
-noise ``z``, so the gradient noise the API measures is the application's at its current epoch.
+noise ``z``, so the gradient noise the API measures is the application's at its current epoch
+(its estimate's smoothing shortened by ``--scale``, as the epochs are).
 Progress reports give the work left in the simulator's units (``ElasticJob.set_work``).
 
 Submit it with hpcsub, e.g.::
@@ -76,7 +77,8 @@ def main(argv=None) -> None:
     model = Synthetic(emu.dim)
     opt = torch.optim.SGD(model.parameters(), lr=1e-12)
     job = ElasticJob(dataset_size=size, epochs=emu.data_epochs(size, LARGEST_BATCH),
-                     batch_size=batch, seed=args.seed)
+                     batch_size=batch, seed=args.seed,
+                     grad_noise_smoothing=emu.grad_noise_smoothing())
     job.register(model=model, optimizer=opt, progress=0.0)
     progress = float(job.extra_state["progress"])   # restored by a requeue, sent to newcomers
     job.set_work(emu.samples(progress), emu.samples(emu.total))
