@@ -119,6 +119,15 @@ def test_a_pending_job_waits_when_the_running_jobs_finish_sooner_with_the_gpus()
     assert plan.target("P").nodes == 0 and "waits" in plan.target("P").reason
 
 
+def test_a_pending_job_that_has_reported_nothing_is_not_taken_for_finished():
+    """A pending job that has never run has reported no work: it counts as ``unknown_remaining``
+    (3,600 s) at the size it asks for (1 node: 2,000 samples/s), so 1,800 s at the 2 nodes it
+    gets; its unknown work once counted as none ("0 s of work left")."""
+    unknown = _job("U", 4, state="PENDING", remaining=None, submit=10.0, max_nodes=2)
+    (t,) = decide(_snap([unknown], nodes=2, now=20.0)).targets
+    assert t.nodes == 2 and "1800 s of work left" in t.reason, t
+
+
 def test_age_weight_and_the_overdue_bound_admit_a_job_that_waited():
     """One node, a running job that cannot shrink below it: a pending job is valued at 0 and
     waits -- until it is overdue, when it is admitted ahead of the search (the running job's

@@ -1,33 +1,47 @@
 #!/usr/bin/env bash
-# The main job on the local default: a 4-node x 4-GPU dev cluster, an elastic training job
-# submitted with hpcsub on 2 nodes, resized three ways (batch size, shrink, grow), and status.
+# The main job on the local default: the daemon at work. A 4-node x 4-GPU dev cluster, the
+# daemon with its default policy, and a short workload (jobscripts/examples/demo-workload.csv:
+# four jobs of Pollux's applications, emulated, arriving over a minute) replayed through Slurm
+# with hpcsub. While it runs, `hpcsched status` shows the daemon's decisions and their reasons;
+# at the end, the real run against the simulator's prediction of it. About 4-5 minutes after
+# setup on a 2-core machine. Outputs: demo-output/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
 eval "$(hpcsched devcluster up)"                 # exports SLURM_CONF
 export HPCSCHED_CONTROL_DIR="${HPCSCHED_CONTROL_DIR:-$HOME/.hpcsched/jobs}"
-mkdir -p demo-output && cd demo-output
+rm -rf demo-output && mkdir -p demo-output && cd demo-output
 
-job=$(hpcsub --parsable -N 2 --gres=gpu:2 --hpcsched-max-nodes 3 \
-        --hpcsched-batch-size 64 --hpcsched-max-batch-size 256 \
-        ../jobscripts/examples/digits_mlp.py --epochs 60 --min-step-time 0.02)
-echo "submitted job $job (output: demo-output/slurm-$job.out)"
-for _ in $(seq 240); do                           # up to 2 minutes for the first training step
-    [ -s "$HPCSCHED_CONTROL_DIR/$(id -un)/by-id/$job/ack.json" ] && break
-    sleep 0.5
-done
-if [ ! -s "$HPCSCHED_CONTROL_DIR/$(id -un)/by-id/$job/ack.json" ]; then
-    echo "demo: job $job has not started training; see demo-output/slurm-$job.out" >&2
-    exit 1
-fi
+# The daemon: default policy, 5 s rounds (60 s by default; the demo's jobs last minutes), its
+# own store and lock here (a production daemon uses /etc/hpcsched/hpcsched.toml).
+cat > hpcsched.toml <<EOF
+[daemon]
+round_interval = 5.0
+lock_file = "$PWD/daemon.lock"
+database_url = "sqlite:///$PWD/hpcsched.db"
+EOF
+export HPCSCHED_CONFIG="$PWD/hpcsched.toml"
+hpcsched daemon >daemon.log 2>&1 &
+daemon=$!
+watcher=""
+cleanup() {
+    [ -n "$watcher" ] && kill "$watcher" 2>/dev/null || true
+    kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null || true
+}
+trap cleanup EXIT
+echo "demo: daemon started (pid $daemon, log demo-output/daemon.log); replaying the workload"
 
-set -x
-hpcsched resize "$job" --batch-size 128 --reason "demo: larger batch"
-hpcsched resize "$job" --nodes 1 --reason "demo: shrink in place"
-hpcsched resize "$job" --nodes 3 --reason "demo: grow by requeue"
+# What the daemon decides, every 40 s while the workload runs.
+( while sleep 40; do echo; echo "----- hpcsched status, $(date +%T)"; hpcsched status || true; done ) &
+watcher=$!
+
+hpcsched replay ../jobscripts/examples/demo-workload.csv --scale 0.06 --out replay --poll 2
+kill "$watcher" 2>/dev/null || true
+watcher=""
+echo
+echo "----- the daemon's decisions (hpcsched status):"
 hpcsched status
-set +x
-while squeue -h -j "$job" -o %T 2>/dev/null | grep -qE 'RUNNING|PENDING|COMPLETING'; do sleep 2; done
-hpcsched status "$job"
-tail -n 3 "slurm-$job.out"
+echo
+echo "----- real against simulated (the same scaled workload, this cluster's measured costs):"
+hpcsched replay --from replay --compare

@@ -48,7 +48,8 @@ job waits at most ``max_wait`` plus the time for the running jobs' minimums to l
 (running jobs are never preempted by ``jct``).
 
 **Remaining work unknown** (a job that does not report it): its remaining time is taken as
-``unknown_remaining`` seconds at its current goodput. **Not measured yet** (no throughput model:
+``unknown_remaining`` seconds at its goodput at its current size (pending: the size it asks
+for). **Not measured yet** (no throughput model:
 neither a profile nor a prior for its application): it keeps its size, valued at a tiny
 epsilon per GPU, as in :mod:`hpcsched.policies.dp`. Busy jobs (a resize in flight) are held
 where they are.
@@ -178,10 +179,12 @@ class JCT:
 
 def _remaining(job: JobView, model, p: _Params) -> float:
     """The job's remaining work, samples: what it reports, else ``unknown_remaining`` seconds
-    at its current goodput."""
+    at its goodput at its current size (running) or the size it asks for (pending: a job that
+    has not run yet has reported nothing; before this was asked, a pending job's unknown work
+    counted as none, and ``jct`` ranked it first and gave it its largest batch)."""
     if job.remaining_samples is not None:
         return max(job.remaining_samples, 1e-9)
-    x_now = best_at(job, model, job.gpus, job.nodes)[0] if job.state == "RUNNING" else 0.0
+    x_now = best_at(job, model, job.gpus, job.nodes)[0] if job.gpus > 0 else 0.0
     return max(p.unknown_remaining * max(x_now, 1e-9), 1e-9)
 
 

@@ -153,7 +153,7 @@ def simulate(meta: dict, s: Settings) -> SimResult:
                         interval=s.interval, restart_cost={"*": s.restart_cost},
                         shrink_cost=s.shrink_cost, seed=s.seed, hold_rounds=s.hold_rounds,
                         grow=s.grow, extension_startup=s.extension_startup,
-                        extension_stall=s.extension_stall, work_scale=scale,
+                        extension_stall=s.extension_stall, work_scale=scale, early_reports=False,
                         costs=replace(base.costs, min_gain=s.min_gain, horizon=s.horizon))
         return Simulator(scale_workload(jobs, scale), s.policy, policy_params=s.params,
                          config=cfg, workload_name=name).run()

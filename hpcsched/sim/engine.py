@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from hpcsched.daemon.views import JobFacts, cluster_snapshot, job_view
+from hpcsched.daemon.views import JobFacts, JobReport, cluster_snapshot, job_view
 from hpcsched.policies import make_policy
 from hpcsched.policies.reconcile import Change
 from hpcsched.policies.round import decide_round
@@ -191,7 +191,9 @@ class Simulator:
             # a Pollux application by name (its throughput prior; placement maps it to its PAL
             # class), a fixed-work job by its PAL class
             application=j.wj.app_class if j.fixed is not None else j.wj.application,
-            profile=j.profile(), report=j.report(),
+            profile=j.profile(),
+            report=j.report() if self.cfg.early_reports or j.start_time is not None
+            else JobReport(),
             busy=j.state == "RUNNING" and (j.blocked_until > self.now or j.ext is not None),
             held=j.held,
             requested_nodes=j.req_nodes, start_time=j.start_time,

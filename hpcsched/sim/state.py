@@ -80,6 +80,11 @@ class SimConfig:
             :func:`hpcsched.sim.workload.scale_workload`); the emulated application's
             ``--scale`` counts the same work (:mod:`hpcsched.sim.emulate`).
 
+        early_reports: a job reports its remaining work and gradient noise from its submission
+            (True, the default: what the evaluation ran) or, as on a real cluster, only once it
+            has started: before, the daemon has no progress file to read (False: ``hpcsched
+            replay --compare``, which predicts a real run).
+
     Raises:
         ValueError: ``grow`` not one of ``GROW_MODES``, a negative extension cost, or
             ``work_scale`` outside ``(0, 1]``.
@@ -103,6 +108,7 @@ class SimConfig:
     extension_startup: float = EXTENSION_STARTUP
     extension_stall: float = EXTENSION_STALL
     work_scale: float = 1.0
+    early_reports: bool = True
 
     def __post_init__(self):
         if self.grow not in GROW_MODES:
