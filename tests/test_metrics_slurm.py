@@ -89,4 +89,7 @@ def test_metrics_endpoint_during_a_daemon_run(daemon_env, blocker, slurm_jobs):
     assert {dict(k)["node"] for k in speeds} <= {"n1", "n2"}, speeds
     assert running is not None and running.state in ("RUNNING", "COMPLETED", "COMPLETING")
     decisions = {k[1]: v for k, v in m.items() if k[0] == "hpcsched_decisions_total"}
-    assert all(dict(k)["outcome"] in ("applied", "refused", "failed") for k in decisions)
+    # every kind x outcome is exported (at 0 until it happens); a daemon that acts made no
+    # dry-run decision
+    assert {dict(k)["outcome"] for k in decisions} == {"applied", "refused", "failed", "dry-run"}
+    assert all(v == 0 for k, v in decisions.items() if dict(k)["outcome"] == "dry-run")
