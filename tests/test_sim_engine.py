@@ -466,3 +466,30 @@ def test_a_gpu_granular_run_keeps_its_bookkeeping_and_logs_its_resizes():
     logs = [e for j in res.jobs for e in j.resize_log]
     assert logs and all(before != after for _, _, before, after in logs)
     assert sum(j.resizes for j in res.jobs) == sum(1 for _, _, b, a in logs if b and a)
+
+
+class Snapshots(Simulator):
+    """Keeps every round's snapshot."""
+
+    def _round(self):
+        self.snaps.append(self.snapshot())
+        super()._round()
+
+
+@pytest.mark.parametrize("early", [True, False])
+def test_a_job_reports_its_work_before_it_starts_only_with_early_reports(early):
+    """One 4-GPU node: a (4 GPUs) runs; b (4 GPUs) arrives and waits. With early reports (the
+    default) b's view has its remaining work from the start; without (as on Slurm: no progress
+    file before the first step, ``replay --compare``) only once it has started."""
+    jobs = [WorkloadJob("a", 0.0, "cifar10", 4, 512, "A"), WorkloadJob("b", 1.0, "cifar10", 4, 512, "A")]
+    sim = Snapshots(jobs, "static", config=SimConfig(nodes=1, interval=5.0, early_reports=early,
+                                                     work_scale=0.01))
+    sim.snaps = []
+    sim.run()
+    views = [(v.state, v.remaining_samples, v.grad_noise) for s in sim.snaps for v in s.jobs
+             if v.job_id == "2"]
+    pending = [v for v in views if v[0] == "PENDING"]
+    running = [v for v in views if v[0] == "RUNNING"]
+    assert pending and running
+    assert all((r is not None and n is not None) == early for _, r, n in pending), pending
+    assert all(r is not None and n is not None for _, r, n in running), running
