@@ -261,17 +261,6 @@ class ElasticJob(ElasticMembership):
             raise ValueError(f"need done >= 0 and total > 0 samples, got {done}, {total}")
         self._report.work = (float(done), float(total))
 
-    @property
-    def layout(self) -> tuple[int, ...]:
-        """Workers (GPUs) per node in force, nodes in rank order: ``(4, 2)`` for 4 on the
-        primary's node and 2 on an extension's (``docs/extensions.md``). Without extensions the
-        workers are spread evenly over :attr:`nodes`."""
-        form = self._members.form if self._members is not None else None
-        if form is not None:
-            return tuple(form.layout().values())
-        n, w = max(1, self.nodes), self.world_size
-        return tuple(w // n + (i < w % n) for i in range(n))
-
     def log(self, **values: float) -> None:
         """Attach values (e.g. ``loss=0.3``) to this rank's metrics record of the current step."""
         self._metrics.log(values)

@@ -28,6 +28,17 @@ log = logging.getLogger("hpcsched.job.elastic")
 class ElasticMembership:
     """Membership changes of an elastic job (module docstring)."""
 
+    @property
+    def layout(self) -> tuple[int, ...]:
+        """Workers (GPUs) per node in force, nodes in rank order: ``(4, 2)`` for 4 on the
+        primary's node and 2 on an extension's (``docs/extensions.md``). Without extensions the
+        workers are spread evenly over :attr:`nodes`."""
+        form = self._members.form if self._members is not None else None
+        if form is not None:
+            return tuple(form.layout().values())
+        n, w = max(1, self.nodes), self.world_size
+        return tuple(w // n + (i < w % n) for i in range(n))
+
     def _join(self) -> bool:
         """A newcomer from an extension job: wait to be invited into the running job's group
         at a step boundary, then take the training state from rank 0 (no checkpoint read)."""
