@@ -24,19 +24,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def worker_env(jd: JobDir, rank: int, world: int, port: int, generation: int, local: int,
+               accum: int, launch: int, **extra: str) -> dict[str, str]:
+    """The environment the launcher gives worker ``rank`` of ``world`` on one node."""
+    return dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
+                HPCSCHED_JOB_DIR=str(jd.path), HPCSCHED_LAUNCH=str(launch),
+                HPCSCHED_GENERATION=str(generation), HPCSCHED_NODES="1",
+                HPCSCHED_LOCAL_BATCH_SIZE=str(local), HPCSCHED_ACCUMULATION_STEPS=str(accum),
+                HPCSCHED_LR_SCALE="1.0", **extra)
+
+
 def launch(jd: JobDir, world: int, generation: int, local: int, accum: int, launch: int,
             epochs: int, step_time: str = "0.01", **extra_env: str):
     """Start ``world`` workers of the digits example as launch ``launch`` of job ``jd``."""
     port = free_port()
     procs = []
     for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
-                   HPCSCHED_JOB_DIR=str(jd.path), HPCSCHED_LAUNCH=str(launch),
-                   HPCSCHED_GENERATION=str(generation), HPCSCHED_NODES="1",
-                   HPCSCHED_LOCAL_BATCH_SIZE=str(local), HPCSCHED_ACCUMULATION_STEPS=str(accum),
-                   HPCSCHED_LR_SCALE="1.0", HPCSCHED_RECORD_SAMPLES="1")
-        env.update(extra_env)
+        env = worker_env(jd, rank, world, port, generation, local, accum, launch,
+                         HPCSCHED_RECORD_SAMPLES="1", **extra_env)
         procs.append(subprocess.Popen(
             [sys.executable, str(EXAMPLE), "--epochs", str(epochs), "--min-step-time", step_time],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))

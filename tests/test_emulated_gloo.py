@@ -5,7 +5,6 @@ the gradient noise the API measures is the application's."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import pytest
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir
 from hpcsched.sim.emulate import Emulation
-from tests.gloo_workers import free_port, join, wait_ack, write_control
+from tests.gloo_workers import free_port, join, wait_ack, worker_env, write_control
 
 SCRIPT = Path(__file__).resolve().parent.parent / "jobscripts" / "examples" / "emulated.py"
 
@@ -28,12 +27,7 @@ def launch(jd: JobDir, world: int, generation: int, local: int, launch: int, app
     port = free_port()
     procs = []
     for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
-                   HPCSCHED_JOB_DIR=str(jd.path), HPCSCHED_LAUNCH=str(launch),
-                   HPCSCHED_GENERATION=str(generation), HPCSCHED_NODES="1",
-                   HPCSCHED_LOCAL_BATCH_SIZE=str(local), HPCSCHED_ACCUMULATION_STEPS="1",
-                   HPCSCHED_LR_SCALE="1.0")
+        env = worker_env(jd, rank, world, port, generation, local, 1, launch)
         procs.append(subprocess.Popen(
             [sys.executable, str(SCRIPT), "--application", app, "--scale", str(scale)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
