@@ -26,13 +26,16 @@ def free_port() -> int:
 
 def worker_env(jd: JobDir, rank: int, world: int, port: int, generation: int, local: int,
                accum: int, launch: int, **extra: str) -> dict[str, str]:
-    """The environment the launcher gives worker ``rank`` of ``world`` on one node."""
-    return dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
-                HPCSCHED_JOB_DIR=str(jd.path), HPCSCHED_LAUNCH=str(launch),
-                HPCSCHED_GENERATION=str(generation), HPCSCHED_NODES="1",
-                HPCSCHED_LOCAL_BATCH_SIZE=str(local), HPCSCHED_ACCUMULATION_STEPS=str(accum),
-                HPCSCHED_LR_SCALE="1.0", **extra)
+    """The environment the launcher gives worker ``rank`` of ``world`` on one node, then
+    ``extra``."""
+    env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
+               HPCSCHED_JOB_DIR=str(jd.path), HPCSCHED_LAUNCH=str(launch),
+               HPCSCHED_GENERATION=str(generation), HPCSCHED_NODES="1",
+               HPCSCHED_LOCAL_BATCH_SIZE=str(local), HPCSCHED_ACCUMULATION_STEPS=str(accum),
+               HPCSCHED_LR_SCALE="1.0")
+    env.update(extra)   # may override the above (e.g. HPCSCHED_NODES)
+    return env
 
 
 def launch(jd: JobDir, world: int, generation: int, local: int, accum: int, launch: int,
