@@ -240,6 +240,8 @@ def test_startup_is_read_from_the_latest_launchs_first_step(tmp_path, monkeypatc
     (jd.metrics_dir / "launch-10-rank-0.jsonl").write_text(
         '{"t": 1052.25, "step": 0}\n{"t": 1052.5, "step": 1}\n')
     (jd.metrics_dir / "launch-10-rank-1.jsonl").write_text('{"t": 1051.0, "step": 0}\n')
+    # a newcomer of an extension that joined later: not the job's start
+    (jd.metrics_dir / "launch-11-ext-91-rank-0.jsonl").write_text('{"t": 1200.0, "step": 40}\n')
     assert report.startup_seconds("77", 1050.0) == 2.25     # after a requeue: launch 10
     assert report.startup_seconds("77", None) is None
     assert report.startup_seconds("78", 1050.0) is None     # no job directory

@@ -40,8 +40,11 @@ hpcsched replay ../jobscripts/examples/demo-workload.csv --scale 0.06 --out repl
 kill "$watcher" 2>/dev/null || true
 watcher=""
 echo
-echo "----- the daemon's decisions (hpcsched status):"
+echo "----- the daemon's decisions (hpcsched status, then each job's decisions with their reasons):"
 hpcsched status
+for job in $(tail -n +2 replay/jobs.csv | cut -d, -f3); do
+    hpcsched status "$job" | sed -n '/decisions (newest first)/,/measured throughput/p' | sed '$d'
+done
 echo
 echo "----- real against simulated (the same scaled workload, this cluster's measured costs):"
 hpcsched replay --from replay --compare

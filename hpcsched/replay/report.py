@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -42,15 +43,18 @@ def _rel(t: float | None, start: float) -> float | None:
 def startup_seconds(job_id: str, started: float | None) -> float | None:
     """Seconds from Slurm's (latest) start of ``job_id`` to its first step: the first record of
     rank 0's metrics in its latest launch (``<job dir>/metrics/launch-N-rank-0.jsonl``, field
-    ``t``); None when the job directory or the record cannot be read. Slurm's start is whole
-    seconds, so this reads up to 1 s long."""
+    ``t``; not an extension's newcomers' ``launch-N-ext-J-rank-0.jsonl``); None when the job
+    directory or the record cannot be read. Slurm's start is whole seconds, so this reads up to
+    1 s long."""
     from hpcsched.protocol.jobdir import JobDir, JobNotFound
 
     if started is None:
         return None
     try:
         metrics = JobDir.for_job(job_id).metrics_dir
-        files = sorted(metrics.glob("launch-*-rank-0.jsonl"),
+        # the primary's rank 0 (an extension's newcomers write launch-N-ext-J-rank-R.jsonl)
+        files = sorted((p for p in metrics.glob("launch-*-rank-0.jsonl")
+                        if re.fullmatch(r"launch-\d+-rank-0\.jsonl", p.name)),
                        key=lambda p: int(p.name.split("-")[1]))
         if not files:
             return None
