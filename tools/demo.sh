@@ -10,8 +10,8 @@ cd "$(dirname "$0")/.."
 tools/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
 eval "$(hpcsched devcluster up)"                 # exports SLURM_CONF
-export HPCSCHED_CONTROL_DIR="${HPCSCHED_CONTROL_DIR:-$HOME/.hpcsched/jobs}"
 rm -rf demo-output && mkdir -p demo-output && cd demo-output
+export HPCSCHED_CONTROL_DIR="$PWD/jobs"           # the demo's job directories: status shows its jobs only
 
 # The daemon: default policy, 5 s rounds (60 s by default; the demo's jobs last minutes), its
 # own store and lock here (a production daemon uses /etc/hpcsched/hpcsched.toml).
