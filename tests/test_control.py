@@ -100,6 +100,17 @@ def test_missing_field_is_refused(tmp_path):
         ctl.read_control(p, "abc123")
 
 
+def test_files_written_before_the_layout_field_are_read(tmp_path):
+    """A control or ack written by an hpcsched older than extension allocations (no ``layout``):
+    read with an empty layout, so a daemon upgraded under running jobs still reads them."""
+    for name, obj, read in (("control.json", asdict(_control()), ctl.read_control),
+                            ("ack.json", asdict(_ack()), ctl.read_ack)):
+        del obj["layout"]
+        p = tmp_path / name
+        p.write_text(json.dumps(obj))
+        assert read(p, "abc123").layout == {}
+
+
 def test_foreign_job_file_is_refused(tmp_path):
     p = tmp_path / "control.json"
     ctl.write_control(p, _control())

@@ -204,8 +204,8 @@ def _check_fields(path: Path, obj: dict[str, Any], cls: type, schema: str, job_u
         if f.name == "schema":
             continue
         if f.name not in obj:
-            if f.default is not MISSING:
-                continue
+            if f.default is not MISSING or f.default_factory is not MISSING:
+                continue   # a field added later (e.g. layout): files written before lack it
             raise ProtocolError(f"{path}: missing field {f.name!r}")
         out[f.name] = obj[f.name]
     return out
