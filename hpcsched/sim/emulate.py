@@ -34,7 +34,6 @@ Units: seconds, samples, GPUs, Pollux progress units.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 
@@ -117,16 +116,10 @@ class Emulation:
         """Progress units one step of ``global_samples`` samples makes at ``progress``."""
         return self.app.gain(global_samples, self.epoch_at(progress))
 
-    @cached_property
-    def _epoch_ends(self) -> np.ndarray:
-        a = self.app
-        return np.array([a.epoch_end(e) for e in range(a.max_epochs)]) * self.scale
-
     def epoch_at(self, progress: float) -> int:
         """The application's epoch at ``progress``, epochs ``scale`` x as long
-        (``SimJob.epoch_at``)."""
-        e = int(np.searchsorted(self._epoch_ends, progress, side="right"))
-        return min(e, self.app.max_epochs - 1)
+        (:meth:`Application.epoch_at`, as ``SimJob.epoch_at``)."""
+        return self.app.epoch_at(progress, self.scale)
 
     def grad_stats(self, global_batch: float, progress: float) -> tuple[float, float]:
         """``(|G|^2, tr(Sigma))`` at ``progress`` and ``global_batch``: the physics'

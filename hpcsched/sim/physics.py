@@ -220,14 +220,22 @@ class Application:
         return step + (max(1, accum) - 1) * (step - sync)
 
     # --------------------------------------------------------------------- efficiency
-    def epoch_at(self, progress: float) -> int:
-        """The epoch (0-based) that ``progress`` falls in, capped at ``max_epochs - 1``."""
-        e = int(np.searchsorted(self._epoch_end, progress, side="right"))
+    def epoch_at(self, progress: float, scale: float = 1.0) -> int:
+        """The epoch (0-based) that ``progress`` falls in, capped at ``max_epochs - 1``, with
+        every epoch ``scale`` x as long (``SimConfig.work_scale``, the emulation's ``--scale``);
+        the end of epoch ``e`` belongs to ``e + 1``."""
+        e = int(np.searchsorted(self._scaled_ends(scale), progress, side="right"))
         return min(e, self.max_epochs - 1)
 
-    def epoch_end(self, epoch: int) -> float:
-        """Progress at the end of ``epoch`` (0-based)."""
-        return float(self._epoch_end[epoch])
+    def epoch_end(self, epoch: int, scale: float = 1.0) -> float:
+        """Progress at the end of ``epoch`` (0-based), epochs ``scale`` x as long."""
+        return float(self._scaled_ends(scale)[epoch])
+
+    @cache  # noqa: B019 -- one Application per name lives for the process
+    def _scaled_ends(self, scale: float) -> np.ndarray:
+        # one array per scale, so that epoch_at and epoch_end agree to the last bit (a segment
+        # that ends at an epoch's end always moves into the next epoch)
+        return self._epoch_end * scale
 
     @property
     def total_progress(self) -> float:

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from types import MappingProxyType
-
-import numpy as np
 
 from hpcsched.daemon.views import JobReport
 from hpcsched.policies.reconcile import Costs
@@ -266,23 +263,16 @@ class SimJob:
         gain = self.app.gain(self.cfg.global_batch_size, self.epoch_at(progress))
         return gain / st, st
 
-    @cached_property
-    def _epoch_ends(self) -> np.ndarray:
-        """Progress at the end of each epoch, epochs ``work_scale`` x as long."""
-        a = self.app
-        return np.array([a.epoch_end(e) for e in range(a.max_epochs)]) * self.work_scale
-
     def epoch_at(self, progress: float) -> int:
         """The application's epoch (0-based) at ``progress``: epochs are ``work_scale`` x as
-        long; the end of epoch ``e`` belongs to ``e + 1``, as in :meth:`Application.epoch_at`."""
-        e = int(np.searchsorted(self._epoch_ends, progress, side="right"))
-        return min(e, self.app.max_epochs - 1)
+        long (:meth:`Application.epoch_at`)."""
+        return self.app.epoch_at(progress, self.work_scale)
 
     def segment_end(self, progress: float) -> float:
         """Progress at which the rate next changes (end of its epoch, or of its work)."""
         if self.fixed is not None:
             return self.total
-        return min(self.total, float(self._epoch_ends[self.epoch_at(progress)]))
+        return min(self.total, self.app.epoch_end(self.epoch_at(progress), self.work_scale))
 
     def remaining_samples(self) -> float:
         """Samples left: progress units at the base batch size (iterations at the batch size
