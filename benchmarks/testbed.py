@@ -42,7 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import write_report  # noqa: E402
 from _testbed_workload import sample_workload, write_pollux_csv  # noqa: E402
 
+from hpcsched.daemon.config import load as load_config  # noqa: E402
 from hpcsched.slurm import devcluster  # noqa: E402
+from hpcsched.slurm.parse import gpu_count  # noqa: E402
 
 BIN = Path(sys.executable).parent
 #: a pending job the free GPUs could start is a fault once it waits longer than this (s):
@@ -58,14 +60,6 @@ def choose_scale(jobs, nodes: int, gpus_per_node: int, minutes: float) -> tuple[
     r = simulate(jobs, "static", config=SimConfig(nodes=nodes, gpus_per_node=gpus_per_node))
     makespan = max(j.finish_time for j in r.jobs) - min(j.submit_time for j in r.jobs)
     return min(1.0, minutes * 60.0 / makespan), makespan
-
-
-def _gpus(gres: str) -> int:
-    """GPUs in a GRES string such as ``gpu:4``, ``gres:gpu:2`` or ``gpu:2(IDX:0-1)``."""
-    for part in gres.split(","):
-        if "gpu" in part:
-            return int(part.split("(")[0].rsplit(":", 1)[-1])
-    return 0
 
 
 class Watcher(threading.Thread):
@@ -89,7 +83,7 @@ class Watcher(threading.Thread):
         for line in out.splitlines():
             node, gres, used, state = line.split()[:4]
             if state.rstrip("*") in ("idle", "mixed", "allocated"):
-                free.append(_gpus(gres) - _gpus(used))
+                free.append(gpu_count(gres) - gpu_count(used))
         return free
 
     def run(self) -> None:
@@ -106,7 +100,7 @@ class Watcher(threading.Thread):
                 if "Held" in reason:
                     held.add(jid)
                     continue
-                fits = sum(1 for f in free if f >= _gpus(tres)) >= int(n)
+                fits = sum(1 for f in free if f >= gpu_count(tres)) >= int(n)
                 if fits and not reason.startswith("BeginTime"):
                     seen.add(jid)
                     t0 = self.since.setdefault(jid, now)
@@ -230,7 +224,7 @@ def main() -> None:
         t0 = time.time()
         run_dir = args.out / mode
         doc = replay(run_dir, csv_path, scale, env_on, daemon=mode == "on")
-        doc["compare"] = compare(run_dir, "static" if mode == "off" else _default_policy(env_on),
+        doc["compare"] = compare(run_dir, "static" if mode == "off" else load_config(on_cfg).policy.name,
                                  env_on)
         doc["wall_seconds"] = time.time() - t0
         runs[mode] = doc
@@ -241,13 +235,6 @@ def main() -> None:
                  offset=args.offset, jobs=len(jobs), scale=scale, interval=args.interval,
                  figures=fig, targets=[{"target": t, "pass": ok, "measured": m}
                                        for t, ok, m in judge(fig)])
-
-
-def _default_policy(env: dict) -> str:
-    out = subprocess.run([str(BIN / "python"), "-c",
-                          "from hpcsched.daemon.config import load; print(load().policy.name)"],
-                         env=env, capture_output=True, text=True, check=True)
-    return out.stdout.strip()
 
 
 def _print(fig: dict, checks) -> None:
