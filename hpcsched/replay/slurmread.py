@@ -21,7 +21,6 @@ Sources (Slurm 22.05; ``docs/slurm-22.05-notes.md``):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -64,18 +63,6 @@ def read_cluster_shape(partition: str | None, timeout: float = commands.DEFAULT_
                          partition)
 
 
-def _epoch(value: object) -> float | None:
-    """An epoch time of ``squeue --json`` (an int in 22.05; ``{"set", "infinite", "number"}``
-    from 24.11); None when unset (0 or ``set: false``)."""
-    if isinstance(value, dict):
-        if not value.get("set", True) or value.get("infinite"):
-            return None
-        value = value.get("number")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        return None
-    return float(value)
-
-
 @dataclass(frozen=True)
 class JobTimes:
     """One job at one poll: Slurm's state, its times (epoch seconds; None when unset; ``end``
@@ -99,15 +86,9 @@ def parse_job_times(text: str | bytes) -> dict[str, JobTimes]:
     Raises:
         SlurmUnavailable, SlurmError: as :func:`hpcsched.slurm.parse.parse_squeue_json`.
     """
-    infos = parse_squeue_json(text)   # validates the document and reads the state
-    out = {}
-    for j in json.loads(text)["jobs"]:
-        info = infos[str(j["job_id"])]
-        ended = info.state in ENDED
-        out[info.job_id] = JobTimes(info.job_id, info.state, _epoch(j.get("submit_time")),
-                                    _epoch(j.get("start_time")),
-                                    _epoch(j.get("end_time")) if ended else None, info.restarts)
-    return out
+    return {i.job_id: JobTimes(i.job_id, i.state, i.submit_time, i.start_time,
+                               i.end_time if i.state in ENDED else None, i.restarts)
+            for i in parse_squeue_json(text).values()}
 
 
 def poll(timeout: float = commands.DEFAULT_TIMEOUT) -> dict[str, JobTimes]:

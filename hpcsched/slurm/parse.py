@@ -75,6 +75,9 @@ class JobInfo:
     priority: int
     cpus_per_task: int = 1  # from cpus / tasks: 22.05's JSON leaves cpus_per_task null
     comment: str = ""       # --comment (an extension job's tag: hpcsched.protocol.extensions)
+    submit_time: float | None = None   # the latest submission (a requeue rewrites it); unset: None
+    start_time: float | None = None    # the latest start
+    end_time: float | None = None      # the end, or (while active) the time limit's
 
     @property
     def active(self) -> bool:
@@ -375,7 +378,20 @@ def _job_from_json(j: dict) -> JobInfo:
         priority=_int(j.get("priority")),
         cpus_per_task=_cpus_per_task(j),
         comment=comment_text(j.get("comment")),
+        submit_time=_time(j.get("submit_time")),
+        start_time=_time(j.get("start_time")),
+        end_time=_time(j.get("end_time")),
     )
+
+
+def _time(value: object) -> float | None:
+    """An epoch time (s) of any version (:func:`_int`'s forms); None when unset (0, ``set:
+    false``, infinite) or malformed: no caller needs a job's times to manage it."""
+    try:
+        t = _int(value)
+    except (TypeError, ValueError):
+        return None
+    return float(t) if t > 0 else None
 
 
 def comment_text(value) -> str:
