@@ -55,10 +55,12 @@ def test_metrics_endpoint_during_a_daemon_run(daemon_env, blocker, slurm_jobs):
     try:
         m = wait_for(lambda: (s := scrape(port)) and measured in s and s, 240,
                      f"/metrics to show job {job}'s measured throughput", interval=2)
-        # per-GPU speeds come from the job's per-rank compute times, ingested a round later
-        m = wait_for(lambda: (s := scrape(port)) and any(
-            k[0] == "hpcsched_gpu_relative_speed" for k in s) and s, 60,
-            "/metrics to show per-GPU relative speeds", interval=2)
+        # per-GPU speeds and the throughput model (hence the predicted throughput) come from
+        # the job's per-rank metrics files, ingested a round or more later
+        predicted = ("hpcsched_job_predicted_throughput_samples_per_second", (("job_id", job),))
+        m = wait_for(lambda: (s := scrape(port)) and predicted in s and measured in s and any(
+            k[0] == "hpcsched_gpu_relative_speed" for k in s) and s, 120,
+            "/metrics to show per-GPU relative speeds and the predicted throughput", interval=2)
         running = slurm.job_info(job)
     finally:
         stop_daemon(proc)
@@ -82,7 +84,7 @@ def test_metrics_endpoint_during_a_daemon_run(daemon_env, blocker, slurm_jobs):
     # usable GPUs count allocated ones too: the job's and the blocker's 8 at least
     assert one("hpcsched_gpus_usable") >= one("hpcsched_gpus_held") + 8
     assert 0 < m[measured] < 1e6
-    assert 0 < one("hpcsched_job_predicted_throughput_samples_per_second", job_id=job) < 1e6
+    assert 0 < m[predicted] < 1e6
     speeds = {k[1]: v for k, v in m.items() if k[0] == "hpcsched_gpu_relative_speed"}
     assert speeds and all(0.1 < v < 10 for v in speeds.values()), speeds
     # measured on the nodes the job ran on (n3 and n4 are the blocker's)

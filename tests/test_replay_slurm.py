@@ -54,7 +54,9 @@ def test_replay_with_the_daemon(devcluster, daemon_env, tmp_path):
 
     with (out / "jobs.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert [row["final_state"] for row in rows] == ["COMPLETED"] * 3, (rows, log[-3000:])
+    outputs = {row["job_id"]: out / f"slurm-{row['job_id']}.out" for row in rows}
+    assert [row["final_state"] for row in rows] == ["COMPLETED"] * 3, (rows, log[-3000:], {
+        j: p.read_text()[-3000:] for j, p in outputs.items() if p.exists()})
     assert all(float(row["jct"]) > 0 and row["job_id"] for row in rows), rows
     (summary,) = json.loads((out / "summary.json").read_text())["runs"]
     assert (summary["jobs"], summary["finished"], summary["unfinished"]) == (3, 3, 0)

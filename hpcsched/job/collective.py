@@ -30,6 +30,34 @@ def select_device(torch, local_rank: int):
     return torch.device("cpu")
 
 
+def state_of_most_advanced(dist, world_size: int, step: int,
+                           state: Callable[[], object]) -> tuple[int, list[int], object] | None:
+    """Collective: bring the ranks of a group to the training state of the one that has done
+    the most optimizer steps.
+
+    ``step`` is this rank's count of steps done; ``state()`` gives its state (called on the
+    source rank only). Returns None when every rank has done the same number of steps (nothing
+    travels), else ``(src, steps, state)``: the lowest rank with the most steps, every rank's
+    count, and ``src``'s state (on every rank; ``src``'s own included).
+
+    Why: when a peer is lost, each rank sees the loss in its own collective; a ring all-reduce
+    can complete on some ranks and fail on others, so survivors can be a step apart. torchft
+    recovers the same way, from a replica at the quorum's highest step
+    (``torchft.manager.Manager``, "max_step").
+
+    Raises:
+        RuntimeError: the collective failed (another peer lost).
+    """
+    steps = [0] * world_size
+    dist.all_gather_object(steps, int(step))
+    if min(steps) == max(steps):
+        return None
+    src = steps.index(max(steps))
+    box = [state() if dist.get_rank() == src else None]
+    dist.broadcast_object_list(box, src=src)
+    return src, steps, box[0]
+
+
 def allreduce_flat(torch, dist, params: list, local_stats: Callable | None = None,
                    stats_size: int = 0):
     """Sum the gradients of ``params`` over all ranks in one all-reduce and write them back

@@ -15,7 +15,7 @@ import logging
 from hpcsched.job.allocation import shrink_from_inside
 from hpcsched.job.boundary import Decision, InForce
 from hpcsched.job.checkpoint import rng_state, training_state
-from hpcsched.job.collective import leave_now
+from hpcsched.job.collective import leave_now, state_of_most_advanced
 from hpcsched.job.membership import Refused
 from hpcsched.protocol.batching import BatchConfig
 from hpcsched.protocol.extensions import format_layout
@@ -101,10 +101,35 @@ class ElasticMembership:
             log.error("this worker was counted as lost; leaving")
             leave_now(1)
         self._enter(new)
+        try:
+            self._resync_survivors()
+        except RuntimeError as again:   # lost another worker while re-forming
+            self._peer_lost(again)
+            return
         if self.rank == 0:
             self._ack(AckState.APPLIED, self.generation, message=(
                 f"lost workers: went on with {new.world_size} on "
                 f"{format_layout(new.layout())}"))
+
+    def _resync_survivors(self) -> None:
+        """Collective, after re-forming without lost workers: every survivor takes the training
+        state of the most advanced one. The loss is seen by each rank in its own collective: a
+        ring all-reduce can complete on some ranks (their gradient is whole; they step and
+        advance) and fail on others (they void the step), so survivors may be one step apart.
+        Going on from the most advanced state, as torchft recovers from a replica at the
+        quorum's highest step, counts every step exactly once and keeps the ranks in lockstep
+        (ranks a step apart would reach the end of training at different collectives)."""
+        got = state_of_most_advanced(
+            self._group.dist, self.world_size, self.state.step,
+            lambda: {**training_state(self._cfg, self.state, self._reg, self._noise.estimator),
+                     "rng": rng_state(self._torch)})
+        if got is not None:
+            src, steps, state = got
+            if self.rank == 0:
+                log.warning("the survivors had done %s steps: all go on from rank %d's state",
+                            steps, src)
+            if self.rank != src:
+                self._load(state, f"rank {src} (steps of the survivors: {steps})")
 
     def _decide(self, c, checkpoint_due: bool) -> Decision:
         """Rank 0's decision at a step boundary, reform generations included."""
