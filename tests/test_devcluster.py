@@ -226,6 +226,32 @@ def test_chroot_configs_own_ports_no_slurmdbd_no_cgroup(tmp_path, version):
     nodes = [line for line in files["slurm.conf"].splitlines() if line.startswith("NodeName=")]
     assert [re.search(r"Port=(\d+)", n).group(1) for n in nodes] == [str(ports.node(1)), str(ports.node(2))]
     assert "CgroupPlugin=disabled" in files["cgroup.conf"]
+    assert "JobSubmitPlugins" not in v and "Prolog" not in v   # no lua, no hpcsched hooks there
+
+
+def test_host_cluster_wires_the_plugins_off_until_turned_on(tmp_path):
+    from hpcsched.slurm.devcluster import plugins
+    from hpcsched.slurm.devcluster.base import Layout
+
+    layout = Layout(tmp_path)
+    v = {k: vals[0] for k, vals in _conf_values(dc.render_configs(tmp_path)["slurm.conf"]).items()}
+    assert (v["JobSubmitPlugins"], v["Prolog"], v["Epilog"]) == (
+        "lua", f"{layout.etc}/prolog", f"{layout.etc}/epilog")
+    with pytest.raises(dc.DevClusterError, match="devcluster up"):
+        plugins.set_plugins(tmp_path, True)    # never started here
+    layout.etc.mkdir(parents=True)
+    plugins.write_plugin_hooks(layout)
+    lua = layout.etc / "job_submit.lua"
+    assert "every job passes" in lua.read_text()
+    off = subprocess.run(["sh", str(layout.etc / "prolog")], capture_output=True, text=True)
+    assert off.returncode == 0 and off.stdout == ""       # off: a no-op
+
+    plugins.set_plugins(tmp_path, True)
+    assert lua.read_text() == (plugins.plugins_dir() / "job_submit.lua").read_text()
+    plugins.write_plugin_hooks(layout)                    # a restart keeps it on
+    assert lua.read_text() == (plugins.plugins_dir() / "job_submit.lua").read_text()
+    plugins.set_plugins(tmp_path, False)
+    assert "every job passes" in lua.read_text()
 
 
 def test_chroot_ports_meet_neither_the_host_cluster_nor_each_other():

@@ -238,6 +238,32 @@ def test_squeue_cpus_per_task(fields, want):
     assert parse_squeue_json(text)["7"].cpus_per_task == want
 
 
+@pytest.mark.parametrize("fields, comment, admin", [
+    ({"comment": "c", "admin_comment": "hpcsched:elastic job=x"}, "c", "hpcsched:elastic job=x"),
+    ({"comment": {"job": "c", "administrator": "a", "system": ""}}, "c", "a"),   # 23.02+
+    ({"comment": None, "admin_comment": None}, "", ""),
+    ({}, "", ""),
+])
+def test_squeue_comment_and_admin_comment(fields, comment, admin):
+    job = parse_squeue_json(json.dumps({"jobs": [{"job_id": 7, **fields}]}))["7"]
+    assert (job.comment, job.admin_comment) == (comment, admin)
+
+
+@pytest.mark.parametrize("state, reason, admin, want", [
+    ("PENDING", "BeginTime", "hpcsched:elastic job=ab max_gpus=8 hold=60", True),
+    ("PENDING", "BeginTime", "hpcsched:elastic job=ab max_gpus=8", False),   # the user's --begin
+    ("PENDING", "Resources", "hpcsched:elastic job=ab max_gpus=8 hold=60", False),
+    ("RUNNING", "None", "hpcsched:elastic job=ab max_gpus=8 hold=60", False),
+    ("PENDING", "BeginTime", "site:other hold=60", False),
+])
+def test_held_for_placement(state, reason, admin, want):
+    from hpcsched.daemon.views import held_for_placement
+
+    text = json.dumps({"jobs": [{"job_id": 7, "job_state": state, "state_reason": reason,
+                                 "admin_comment": admin}]})
+    assert held_for_placement(parse_squeue_json(text)["7"]) is want
+
+
 @pytest.mark.parametrize("state, want", [
     (["RUNNING"], "RUNNING"),                        # 24.11/26.05 (recorded)
     (["PENDING"], "PENDING"),

@@ -405,10 +405,13 @@ def _requested(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
 
 def _request(a: Action, obs: Observed) -> Step:
     """Write the generation; a pending job is given its size first (it may start any moment,
-    and its launcher starts with the generation in force)."""
+    and its launcher starts with the generation in force), and a held one (preempted, or held
+    for placement by job_submit.lua) the plan's nodes."""
     job = obs.job
     effects: list[Effect] = []
-    if a.kind == ChangeKind.PENDING and job.state == "PENDING" and job.node_count != a.nodes:
+    placed = a.nodes_placed and held_by_begin_time(job)   # released where the plan puts it
+    if a.kind == ChangeKind.PENDING and job.state == "PENDING" and (job.node_count != a.nodes
+                                                                     or placed):
         effects.append(ResizePendingJob(a.nodes, a.nodes_placed, job.cpus_per_task, required=True,
                                         workers_per_node=a.gpus_per_node))
     effects.append(WriteControl(a.generation, ACTION_FOR_KIND[a.kind], a.nodes, a.batch_size,

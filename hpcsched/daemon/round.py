@@ -213,8 +213,8 @@ class Daemon:
         for c in decision.changes:
             verb = "would" if self.settings.daemon.dry_run else "will"
             log.info("round %d: job %s %s %s: %d -> %d node(s), batch %d -> %d: %s",
-                     rep.round_id, c.job_id, verb, c.kind, c.from_nodes, c.to_nodes,
-                     c.from_batch_size, c.to_batch_size, c.reason)
+                     rep.round_id, c.job_id, verb, "start" if c.kind == "pending" else c.kind,
+                     c.from_nodes, c.to_nodes, c.from_batch_size, c.to_batch_size, c.reason)
         rep.changes = list(decision.changes)
         if self.settings.daemon.dry_run:
             return

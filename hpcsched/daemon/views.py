@@ -177,6 +177,20 @@ def eligible(info: slurm.JobInfo, held: bool = False) -> bool:
     return info.state == "PENDING" and (held or not info.state_reason.startswith(NOT_ELIGIBLE))
 
 
+#: slurm-plugins/job_submit.lua's AdminComment on an hpcsub job it holds for placement
+PLACEMENT_TAG, PLACEMENT_HOLD = "hpcsched:elastic ", " hold="
+
+
+def held_for_placement(info: slurm.JobInfo) -> bool:
+    """The job pends until the begin time ``slurm-plugins/job_submit.lua`` gave it, for the
+    daemon to place it (its AdminComment says ``hpcsched:elastic ... hold=<s>``): the daemon
+    plans for it as for a job it holds, and releases it (``StartTime=now``) when the plan gives
+    it GPUs; Slurm starts it anyway when the begin time passes."""
+    return (info.state == "PENDING" and info.state_reason.startswith("BeginTime")
+            and info.admin_comment.startswith(PLACEMENT_TAG)
+            and PLACEMENT_HOLD in info.admin_comment)
+
+
 def held_after_preemption(info: slurm.JobInfo, store: Store) -> bool:
     """The job pends after hpcsched's preemption: PENDING, and its newest journal entry that
     did not fail is a ``preempt`` that took effect (phase ``running``) at a lower restart count
@@ -385,14 +399,14 @@ def with_extensions(info: slurm.JobInfo, extensions: Sequence[slurm.JobInfo],
 def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: Store,
                     busy: set[str], partitions: Sequence[str]) -> ClusterSnapshot:
     """The daemon's snapshot: every eligible managed job's view (a job hpcsched preempted and
-    holds: ``held``), and the measured GPUs.
+    holds, or one job_submit.lua holds for placement: ``held``), and the measured GPUs.
 
     A running job's extension jobs (:func:`extension_jobs`) count as its own GPUs, not other
     jobs', when its whole allocation is whole nodes of its workers per node
     (:func:`with_extensions`); otherwise (4 + 2) they stay counted as GPUs other jobs hold and
     the job's view is its primary allocation, as before extensions."""
-    held = {job_id for job_id, (_, _, info) in managed.items()
-            if job_id not in busy and held_after_preemption(info, store)}
+    held = {job_id for job_id, (_, _, info) in managed.items() if job_id not in busy
+            and (held_for_placement(info) or held_after_preemption(info, store))}
     widened: dict[str, slurm.JobInfo] = {}
     counted: list[str] = []
     for job_id, found in extension_jobs(obs, managed).items():
@@ -415,4 +429,4 @@ def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: 
 
 __all__ = ["JobFacts", "JobReport", "ManagedJobs", "attained_gpu_seconds", "cluster_snapshot",
            "daemon_job_facts", "daemon_snapshot", "eligible", "extension_jobs",
-           "held_after_preemption", "job_view", "measured_gpu_views", "with_extensions"]
+           "held_after_preemption", "held_for_placement", "job_view", "measured_gpu_views", "with_extensions"]

@@ -322,6 +322,8 @@ def render(spec: JobSpec, job_dir: Path, directives: Sequence[str], defaults: Se
         job_dir=str(job_dir),
         job_dir_q=shlex.quote(str(job_dir)),
         python_q=shlex.quote(spec.python),
+        min_gpus=spec.limits.min_gpus, max_gpus=spec.limits.max_gpus,
+        max_nodes=spec.limits.max_nodes,
     )
 
 

@@ -329,6 +329,7 @@ class PyslurmBackend:
             batch_host=str(_attr(j, "batch_host", default="")),
             priority=int(_attr(j, "priority", default=0)),
             comment=comment_text(_attr(j, "comment", default="")),
+            admin_comment=str(_attr(j, "admin_comment", default="") or ""),
         )
 
     @staticmethod

@@ -75,6 +75,7 @@ class JobInfo:
     priority: int
     cpus_per_task: int = 1  # from cpus / tasks: 22.05's JSON leaves cpus_per_task null
     comment: str = ""       # --comment (an extension job's tag: hpcsched.protocol.extensions)
+    admin_comment: str = ""  # AdminComment: slurm-plugins/job_submit.lua's tag ("hpcsched:...")
     submit_time: float | None = None   # the latest submission (a requeue rewrites it); unset: None
     start_time: float | None = None    # the latest start
     end_time: float | None = None      # the end, or (while active) the time limit's
@@ -378,6 +379,8 @@ def _job_from_json(j: dict) -> JobInfo:
         priority=_int(j.get("priority")),
         cpus_per_task=_cpus_per_task(j),
         comment=comment_text(j.get("comment")),
+        admin_comment=comment_text(j.get("comment"), "administrator") or str(
+            j.get("admin_comment") or ""),
         submit_time=_time(j.get("submit_time")),
         start_time=_time(j.get("start_time")),
         end_time=_time(j.get("end_time")),
@@ -394,12 +397,13 @@ def _time(value: object) -> float | None:
     return float(t) if t > 0 else None
 
 
-def comment_text(value) -> str:
+def comment_text(value, which: str = "job") -> str:
     """The job's ``--comment``: a string in 22.05; ``{"job": ..., "administrator": ...,
-    "system": ...}`` from 23.02 (openapi v0.0.39+)."""
+    "system": ...}`` from 23.02 (openapi v0.0.39+). ``which="administrator"``: the
+    AdminComment of 23.02+ (22.05 gives it as ``admin_comment``; then "")."""
     if isinstance(value, dict):
-        value = value.get("job")
-    return str(value or "")
+        return str(value.get(which) or "")
+    return str(value or "") if which == "job" else ""
 
 
 def parse_squeue_json(text: str | bytes) -> dict[str, JobInfo]:

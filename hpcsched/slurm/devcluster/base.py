@@ -47,6 +47,9 @@ class Ports:
     node_base: int = NODE_PORT_BASE
     accounting: bool = True
     cgroup_plugin: str = "autodetect"  # cgroup.conf CgroupPlugin=
+    #: wire hpcsched's Slurm-side plugins (job_submit.lua, prolog, epilog), each off until
+    #: ``hpcsched devcluster plugins on`` (:mod:`hpcsched.slurm.devcluster.plugins`)
+    slurm_plugins: bool = True
 
     def node(self, k: int) -> int:
         """Port of node ``nK``."""

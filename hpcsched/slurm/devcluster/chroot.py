@@ -67,9 +67,9 @@ class Version(NamedTuple):
 #: that do not meet the host cluster's (16817-16820, 17001-17254) nor each other's.
 VERSIONS = {
     "24.11": Version("trixie", Ports(slurmctld=16917, slurmd=16918, node_base=17300, accounting=False,
-                              cgroup_plugin="disabled")),
+                                     slurm_plugins=False, cgroup_plugin="disabled")),
     "26.05": Version("sid", Ports(slurmctld=16927, slurmd=16928, node_base=17600, accounting=False,
-                              cgroup_plugin="disabled")),
+                                  slurm_plugins=False, cgroup_plugin="disabled")),
 }
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 _BINDS = ("/dev", "/sys")

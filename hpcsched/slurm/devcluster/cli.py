@@ -121,6 +121,21 @@ def down_command(ctx: click.Context, state_dir: Path, version: str) -> None:
         logger.info("dev cluster in %s is not running; nothing to stop", Layout(state_dir).root)
 
 
+@devcluster.command("plugins")
+@click.argument("state", type=click.Choice(["on", "off"]))
+@_state_dir_option
+def plugins_command(state: str, state_dir: Path) -> None:
+    """Turn hpcsched's Slurm-side plugins (slurm-plugins/: job_submit.lua, the GPU probe prolog,
+    the job-mapping epilog) on or off on the running 22.05 dev cluster; no restart needed."""
+    from hpcsched.slurm.devcluster.plugins import set_plugins
+
+    try:
+        etc = set_plugins(state_dir, state == "on")
+    except DevClusterError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"hpcsched's Slurm plugins {state} ({etc}; settings: {etc}/job_submit_hpcsched.conf)")
+
+
 @devcluster.command("status")
 @_state_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

@@ -26,6 +26,7 @@ from hpcsched.slurm.devcluster.base import (
     Ports,
     write_file,
 )
+from hpcsched.slurm.devcluster.plugins import plugin_lines, write_plugin_hooks
 
 logger = logging.getLogger("hpcsched.slurm.devcluster")  # the package's logger (see base)
 
@@ -125,6 +126,8 @@ InactiveLimit=0
 KillWait=5
 MinJobAge=300
 """
+    if ports.slurm_plugins:
+        text += plugin_lines(L)
     gres = f" Gres=gpu:{gpus}" if gpus else ""
     for k in range(1, nodes + 1):
         text += (f"NodeName=n{k} NodeHostname=n{k} NodeAddr=127.0.0.{k} Port={ports.node_base + k} "
@@ -184,6 +187,8 @@ def write_configs(layout: Layout, nodes: int, gpus: int, cpus: int, ports: Ports
     for name, text in render_configs(layout.root, nodes, gpus, cpus, ports).items():
         write_file(layout.etc / name, text, 0o600 if name == "slurmdbd.conf" else 0o644)
     _make_gpu_devices(layout.dev, gpus)
+    if (ports or DEFAULT_PORTS).slurm_plugins:
+        write_plugin_hooks(layout)
 
 
 def _make_gpu_devices(dev: Path, gpus: int) -> None:

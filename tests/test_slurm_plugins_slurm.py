@@ -1,0 +1,112 @@
+"""slurm-plugins/job_submit.lua on the real dev cluster (issue 13): ``hpcsched devcluster
+plugins on`` puts it in slurmctld's path; it tags hpcsub jobs and their extension jobs in
+AdminComment and leaves other jobs alone, refuses an elastic job over the partition's elastic
+limits with a message, and holds new elastic jobs for the daemon's placement, which the daemon
+lifts within a round, and Slurm anyway at the begin time when no daemon runs."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from hpcsched import slurm
+from hpcsched.slurm.devcluster.plugins import LUA_SETTINGS
+from tests.conftest import EXAMPLE, cli, start_daemon, stop_daemon, submit, wait_for
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+@pytest.fixture
+def plugins(devcluster):
+    """The plugins on, with the settings file the test writes (``write(text)``); off after."""
+    settings = devcluster.parent / LUA_SETTINGS
+    cli("hpcsched", "devcluster", "plugins", "on")
+    yield settings.write_text
+    cli("hpcsched", "devcluster", "plugins", "off")
+    settings.unlink(missing_ok=True)
+
+
+def _sbatch(tmp_path, slurm_jobs, *args: str) -> str:
+    out = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/plain-%j.out", *args],
+                         capture_output=True, text=True, check=True)
+    slurm_jobs.append(out.stdout.strip())
+    return slurm_jobs[-1]
+
+
+def test_hpcsub_jobs_are_tagged_and_others_are_not(plugins, control_dir, tmp_path, slurm_jobs):
+    plugins("max_gpus = 16\n")
+    job = submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hold", "--hpcsched-max-nodes", "2",
+                 str(EXAMPLE))
+    slurm_jobs.append(job)
+    plain = _sbatch(tmp_path, slurm_jobs, "--hold", "--wrap", "sleep 1")
+    ext = _sbatch(tmp_path, slurm_jobs, "--hold", "--comment", f"hpcsched-extension:{job}:abc:g1",
+                  "--wrap", "sleep 1")
+    infos = slurm.squeue()
+    uid = next(control_dir.glob("*/by-id")).joinpath(job).resolve().name
+    assert infos[job].admin_comment == f"hpcsched:elastic job={uid} max_gpus=4"
+    assert infos[plain].admin_comment == ""
+    assert infos[ext].admin_comment == f"hpcsched:extension of {job}"
+
+
+@pytest.mark.parametrize("settings, args, message", [
+    ("max_gpus = 8\n", ("--hpcsched-max-nodes", "3"),
+     "this elastic job may grow to 12 GPUs, but elastic jobs in partition gpu may hold at most 8"),
+    ("partition.gpu.max_time = 60\n", ("--time=120",),
+     "--time is 120 minutes, but elastic jobs in partition gpu may run at most 60 minutes"),
+])
+def test_an_elastic_job_over_the_partitions_limits_is_refused(plugins, control_dir, tmp_path,
+                                                              settings, args, message):
+    plugins(settings)
+    before = set(slurm.squeue())
+    r = cli("hpcsub", "-N", "1", "--gres=gpu:4", *args, str(EXAMPLE), cwd=tmp_path, check=False)
+    assert r.returncode != 0
+    assert message in r.stderr, r.stderr
+    assert set(slurm.squeue()) == before          # nothing submitted
+    assert not list(control_dir.glob("*/by-id/*"))  # and no job directory left
+
+
+def test_a_job_within_the_limits_without_a_time_gets_the_partitions(plugins, control_dir,
+                                                                    tmp_path, slurm_jobs):
+    plugins("max_time = 45\n")
+    script = tmp_path / "train.py"
+    script.write_text(EXAMPLE.read_text().replace("#SBATCH --time", "#NOT-SBATCH --time"))
+    job = submit(tmp_path, "-N", "1", "--gres=gpu:1", "--hold", str(script))
+    slurm_jobs.append(job)
+    out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    assert "TimeLimit=00:45:00" in out, out
+
+
+def test_held_for_placement_the_daemon_releases_the_job_within_a_round(
+        plugins, daemon_env, tmp_path, slurm_jobs):
+    plugins("hold_seconds = 600\n")
+    job = submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-max-nodes", "2",
+                 str(EXAMPLE), "--epochs", "2")
+    slurm_jobs.append(job)
+    info = wait_for(lambda: (i := slurm.job_info(job)) and i.state_reason.startswith("BeginTime")
+                    and i, 30, "the job to pend for its begin time")
+    assert info.admin_comment.endswith(" hold=600")
+    proc = start_daemon(tmp_path)
+    try:
+        t0 = time.monotonic()
+        wait_for(lambda: (i := slurm.job_info(job)) and i.state in ("RUNNING", "COMPLETED"), 60,
+                 "the daemon to release the held job")
+        released = time.monotonic() - t0
+    finally:
+        stop_daemon(proc)
+    log = (tmp_path / "daemon.log").read_text()
+    # a round every 2 s; Slurm schedules a released job within about 3 s (notes, section 5)
+    assert released < 20, (released, log[-3000:])
+    assert f"job {job}" in log
+
+
+def test_held_for_placement_without_a_daemon_starts_at_its_begin_time(plugins, control_dir,
+                                                                      tmp_path, slurm_jobs):
+    plugins("hold_seconds = 10\n")
+    job = submit(tmp_path, "-N", "1", "--gres=gpu:1", str(EXAMPLE), "--epochs", "1")
+    slurm_jobs.append(job)
+    assert slurm.job_info(job).admin_comment.endswith(" hold=10")
+    # Slurm starts it once the begin time passed, at its next scheduling pass (up to a minute)
+    wait_for(lambda: (i := slurm.job_info(job)) and i.state != "PENDING", 120,
+             "Slurm to start the held job by itself")
