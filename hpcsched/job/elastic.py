@@ -81,6 +81,7 @@ from hpcsched.job.gradient_noise import (
 from hpcsched.job.membership import Membership
 from hpcsched.job.metrics import StepMetrics, identify_device
 from hpcsched.job.reform import Member, extension_member, primary_member
+from hpcsched.job.scaling import LRScaling
 from hpcsched.protocol.batching import BatchConfig, split_global_batch
 from hpcsched.protocol.env import LaunchEnv, ProcessEnv
 from hpcsched.protocol.jobdir import JobDir
@@ -159,6 +160,7 @@ class ElasticJob(ElasticMembership):
                                           launch.checkpoint_interval)
         self.checkpoint_dir, self.checkpoint_interval = self._ckpt.directory, self._ckpt.interval
         self.record_samples = launch.record_samples
+        self._lr = LRScaling.of_job_dir(jd)  # adaptive rules: the factor from the noise
         self._noise = GNSTracker(torch, track_grad_noise and proc.grad_noise,
                                  self.global_batch_size, grad_noise_smoothing)
         self.device = select_device(torch, self.local_rank)
@@ -223,8 +225,8 @@ class ElasticJob(ElasticMembership):
             if not self._step_boundary():
                 return
             cfg = self._cfg
-            step, consumed = self.state.next_step(cfg.batch, self.rank, cfg.lr_scale,
-                                                  cfg.generation)
+            lr = self._lr.factor(cfg.lr_scale, cfg.batch.global_batch_size, self._noise)
+            step, consumed = self.state.next_step(cfg.batch, self.rank, lr, cfg.generation)
             self._noise.begin_step(step, single_rank=self.world_size == 1)
             self._metrics.begin_step()
             yield step

@@ -15,6 +15,24 @@ batch size the job was submitted with:
 * ``sqrt``: ``lr = lr0 * sqrt(B / B0)`` -- Krizhevsky, "One weird trick for parallelizing
   convolutional neural networks", arXiv:1404.5997, §5; Hoffer et al., NeurIPS'17, §4.
 * ``none``: ``lr = lr0``.
+
+Adaptive rules, for which the job itself turns the factor into the one it applies at every step
+from its own gradient-noise estimate (:func:`adaptive_lr_scale`; ``hpcsched.job.scaling``); the
+factor hpcsched sends (``lr_scale`` of the control file) is their upper bound, reached when the
+gradient is pure noise:
+
+* ``adascale`` (SGD): ``lr = lr0 * r`` with AdaScale's gain ratio ``r`` in ``[1, S]``,
+  ``S = B / B0`` -- Johnson et al., "AdaScale SGD: A User-Friendly Algorithm for Distributed
+  Training", ICML 2020, §3 (Algorithm 1); as AdaptDL's ``AdaScale`` (Qiao et al., OSDI'21).
+  Bound sent: ``S``.
+* ``adamscale`` (Adam, AdamW, RMSprop): ``lr = lr0 * sqrt(r)``, AdaptDL's ``AdamScale``
+  (``adaptdl/torch/scaling_rules.py``): the square root of the gain, in the spirit of the
+  square-root scaling rule that Malladi et al. derive for adaptive methods ("On the SDEs and
+  Scaling Rules for Adaptive Gradient Algorithms", NeurIPS 2022, arXiv:2205.10287, §4: at
+  ``kappa`` times the batch, ``lr * sqrt(kappa)``, ``1 - beta`` times ``kappa``, ``eps /
+  sqrt(kappa)``). The static ``sqrt`` rule is that rule's learning rate for Adam-family
+  optimizers; ``hpcsched.job.scaling.adam_square_root_rule`` gives its betas and epsilon.
+  Bound sent: ``sqrt(S)``.
 """
 
 from __future__ import annotations
@@ -23,7 +41,9 @@ import itertools
 import math
 from dataclasses import dataclass
 
-LR_RULES = ("linear", "sqrt", "none")
+LR_RULES = ("linear", "sqrt", "none", "adascale", "adamscale")
+#: the rules whose factor the job adapts at every step (module docstring)
+ADAPTIVE_LR_RULES = ("adascale", "adamscale")
 
 
 class BatchSizeError(ValueError):
@@ -65,7 +85,47 @@ def lr_scale(rule: str, global_batch_size: int, base_global_batch_size: int) -> 
         return math.sqrt(ratio)
     if rule == "none":
         return 1.0
+    if rule == "adascale":
+        return ratio  # the bound; the job applies the gain (adaptive_lr_scale)
+    if rule == "adamscale":
+        return math.sqrt(ratio)
     raise ValueError(f"unknown learning-rate scaling rule {rule!r} (choose from {', '.join(LR_RULES)})")
+
+
+def adascale_gain(grad_sqr: float, grad_var: float, global_batch_size: float,
+                  base_batch_size: float) -> float:
+    """AdaScale's gain ratio ``r = (s0 + |G|^2) / (s0 / S + |G|^2)`` at ``S = B / B0``
+    (Johnson et al., ICML 2020, §3, eq. for ``r_t``; AdaptDL's ``AdaScale.scale_lr``), with
+    ``s0 = tr(Sigma) / B0`` the gradient variance at the base batch size.
+
+    ``grad_sqr`` is ``|G|^2`` and ``grad_var`` is ``tr(Sigma)`` *per sample* (the units of
+    :class:`hpcsched.job.gradient_noise.GradientNoiseEstimator`); ``B``, ``B0`` in samples.
+    ``r`` is in ``[1, S]`` for ``S >= 1`` (``[S, 1]`` below): 1 without noise, ``S`` with pure
+    noise. As AdaptDL does, ``|G|^2`` is clipped at 0 and ``s0`` at ``1e-6``.
+
+    Raises:
+        ValueError: non-positive batch sizes.
+    """
+    if global_batch_size <= 0 or base_batch_size <= 0:
+        raise ValueError("batch sizes must be positive")
+    scale = global_batch_size / base_batch_size
+    var0 = max(grad_var / base_batch_size, 1e-6)
+    sqr = max(grad_sqr, 0.0)
+    return (var0 + sqr) / (var0 / scale + sqr)
+
+
+def adaptive_lr_scale(rule: str, grad_sqr: float, grad_var: float, global_batch_size: float,
+                      base_batch_size: float) -> float:
+    """The factor an adaptive rule (:data:`ADAPTIVE_LR_RULES`) applies now: ``adascale``: the
+    gain :func:`adascale_gain`; ``adamscale``: its square root (module docstring).
+
+    Raises:
+        ValueError: ``rule`` is not adaptive, or non-positive batch sizes.
+    """
+    if rule not in ADAPTIVE_LR_RULES:
+        raise ValueError(f"{rule!r} is not an adaptive rule ({', '.join(ADAPTIVE_LR_RULES)})")
+    gain = adascale_gain(grad_sqr, grad_var, global_batch_size, base_batch_size)
+    return gain if rule == "adascale" else math.sqrt(gain)
 
 
 def split_global_batch(

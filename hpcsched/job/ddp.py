@@ -1,0 +1,212 @@
+"""DistributedDataParallel for an elastic job: torch's own DDP, re-wrapped when the job's process
+group changes, with gradient accumulation, the exact global-batch mean, and the gradient-noise
+statistics measured in DDP's communication hook.
+
+Usage, with :class:`hpcsched.job.loader.ElasticDataLoader` (which tells the model which
+micro-batch of which step it is computing)::
+
+    model = ElasticDDP(job, model.to(job.device))
+    opt = torch.optim.SGD(model.parameters(), lr=base_lr)
+    job.register(model=model, optimizer=opt)
+    for step in job.steps():
+        opt.zero_grad()
+        for x, y in loader.micro_batches(step):
+            F.cross_entropy(model(x), y).backward()    # the micro-batch's mean loss
+        opt.step()
+
+What it does per micro-batch ``a`` of this rank (``n_a`` samples, ``N = step.global_samples``):
+
+* **Accumulation**: DDP's ``no_sync`` for all of the rank's micro-batches but the last, so the
+  all-reduce runs once per step, overlapped with the last backward pass as DDP does.
+* **Exact global mean**: the output's gradient is scaled by ``n_a / N`` (a hook on the output
+  tensors), and the communication hook *sums* over ranks instead of DDP's mean over the world
+  size, so the reduced gradient is ``(1/N) sum of per-sample gradients`` even when ranks hold
+  different numbers of samples (the same as :meth:`ElasticJob.reduce_gradients`). The loss must
+  be the mean over the micro-batch's samples (PyTorch's default ``reduction="mean"``) and reach
+  the parameters through the model's output.
+* **No sample on this rank** (a short last step): the loader gives one padding micro-batch whose
+  weight is 0; the rank runs it, so it takes part in DDP's all-reduce with a zero gradient.
+* **Gradient noise**: the hook piggybacks the statistics that ``reduce_gradients`` sends: each
+  bucket's local squared norm before the all-reduce and its reduced squared norm after; the
+  sums over buckets are ``|local|^2`` and ``|reduced|^2`` (norms add over disjoint parts), so
+  :class:`hpcsched.job.gradient_noise.GNSTracker` gets the same numbers as from the flat
+  gradient (up to the order of float sums). The two statistics ``[n |g_n|^2, 1]`` go in one
+  extra all-reduce of 2 numbers, issued after the last bucket's.
+* **One rank**: no DDP (nothing to reduce); at the end of the step the job's single-rank
+  estimators run (:meth:`ElasticJob.reduce_gradients`).
+* **A new process group** (an in-place shrink, an extension join, lost workers): detected at
+  the next forward (``torch.distributed.group.WORLD`` is another object) and the module is
+  wrapped again; DDP's constructor broadcasts rank 0's parameters, which every rank already has.
+
+Limits: a peer lost during DDP's all-reduce raises from ``backward`` (the explicit
+``reduce_gradients`` voids the step and lets the survivors go on; DDP's reducer cannot).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from hpcsched.job.loader import cursor_of
+
+
+class _BucketNorms:
+    """One step's gradient-noise measurement from DDP's buckets."""
+
+    def __init__(self, step, local_stats):
+        self.step, self.local_stats = step, local_stats
+        self.local: dict[int, torch.Tensor] = {}
+        self.reduced: dict[int, torch.Tensor] = {}
+        self.futures: list = []
+        self.stats = self.work = None
+
+
+def _norm(t):
+    return torch.linalg.vector_norm(t, dtype=torch.float32 if t.dtype not in
+                                    (torch.float32, torch.float64) else None)
+
+
+class ElasticDDP(torch.nn.Module):
+    """The user's module under torch's :class:`~torch.nn.parallel.DistributedDataParallel`,
+    for the micro-batches of an :class:`hpcsched.job.loader.ElasticDataLoader` (module docstring).
+
+    Args:
+        job: the :class:`hpcsched.elastic.ElasticJob`.
+        module: the model (already on ``job.device``).
+        **ddp_args: passed to DistributedDataParallel on every wrap (e.g.
+            ``find_unused_parameters``, ``bucket_cap_mb``, ``gradient_as_bucket_view``);
+            ``device_ids`` defaults to the job's GPU for a module on CUDA.
+
+    Attributes:
+        module: the user's module (its ``state_dict`` is this module's: checkpoints are the
+            same as without the wrapper).
+        wraps: times the module was wrapped in DDP (once per process group).
+
+    Raises:
+        RuntimeError: (at forward) a training forward outside ``loader.micro_batches(step)``.
+    """
+
+    def __init__(self, job, module: torch.nn.Module, **ddp_args):
+        super().__init__()
+        self.module = module
+        self._job = job
+        self._ddp_args = ddp_args
+        self._ddp = [None]          # a list: not a submodule (no second copy in state_dict)
+        self._params: list = []
+        self._measure: _BucketNorms | None = None
+        self.wraps = 0
+        self._cursor = cursor_of(job)
+        self._cursor.finishers.append(self._finish)
+
+    # -------------------------------------------------------------- nn.Module
+    def state_dict(self, *args, **kwargs):
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def forward(self, *args, **kwargs):
+        cur = self._cursor
+        if not (torch.is_grad_enabled() and self.training):
+            return self.module(*args, **kwargs)
+        if cur.step is None:
+            raise RuntimeError("ElasticDDP: a training forward outside "
+                               "loader.micro_batches(step) (the model needs to know the "
+                               "micro-batch); use torch.no_grad() or model.eval() for others")
+        ddp = self._wrapped()
+        if ddp is None:
+            out = self.module(*args, **kwargs)
+        else:
+            with contextlib.nullcontext() if cur.last else ddp.no_sync():
+                out = ddp(*args, **kwargs)
+        if cur.weight != 1.0:
+            _scale_gradient(out, cur.weight)
+        return out
+
+    # --------------------------------------------------------------- wrapping
+    def _wrapped(self):
+        """The DDP wrapper for the current process group (None: one rank)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            self._ddp[0] = None
+            return None
+        ddp = self._ddp[0]
+        if ddp is None or ddp.process_group is not dist.group.WORLD:
+            self._ddp[0] = None  # the old reducer's hooks are inert (its forward never runs)
+            args = dict(self._ddp_args)
+            if "device_ids" not in args and next(self.module.parameters()).is_cuda:
+                args["device_ids"] = [self._job.device]
+            ddp = torch.nn.parallel.DistributedDataParallel(self.module, **args)
+            ddp.register_comm_hook(self, _sum_hook)
+            self._params = [p for p in self.module.parameters() if p.requires_grad]
+            self._ddp[0] = ddp
+            self.wraps += 1
+        return ddp
+
+    # ---------------------------------------------------------- noise, per step
+    def _start_measure(self):
+        """The step's measurement, begun by the first bucket of the step's all-reduce."""
+        if self._measure is None:
+            noise = self._job._noise
+            step = noise.measuring(self._params)
+            if step is None:
+                return None
+            self._measure = _BucketNorms(step, noise.local_stats(step))
+        return self._measure
+
+    def _finish(self, step) -> None:
+        """After the step's last backward (the loader's cursor calls it)."""
+        job = self._job
+        if self._ddp[0] is None:  # one rank: the job's own single-rank estimators
+            job.reduce_gradients(self.module)
+            return
+        m, self._measure = self._measure, None
+        if m is None or m.work is None:
+            return
+        for f in m.futures:
+            f.wait()
+        m.work.wait()
+        reduced = torch.stack([m.reduced[i] for i in sorted(m.reduced)])
+        job._noise.after_reduce(m.step, reduced, m.stats)
+
+
+def _scale_gradient(out, weight: float) -> None:
+    """Scale the gradient reaching every floating tensor of ``out`` by ``weight``."""
+    if isinstance(out, torch.Tensor):
+        if out.requires_grad:
+            out.register_hook(lambda g: g * weight)
+    elif isinstance(out, dict):
+        for v in out.values():
+            _scale_gradient(v, weight)
+    elif isinstance(out, (list, tuple)):
+        for v in out:
+            _scale_gradient(v, weight)
+
+
+def _sum_hook(owner: ElasticDDP, bucket):
+    """DDP communication hook: sum the bucket over ranks (no division: the micro-batch weights
+    already make it the global mean) and measure its squared norm before and after."""
+    import torch.distributed as dist
+
+    buf = bucket.buffer()
+    m = owner._start_measure()
+    if m is None:
+        return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+    index = bucket.index()
+    m.local[index] = _norm(buf)  # before the all-reduce, which works in place
+    fut = dist.all_reduce(buf, async_op=True).get_future()
+    if bucket.is_last():
+        local = torch.stack([m.local[i] for i in sorted(m.local)])
+        m.stats = m.local_stats(local).to(local.dtype)  # [0, 0] comes as float32
+        m.work = dist.all_reduce(m.stats, async_op=True)
+
+    def done(f, m=m, index=index):
+        t = f.value()[0]
+        m.reduced[index] = _norm(t)
+        return t
+
+    fut = fut.then(done)
+    m.futures.append(fut)
+    return fut
