@@ -29,7 +29,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from hpcsched.job.data import DataPosition, Step
+from hpcsched.job.data import DataPosition, Step, epoch_permutation, rank_micro_batches
 from hpcsched.protocol.batching import BatchConfig
 
 #: keyword arguments of DataLoader that the elastic loader sets itself
@@ -200,7 +200,10 @@ class ElasticDataLoader:
     @staticmethod
     def _predicted(rest, pos: DataPosition, cfg: BatchConfig, rank: int):
         yield from rest
+        perm, epoch = None, -1
         while not pos.finished:
-            nxt, consumed = pos.next_step(cfg, rank, 1.0, 0)
-            yield from rank_lists(nxt.micro_batches)[0]
+            if pos.epoch != epoch:  # one permutation per epoch (O(dataset) to draw)
+                perm, epoch = epoch_permutation(pos.dataset_size, pos.epoch, pos.seed), pos.epoch
+            micro, _, consumed = rank_micro_batches(perm, pos.position, cfg, rank)
+            yield from rank_lists(micro)[0]
             pos.advance(consumed)
