@@ -147,14 +147,16 @@ class ElasticDDP(torch.nn.Module):
 
     # ---------------------------------------------------------- noise, per step
     def _start_measure(self):
-        """The step's measurement, begun by the first bucket of the step's all-reduce."""
-        if self._measure is None:
-            noise = self._job._noise
-            step = noise.measuring(self._params)
-            if step is None:
-                return None
-            self._measure = _BucketNorms(step, noise.local_stats(step))
-        return self._measure
+        """The step's measurement, begun by the first bucket of the step's all-reduce (None
+        when the job does not measure)."""
+        noise = self._job._noise
+        step = noise.measuring(self._params)
+        if step is None:
+            return None
+        m = self._measure
+        if m is None or m.step is not step:  # (a loop that left a step early never finished it)
+            m = self._measure = _BucketNorms(step, noise.local_stats(step))
+        return m
 
     def _finish(self, step) -> None:
         """After the step's last backward (the loader's cursor calls it)."""
