@@ -62,3 +62,37 @@ def test_a_training_forward_outside_the_loaders_micro_batches_is_refused(job):
         assert model(torch.zeros(2, 4)).shape == (2, 3)
     model.eval()
     assert model(torch.zeros(2, 4)).shape == (2, 3)
+
+
+class _Dict(torch.nn.Module):
+    """A model whose output is a mapping with a tensor and a tuple (as Hugging Face's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3).double()
+
+    def forward(self, x):
+        z = self.lin(x)
+        return {"logits": z, "extra": (z.sum(), 1)}
+
+
+def test_the_weights_reach_every_tensor_of_a_structured_output(job):
+    torch.manual_seed(1)
+    X, y = torch.randn(53, 4, dtype=torch.float64), torch.randint(0, 3, (53,))
+    net, plain = _Dict(), _Dict()
+    plain.load_state_dict(net.state_dict())
+    model = ElasticDDP(job, net)
+    loader = ElasticDataLoader(job, TensorDataset(X, y))
+    for step in job.steps():
+        net.zero_grad()
+        for xb, yb in loader.micro_batches(step):
+            out = model(xb)
+            (F.cross_entropy(out["logits"], yb) + 0.1 * out["extra"][0] / len(yb)).backward()
+        plain.zero_grad()
+        for idx in step.micro_batches:
+            if idx:
+                out = plain(X[idx])
+                ((F.cross_entropy(out["logits"], y[idx], reduction="sum") + 0.1 * out["extra"][0])
+                 / step.global_samples).backward()
+        for p, q in zip(net.parameters(), plain.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-12)

@@ -39,6 +39,7 @@ def _run(world: int, n: int, epochs: int, reform_at: int, local: int, accum: int
 @pytest.mark.parametrize("n, local, accum, reform_at, padded", [
     (41, 3, 2, -1, 0),   # last step of each epoch: 5 samples, 3 on rank 0 and 2 on rank 1
     (37, 3, 2, -1, 2),   # last step: 1 sample; rank 1 runs a zero-weight padding micro-batch
+    (46, 3, 2, -1, 0),   # last step: 10 samples, micro-batches of 3 then 2 on each rank
     (41, 6, 1, 4, 0),    # no accumulation; the group is re-formed at step 4: DDP wraps again
 ])
 def test_ddp_matches_the_explicit_reduction(n, local, accum, reform_at, padded):

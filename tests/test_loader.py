@@ -67,7 +67,8 @@ def test_each_step_gets_exactly_its_indices(clean_env, loader_args):
     job.close()
 
 
-def test_a_batch_change_drops_prefetched_batches_and_keeps_workers(clean_env, tmp_path):
+@pytest.mark.parametrize("persistent", [True, False])
+def test_a_batch_change_drops_prefetched_batches_and_keeps_workers(clean_env, tmp_path, persistent):
     """A 'continue' generation mid-run changes the batch split in place: the batches the
     workers prefetched for the old split are never handed out; persistent workers survive."""
     jd = JobDir.create(tmp_path)
@@ -76,12 +77,12 @@ def test_a_batch_change_drops_prefetched_batches_and_keeps_workers(clean_env, tm
             clean_env.setenv(k, v)
     clean_env.setenv("HPCSCHED_GRAD_NOISE", "0")
     job = ElasticJob(dataset_size=N, epochs=3, batch_size=8, seed=1)
-    loader = ElasticDataLoader(job, Indexed(), num_workers=2, persistent_workers=True)
+    loader = ElasticDataLoader(job, Indexed(), num_workers=2, persistent_workers=persistent)
     workers = []
 
     def on_step(step):
         if step.step == 0:
-            workers.append(loader.loader._iterator._workers)
+            workers.append(loader._it._workers)
         if step.step == 5:
             write_control(jd, 1, "continue", world=1, local=5, accum=3)
         if step.step == 20:
@@ -90,8 +91,8 @@ def test_a_batch_change_drops_prefetched_batches_and_keeps_workers(clean_env, tm
     seen = _train(job, loader, on_step)
     _exactly_once(seen, 3)
     assert loader.restarts == 3          # the first start and one per new configuration
-    assert loader.loader._iterator._workers is workers[0]
-    assert all(w.is_alive() for w in workers[0])
+    assert (loader._it._workers is workers[0]) == persistent
+    assert all(w.is_alive() for w in loader._it._workers)
     job.close()
 
 

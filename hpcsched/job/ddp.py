@@ -18,12 +18,16 @@ What it does per micro-batch ``a`` of this rank (``n_a`` samples, ``N = step.glo
 
 * **Accumulation**: DDP's ``no_sync`` for all of the rank's micro-batches but the last, so the
   all-reduce runs once per step, overlapped with the last backward pass as DDP does.
-* **Exact global mean**: the output's gradient is scaled by ``n_a / N`` (a hook on the output
-  tensors), and the communication hook *sums* over ranks instead of DDP's mean over the world
-  size, so the reduced gradient is ``(1/N) sum of per-sample gradients`` even when ranks hold
-  different numbers of samples (the same as :meth:`ElasticJob.reduce_gradients`). The loss must
-  be the mean over the micro-batch's samples (PyTorch's default ``reduction="mean"``) and reach
-  the parameters through the model's output.
+* **Exact global mean**: micro-batch ``a``'s gradient counts ``n_a / N`` times, and the
+  communication hook *sums* over ranks instead of DDP's mean over the world size, so the
+  reduced gradient is ``(1/N) sum of per-sample gradients`` even when ranks hold different
+  numbers of samples (the same as :meth:`ElasticJob.reduce_gradients`). When the rank's
+  micro-batches of the step are all of one size (every step but a short last one), the hook
+  scales the accumulated gradient once by ``n / N`` in place of DDP's division by the world
+  size (the same one pass over the gradient); otherwise (and on one rank with accumulation)
+  hooks on the parameters scale each micro-batch's gradient before it is accumulated. The loss
+  must be the mean over the micro-batch's samples (PyTorch's default ``reduction="mean"``);
+  each micro-batch's backward must come before the next micro-batch's forward.
 * **No sample on this rank** (a short last step): the loader gives one padding micro-batch whose
   weight is 0; the rank runs it, so it takes part in DDP's all-reduce with a zero gradient.
 * **Gradient noise**: the hook piggybacks the statistics that ``reduce_gradients`` sends: each
@@ -95,6 +99,9 @@ class ElasticDDP(torch.nn.Module):
         self._ddp = [None]          # a list: not a submodule (no second copy in state_dict)
         self._params: list = []
         self._measure: _BucketNorms | None = None
+        self._scale = 1.0                  # the comm hook's factor for this step
+        self._param_weight: float | None = None   # the parameter hooks' factor (None: off)
+        self._param_hooks: list = []
         self.wraps = 0
         self._cursor = cursor_of(job)
         self._cursor.finishers.append(self._finish)
@@ -115,14 +122,28 @@ class ElasticDDP(torch.nn.Module):
                                "loader.micro_batches(step) (the model needs to know the "
                                "micro-batch); use torch.no_grad() or model.eval() for others")
         ddp = self._wrapped()
+        self._weigh(cur, in_hook=ddp is not None and cur.uniform)
         if ddp is None:
-            out = self.module(*args, **kwargs)
-        else:
-            with contextlib.nullcontext() if cur.last else ddp.no_sync():
-                out = ddp(*args, **kwargs)
-        if cur.weight != 1.0:
-            _scale_gradient(out, cur.weight)
-        return out
+            return self.module(*args, **kwargs)
+        with contextlib.nullcontext() if cur.last else ddp.no_sync():
+            return ddp(*args, **kwargs)
+
+    def _weigh(self, cur, in_hook: bool) -> None:
+        """Where this micro-batch's weight is applied: once, in the communication hook, or to
+        each micro-batch's gradient by hooks on the parameters (installed only while needed)."""
+        self._scale = cur.weight if in_hook else 1.0
+        self._param_weight = None if in_hook or cur.weight == 1.0 else cur.weight
+        if self._param_weight is not None and not self._param_hooks:
+            self._param_hooks = [p.register_hook(self._param_hook)
+                                 for p in self.module.parameters() if p.requires_grad]
+        elif self._param_weight is None and self._param_hooks:
+            for h in self._param_hooks:
+                h.remove()
+            self._param_hooks = []
+
+    def _param_hook(self, grad):
+        w = self._param_weight
+        return None if w is None else grad * w
 
     # --------------------------------------------------------------- wrapping
     def _wrapped(self):
@@ -174,25 +195,14 @@ class ElasticDDP(torch.nn.Module):
         job._noise.after_reduce(m.step, reduced, m.stats)
 
 
-def _scale_gradient(out, weight: float) -> None:
-    """Scale the gradient reaching every floating tensor of ``out`` by ``weight``."""
-    if isinstance(out, torch.Tensor):
-        if out.requires_grad:
-            out.register_hook(lambda g: g * weight)
-    elif isinstance(out, dict):
-        for v in out.values():
-            _scale_gradient(v, weight)
-    elif isinstance(out, (list, tuple)):
-        for v in out:
-            _scale_gradient(v, weight)
-
-
 def _sum_hook(owner: ElasticDDP, bucket):
-    """DDP communication hook: sum the bucket over ranks (no division: the micro-batch weights
-    already make it the global mean) and measure its squared norm before and after."""
+    """DDP communication hook: weigh the bucket (``n / N``), sum it over ranks (the weights
+    make the sum the global mean) and measure its squared norm before and after."""
     import torch.distributed as dist
 
     buf = bucket.buffer()
+    if owner._scale != 1.0:
+        buf.mul_(owner._scale)  # in place of DDP's division by the world size
     m = owner._start_measure()
     if m is None:
         return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])

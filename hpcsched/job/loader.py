@@ -54,11 +54,13 @@ class MicroBatchCursor:
         weight: its share of the global batch, ``samples / step.global_samples`` (0 for
             padding): the factor that turns its mean loss into its part of the global mean.
         last: it is this rank's last micro-batch of the step (the one DDP synchronises on).
+        uniform: all of this rank's micro-batches of the step have the same weight (every
+            step but a short last one of an epoch).
     """
 
     def __init__(self):
         self.step: Step | None = None
-        self.index, self.weight, self.last = 0, 1.0, True
+        self.index, self.weight, self.last, self.uniform = 0, 1.0, True, True
         self.finishers: list[Callable[[Step], None]] = []
 
     def finish(self) -> None:
@@ -157,6 +159,7 @@ class ElasticDataLoader:
         cur = self._cursor
         cur.step = step
         n_global = step.global_samples
+        cur.uniform = len({len(m) for m in lists}) == 1
         for k, want in enumerate(lists):
             batch = self._next(step, lists, k)
             cur.index, cur.last = k, k == len(lists) - 1
