@@ -79,6 +79,12 @@ def _integer(v: Any) -> int:
     return v
 
 
+def _positive_integer(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise _Bad("an integer >= 1")
+    return v
+
+
 def _boolean(v: Any) -> bool:
     if not isinstance(v, bool):
         raise _Bad("a boolean (true or false)")
@@ -230,6 +236,30 @@ class DaemonSettings:
 
 
 @dataclass(frozen=True)
+class ProbeSettings:
+    """``[probe]``: the GPU probes the Slurm prolog writes (docs/slurm-plugins.md), which the
+    daemon ingests every round, and what it does about a slow GPU. ``slow_fraction`` is a
+    fraction of the peers' median score."""
+
+    spool_dir: str = _opt(
+        "/var/lib/hpcsched/gpu-probes", _string(),
+        "directory the prolog (slurm-plugins/prolog-gpu-probe) writes GPU probes into and the "
+        "daemon ingests every round (its HPCSCHED_PROBE_DIR); on a cluster, a directory the "
+        "compute nodes share, owned by the daemon's user; \"\" = do not ingest")
+    slow_fraction: float = _opt(
+        0.8, _number(gt=0),
+        "a GPU whose latest probe scores below this fraction of the median of its peers' "
+        "latest probes (same kind and model) is reported slow (> 0)")
+    min_peers: int = _opt(
+        2, _positive_integer, "peers (other GPUs of the same kind and model) a GPU needs before it can be "
+        "judged slow (>= 1)")
+    drain_slow: bool = _opt(
+        False, _boolean,
+        "drain the node of a GPU found slow (scontrol update State=DRAIN with the reason); "
+        "off: only reported (daemon log, hpcsched status --gpus)")
+
+
+@dataclass(frozen=True)
 class PolicySettings:
     """``[policy]``: which policy decides, its random seed, and its own parameters.
 
@@ -252,6 +282,7 @@ class Settings:
 
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
     path: Path | None = None
 
     def control_dir_path(self) -> Path:
@@ -264,7 +295,7 @@ class Settings:
         return control_dir()
 
 
-_TABLES: dict[str, type] = {"daemon": DaemonSettings, "policy": PolicySettings}
+_TABLES: dict[str, type] = {"daemon": DaemonSettings, "probe": ProbeSettings, "policy": PolicySettings}
 
 
 def defaults() -> Settings:
@@ -330,7 +361,7 @@ def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
     if policy_names is not None and policy.name not in policy_names:
         raise ConfigError(f"{where}: [policy] name: unknown policy {policy.name!r}; "
                           f"known policies: {', '.join(sorted(policy_names)) or '(none)'}")
-    return Settings(daemon=daemon, policy=policy, path=file)
+    return Settings(daemon=daemon, policy=policy, probe=parts["probe"], path=file)
 
 
 def _build(where: str, table: str, cls: type, raw: dict) -> Any:

@@ -299,11 +299,16 @@ def _apply_progress(row: JobStatus, p: ctl.Progress) -> None:
 @click.command("status")
 @click.argument("job_ids", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def status_command(job_ids, as_json):
+@click.option("--gpus", "gpus", is_flag=True,
+              help="Show the GPUs instead: latest probe, against its peers, passive speed, slow flag.")
+def status_command(job_ids, as_json, gpus):
     """Show hpcsched jobs (all known, or JOB_IDS): Slurm state, size, batch size, progress,
     and the daemon's decisions with their reasons; one JOB_ID: its whole decision history and
-    throughput profile."""
+    throughput profile. ``--gpus``: the GPUs the daemon knows (docs/slurm-plugins.md)."""
     store = open_store()
+    if gpus:
+        _status_gpus(store, as_json)
+        return
     detail = len(job_ids) == 1
     try:
         rows, slurm_error = collect(list(job_ids) or None, store, decisions=50 if detail else 3)
@@ -317,6 +322,25 @@ def status_command(job_ids, as_json):
     _print_status(rows, rounds, slurm_error, detail)
     if slurm_error and rows:
         sys.exit(1)
+
+
+def _status_gpus(store, as_json: bool) -> None:
+    """``hpcsched status --gpus`` (:mod:`hpcsched.daemon.gpu_status`); no store: no GPUs."""
+    from rich.console import Console
+
+    from hpcsched.daemon import gpu_status
+    from hpcsched.daemon.config import ConfigError, ProbeSettings, load
+
+    try:
+        settings = load().probe
+    except ConfigError:
+        settings = ProbeSettings()
+    rows = gpu_status.gpu_rows(store, settings) if store is not None else []
+    if as_json:
+        click.echo(json.dumps(gpu_status.gpus_json(rows, settings), indent=1))
+        return
+    console = Console() if sys.stdout.isatty() else Console(width=250, soft_wrap=True)
+    gpu_status.print_gpus(console, rows, settings)
 
 
 def status_json(rows: list[JobStatus], rounds: list[dict], slurm_error: str | None) -> dict:

@@ -23,8 +23,8 @@ from hpcsched.slurm.parse import JobInfo, parse_squeue_json
 
 __all__ = [
     "DEFAULT_TIMEOUT", "SlurmError", "SlurmUnavailable", "calls", "count_call", "hostnames",
-    "cancel", "job_info", "node_addr", "requeue", "run", "squeue", "submit", "time_left",
-    "update_job",
+    "cancel", "drain_node", "job_info", "node_addr", "requeue", "run", "squeue", "submit",
+    "time_left", "update_job",
 ]
 
 log = logging.getLogger(__name__)
@@ -178,3 +178,19 @@ def node_addr(node: str, timeout: float = DEFAULT_TIMEOUT) -> str:
     out = run(["scontrol", "show", "node", "-o", node], timeout=timeout)
     m = re.search(r"\bNodeAddr=(\S+)", out)
     return m.group(1) if m else node
+
+
+def drain_node(node: str, reason: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+    """``scontrol update NodeName=<node> State=DRAIN Reason=<reason>``: Slurm starts no new job on
+    the node and keeps the reason (``sinfo -R``) until an admin resumes it (``State=RESUME``).
+    Needs a Slurm admin (SlurmUser or root; ``man scontrol``, "update"). The reason is one
+    argument, so it may hold spaces.
+
+    Raises:
+        ValueError: an empty node name or reason.
+        SlurmUnavailable, SlurmError: as :func:`run` (e.g. not permitted, unknown node).
+    """
+    if not node or not reason:
+        raise ValueError("drain_node: node and reason must not be empty")
+    run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"],
+        timeout=timeout)

@@ -11,7 +11,7 @@
 """
 
 from hpcsched.daemon.store.cli import db_group
-from hpcsched.daemon.store.rows import ActionRow, JobRow, ProfileRow, RoundRow
+from hpcsched.daemon.store.rows import ActionRow, GpuProbeRow, JobRow, ProfileRow, RoundRow
 from hpcsched.daemon.store.schema import (
     ACTION_KINDS,
     ACTION_PHASES,
@@ -33,6 +33,7 @@ __all__ = [
     "OPEN_ACTION_PHASES",
     "ActionRow",
     "Base",
+    "GpuProbeRow",
     "JobRow",
     "ProfileRow",
     "RoundRow",

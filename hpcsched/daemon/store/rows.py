@@ -58,6 +58,30 @@ class ProfileRow:
 
 
 @dataclass(frozen=True)
+class GpuProbeRow:
+    """One GPU's probe (the store's ``gpu_probes``; docs/slurm-plugins.md): ``score`` in ``unit``
+    (TFLOP/s for ``kind`` ``cuda``, GFLOP/s for ``cpu-stand-in``), over ``seconds``; ``time``
+    in Unix seconds; ``gpu_uuid`` None where the node gave none."""
+
+    id: int
+    time: float
+    node: str
+    gpu_index: str
+    gpu_uuid: str | None
+    model: str
+    kind: str
+    score: float
+    unit: str
+    seconds: float
+    job_id: str | None
+
+    @property
+    def gpu_key(self) -> str:
+        """The GPU's identity: its UUID, else ``node:index``."""
+        return self.gpu_uuid or f"{self.node}:{self.gpu_index}"
+
+
+@dataclass(frozen=True)
 class RoundRow:
     """A scheduling round: start (Unix s), duration and policy time (s), counts."""
 

@@ -133,6 +133,33 @@ class GpuMeasurement(Base):
     steps: Mapped[int] = mapped_column(Integer, default=1)
 
 
+class GpuProbe(Base):
+    """One GPU's probe at a job's start (slurm-plugins/prolog-gpu-probe, docs/slurm-plugins.md):
+    ``score`` in ``unit`` (TFLOP/s for ``kind`` ``cuda``; GFLOP/s of the CPU for
+    ``cpu-stand-in``) over ``seconds`` of timed work. ``gpu_uuid`` is null where the node has no
+    UUID to give (the CPU stand-in): such a GPU is known by ``node`` and ``gpu_index``.
+    ``job_id`` is the Slurm job whose prolog probed it (any job, not only hpcsched's)."""
+
+    __tablename__ = "gpu_probes"
+    __table_args__ = (
+        Index(None, "node", "gpu_index"),
+        Index(None, "gpu_uuid"),
+        CheckConstraint("score > 0", name="score_positive"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    time: Mapped[float] = mapped_column(Float)
+    node: Mapped[str] = mapped_column(String(128))
+    gpu_index: Mapped[str] = mapped_column(String(32))
+    gpu_uuid: Mapped[str | None] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(128), default="")
+    kind: Mapped[str] = mapped_column(String(32))
+    score: Mapped[float] = mapped_column(Float)
+    unit: Mapped[str] = mapped_column(String(16))
+    seconds: Mapped[float] = mapped_column(Float)
+    job_id: Mapped[str | None] = mapped_column(String(64))
+
+
 class Round(Base):
     """One scheduling round; ``duration`` and the counts are set when it ends."""
 

@@ -6,6 +6,7 @@ workers; batch sizes in samples):
 - ``jobs``: every hpcsched job the daemon has seen: its Slurm id, spec and limits, last state;
 - ``profile_samples``: measured step time and throughput per job and configuration;
 - ``gpu_measurements``: how fast each GPU ran relative to the job's median rank;
+- ``gpu_probes``: each GPU's probe at a job's start (slurm-plugins/prolog-gpu-probe);
 - ``rounds``: one row per scheduling round;
 - ``actions``: the journal of resizes (:mod:`hpcsched.daemon.store.journal`). Every action is
   written here (``requested``) and committed before the daemon acts, then moved along its
@@ -43,6 +44,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from hpcsched.daemon.store.journal import JournalMixin
 from hpcsched.daemon.store.rows import (
+    GpuProbeRow,
     JobRow,
     ProfileRow,
     RoundRow,
@@ -53,6 +55,7 @@ from hpcsched.daemon.store.rows import (
 )
 from hpcsched.daemon.store.schema import (
     GpuMeasurement,
+    GpuProbe,
     IngestOffset,
     Job,
     ProfileSample,
@@ -67,6 +70,7 @@ _JOB_REQUIRED = ("job_uid", "workers_per_node", "min_nodes", "max_nodes", "min_b
 _SAMPLE_REQUIRED = ("job_id", "time", "world_size", "nodes", "local_batch_size", "step_time",
                     "throughput")
 _GPU_REQUIRED = ("job_id", "time", "node", "local_rank", "relative_speed")
+_PROBE_REQUIRED = ("time", "node", "gpu_index", "kind", "score", "unit", "seconds")
 _ROUND_END_FIELDS = {"duration", "objective", "jobs", "actions", "slurm_calls",
                      "policy_seconds", "error"}
 
@@ -266,6 +270,44 @@ class Store(JournalMixin):
             q = q.where(G.time >= since)
         with self._read() as s:
             return {(node, str(g)): float(v) for node, g, v in s.execute(q)}
+
+    # -- GPU probes --------------------------------------------------------------------------
+
+    def add_gpu_probes(self, rows: Iterable[dict]) -> int:
+        """Store GPU probes (docs/slurm-plugins.md); returns how many. Each row: ``time`` (Unix s),
+        ``node``, ``gpu_index`` (str), ``kind`` (``cuda`` | ``cpu-stand-in``), ``score`` (> 0,
+        in ``unit``), ``unit``, ``seconds``; optional ``gpu_uuid`` (None; "" counts as None),
+        ``model`` (""), ``job_id`` (the Slurm job whose prolog probed; None).
+
+        Raises:
+            ValueError: an unknown or missing key, or a score that is not > 0.
+        """
+        allowed = columns(GpuProbe) - {"id"}
+        batch = []
+        for r in rows:
+            check_keys("add_gpu_probes", r, allowed)
+            require("add_gpu_probes", r, _PROBE_REQUIRED)
+            r = {"model": "", "job_id": None, **r, "gpu_index": str(r["gpu_index"]),
+                 "gpu_uuid": r.get("gpu_uuid") or None}
+            if not r["score"] > 0:
+                raise ValueError(f"add_gpu_probes: score must be > 0, got {r['score']}")
+            batch.append(r)
+        if batch:
+            with self._write() as s:
+                s.execute(insert(GpuProbe), batch)
+        return len(batch)
+
+    def latest_gpu_probes(self) -> list[GpuProbeRow]:
+        """The latest probe of every GPU ever probed, one row per GPU (its UUID, else its node
+        and index: :attr:`GpuProbeRow.gpu_key`), ordered by node and index."""
+        G = GpuProbe
+        key = func.coalesce(G.gpu_uuid, G.node + ":" + G.gpu_index)
+        rank = func.row_number().over(partition_by=key, order_by=(G.time.desc(), G.id.desc()))
+        inner = select(G.id, rank.label("rank")).subquery()
+        q = (select(G).join(inner, inner.c.id == G.id).where(inner.c.rank == 1)
+             .order_by(G.node, func.length(G.gpu_index), G.gpu_index))
+        with self._read() as s:
+            return [to_row(GpuProbeRow, p) for p in s.scalars(q)]
 
     # -- rounds ------------------------------------------------------------------------------
 
