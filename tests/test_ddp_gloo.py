@@ -13,10 +13,12 @@ import pytest
 from tests.gloo_workers import free_port
 
 WORKER = Path(__file__).resolve().parent / "ddp_check_worker.py"
+LOST_PEER = Path(__file__).resolve().parent / "ddp_lost_peer_worker.py"
 ROOT = WORKER.parent.parent
 
 
-def _run(world: int, n: int, epochs: int, reform_at: int, local: int, accum: int) -> list[dict]:
+def _run(world: int, n: int, epochs: int, reform_at: int, local: int, accum: int,
+         script: Path = WORKER) -> list[dict]:
     port = free_port()
     procs = []
     for rank in range(world):
@@ -25,14 +27,15 @@ def _run(world: int, n: int, epochs: int, reform_at: int, local: int, accum: int
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
                    HPCSCHED_LOCAL_BATCH_SIZE=str(local), HPCSCHED_ACCUMULATION_STEPS=str(accum),
                    PYTHONPATH=str(ROOT))
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), str(n), str(epochs),
+        procs.append(subprocess.Popen([sys.executable, str(script), str(n), str(epochs),
                                        str(reform_at)], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     outs = []
     for p in procs:
         out, _ = p.communicate(timeout=120)
         assert p.returncode == 0, out[-3000:]
-        outs.append(json.loads(out.strip().splitlines()[-1]))
+        lines = out.strip().splitlines()
+        outs.append(json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None)
     return outs
 
 
@@ -52,3 +55,15 @@ def test_ddp_matches_the_explicit_reduction(n, local, accum, reform_at, padded):
         assert g == pytest.approx(ref, rel=1e-9)
     assert outs[1]["padded_steps"] == padded
     assert outs[0]["steps"] == outs[1]["steps"]
+
+
+def test_a_lost_peer_voids_the_step_and_is_handed_to_the_job():
+    """Rank 1 dies at step 3: rank 0's backward still ends (the hook catches the failed
+    all-reduce), the job is told (its _peer_lost), the step is voided and has no gradient."""
+    first, second = _run(2, 0, 0, 0, 2, 1, script=LOST_PEER)
+    assert second is None                                   # rank 1 died printing nothing
+    steps = first["steps"]
+    assert [s["void"] for s in steps] == [False, False, False, True]
+    assert [len(s["lost"]) for s in steps] == [0, 0, 0, 1]
+    assert [s["grads"] for s in steps] == [True, True, True, False]
+    assert first["gns"] is not None                         # measured before the loss

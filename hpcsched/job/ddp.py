@@ -42,8 +42,11 @@ What it does per micro-batch ``a`` of this rank (``n_a`` samples, ``N = step.glo
   the next forward (``torch.distributed.group.WORLD`` is another object) and the module is
   wrapped again; DDP's constructor broadcasts rank 0's parameters, which every rank already has.
 
-Limits: a peer lost during DDP's all-reduce raises from ``backward`` (the explicit
-``reduce_gradients`` voids the step and lets the survivors go on; DDP's reducer cannot).
+* **A lost peer** (an extension worker gone; ``docs/extensions.md``): a failed all-reduce in
+  the hook is caught; after the step's last backward the step is voided and the job goes on
+  without the lost workers, as with ``reduce_gradients`` (or the error is raised where the job
+  cannot go on). A collective of DDP's own outside the hook (the buffers' broadcast at a
+  forward, for a module with buffers) still raises from the forward.
 """
 
 from __future__ import annotations
@@ -102,6 +105,7 @@ class ElasticDDP(torch.nn.Module):
         self._scale = 1.0                  # the comm hook's factor for this step
         self._param_weight: float | None = None   # the parameter hooks' factor (None: off)
         self._param_hooks: list = []
+        self._failure: Exception | None = None    # a failed all-reduce of this step
         self.wraps = 0
         self._cursor = cursor_of(job)
         self._cursor.finishers.append(self._finish)
@@ -186,39 +190,70 @@ class ElasticDDP(torch.nn.Module):
             job.reduce_gradients(self.module)
             return
         m, self._measure = self._measure, None
-        if m is None or m.work is None:
-            return
-        for f in m.futures:
-            f.wait()
-        m.work.wait()
-        reduced = torch.stack([m.reduced[i] for i in sorted(m.reduced)])
-        job._noise.after_reduce(m.step, reduced, m.stats)
+        failure, self._failure = self._failure, None
+        if failure is None and m is not None and m.work is not None:
+            try:
+                for f in m.futures:
+                    f.wait()
+                m.work.wait()
+            except RuntimeError as exc:
+                failure = exc
+            else:
+                reduced = torch.stack([m.reduced[i] for i in sorted(m.reduced)])
+                job._noise.after_reduce(m.step, reduced, m.stats)
+        if failure is not None:
+            self._lost(failure)
+
+    def _lost(self, exc: Exception) -> None:
+        """The step's all-reduce failed (a peer was lost): as ``reduce_gradients`` does, go on
+        without the lost workers (the job re-forms its group, or raises ``exc`` when it cannot)
+        and void the step: no gradient, so ``optimizer.step()`` changes nothing, and the job
+        gives the step's samples out again. The next forward wraps the module on the new
+        group."""
+        self._ddp[0] = None
+        self._job._peer_lost(exc)
+        for p in self.module.parameters():  # torch's optimizers skip a parameter without one
+            p.grad = None
+        self._job._void = True
 
 
 def _sum_hook(owner: ElasticDDP, bucket):
     """DDP communication hook: weigh the bucket (``n / N``), sum it over ranks (the weights
-    make the sum the global mean) and measure its squared norm before and after."""
+    make the sum the global mean) and measure its squared norm before and after. A failed
+    all-reduce (a lost peer) is noted for :meth:`ElasticDDP._finish` and the bucket handed back
+    as it is, so that DDP's backward ends normally."""
     import torch.distributed as dist
 
     buf = bucket.buffer()
     if owner._scale != 1.0:
         buf.mul_(owner._scale)  # in place of DDP's division by the world size
     m = owner._start_measure()
-    if m is None:
-        return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
     index = bucket.index()
-    m.local[index] = _norm(buf)  # before the all-reduce, which works in place
-    fut = dist.all_reduce(buf, async_op=True).get_future()
-    if bucket.is_last():
-        local = torch.stack([m.local[i] for i in sorted(m.local)])
-        m.stats = m.local_stats(local).to(local.dtype)  # [0, 0] comes as float32
-        m.work = dist.all_reduce(m.stats, async_op=True)
+    if m is not None:
+        m.local[index] = _norm(buf)  # before the all-reduce, which works in place
+    try:
+        fut = dist.all_reduce(buf, async_op=True).get_future()
+        if m is not None and bucket.is_last():
+            local = torch.stack([m.local[i] for i in sorted(m.local)])
+            m.stats = m.local_stats(local).to(local.dtype)  # [0, 0] comes as float32
+            m.work = dist.all_reduce(m.stats, async_op=True)
+    except RuntimeError as exc:
+        owner._failure = owner._failure or exc
+        done = torch.futures.Future()
+        done.set_result(buf)
+        return done
 
-    def done(f, m=m, index=index):
-        t = f.value()[0]
-        m.reduced[index] = _norm(t)
+    def reduced(f, m=m, index=index):
+        try:
+            t = f.value()[0]
+        except RuntimeError as exc:
+            owner._failure = owner._failure or exc
+            return buf
+        if m is not None:
+            m.reduced[index] = _norm(t)
         return t
 
-    fut = fut.then(done)
-    m.futures.append(fut)
+    fut = fut.then(reduced)
+    if m is not None:
+        m.futures.append(fut)
     return fut
