@@ -6,6 +6,7 @@ lifts within a round, and Slurm anyway at the begin time when no daemon runs."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
@@ -110,3 +111,49 @@ def test_held_for_placement_without_a_daemon_starts_at_its_begin_time(plugins, c
     # Slurm starts it once the begin time passed, at its next scheduling pass (up to a minute)
     wait_for(lambda: (i := slurm.job_info(job)) and i.state != "PENDING", 120,
              "Slurm to start the held job by itself")
+
+
+def test_the_gpu_probe_prolog_runs_for_every_job_and_the_daemon_ingests_it(
+        plugins, daemon_env, devcluster, tmp_path, slurm_jobs):
+    """Every job's prolog writes the dcgm-exporter job mapping and probes the job's GPUs (a CPU
+    stand-in here: the dev cluster's GPUs are fake) within its bound; the epilog removes the
+    mapping; the daemon ingests the probes in its next round, and ``hpcsched status --gpus``
+    shows them."""
+    plugins("")
+    state = devcluster.parent.parent
+    spool, mapping = state / "gpu-probes", state / "job-mapping"
+    cfg = tmp_path / "hpcsched.toml"
+    cfg.write_text(cfg.read_text() + f'[probe]\nspool_dir = "{spool}"\n')
+    jobs = {_sbatch(tmp_path, slurm_jobs, "-w", "n1", "--gres=gpu:2", "--wrap",
+                    "date +%s.%N; sleep 6"): "n1",
+            submit(tmp_path, "-N", "1", "-w", "n2", "--gres=gpu:1", str(EXAMPLE),
+                   "--epochs", "1"): "n2"}
+    slurm_jobs.extend(j for j in jobs if j not in slurm_jobs)
+    plain = next(iter(jobs))
+    # while it runs, the job mapping names it for its GPUs (by index on the node)
+    started = wait_for(lambda: (i := slurm.job_info(plain)) and i.state == "RUNNING" and i, 60,
+                       "the plain job")
+    named = wait_for(lambda: sorted(p.name for p in mapping.glob("*")
+                                    if plain in p.read_text().split()), 30, "the job mapping")
+    assert len(named) == 2 and all(n.isdigit() for n in named), named
+    wait_for(lambda: all((i := slurm.job_info(j)) and not i.active for j in jobs), 180,
+             "both jobs to end")
+    wait_for(lambda: not any(plain in p.read_text().split() for p in mapping.glob("[0-9]*")),
+             30, "the epilog to remove the job's mapping")
+    # the prolog runs between the allocation and the batch script: within its 20 s bound
+    script_began = float((tmp_path / f"plain-{plain}.out").read_text().split()[0])
+    prolog = script_began - started.start_time
+    print(f"prolog (mapping + probe of 2 GPUs): {prolog:.1f} s")
+    assert 0 <= prolog < 20, prolog
+
+    proc = start_daemon(tmp_path)
+    try:
+        wait_for(lambda: not list(spool.glob(f"*-{plain}.json")), 60,
+                 "the daemon to ingest the probes")
+    finally:
+        stop_daemon(proc)
+    doc = json.loads(cli("hpcsched", "status", "--gpus", "--json").stdout)
+    probed = {(g["node"], g["job_id"]): g for g in doc["gpus"] if g["job_id"] in jobs}
+    assert {(n, j) for n, j in probed} == {(n, j) for j, n in jobs.items()}, doc["gpus"]
+    for g in probed.values():
+        assert g["kind"] == "cpu-stand-in" and g["score"] > 0 and g["unit"] == "GFLOP/s", g

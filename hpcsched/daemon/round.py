@@ -61,6 +61,7 @@ from hpcsched.daemon.costs import measured_costs
 from hpcsched.daemon.ingest import ingest_job
 from hpcsched.daemon.metrics import DaemonMetrics
 from hpcsched.daemon.phases import History, ResizePhase, Timeouts
+from hpcsched.daemon.probes import ProbeWatch
 from hpcsched.daemon.reaper import Reaper
 from hpcsched.daemon.store import Store
 from hpcsched.daemon.views import application_of
@@ -125,6 +126,9 @@ class Daemon:
                            extension_stall=d.extension_stall)
         self.managed = views.ManagedJobs(self.control_dir, d.partitions)
         self.reaper = Reaper(self.control_dir, d.partitions, dry_run=d.dry_run)
+        # the GPU probe prolog's measurements (slurm-plugins/prolog-gpu-probe): ingested each round
+        self.probes = ProbeWatch(settings.probe, self.store, dry_run=d.dry_run,
+                                 timeout=d.slurm_timeout)
         self._costs_said = ""      # the last resize-cost line logged (logged when it changes)
 
     # ----------------------------------------------------------------- jobs
@@ -193,6 +197,7 @@ class Daemon:
             self._record_job(jd, spec, info, obs.time)
             if info.state in ("RUNNING", "COMPLETING") or not info.active:
                 ingest_job(self.store, job_id, jd.path, application_of(spec))
+        self.probes.round()
         rep.reaped = self.reaper.reap(obs, self.actuator.slurm)   # orphaned extension jobs
         busy = self._resume(managed, rep)
         snapshot = views.daemon_snapshot(obs, managed, self.store, busy,

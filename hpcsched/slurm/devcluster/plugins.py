@@ -83,7 +83,10 @@ def _env_text(layout: Layout) -> str:
     return (f"# Written by `hpcsched devcluster`.\nHPCSCHED_PYTHON={shlex.quote(sys.executable)}\n"
             f"HPCSCHED_PROBE_DIR={shlex.quote(str(layout.root / 'gpu-probes'))}\n"
             f"HPCSCHED_JOB_MAPPING_DIR={shlex.quote(str(layout.root / 'job-mapping'))}\n"
-            "export HPCSCHED_PYTHON HPCSCHED_PROBE_DIR HPCSCHED_JOB_MAPPING_DIR\n")
+            # a second of stand-in work (no CUDA here: fake GPUs), well inside the prolog's 60 s
+            "HPCSCHED_PROBE_SECONDS=1\nHPCSCHED_PROBE_TIMEOUT=20\nHPCSCHED_PROBE_BACKEND=cpu\n"
+            "export HPCSCHED_PYTHON HPCSCHED_PROBE_DIR HPCSCHED_JOB_MAPPING_DIR "
+            "HPCSCHED_PROBE_SECONDS HPCSCHED_PROBE_TIMEOUT HPCSCHED_PROBE_BACKEND\n")
 
 
 def _write_lua(layout: Layout, on: bool) -> None:
