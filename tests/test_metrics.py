@@ -21,6 +21,7 @@ from hpcsched import slurm
 from hpcsched.daemon import config as cfg
 from hpcsched.daemon import round as daemon_round
 from hpcsched.daemon.actuator import Actuator
+from hpcsched.daemon.gpu_status import GpuStatus
 from hpcsched.daemon.metrics import DaemonMetrics, outcome_of, predicted_throughput
 from hpcsched.daemon.phases import Timeouts
 from hpcsched.daemon.round import RoundReport, daemon_command
@@ -79,7 +80,12 @@ def test_a_round_report_becomes_the_series():
                           kinds={"7": "batch", "8": "shrink", "10": "grow", "11": "grow"},
                           slurm_states={"7": "RUNNING", "8": "RUNNING", "9": "PENDING",
                                         "12": "COMPLETED"},
-                          snapshot=snap))
+                          snapshot=snap,
+                          gpus=[GpuStatus("n1", "0", kind="cuda", score=612.5, unit="TFLOP/s",
+                                          vs_peers=0.98),
+                                GpuStatus("n2", "1", kind="cpu-stand-in", score=41.0,
+                                          unit="GFLOP/s"),
+                                GpuStatus("n3", "0", relative_speed=1.1)]))   # never probed
     assert value(m, "hpcsched_round_duration_seconds_count") == 1
     assert value(m, "hpcsched_round_duration_seconds_sum") == pytest.approx(0.4)
     assert value(m, "hpcsched_policy_decision_seconds_sum") == pytest.approx(0.02)
@@ -101,6 +107,14 @@ def test_a_round_report_becomes_the_series():
     assert value(m, "hpcsched_gpu_relative_speed", node="n1", gpu="0", app_class="cifar10") == 0.8
     assert value(m, "hpcsched_gpu_relative_speed", node="n1", gpu="1", app_class="cifar10") == 1.25
     assert value(m, "hpcsched_last_round_timestamp_seconds") == pytest.approx(time.time(), abs=5)
+    assert value(m, "hpcsched_gpu_probe_score", node="n1", gpu="0", kind="cuda",
+                 unit="TFLOP/s") == 612.5
+    assert value(m, "hpcsched_gpu_probe_score", node="n2", gpu="1", kind="cpu-stand-in",
+                 unit="GFLOP/s") == 41.0
+    assert value(m, "hpcsched_gpu_probe_vs_peers", node="n1", gpu="0") == 0.98
+    assert value(m, "hpcsched_gpu_probe_vs_peers", node="n2", gpu="1") is None
+    assert not [x for f in m.registry.collect() if f.name == "hpcsched_gpu_probe_score"
+                for x in f.samples if x.labels["node"] == "n3"]
 
 
 def test_series_of_ended_jobs_and_finished_resizes_are_removed():

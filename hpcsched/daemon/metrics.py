@@ -156,6 +156,15 @@ class DaemonMetrics:
             "A GPU's speed relative to the median GPU of the jobs that ran on it, ratio (1 = "
             "median; measured from jobs' per-rank compute times)", ["node", "gpu", "app_class"],
             registry=r))
+        self.probe_score = _LabelledGauge(Gauge(
+            "hpcsched_gpu_probe_score",
+            "A GPU's latest probe score (slurm-plugins/prolog-gpu-probe): TFLOP/s of fp16 matmul, "
+            "or GFLOP/s for the CPU stand-in (kind cpu-stand-in)", ["node", "gpu", "kind", "unit"],
+            registry=r))
+        self.probe_vs_peers = _LabelledGauge(Gauge(
+            "hpcsched_gpu_probe_vs_peers",
+            "A GPU's latest probe score over the median of its peers' (same kind and model), ratio "
+            "(below [probe] slow_fraction: slow)", ["node", "gpu"], registry=r))
         self.errors = Counter(
             "hpcsched_errors",
             "Daemon errors by kind, errors: slurm (a round ended by a Slurm error, nothing "
@@ -202,6 +211,10 @@ class DaemonMetrics:
                 self.decisions.labels(str(c.kind), "dry-run").inc()
         self._record_outcomes(rep)
         self._record_jobs(rep.slurm_states, rep.snapshot)
+        probed = [g for g in rep.gpus if g.score is not None]
+        self.probe_score.replace({(g.node, g.gpu_index, g.kind, g.unit): g.score for g in probed})
+        self.probe_vs_peers.replace({(g.node, g.gpu_index): g.vs_peers for g in probed
+                                     if g.vs_peers is not None})
 
     def _count_calls(self, in_round: int) -> None:
         """Split the process's Slurm calls since the last record into this round's and the

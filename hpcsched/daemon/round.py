@@ -58,6 +58,7 @@ from hpcsched.daemon.actuator import (
 )
 from hpcsched.daemon.config import ConfigError, Settings, load
 from hpcsched.daemon.costs import measured_costs
+from hpcsched.daemon.gpu_status import gpu_rows
 from hpcsched.daemon.ingest import ingest_job
 from hpcsched.daemon.metrics import DaemonMetrics
 from hpcsched.daemon.phases import History, ResizePhase, Timeouts
@@ -99,6 +100,7 @@ class RoundReport:
     error: str | None = None
     slurm_states: dict[str, str] = field(default_factory=dict)   # managed job_id -> Slurm state
     snapshot: ClusterSnapshot | None = None   # what the policy decided on (None: no decision)
+    gpus: list = field(default_factory=list)   # GpuStatus rows (probes), when metrics are on
 
 
 class Daemon:
@@ -165,6 +167,8 @@ class Daemon:
                  rid, rep.jobs, len(rep.changes), rep.slurm_calls, rep.duration,
                  rep.policy_seconds, f", error: {rep.error}" if rep.error else "")
         if self.metrics is not None:
+            if rep.error is None:
+                rep.gpus = gpu_rows(self.store, self.settings.probe)
             self.metrics.record_round(rep, dry_run=d.dry_run)
         return rep
 
