@@ -11,15 +11,21 @@ sample of every epoch is processed exactly once whatever the resizes (the same i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from hpcsched.protocol.batching import BatchConfig
 
 
+@lru_cache(maxsize=2)
 def epoch_permutation(dataset_size: int, epoch: int, seed: int) -> np.ndarray:
-    """The order in which ``epoch`` visits the data set (same on every rank, every launch)."""
-    return np.random.default_rng([seed, epoch]).permutation(dataset_size)
+    """The order in which ``epoch`` visits the data set (same on every rank, every launch):
+    ``dataset_size`` sample indices, read-only. Cached (this epoch's and the last), so a step
+    does not draw it again: O(dataset_size) per draw, 24 ms at ImageNet's 1.28 M samples."""
+    perm = np.random.default_rng([seed, epoch]).permutation(dataset_size)
+    perm.flags.writeable = False
+    return perm
 
 
 def rank_micro_batches(
