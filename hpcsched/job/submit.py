@@ -94,7 +94,9 @@ OPTIONS = {o.name: o for o in [
            "per-GPU batch-size limit; above it hpcsched uses gradient accumulation (default: none)", "B"),
     Option("lr-scaling", _lr_rule,
            "learning-rate scaling rule when the global batch changes: linear (Goyal et al. 2017), "
-           "sqrt (Krizhevsky 2014) or none (default linear)", "RULE"),
+           "sqrt (Krizhevsky 2014), none, or adaptive from the job's gradient noise: adascale "
+           "(AdaScale, Johnson et al. 2020) or adamscale (its square root, for Adam-family "
+           "optimizers, as AdaptDL); default linear (docs/training-api.md)", "RULE"),
     Option("checkpoint-dir", str,
            "where the job writes checkpoints (default: <job dir>/checkpoints; must be shared by all nodes)",
            "DIR"),

@@ -30,7 +30,9 @@ class JobLimits:
             ``[min_batch_size, max_batch_size]``; the learning rate the script sets is for it.
         lr_scaling: how the learning rate follows the global batch size, one of
             :data:`hpcsched.protocol.batching.LR_RULES`: ``linear`` (Goyal et al. 2017, §2.1),
-            ``sqrt`` (Krizhevsky 2014, §5) or ``none``.
+            ``sqrt`` (Krizhevsky 2014, §5), ``none``, or the adaptive ``adascale`` (Johnson et
+            al., ICML'20) and ``adamscale`` (its square root), which the job computes at every
+            step from its gradient noise (:func:`hpcsched.protocol.batching.adaptive_lr_scale`).
         min_gpu_count: the fewest GPUs when that is not a whole number of nodes
             (``--hpcsched-min-gpus 2`` on 4 GPUs per node): a layout (extension allocations, or
             a requeue onto fewer GPUs per node) may go down to it, whole-node sizes stop at
