@@ -61,6 +61,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=50, help="measured steps per variant per round")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per rank")
+    p.add_argument("--noise-every", type=int, default=4,
+                   help="ElasticDDP's noise_every: measure the gradient noise every k-th step")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "step_overhead.json")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -130,7 +132,7 @@ def _elastic(torch, args, job, data, device, seconds):
     from hpcsched.job.loader import ElasticDataLoader
 
     torch.manual_seed(1)
-    model = ElasticDDP(job, _model(torch, args).to(device))
+    model = ElasticDDP(job, _model(torch, args).to(device), noise_every=args.noise_every)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = ElasticDataLoader(job, data, num_workers=args.workers,
                                pin_memory=device.type == "cuda",
@@ -269,7 +271,8 @@ def main() -> None:
     figures = summarise(result)
     print(f"{result['world']} rank(s), {result['device']} ({result['gpu'] or 'CPU'}), "
           f"{result['backend']}; local batch {args.local_batch} x {args.accum} accumulation; "
-          f"MLP {args.features}-{args.hidden}x{args.layers}-10; {args.workers} loader worker(s)")
+          f"MLP {args.features}-{args.hidden}x{args.layers}-10; {args.workers} loader worker(s); "
+          f"gradient noise measured every {args.noise_every} step(s)")
     print(f"{'variant':16} {'median ms':>10} {'mean ms':>10} {'overhead':>9}")
     for v in VARIANTS:
         f = figures[v]

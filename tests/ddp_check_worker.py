@@ -29,7 +29,7 @@ def main() -> None:
     twin = copy.deepcopy(net)
     job = ElasticJob(dataset_size=n, epochs=epochs, batch_size=12, seed=3,
                      grad_noise_smoothing=0.5)
-    model = ElasticDDP(job, net)
+    model = ElasticDDP(job, net, noise_every=1)   # the same steps as the explicit reference
     loader = ElasticDataLoader(job, TensorDataset(X, y), num_workers=1, persistent_workers=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     opt_twin = torch.optim.SGD(twin.parameters(), lr=0.1)

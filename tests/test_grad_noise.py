@@ -439,3 +439,39 @@ def test_two_gloo_ranks_measure_noise_and_keep_it_through_a_shrink(tmp_path):
     assert prog.samples_processed == epochs * DIGITS
     for v in (prog.grad_sqr, prog.grad_var):
         assert v is not None and math.isfinite(v) and v > 0
+
+
+def test_a_measurement_every_k_steps_weighs_as_k_steps():
+    """Measured every k-th step, one update with ``weight=k`` moves the average as k updates of
+    the same value would (``theta ** k``): the estimator's memory, in samples, is unchanged."""
+    every, one = GradientNoiseEstimator(0.9), GradientNoiseEstimator(0.9)
+    for value in (4.0, 9.0, 2.5):
+        every.update(value + 1.0, value, 8, 32, weight=3)
+        for _ in range(3):
+            one.update(value + 1.0, value, 8, 32)
+    assert every.raw == pytest.approx(one.raw, rel=1e-12)
+    assert every.count == 3 and one.count == 9
+
+
+@pytest.mark.parametrize("world, every, measured", [
+    (2, 1, [0, 1, 2, 3, 4, 5, 6, 7, 8]),
+    (2, 4, [0, 4, 8]),
+    (1, 4, [0, 1, 2, 3, 4, 5, 6, 7, 8]),    # one rank: consecutive steps, every step
+])
+def test_with_several_ranks_the_tracker_measures_every_kth_step(world, every, measured):
+    import torch
+
+    from hpcsched.job.data import Step
+    from hpcsched.job.gradient_noise import GNSTracker
+
+    t = GNSTracker(torch, True, 32)
+    t.every = every
+    got = []
+    for k in range(9):
+        t.begin_step(Step(step=k, epoch=0, micro_batches=[[0, 1]], global_samples=2 * world,
+                          local_batch_size=2, accumulation_steps=1, world_size=world,
+                          lr_scale=1.0, generation=0), single_rank=world == 1)
+        if t.measuring([]) is not None:
+            got.append(k)
+        t.end_step()
+    assert got == measured

@@ -35,7 +35,10 @@ What it does per micro-batch ``a`` of this rank (``n_a`` samples, ``N = step.glo
   sums over buckets are ``|local|^2`` and ``|reduced|^2`` (norms add over disjoint parts), so
   :class:`hpcsched.job.gradient_noise.GNSTracker` gets the same numbers as from the flat
   gradient (up to the order of float sums). The two statistics ``[n |g_n|^2, 1]`` go in one
-  extra all-reduce of 2 numbers, issued after the last bucket's.
+  extra all-reduce of 2 numbers, issued after the last bucket's. It runs every
+  ``noise_every``-th step (default 4; the estimator weighs each measurement as that many steps,
+  so the average's memory is unchanged): the norms are two passes over the gradient, a few per
+  cent of a small model's step on a CPU (docs/training-api.md).
 * **One rank**: no DDP (nothing to reduce); at the end of the step the job's single-rank
   estimators run (:meth:`ElasticJob.reduce_gradients`).
 * **A new process group** (an in-place shrink, an extension join, lost workers): detected at
@@ -81,6 +84,11 @@ class ElasticDDP(torch.nn.Module):
     Args:
         job: the :class:`hpcsched.elastic.ElasticJob`.
         module: the model (already on ``job.device``).
+        noise_every: with several ranks, measure the gradient noise every ``noise_every``-th
+            step (the estimator weighs each measurement as that many steps, so its memory is
+            unchanged; :attr:`GNSTracker.every`): the two passes over the gradient it costs
+            are paid a quarter of the steps by default. 1: every step, as the explicit
+            ``reduce_gradients`` does.
         **ddp_args: passed to DistributedDataParallel on every wrap (e.g.
             ``find_unused_parameters``, ``bucket_cap_mb``, ``gradient_as_bucket_view``);
             ``device_ids`` defaults to the job's GPU for a module on CUDA.
@@ -91,13 +99,17 @@ class ElasticDDP(torch.nn.Module):
         wraps: times the module was wrapped in DDP (once per process group).
 
     Raises:
+        ValueError: ``noise_every < 1``.
         RuntimeError: (at forward) a training forward outside ``loader.micro_batches(step)``.
     """
 
-    def __init__(self, job, module: torch.nn.Module, **ddp_args):
+    def __init__(self, job, module: torch.nn.Module, noise_every: int = 4, **ddp_args):
         super().__init__()
+        if noise_every < 1:
+            raise ValueError(f"noise_every must be >= 1, got {noise_every}")
         self.module = module
         self._job = job
+        job._noise.every = noise_every
         self._ddp_args = ddp_args
         self._ddp = [None]          # a list: not a submodule (no second copy in state_dict)
         self._params: list = []

@@ -88,8 +88,10 @@ class GradientNoiseEstimator:
         self.count = 0  # updates since the averages (re)started
 
     def update(self, small_sqr: float, big_sqr: float, small_batch: float, big_batch: float,
-               *, biased: bool = False) -> bool:
+               *, biased: bool = False, weight: float = 1.0) -> bool:
         """Fold in one step's norms (see :func:`two_batch_estimate` for the arguments).
+        ``weight``: the steps this measurement stands for (measured every ``weight``-th step:
+        ``theta ** weight``, so the memory of the average, in samples, stays the same).
 
         Returns False, changing nothing, when the two batch sizes do not allow an estimate
         (``big_batch <= small_batch``) or a value is not finite (AdaptDL skips such steps too:
@@ -106,7 +108,7 @@ class GradientNoiseEstimator:
         if self.biased and not biased:
             self._reset()
         self.biased = biased
-        theta = self.smoothing ** (big_batch / self.base_batch_size)
+        theta = self.smoothing ** (weight * big_batch / self.base_batch_size)
         self.sqr_biased = theta * self.sqr_biased + (1.0 - theta) * sqr
         self.sqr_unbias = theta * self.sqr_unbias + (1.0 - theta)
         self.var_biased = theta * self.var_biased + (1.0 - theta) * var
@@ -252,6 +254,8 @@ class GNSTracker:
         self._step = None                       # the step being measured, None between steps
         self._prev = None                       # (flat gradient, its sqnorm, samples): 1 rank
         self._pending = None                    # (device tensor, fn(values) -> update args, event)
+        #: with several ranks, measure every ``every``-th step only (:meth:`measuring`)
+        self.every = 1
 
     # ------------------------------------------------------------ step life
     def begin_step(self, step, single_rank: bool) -> None:
@@ -274,9 +278,15 @@ class GNSTracker:
         self._step = None
 
     def measuring(self, params: list):
-        """The step to measure in this gradient reduction (None when tracking is off or outside
-        a step); remembers ``params`` for the micro-batch hooks."""
+        """The step to measure in this gradient reduction (None when tracking is off, outside
+        a step, or, with several ranks, on a step that is not a multiple of :attr:`every`: the
+        step number is the same on every rank, so they agree without a word); remembers
+        ``params`` for the micro-batch hooks. One rank measures every step (its differenced
+        estimator needs consecutive steps)."""
         step = self._step if self.enabled else None
+        if step is not None and self.every > 1 and step.world_size > 1 \
+                and step.step % self.every:
+            return None
         if step is not None:
             self.params = params
         return step
@@ -325,7 +335,7 @@ class GNSTracker:
             k = round(k)
             return (local_sum / N, total, N / k, N, False) if k >= 2 else None
 
-        self._set_pending(values, ranks)
+        self._set_pending(values, ranks, weight=self.every)
 
     # ------------------------------------------------------------- one rank
     def single_rank(self, step, params: list) -> None:
@@ -379,14 +389,15 @@ class GNSTracker:
         self._set_pending(stats, diff)
 
     # -------------------------------------------------------------- results
-    def _set_pending(self, stats, fn) -> None:
-        """Keep this step's few numbers on the device until they are ready (see flush)."""
+    def _set_pending(self, stats, fn, weight: float = 1.0) -> None:
+        """Keep this step's few numbers on the device until they are ready (see flush);
+        ``weight``: the steps the measurement stands for."""
         self.flush()  # the previous step's: long finished
         event = None
         if stats.device.type == "cuda":
             event = self._torch.cuda.Event()
             event.record()
-        self._pending = (stats, fn, event)
+        self._pending = (stats, fn, event, weight)
 
     def flush(self, block: bool = True) -> None:
         """Fold the pending measurement into the averages. Non-blocking (end of each step)
@@ -395,14 +406,15 @@ class GNSTracker:
         metrics line may then be one step behind)."""
         if self._pending is None:
             return
-        stats, fn, event = self._pending
+        stats, fn, event, weight = self._pending
         if not block and event is not None and not event.query():
             return
         self._pending = None
         args = fn(stats.tolist())
         if args is None:
             return
-        if not self.estimator.update(*args[:4], biased=args[4]) and args[2] < args[3]:
+        if not self.estimator.update(*args[:4], biased=args[4], weight=weight) \
+                and args[2] < args[3]:
             log.debug("gradient noise: non-finite gradient norms, step skipped")
 
     @property
