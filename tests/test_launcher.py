@@ -266,3 +266,32 @@ def test_launcher_relaunches_on_its_allocation_when_slurm_refuses_the_shrink(lau
     launcher._shrink(1)    # no exception: the job goes on
     assert launcher.env["SLURM_JOB_NODELIST"] == "n[1-2]"
     assert launcher.jd.read_launcher_state().phase == LauncherPhase.RESIZING
+
+
+def test_an_unreachable_controller_is_waited_for_not_fatal():
+    """The launcher asks Slurm again while slurmctld is away (a restart under a running job);
+    another error, or an outage longer than the wait, stands."""
+    from hpcsched.job.launcher import _while_unreachable
+
+    answers = [slurm.SlurmUnavailable("Unable to contact slurm controller"),
+               slurm.SlurmUnavailable("Unable to contact slurm controller"), "127.0.0.3"]
+
+    def call():
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    assert _while_unreachable(call, "scontrol show node", wait=10, poll=0) == "127.0.0.3"
+
+    def down():
+        raise slurm.SlurmUnavailable("Unable to contact slurm controller")
+
+    with pytest.raises(slurm.SlurmUnavailable):
+        _while_unreachable(down, "scontrol show node", wait=0.05, poll=0.01)
+
+    def refused():
+        raise slurm.SlurmError("Invalid node name specified")
+
+    with pytest.raises(slurm.SlurmError, match="Invalid node"):
+        _while_unreachable(refused, "scontrol show node", wait=10, poll=0)

@@ -53,6 +53,28 @@ from hpcsched.protocol.kinds import AckState, ControlAction, LauncherPhase
 
 log = logging.getLogger("hpcsched.job.launcher")
 
+#: seconds the launcher waits for an unreachable slurmctld before giving up (a restart of the
+#: controller takes seconds; SlurmctldTimeout defaults to 120 s, man slurm.conf)
+SLURMCTLD_WAIT_S = 180.0
+
+
+def _while_unreachable(call, what: str, wait: float = SLURMCTLD_WAIT_S, poll: float = 2.0):
+    """``call()``, again every ``poll`` s while Slurm's controller cannot be reached, up to
+    ``wait`` s: a controller restarted under a running job must not fail the job.
+
+    Raises:
+        SlurmUnavailable: still unreachable after ``wait`` s. SlurmError: any other error.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return call()
+        except slurm.SlurmUnavailable as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("%s: Slurm's controller unreachable (%s); trying again", what, exc)
+            time.sleep(poll)
+
 
 @dataclass(frozen=True)
 class LaunchConfig:
@@ -188,7 +210,8 @@ class Launcher:
 
     def _launch(self, cfg: LaunchConfig, nodes: list[str]) -> int:
         self.launches += 1
-        master = slurm.node_addr(nodes[0]) if nodes else "127.0.0.1"
+        master = (_while_unreachable(lambda: slurm.node_addr(nodes[0]), "scontrol show node")
+                  if nodes else "127.0.0.1")
         env = dict(self.env)
         env.update(self.launch_env(cfg, master).to_env())
         env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: one worker per GPU, not per core
