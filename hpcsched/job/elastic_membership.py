@@ -63,13 +63,16 @@ class ElasticMembership:
         """Collective after entering a form with newcomers: rank 0's training state to all."""
         if not form.newcomers:
             return
-        state = [None]
-        if self.rank == 0:
-            state = [{**training_state(self._cfg, self.state, self._reg, self._noise.estimator),
-                      "rng": rng_state(self._torch)}]
+        state = [self._shared_state() if self.rank == 0 else None]
         self._group.dist.broadcast_object_list(state, src=0)
         if self._members.me.id in form.newcomers:
             self._load(state[0], "rank 0")
+
+    def _shared_state(self) -> dict:
+        """This rank's training state as another rank takes it (:meth:`ElasticJob._load`): a
+        checkpoint's entries and the random generators' states, sent instead of written."""
+        return {**training_state(self._cfg, self.state, self._reg, self._noise.estimator),
+                "rng": rng_state(self._torch)}
 
     def _reform(self, d: Decision) -> bool:
         """Every rank: leave, or enter the form rank 0 published for ``d``."""
@@ -119,10 +122,8 @@ class ElasticMembership:
         Going on from the most advanced state, as torchft recovers from a replica at the
         quorum's highest step, counts every step exactly once and keeps the ranks in lockstep
         (ranks a step apart would reach the end of training at different collectives)."""
-        got = state_of_most_advanced(
-            self._group.dist, self.world_size, self.state.step,
-            lambda: {**training_state(self._cfg, self.state, self._reg, self._noise.estimator),
-                     "rng": rng_state(self._torch)})
+        got = state_of_most_advanced(self._group.dist, self.world_size, self.state.step,
+                                     self._shared_state)
         if got is not None:
             src, steps, state = got
             if self.rank == 0:
