@@ -63,6 +63,9 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per rank")
     p.add_argument("--noise-every", type=int, default=4,
                    help="ElasticDDP's noise_every: measure the gradient noise every k-th step")
+    p.add_argument("--boundary-interval", type=float, default=None,
+                   help="ElasticJob's boundary_interval in seconds (0: a step boundary at every "
+                        "step; default: the job's own)")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "step_overhead.json")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -188,9 +191,10 @@ def worker(args) -> None:
     torch.set_num_threads(args.threads)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     data = Synthetic(torch, args.samples, args.features)
+    pace = {} if args.boundary_interval is None else {"boundary_interval": args.boundary_interval}
     job = ElasticJob(dataset_size=len(data), epochs=10_000,
                      batch_size=world * args.local_batch * args.accum, seed=0,
-                     backend=args.backend)
+                     backend=args.backend, **pace)
     if not dist.is_initialized():  # one rank: the job forms no group; plain DDP needs one
         dist.init_process_group(args.backend, rank=0, world_size=1)
     device = job.device if args.device == "cuda" else torch.device("cpu")
@@ -219,7 +223,9 @@ def worker(args) -> None:
             "world": world, "device": str(device), "backend": args.backend,
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "seconds": measured, "grad_noise": job.grad_noise,
-            "job_parts_ms": {k: 1e3 * statistics.fmean(v) for k, v in parts.items() if v}}),
+            "job_parts_ms": {k: 1e3 * sum(v) / max(1, len(seconds["elastic"]))
+                             for k, v in parts.items()},
+            "boundaries": len(parts["step_boundary"]), "elastic_steps": len(seconds["elastic"])}),
             flush=True)
     dist.barrier()
     os._exit(0)  # DataLoader workers and process groups: no teardown needed for figures
@@ -279,15 +285,17 @@ def main() -> None:
         over = f"{100 * f['overhead']:+.1f}%" if "overhead" in f else ""
         print(f"{v:16} {1e3 * f['median_s']:10.2f} {1e3 * f['mean_s']:10.2f} {over:>9}")
     print(f"target: elastic <= +3% (measured {100 * figures['elastic']['overhead']:+.1f}%)")
-    print("of which ElasticJob's own per-step work (the index API pays it too): "
-          + ", ".join(f"{k} {v:.2f} ms" for k, v in result["job_parts_ms"].items()))
+    print("of which ElasticJob's own work per step (the index API pays it too): "
+          + ", ".join(f"{k} {v:.2f} ms" for k, v in result["job_parts_ms"].items())
+          + f"; {result['boundaries']} step boundaries in {result['elastic_steps']} steps")
     from _report import write_report
 
     write_report(args.out, "step_overhead", config={k: (str(v) if isinstance(v, Path) else v)
                                                     for k, v in vars(args).items()},
                  world=result["world"], device=result["device"], gpu=result["gpu"],
                  backend=result["backend"], figures=figures, grad_noise=result["grad_noise"],
-                 job_parts_ms=result["job_parts_ms"])
+                 job_parts_ms=result["job_parts_ms"], boundaries=result["boundaries"],
+                 elastic_steps=result["elastic_steps"])
 
 
 if __name__ == "__main__":

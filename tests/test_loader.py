@@ -76,7 +76,7 @@ def test_a_batch_change_drops_prefetched_batches_and_keeps_workers(clean_env, tm
         if k.startswith("HPCSCHED_") or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
             clean_env.setenv(k, v)
     clean_env.setenv("HPCSCHED_GRAD_NOISE", "0")
-    job = ElasticJob(dataset_size=N, epochs=3, batch_size=8, seed=1)
+    job = ElasticJob(dataset_size=N, epochs=3, batch_size=8, seed=1, boundary_interval=0)
     loader = ElasticDataLoader(job, Indexed(), num_workers=2, persistent_workers=persistent)
     workers = []
 

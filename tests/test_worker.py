@@ -10,7 +10,7 @@ import time
 import pytest
 
 from hpcsched.job import worker
-from hpcsched.job.boundary import ControlWatcher, Decision, agree
+from hpcsched.job.boundary import ControlWatcher, Decision, Pace, agree
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir
 from hpcsched.protocol.kinds import ControlAction
@@ -66,12 +66,13 @@ def _control(generation=2, action="continue", nodes=2, wpn=2, local=8, accum=3, 
     Decision.of(_control(lr=math.sqrt(2) * 1e-12), False),   # below the old 1e-9 resolution
     Decision.of(_control(generation=2**40, lr=1e300), False),
     Decision(7, ControlAction.REFORM, 2, 0, 16, 1, 1.5, 6, False, form=3),
+    Decision(checkpoint_due=True, next_in=256),
 ])
 def test_decision_round_trips_through_an_int64_broadcast(decision):
     import torch
 
     wire = torch.tensor(decision.encode(), dtype=torch.int64).tolist()
-    assert len(wire) == 10
+    assert len(wire) == 11
     assert Decision.decode(wire) == decision
 
 
@@ -81,6 +82,41 @@ def test_decision_of_a_control_carries_its_request():
             d.accumulation_steps, d.lr_scale, d.world_size, d.checkpoint_due) == (
         2, ControlAction.CHECKPOINT_AND_SHRINK, 1, 2, 8, 3, 0.75, 2, True)
     assert Decision.decode(d.encode()).action is ControlAction.CHECKPOINT_AND_SHRINK
+
+
+def test_pace_spaces_boundaries_by_the_measured_step_time(monkeypatch):
+    """The first boundary and one with a new generation are followed by one at the next step;
+    otherwise about ``interval`` seconds of steps, within [1, max_steps]."""
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    pace = Pace(interval=0.2, max_steps=50)
+    assert pace.next_in(0) == 1                      # nothing measured yet
+    clock[0] += 0.025                                # one 25 ms step
+    assert pace.next_in(1) == 8                      # 0.2 s / 25 ms
+    clock[0] += 8 * 0.5                              # steps became 0.5 s each
+    assert pace.next_in(9) == 1
+    clock[0] += 0.001
+    assert pace.next_in(10) == 50                    # 1 ms steps: capped
+    clock[0] += 0.05
+    assert pace.next_in(60, new_generation=True) == 1
+    clock[0] += 0.05
+    assert pace.next_in(60) == 1                     # no step since: not measurable
+
+
+def test_agree_carries_rank_0s_pace(tmp_path, monkeypatch):
+    """With a pace, rank 0's decision says when the next boundary is; a decision with a new
+    generation is followed by a boundary at the next step."""
+    clock = [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    jd = JobDir.create(tmp_path)
+    watcher, pace = ControlWatcher(jd), Pace(interval=0.2)
+    assert agree(watcher, None, None, 0, 0, False, pace=pace, step=0).next_in == 1
+    clock[0] += 0.1
+    assert agree(watcher, None, None, 0, 0, False, pace=pace, step=10).next_in == 20
+    ctl.write_control(jd.control_path, ctl.Control(**{**_control().__dict__, "job_uid": jd.uid}))
+    clock[0] += 0.2
+    d = agree(watcher, None, None, 0, 0, False, pace=pace, step=30)
+    assert (d.generation, d.next_in) == (2, 1)
 
 
 def test_rank_0_decides_from_control_json_once_per_new_generation(tmp_path):

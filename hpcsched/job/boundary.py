@@ -1,9 +1,16 @@
 """The step-boundary protocol of the workers (``docs/control-protocol.md``).
 
-At the start of each optimizer step rank 0 looks at ``control.json`` (one ``stat``) and at
-the checkpoint interval, and broadcasts what it found as a :class:`Decision`, so that every
-rank applies a new generation at the same step. Rank 0 answers in ``ack.json`` and reports
-where training is in ``progress.json`` (:class:`Reporter`).
+At a step boundary rank 0 looks at ``control.json`` (one ``stat``) and at the checkpoint
+interval, and broadcasts what it found as a :class:`Decision`, so that every rank applies a new
+generation at the same step. Rank 0 answers in ``ack.json`` and reports where training is in
+``progress.json`` (:class:`Reporter`).
+
+The ranks do not agree at every step: the broadcast costs about 1 ms on gloo, 4% of a 25 ms
+step. Each decision also says in how many steps the next boundary is (:class:`Pace`: about
+every :data:`AGREE_INTERVAL` seconds of training, at least every step, at most every
+:data:`MAX_STEPS_BETWEEN`), so every rank knows the step number of the next one in advance and
+the boundaries stay collective. A new generation, or a re-formed group, agrees again at the
+next step.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from hpcsched.protocol import files as ctl
@@ -24,6 +31,11 @@ log = logging.getLogger(__name__)
 
 #: seconds between two progress reports
 PROGRESS_INTERVAL = 2.0
+#: seconds of training between two step boundaries, once the step time is known: what a
+#: control request waits at most, beyond its step (module docstring)
+AGREE_INTERVAL = 0.2
+#: steps between two step boundaries at most (very short steps)
+MAX_STEPS_BETWEEN = 256
 
 
 @dataclass
@@ -79,8 +91,9 @@ class Decision:
             world_size: that generation's request (see :class:`hpcsched.protocol.files.Control`).
         checkpoint_due: the checkpoint interval has passed.
         form: for ``reform``: the form to enter (:mod:`hpcsched.job.reform`).
+        next_in: optimizer steps from this boundary to the next one (>= 1; :class:`Pace`).
 
-    Travels as 10 int64 values (:meth:`encode`, :meth:`decode`): the action as its index in
+    Travels as 11 int64 values (:meth:`encode`, :meth:`decode`): the action as its index in
     :class:`~hpcsched.protocol.kinds.ControlAction`, ``lr_scale`` as the bits of its float64.
     """
 
@@ -94,6 +107,7 @@ class Decision:
     world_size: int = 0
     checkpoint_due: bool = False
     form: int = 0
+    next_in: int = 1
 
     _ACTIONS: ClassVar[tuple[ControlAction, ...]] = tuple(ControlAction)
 
@@ -110,13 +124,42 @@ class Decision:
     def encode(self) -> list[int]:
         return [self.generation, self._ACTIONS.index(self.action), self.nodes,
                 self.workers_per_node, self.local_batch_size, self.accumulation_steps,
-                _float_bits(self.lr_scale), int(self.checkpoint_due), self.world_size, self.form]
+                _float_bits(self.lr_scale), int(self.checkpoint_due), self.world_size, self.form,
+                self.next_in]
 
     @classmethod
     def decode(cls, values: list[int]) -> Decision:
-        gen, code, nodes, wpn, local, accum, lr_bits, due, world, form = (int(v) for v in values)
+        gen, code, nodes, wpn, local, accum, lr_bits, due, world, form, next_in = (
+            int(v) for v in values)
         return cls(gen, cls._ACTIONS[code], nodes, wpn, local, accum, _bits_float(lr_bits),
-                   world, bool(due), form)
+                   world, bool(due), form, next_in)
+
+
+class Pace:
+    """Rank 0's choice of :attr:`Decision.next_in`: enough steps that about ``interval``
+    seconds pass between two boundaries, from the mean step time since the previous boundary
+    (monotonic clock; it includes whatever else ran between them, a checkpoint say, which only
+    makes the next gap shorter). The first boundary, and one that hands out a new generation,
+    is followed by one at the next step: the step time is not known yet, or changes.
+
+    Args:
+        interval: seconds of training between boundaries (> 0).
+        max_steps: the most steps between two boundaries (>= 1).
+    """
+
+    def __init__(self, interval: float = AGREE_INTERVAL, max_steps: int = MAX_STEPS_BETWEEN):
+        self.interval, self.max_steps = interval, max_steps
+        self._last: tuple[float, int] | None = None
+
+    def next_in(self, step: int, new_generation: bool = False) -> int:
+        """Steps to the next boundary, for a boundary at optimizer step ``step`` (the number of
+        steps trained so far)."""
+        now = time.monotonic()
+        last, self._last = self._last, (now, step)
+        if new_generation or last is None or step <= last[1] or now <= last[0]:
+            return 1
+        per_step = (now - last[0]) / (step - last[1])
+        return max(1, min(self.max_steps, round(self.interval / per_step)))
 
 
 class ControlWatcher:
@@ -152,16 +195,22 @@ class ControlWatcher:
 
 
 def agree(watcher: ControlWatcher, group, torch, rank: int, generation: int,
-          checkpoint_due: bool, decide=None) -> Decision:
+          checkpoint_due: bool, decide=None, pace: Pace | None = None, step: int = 0) -> Decision:
     """Collective: every rank gets rank 0's decision (a control generation newer than
-    ``generation``, and whether a checkpoint is due); ``group`` None = one rank. ``decide``
-    (rank 0): ``decide(new_control_or_None, checkpoint_due) -> Decision`` instead of
-    :meth:`Decision.of` (the job's reform logic)."""
+    ``generation``, whether a checkpoint is due, and ``pace``'s steps to the next boundary
+    from optimizer step ``step``; without ``pace``, the next step); ``group`` None = one rank.
+    ``decide`` (rank 0): ``decide(new_control_or_None, checkpoint_due) -> Decision`` instead of
+    :meth:`Decision.of` (the job's reform logic).
+
+    Raises:
+        RuntimeError: the broadcast failed (a peer was lost)."""
     d = Decision()
     if rank == 0:
         c = watcher.changed()
         c = c if c is not None and c.generation > generation else None
         d = decide(c, checkpoint_due) if decide is not None else Decision.of(c, checkpoint_due)
+        if pace is not None:
+            d = replace(d, next_in=pace.next_in(step, new_generation=d.generation > 0))
     if group is not None:
         d = Decision.decode(group.broadcast_ints(torch, d.encode()))
     return d

@@ -62,7 +62,15 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from hpcsched.job.boundary import ControlWatcher, Decision, InForce, Reporter, agree
+from hpcsched.job.boundary import (
+    AGREE_INTERVAL,
+    ControlWatcher,
+    Decision,
+    InForce,
+    Pace,
+    Reporter,
+    agree,
+)
 from hpcsched.job.checkpoint import (
     CHECKPOINT_FORMAT,
     Checkpointer,
@@ -114,6 +122,9 @@ class ElasticJob(ElasticMembership):
             (:attr:`grad_noise`); also switched off by ``HPCSCHED_GRAD_NOISE=0``.
         grad_noise_smoothing: the estimate's exponential smoothing per step at the job's first
             batch size (AdaptDL's 0.999: a memory of about 1,000 such steps); in ``[0, 1)``.
+        boundary_interval: seconds of training between two step boundaries, where the ranks
+            agree on hpcsched's requests and on checkpoints (:class:`~hpcsched.job.boundary.
+            Pace`; about 1 ms each on gloo); 0: at every step.
 
     Environment (set by the launcher; see :mod:`hpcsched.protocol.env` and
     ``docs/control-protocol.md``): ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
@@ -127,8 +138,8 @@ class ElasticJob(ElasticMembership):
         generation, world_size, nodes, batch, lr_scale: the configuration in force.
 
     Raises:
-        ValueError: ``dataset_size`` or ``epochs`` < 1, or ``grad_noise_smoothing`` outside
-            ``[0, 1)``.
+        ValueError: ``dataset_size`` or ``epochs`` < 1, ``grad_noise_smoothing`` outside
+            ``[0, 1)``, or ``boundary_interval`` < 0.
     """
 
     generation = _in_force("generation", "Control generation in force.")
@@ -139,11 +150,14 @@ class ElasticJob(ElasticMembership):
 
     def __init__(self, dataset_size: int, epochs: int, batch_size: int = 32, seed: int = 0,
                  backend: str | None = None, init_timeout: float = 300.0,
-                 track_grad_noise: bool = True, grad_noise_smoothing: float = 0.999):
+                 track_grad_noise: bool = True, grad_noise_smoothing: float = 0.999,
+                 boundary_interval: float = AGREE_INTERVAL):
         import torch  # imported here so hpcsched's CLI never pays for it
 
         if dataset_size < 1 or epochs < 1:
             raise ValueError("dataset_size and epochs must be >= 1")
+        if not boundary_interval >= 0:
+            raise ValueError(f"boundary_interval must be >= 0 seconds, got {boundary_interval}")
         self._torch = torch
         self.dataset_size, self.epochs, self.seed = dataset_size, epochs, seed
         self._launch = launch = LaunchEnv.from_env(os.environ)
@@ -182,6 +196,8 @@ class ElasticJob(ElasticMembership):
                                        proc.slurm_job_id)
         self._void = False  # the step in flight lost a peer: it does not count
         self._watcher = ControlWatcher(jd)
+        self._pace = Pace(boundary_interval)  # rank 0: steps to the next boundary
+        self._agree_at = 0   # optimizer step of the next step boundary (all ranks agree on it)
         self._report = Reporter(jd, self.rank, self.state.total_samples)
         self._applied_acked = joining
         self._metrics = StepMetrics.for_rank(
@@ -222,7 +238,7 @@ class ElasticJob(ElasticMembership):
         the work of :meth:`set_work`, is done) or hpcsched asks for a checkpoint (then
         :attr:`stopped_for` names the action)."""
         while not (self.state.finished or self._report.work_done):
-            if not self._step_boundary():
+            if self.state.step >= self._agree_at and not self._step_boundary():
                 return
             cfg = self._cfg
             lr = self._lr.factor(cfg.lr_scale, cfg.batch.global_batch_size, self._noise)
@@ -392,13 +408,16 @@ class ElasticJob(ElasticMembership):
         self._report.progress(self._cfg, self.state, self._noise.estimator.estimate, finished)
 
     def _step_boundary(self) -> bool:
-        """Collective: agree on any new generation and on checkpoints. False = stop."""
+        """Collective: agree on any new generation, on checkpoints and on the step of the next
+        boundary (:class:`~hpcsched.job.boundary.Pace`). False = stop."""
         try:
             d = agree(self._watcher, self._group, self._torch, self.rank, self.generation,
-                      self._ckpt.due, decide=self._decide)
+                      self._ckpt.due, decide=self._decide, pace=self._pace,
+                      step=self.state.step)
         except RuntimeError as exc:
             self._peer_lost(exc)
             return self._step_boundary()
+        self._agree_at = self.state.step + d.next_in
         if not self._applied_acked:
             self._ack(AckState.APPLIED, self.generation)
             self._applied_acked = True

@@ -50,7 +50,9 @@ class ElasticMembership:
         return True
 
     def _enter(self, form) -> None:
-        """Form ``form``'s group and take its configuration."""
+        """Form ``form``'s group and take its configuration; its ranks agree at their next
+        step (the ranks entering it may not have agreed on one before)."""
+        self._agree_at = 0
         timeout = self._launch.fault_timeout if form.has_extensions else self._init_timeout
         self.rank = self._members.enter(form, timeout)
         self._report.rank_changed(self.rank)
