@@ -18,7 +18,10 @@ environment torchrun would give them); all variants run in the same processes, i
 rounds (``--rounds`` x ``--steps`` optimizer steps each, after ``--warmup`` steps), so drift of
 the machine hits them alike. Figures: per variant the median and mean step time (rank 0; on
 CUDA synchronised at each step end) over the measured steps, and the overhead of each elastic
-variant relative to ``plain`` (ratio of means - 1).
+variant relative to ``plain`` (ratio of means - 1). A step's time runs from the end of the one
+before, so it includes what the training loop does between steps: for ``plain`` a new epoch's
+iterator, for the elastic variants the job's own work in ``steps()`` (the last step's metrics
+and data position, the step boundary when one is due).
 
     .venv/bin/python benchmarks/step_overhead.py                     # CPU, gloo, 2 ranks
     .venv/bin/python benchmarks/step_overhead.py --device cuda --backend nccl --world 1
@@ -107,12 +110,13 @@ def _plain(torch, dist, args, data, device, seconds):
     loader = DataLoader(data, args.local_batch, sampler=sampler, num_workers=args.workers,
                         pin_memory=device.type == "cuda", persistent_workers=args.workers > 0,
                         drop_last=True)
-    epoch = 0
+    epoch, t0 = 0, None
     while True:
+        t0 = t0 or time.perf_counter()  # a new epoch's iterator counts in the step's time
         sampler.set_epoch(epoch)
         it = iter(loader)
         while True:
-            t0 = time.perf_counter()
+            t0 = t0 or time.perf_counter()
             try:
                 for a in range(args.accum):
                     x, y = next(it)
@@ -126,6 +130,7 @@ def _plain(torch, dist, args, data, device, seconds):
             opt.zero_grad()
             _sync(torch, device)
             seconds.append(time.perf_counter() - t0)
+            t0 = None
             yield
         epoch += 1
 
@@ -141,8 +146,10 @@ def _elastic(torch, args, job, data, device, seconds):
                                pin_memory=device.type == "cuda",
                                persistent_workers=args.workers > 0)
     job.register(model=model, optimizer=opt)
-    for step in job.steps():
-        t0 = time.perf_counter()
+    steps = job.steps()
+    while True:
+        t0 = time.perf_counter()  # the job's work between two steps counts (boundary, metrics)
+        step = next(steps)
         for g in opt.param_groups:
             g["lr"] = 0.01 * step.lr_scale
         for x, y in loader.micro_batches(step):
@@ -199,9 +206,15 @@ def worker(args) -> None:
         dist.init_process_group(args.backend, rank=0, world_size=1)
     device = job.device if args.device == "cuda" else torch.device("cpu")
     seconds = {v: [] for v in VARIANTS}
-    parts = {"step_boundary": [], "data_position": []}  # ElasticJob's own per-step work
+    # ElasticJob's own work between steps
+    parts = {"step_boundary": [], "data_position": [], "metrics": [], "noise_bookkeeping": []}
     _time_calls(job, "_step_boundary", parts["step_boundary"])
     _time_calls(job.state, "next_step", parts["data_position"])
+    _time_calls(job.state, "advance", parts["data_position"])
+    _time_calls(job._metrics, "end_step", parts["metrics"])
+    _time_calls(job._metrics, "begin_step", parts["metrics"])
+    for name in ("begin_step", "end_step", "record"):
+        _time_calls(job._noise, name, parts["noise_bookkeeping"])
     # two jobs' worth of state cannot share one ElasticJob's steps: the no-GNS variant is the
     # same loop with the job's measurement switched off for its rounds
     runs = {"plain": _plain(torch, dist, args, data, device, seconds["plain"])}

@@ -2,7 +2,9 @@
 lockstep, by ElasticDataLoader + ElasticDDP and by the explicit index API (summed loss / N,
 collective.allreduce_flat, a GNSTracker of its own); prints one JSON line of the differences.
 
-argv: dataset size, epochs, step at which the process group is re-formed (-1: never).
+argv: dataset size, epochs, step at which the process group is re-formed (-1: never), and
+optionally ``hooked`` (the all-reduce in ElasticDDP's communication hook, as with extension
+members; default: DDP's own) and ``noise_every`` (default 1: the gradient noise compared too).
 """
 
 import copy
@@ -20,6 +22,10 @@ from hpcsched.job.gradient_noise import GNSTracker
 
 def main() -> None:
     n, epochs, reform_at = (int(a) for a in sys.argv[1:4])
+    hooked = len(sys.argv) > 4 and sys.argv[4] == "hooked"
+    noise_every = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+    if hooked:
+        ElasticJob.survives_lost_workers = property(lambda self: True)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     X = torch.randn(n, 5, dtype=torch.float64)
@@ -29,7 +35,7 @@ def main() -> None:
     twin = copy.deepcopy(net)
     job = ElasticJob(dataset_size=n, epochs=epochs, batch_size=12, seed=3,
                      grad_noise_smoothing=0.5)
-    model = ElasticDDP(job, net, noise_every=1)   # the same steps as the explicit reference
+    model = ElasticDDP(job, net, noise_every=noise_every)  # 1: the steps of the reference
     loader = ElasticDataLoader(job, TensorDataset(X, y), num_workers=1, persistent_workers=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     opt_twin = torch.optim.SGD(twin.parameters(), lr=0.1)

@@ -20,6 +20,7 @@ class StandIn:
     """What ElasticDDP asks of its job, with ``_peer_lost`` recording instead of re-forming."""
 
     device = torch.device("cpu")
+    survives_lost_workers = True   # as with extension members: ElasticDDP's hook all-reduces
 
     def __init__(self):
         self._void = False

@@ -1,6 +1,7 @@
 """ElasticDDP with real torch.distributed (gloo) processes: the same gradient and the same
 gradient-noise estimate as the explicit reduce_gradients path, on uneven sample counts, with a
-rank that has no sample in a step, and across a re-formed process group."""
+rank that has no sample in a step, and across a re-formed process group; with DDP's own
+all-reduce (the default) and with ElasticDDP's communication hook (extension members)."""
 
 import json
 import os
@@ -18,7 +19,7 @@ ROOT = WORKER.parent.parent
 
 
 def _run(world: int, n: int, epochs: int, reform_at: int, local: int, accum: int,
-         script: Path = WORKER) -> list[dict]:
+         script: Path = WORKER, *extra: str) -> list[dict]:
     port = free_port()
     procs = []
     for rank in range(world):
@@ -28,7 +29,8 @@ def _run(world: int, n: int, epochs: int, reform_at: int, local: int, accum: int
                    HPCSCHED_LOCAL_BATCH_SIZE=str(local), HPCSCHED_ACCUMULATION_STEPS=str(accum),
                    PYTHONPATH=str(ROOT))
         procs.append(subprocess.Popen([sys.executable, str(script), str(n), str(epochs),
-                                       str(reform_at)], env=env, stdout=subprocess.PIPE,
+                                       str(reform_at), *extra], env=env,
+                                      stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     outs = []
     for p in procs:
@@ -45,8 +47,9 @@ def _run(world: int, n: int, epochs: int, reform_at: int, local: int, accum: int
     (46, 3, 2, -1, 0),   # last step: 10 samples, micro-batches of 3 then 2 on each rank
     (41, 6, 1, 4, 0),    # no accumulation; the group is re-formed at step 4: DDP wraps again
 ])
-def test_ddp_matches_the_explicit_reduction(n, local, accum, reform_at, padded):
-    outs = _run(2, n, 2, reform_at, local, accum)
+@pytest.mark.parametrize("mode", ["builtin", "hooked"])
+def test_ddp_matches_the_explicit_reduction(n, local, accum, reform_at, padded, mode):
+    outs = _run(2, n, 2, reform_at, local, accum, WORKER, mode)
     for o in outs:
         assert o["grad_diff"] < 1e-12, o
         assert o["wraps"] == (2 if reform_at >= 0 else 1)
@@ -55,6 +58,16 @@ def test_ddp_matches_the_explicit_reduction(n, local, accum, reform_at, padded):
         assert g == pytest.approx(ref, rel=1e-9)
     assert outs[1]["padded_steps"] == padded
     assert outs[0]["steps"] == outs[1]["steps"]
+
+
+@pytest.mark.parametrize("mode", ["builtin", "hooked"])
+def test_steps_not_measured_keep_the_exact_gradient(mode):
+    """noise_every 3: two steps in three run without the noise hooks (DDP's own all-reduce:
+    no hook at all), on full steps with accumulation and on short ones."""
+    outs = _run(2, 41, 2, -1, 3, 2, WORKER, mode, "3")
+    for o in outs:
+        assert o["grad_diff"] < 1e-12, o
+        assert o["gns"] is not None
 
 
 def test_a_lost_peer_voids_the_step_and_is_handed_to_the_job():

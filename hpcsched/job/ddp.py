@@ -18,24 +18,32 @@ What it does per micro-batch ``a`` of this rank (``n_a`` samples, ``N = step.glo
 
 * **Accumulation**: DDP's ``no_sync`` for all of the rank's micro-batches but the last, so the
   all-reduce runs once per step, overlapped with the last backward pass as DDP does.
-* **Exact global mean**: micro-batch ``a``'s gradient counts ``n_a / N`` times, and the
-  communication hook *sums* over ranks instead of DDP's mean over the world size, so the
-  reduced gradient is ``(1/N) sum of per-sample gradients`` even when ranks hold different
-  numbers of samples (the same as :meth:`ElasticJob.reduce_gradients`). When the rank's
-  micro-batches of the step are all of one size (every step but a short last one), the hook
-  scales the accumulated gradient once by ``n / N`` in place of DDP's division by the world
-  size (the same one pass over the gradient); otherwise (and on one rank with accumulation)
-  hooks on the parameters scale each micro-batch's gradient before it is accumulated. The loss
-  must be the mean over the micro-batch's samples (PyTorch's default ``reduction="mean"``);
-  each micro-batch's backward must come before the next micro-batch's forward.
+* **Exact global mean**: micro-batch ``a``'s gradient counts ``n_a / N`` times, so the reduced
+  gradient is ``(1/N) sum of per-sample gradients`` even when ranks hold different numbers of
+  samples (the same as :meth:`ElasticJob.reduce_gradients`). DDP's own all-reduce (C++, its
+  mean over the ``W`` ranks) does it: on a full step (``N = W x local x accumulation``, every
+  step but a short last one of an epoch) every micro-batch weighs ``1 / (W A)``, so DDP's mean
+  is right once the summed micro-batches are divided by ``A`` (after the step's backward, one
+  pass, none without accumulation); on a short step, hooks on the parameters scale each
+  micro-batch's gradient by ``W n_a / N`` before it is accumulated. The loss must be the mean
+  over the micro-batch's samples (PyTorch's default ``reduction="mean"``); each micro-batch's
+  backward must come before the next micro-batch's forward.
+* **Where lost workers are survivable** (the job's group has extension members,
+  ``job.survives_lost_workers``), a communication hook of ours runs the all-reduce instead, so
+  that a failed one can be caught (below): it scales the bucket by ``n / N`` and *sums* over
+  ranks. A Python hook costs a few per cent of a small model's step on a CPU (the GIL at every
+  bucket), which is why it is not the default (docs/training-api.md).
 * **No sample on this rank** (a short last step): the loader gives one padding micro-batch whose
   weight is 0; the rank runs it, so it takes part in DDP's all-reduce with a zero gradient.
-* **Gradient noise**: the hook piggybacks the statistics that ``reduce_gradients`` sends: each
-  bucket's local squared norm before the all-reduce and its reduced squared norm after; the
-  sums over buckets are ``|local|^2`` and ``|reduced|^2`` (norms add over disjoint parts), so
-  :class:`hpcsched.job.gradient_noise.GNSTracker` gets the same numbers as from the flat
-  gradient (up to the order of float sums). The two statistics ``[n |g_n|^2, 1]`` go in one
-  extra all-reduce of 2 numbers, issued after the last bucket's. It runs every
+* **Gradient noise**: the statistics that ``reduce_gradients`` sends: the local squared norm
+  before the all-reduce and the reduced squared norm after, summed over parts (norms add over
+  disjoint parts), so :class:`hpcsched.job.gradient_noise.GNSTracker` gets the same numbers as
+  from the flat gradient (up to the order of float sums). With DDP's all-reduce the local
+  norms come from hooks run as each parameter's gradient is accumulated in the step's last
+  backward (before DDP's own, so before any reduction; installed on measured steps only), the
+  reduced ones from the gradients after it; with our hook, per bucket before and after its
+  all-reduce. The two statistics ``[n |g_n|^2, 1]`` go in one extra all-reduce of 2 numbers.
+  It runs every
   ``noise_every``-th step (default 4; the estimator weighs each measurement as that many steps,
   so the average's memory is unchanged): the norms are two passes over the gradient, a few per
   cent of a small model's step on a CPU (docs/training-api.md).
@@ -46,10 +54,11 @@ What it does per micro-batch ``a`` of this rank (``n_a`` samples, ``N = step.glo
   wrapped again; DDP's constructor broadcasts rank 0's parameters, which every rank already has.
 
 * **A lost peer** (an extension worker gone; ``docs/extensions.md``): a failed all-reduce in
-  the hook is caught; after the step's last backward the step is voided and the job goes on
-  without the lost workers, as with ``reduce_gradients`` (or the error is raised where the job
-  cannot go on). A collective of DDP's own outside the hook (the buffers' broadcast at a
-  forward, for a module with buffers) still raises from the forward.
+  our hook is caught; after the step's last backward the step is voided and the job goes on
+  without the lost workers, as with ``reduce_gradients``. Without extension members the job
+  cannot go on anyway: DDP's own all-reduce raises from ``backward()``. A collective of DDP's
+  own outside the hook (the buffers' broadcast at a forward, for a module with buffers) still
+  raises from the forward.
 """
 
 from __future__ import annotations
@@ -70,6 +79,26 @@ class _BucketNorms:
         self.reduced: dict[int, torch.Tensor] = {}
         self.futures: list = []
         self.stats = self.work = None
+
+
+class _AccumulatedNorms:
+    """One step's gradient-noise measurement with DDP's own all-reduce: the local norms,
+    taken by post-accumulate hooks in the step's last backward."""
+
+    def __init__(self, step, local_stats, hooks):
+        self.step, self.local_stats, self.hooks = step, local_stats, hooks
+        self.local: list[torch.Tensor] = []
+
+    def remove(self) -> None:
+        for h in self.hooks:
+            h.remove()
+        self.hooks = []
+
+
+def _full(step) -> bool:
+    """Every rank has ``accumulation_steps`` micro-batches of ``local_batch_size`` samples."""
+    return step.global_samples == (step.world_size * step.local_batch_size
+                                   * step.accumulation_steps)
 
 
 def _norm(t):
@@ -113,7 +142,8 @@ class ElasticDDP(torch.nn.Module):
         self._ddp_args = ddp_args
         self._ddp = [None]          # a list: not a submodule (no second copy in state_dict)
         self._params: list = []
-        self._measure: _BucketNorms | None = None
+        self._measure: _BucketNorms | _AccumulatedNorms | None = None
+        self._hooked = False               # our communication hook runs the all-reduce
         self._scale = 1.0                  # the comm hook's factor for this step
         self._param_weight: float | None = None   # the parameter hooks' factor (None: off)
         self._param_hooks: list = []
@@ -138,17 +168,27 @@ class ElasticDDP(torch.nn.Module):
                                "loader.micro_batches(step) (the model needs to know the "
                                "micro-batch); use torch.no_grad() or model.eval() for others")
         ddp = self._wrapped()
-        self._weigh(cur, in_hook=ddp is not None and cur.uniform)
-        if ddp is None:
+        if ddp is None:   # one rank: the weights on the parameters' gradients
+            self._weigh(1.0, None if cur.weight == 1.0 else cur.weight)
             return self.module(*args, **kwargs)
+        if self._hooked:  # once in the hook when uniform, else on the parameters' gradients
+            in_hook = cur.uniform
+            self._weigh(cur.weight if in_hook else 1.0,
+                        None if in_hook or cur.weight == 1.0 else cur.weight)
+        else:             # DDP's mean: a full step's 1 / A comes after the backward
+            full = _full(cur.step)
+            self._weigh(1.0, None if full else cur.step.world_size * cur.weight)
+            if cur.index == 0:
+                self._begin_measure(cur.step)
         with contextlib.nullcontext() if cur.last else ddp.no_sync():
             return ddp(*args, **kwargs)
 
-    def _weigh(self, cur, in_hook: bool) -> None:
-        """Where this micro-batch's weight is applied: once, in the communication hook, or to
-        each micro-batch's gradient by hooks on the parameters (installed only while needed)."""
-        self._scale = cur.weight if in_hook else 1.0
-        self._param_weight = None if in_hook or cur.weight == 1.0 else cur.weight
+    def _weigh(self, scale: float, param_weight: float | None) -> None:
+        """Where this micro-batch's weight is applied: ``scale`` in the communication hook,
+        ``param_weight`` on each micro-batch's gradient by hooks on the parameters (installed
+        only while needed; None: none)."""
+        self._scale = scale
+        self._param_weight = param_weight
         if self._param_weight is not None and not self._param_hooks:
             self._param_hooks = [p.register_hook(self._param_hook)
                                  for p in self.module.parameters() if p.requires_grad]
@@ -176,7 +216,9 @@ class ElasticDDP(torch.nn.Module):
             if "device_ids" not in args and next(self.module.parameters()).is_cuda:
                 args["device_ids"] = [self._job.device]
             ddp = torch.nn.parallel.DistributedDataParallel(self.module, **args)
-            ddp.register_comm_hook(self, _sum_hook)
+            self._hooked = bool(self._job.survives_lost_workers)
+            if self._hooked:
+                ddp.register_comm_hook(self, _sum_hook)
             self._params = [p for p in self.module.parameters() if p.requires_grad]
             self._ddp[0] = ddp
             self.wraps += 1
@@ -191,15 +233,64 @@ class ElasticDDP(torch.nn.Module):
         if step is None:
             return None
         m = self._measure
-        if m is None or m.step is not step:  # (a loop that left a step early never finished it)
+        if not isinstance(m, _BucketNorms) or m.step is not step:  # (a loop that left a step
+            # early never finished it)
             m = self._measure = _BucketNorms(step, noise.local_stats(step))
         return m
+
+    def _begin_measure(self, step) -> None:
+        """DDP's all-reduce, first micro-batch of a step: on a step the job measures, hooks
+        that take each parameter's local norm once its gradient is accumulated in the step's
+        last backward."""
+        if isinstance(self._measure, _AccumulatedNorms):  # a loop that left a step early
+            self._measure.remove()
+        self._measure = None
+        step = self._job._noise.measuring(self._params)
+        if step is None:
+            return
+        m = _AccumulatedNorms(step, self._job._noise.local_stats(step), [])
+
+        def local_norm(p, m=m):
+            if self._cursor.last:
+                m.local.append(_norm(p.grad))
+
+        m.hooks = [p.register_post_accumulate_grad_hook(local_norm) for p in self._params]
+        self._measure = m
+
+    def _finish_builtin(self, step) -> None:
+        """After the step's last backward with DDP's all-reduce: a full step's ``1 / A``, and
+        the gradient-noise statistics of a measured step."""
+        grads = [p.grad for p in self._params if p.grad is not None]
+        full = _full(step)
+        if full and step.accumulation_steps > 1 and grads:
+            torch._foreach_mul_(grads, 1.0 / step.accumulation_steps)
+        m, self._measure = self._measure, None
+        if not isinstance(m, _AccumulatedNorms):
+            return
+        m.remove()
+        if not m.local or not grads:
+            return
+        import torch.distributed as dist
+
+        # the local gradients as our hook's weights would have made them (n / N, summed)
+        share = 1.0 / (step.world_size * (step.accumulation_steps if full else 1))
+        local = torch.stack(m.local) * share
+        stats = m.local_stats(local).to(local.dtype)
+        try:
+            dist.all_reduce(stats)
+        except RuntimeError as exc:
+            self._lost(exc)
+            return
+        self._job._noise.after_reduce(m.step, torch.stack([_norm(g) for g in grads]), stats)
 
     def _finish(self, step) -> None:
         """After the step's last backward (the loader's cursor calls it)."""
         job = self._job
         if self._ddp[0] is None:  # one rank: the job's own single-rank estimators
             job.reduce_gradients(self.module)
+            return
+        if not self._hooked:
+            self._finish_builtin(step)
             return
         m, self._measure = self._measure, None
         failure, self._failure = self._failure, None

@@ -39,6 +39,14 @@ class ElasticMembership:
         n, w = max(1, self.nodes), self.world_size
         return tuple(w // n + (i < w % n) for i in range(n))
 
+    @property
+    def survives_lost_workers(self) -> bool:
+        """The group in force has extension members, so a lost worker is survivable: the job
+        goes on without it (``docs/extensions.md``); otherwise a failed collective ends the
+        job."""
+        form = self._members.form if self._members is not None else None
+        return form is not None and form.has_extensions
+
     def _join(self) -> bool:
         """A newcomer from an extension job: wait to be invited into the running job's group
         at a step boundary, then take the training state from rank 0 (no checkpoint read)."""
@@ -96,9 +104,9 @@ class ElasticMembership:
     def _peer_lost(self, exc: Exception) -> None:
         """A collective failed. With extension members in the group, go on without the lost
         peers (:meth:`Membership.survivors_form`); otherwise the error stands."""
-        form = self._members.form if self._members is not None else None
-        if form is None or not form.has_extensions:
+        if not self.survives_lost_workers:
             raise exc
+        form = self._members.form
         log.warning("a collective failed (%s); re-forming without the lost workers", exc)
         refit = self._members.refit(self.global_batch_size) if self.rank == 0 else None
         new = self._members.survivors_form(form, self.rank, refit)
