@@ -64,7 +64,7 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=50, help="measured steps per variant per round")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per rank")
-    p.add_argument("--noise-every", type=int, default=4,
+    p.add_argument("--noise-every", type=int, default=8,
                    help="ElasticDDP's noise_every: measure the gradient noise every k-th step")
     p.add_argument("--boundary-interval", type=float, default=None,
                    help="ElasticJob's boundary_interval in seconds (0: a step boundary at every "

@@ -43,10 +43,11 @@ What it does per micro-batch ``a`` of this rank (``n_a`` samples, ``N = step.glo
   backward (before DDP's own, so before any reduction; installed on measured steps only), the
   reduced ones from the gradients after it; with our hook, per bucket before and after its
   all-reduce. The two statistics ``[n |g_n|^2, 1]`` go in one extra all-reduce of 2 numbers.
-  It runs every
-  ``noise_every``-th step (default 4; the estimator weighs each measurement as that many steps,
-  so the average's memory is unchanged): the norms are two passes over the gradient, a few per
-  cent of a small model's step on a CPU (docs/training-api.md).
+  It runs every ``noise_every``-th step (default 8; the estimator weighs each measurement as
+  that many steps, so the average's memory is unchanged: about 125 measurements at the default
+  smoothing): the norms are two passes over the gradient and the 2 numbers' all-reduce waits
+  for every rank, a few per cent of a small model's step on a CPU when paid at every step
+  (docs/training-api.md).
 * **One rank**: no DDP (nothing to reduce); at the end of the step the job's single-rank
   estimators run (:meth:`ElasticJob.reduce_gradients`).
 * **A new process group** (an in-place shrink, an extension join, lost workers): detected at
@@ -116,7 +117,7 @@ class ElasticDDP(torch.nn.Module):
         noise_every: with several ranks, measure the gradient noise every ``noise_every``-th
             step (the estimator weighs each measurement as that many steps, so its memory is
             unchanged; :attr:`GNSTracker.every`): the two passes over the gradient it costs
-            are paid a quarter of the steps by default. 1: every step, as the explicit
+            are paid one step in 8 by default. 1: every step, as the explicit
             ``reduce_gradients`` does.
         **ddp_args: passed to DistributedDataParallel on every wrap (e.g.
             ``find_unused_parameters``, ``bucket_cap_mb``, ``gradient_as_bucket_view``);
@@ -132,7 +133,7 @@ class ElasticDDP(torch.nn.Module):
         RuntimeError: (at forward) a training forward outside ``loader.micro_batches(step)``.
     """
 
-    def __init__(self, job, module: torch.nn.Module, noise_every: int = 4, **ddp_args):
+    def __init__(self, job, module: torch.nn.Module, noise_every: int = 8, **ddp_args):
         super().__init__()
         if noise_every < 1:
             raise ValueError(f"noise_every must be >= 1, got {noise_every}")
