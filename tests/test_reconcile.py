@@ -140,6 +140,20 @@ def test_admission_room_makes_the_shrinks_when_starts_need_more_than_is_free(use
     assert ("make room" in note) == room
 
 
+@pytest.mark.parametrize(("asks", "planned", "room"), [
+    (2, 2, True),      # planned at the 4 GPUs it asks for, 0 free: room is made (no change of its own)
+    (2, 0, False),     # told to wait: nothing starts
+])
+def test_admission_room_counts_a_pending_job_planned_at_its_own_request(asks, planned, room):
+    snap = _cluster(n_nodes=4, gpus=4, used=4, jobs=[_job("P", asks, state="PENDING")])
+    plan = Plan("t", (JobTarget("P", planned, 64, "r"),), None)
+    resizes = [_cand("S", ChangeKind.SHRINK), _cand("G", ChangeKind.GROW)]
+    assert admission_room([], resizes, snap) == ([], "")   # without the plan: not seen
+    made, note = admission_room([], resizes, snap, plan)
+    assert [c.change.job_id for c in made] == (["S"] if room else [])
+    assert ("make room" in note) == room
+
+
 # ------------------------------------------------------------------------------ gain test
 
 @pytest.mark.parametrize(("costs", "ratio", "made"), [
