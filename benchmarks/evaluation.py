@@ -441,11 +441,15 @@ def main() -> None:
     print(f"wrote {docs / 'evaluation.md'} and {args.results} ({wall / 60:.1f} min)")
 
 
+BOUND_SECTION = "## 6. How far from what is possible: the isolated-JCT lower bound"
+
+
 def _write_doc(doc: Path, lines: list[str]) -> None:
-    """Write the document, carrying its section 5 over: that section has its own run
-    (``--grow-modes``)."""
-    kept = render.section_of(doc.read_text() if doc.exists() else "", GROW_SECTION)
-    doc.write_text("\n".join(lines) + (f"\n{kept}" if kept else ""))
+    """Write the document, carrying its sections 5 and 6 over: they have their own runs
+    (``--grow-modes``; ``benchmarks/jct_bound.py``)."""
+    old = doc.read_text() if doc.exists() else ""
+    kept = [k for k in (render.section_of(old, h) for h in (GROW_SECTION, BOUND_SECTION)) if k]
+    doc.write_text("\n".join(lines) + "".join(f"\n{k}" for k in kept))
 
 
 def _write_results(path: Path, out, runs, wall: float, quick: bool, checks) -> None:

@@ -69,3 +69,16 @@ def test_grow_render_reads_a_saved_run():
     assert means[("avg_jct", "extension", "1.0")] == 901.5 and means[("avg_jct", "requeue", "1.0")] == 1001.5
     text = "\n".join(section)
     assert text.startswith(ev.GROW_SECTION) and "`cmd --grow-modes`" in text and "4 simulations in 2.0 min" in text
+
+
+def test_a_full_run_carries_sections_5_and_6_over(tmp_path):
+    """Sections 5 and 6 have their own runs (--grow-modes; benchmarks/jct_bound.py): a full
+    run rewrites sections 1-4 and keeps them as they were."""
+    doc = tmp_path / "evaluation.md"
+    five, six = f"{ev.GROW_SECTION}\n\nfive\n", f"{ev.BOUND_SECTION}\n\nsix\n"
+    doc.write_text(f"# Evaluation\n\n## 1. Old\n\nold\n\n{five}\n{six}")
+    ev._write_doc(doc, ["# Evaluation\n", "## 1. New\n", "new\n"])
+    text = doc.read_text()
+    assert "## 1. New" in text and "## 1. Old" not in text
+    assert render.section_of(text, ev.GROW_SECTION) == five
+    assert render.section_of(text, ev.BOUND_SECTION) == six
