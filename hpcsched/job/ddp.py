@@ -217,6 +217,9 @@ class ElasticDDP(torch.nn.Module):
             if "device_ids" not in args and next(self.module.parameters()).is_cuda:
                 args["device_ids"] = [self._job.device]
             ddp = torch.nn.parallel.DistributedDataParallel(self.module, **args)
+            if isinstance(self._measure, _AccumulatedNorms):  # a step left unfinished
+                self._measure.remove()
+                self._measure = None
             self._hooked = bool(self._job.survives_lost_workers)
             if self._hooked:
                 ddp.register_comm_hook(self, _sum_hook)
