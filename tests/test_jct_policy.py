@@ -92,11 +92,29 @@ def test_hesrpt_gives_the_shorter_job_the_larger_share_not_all():
     assert ga > gb > 1 and ga + gb <= 16, (ga, gb)
 
 
-@pytest.mark.parametrize("bad", [{"hesrpt": 0.0}, {"hesrpt": 1.0}, {"tempering": 1.5}])
+@pytest.mark.parametrize("bad", [{"hesrpt": 0.0}, {"hesrpt": 1.0}, {"tempering": 1.5},
+                                 {"speedup_at": "max"}])
 def test_bad_weighting_parameters_are_refused(bad):
     from hpcsched.policies import PolicyError
     with pytest.raises(PolicyError, match="hesrpt must be"):
         make_policy("jct", bad).decide(_snap([_job("A")]))
+
+
+# scales sub-linearly: 2,560 samples/s on 4 GPUs, 4,267 on 8 (1.67 x)
+SUBLINEAR = (_pt(4, 64, 0.1), _pt(8, 32, 0.06, nodes=2))
+
+
+def test_speedups_over_the_fair_share_do_not_let_a_long_linear_job_take_the_cluster():
+    """12 GPUs, changes free: a long perfectly scaling job L (10x the work) and a shorter one
+    P that scales sub-linearly. Speedups over 1 GPU value L's 8 GPUs at 8 x its 1-GPU rate,
+    P's at 5.7 x: L gets 8 although it is 10 x longer. Over the fair share (6 GPUs: its 4-GPU
+    rate), L's 8 are worth 2 and P's 1.67: the shorter job's higher rank weight decides, and P
+    gets 8 (heSRPT: the shorter job the larger share)."""
+    big, small = _job("L", remaining=1e7), _job("P", profile=SUBLINEAR, remaining=1e6)
+    snap = _snap([big, small], nodes=3, granularity="gpu")
+    free = dict(restart_cost=0.0, shrink_cost=0.0)
+    assert _sizes(decide(snap, speedup_at="min", **free)) == {"L": (2, 8), "P": (1, 4)}
+    assert _sizes(decide(snap, **free)) == {"L": (1, 4), "P": (2, 8)}   # the default
 
 
 def test_a_job_that_does_not_scale_gives_its_gpus_away():

@@ -7,13 +7,13 @@ the goodput model the other policies use.
 **Objective.** Each round, give every job ``j`` (running or pending: every job is a candidate
 every round, there is no first-come queue) a GPU count ``g_j`` and batch size that maximise::
 
-    maximise  sum_j  w_j * T_j^min / (R_j / X_j(g_j) + c_j(g_j))     subject to  sum_j g_j <= K
+    maximise  sum_j  w_j * T_j^ref / (R_j / X_j(g_j) + c_j(g_j))     subject to  sum_j g_j <= K
 
 ``R_j`` is the job's remaining work (samples), ``X_j(g)`` its best predicted goodput at ``g``
 GPUs over its allowed batch sizes (samples/s; :func:`hpcsched.perf.model.best_at`: throughput x
 statistical efficiency, Pollux OSDI'21 §3), so ``T_j(g) = R_j / X_j(g)`` is its remaining time
-at that size and ``T_j^min`` the one at its smallest allowed size: each term is the job's
-speedup over its smallest size, once ``c_j(g)`` is paid -- the restart cost for a start, the
+at that size and ``T_j^ref`` the one at its reference size (its fair share; below): each term
+is the job's speedup over that size, once ``c_j(g)`` is paid -- the restart cost for a start, the
 shrink cost for a shrink, 0 to stay, and for a running job's grow the snapshot's grow cost
 (:meth:`~hpcsched.policies.snapshot.ClusterSnapshot.grow_cost`: the restart cost by requeue;
 by extension ``startup x max(0, 1 - X_j(now) / X_j(g)) + stall``, exactly what the extension
@@ -28,9 +28,24 @@ with Unknown Service Requirements" / heSRPT, SIGMETRICS'20 §4), times the job's
 the ``i``-th largest (by remaining work) ``theta_i = (i/m)^(1/(1-p)) - ((i-1)/m)^(1/(1-p))`` of
 the cluster: the shortest job the largest share, none all of it. That allocation maximises
 ``sum_i w_i s(theta_i)`` exactly when ``w_i = theta_i^(1-p)``; ``jct`` ranks the jobs by
-``T_j^min`` and uses those weights (``hesrpt`` = ``p``, 0.5 by default) on each job's own
-measured speedup curve instead of ``k^p``. The search is exact: the dynamic program of
+``T_j^min`` (their remaining time at their smallest allowed size) and uses those weights
+(``hesrpt`` = ``p``, 0.5 by default) on each job's own measured speedup curve instead of
+``k^p``. The search is exact: the dynamic program of
 :func:`hpcsched.policies.dp.solve` over the GPU counts (Saxena et al., MASCOTS'20 §IV).
+
+**Speedups over the fair share** (``speedup_at="fair"``, the default). The speedup each term
+counts is taken over the job's goodput at the fair share ``ceil(K / J)`` GPUs (``J`` jobs,
+running and pending; the largest allowed count within it), as Pollux's (OSDI'21 §4.1), not
+over its smallest size: the numerator is ``T_j^fair`` instead of ``T_j^min``. Under heSRPT's
+common speedup ``k^p`` the reference cancels (every job's value scales by the same
+``k_ref^p``); with the jobs' own curves it does not: over 1 GPU, a job that scales linearly
+is worth ``g`` at ``g`` GPUs, a job whose statistical efficiency caps it early about 1.5, so
+the longest job took the cluster whatever its rank weight. Seen in the simulator (Pollux
+workload 2, load 0.5): the imagenet job (about 195 GPU-hours left) held 53 of 64 GPUs while
+yolov3 jobs ran on 1-4 GPUs for hours (``pollux`` gave them 8-32; their JCTs 13,050 s vs
+6,888 s for the first of them). Over the fair share both curves are 1 where the jobs would
+share equally, and the rank weight (the shorter job the larger share) decides at the margin.
+``speedup_at="min"`` keeps the speedup over the smallest size (the figures below).
 
 *Measured* (``hpcsched simulate``, Pollux workloads 1-4 at load 1.0, GPU-granular; mean of the
 average and p99 JCT): heSRPT's weights with ``p`` = 0.5 gave 2,413 s / 34,932 s; 0.3 and 0.7
@@ -61,8 +76,8 @@ counts are thinned geometrically (all small counts kept), which keeps a decision
 and 1,000 jobs within a second.
 
 Each target's :attr:`~hpcsched.policies.snapshot.JobTarget.weight` is
-``w_j T_j^min / R_j``, so reconcile judges the plan by this objective (a gain of goodput ``dX``
-is a gain of ``w_j T_j^min dX / R_j`` in it to first order).
+``w_j T_j^ref / R_j``, so reconcile judges the plan by this objective (a gain of goodput ``dX``
+is a gain of ``w_j T_j^ref dX / R_j`` in it to first order).
 
 Objective reported: the plan's value of the objective above (weighted speedups).
 """
@@ -91,12 +106,13 @@ class _Params:
     max_options: int
     tempering: float
     rank: dict          # job id -> heSRPT rank weight (empty: 1 for every job)
+    share: int = 0      # speedups over the goodput at this many GPUs (0: at the smallest size)
 
 
 def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | None = None,
            shrink_cost: float | None = None, aging: float = 3600.0, max_wait: float = 4 * 3600.0,
            unknown_remaining: float = 3600.0, max_options: int = 24, tempering: float = 0.0,
-           hesrpt: float | None = 0.5) -> Plan:
+           hesrpt: float | None = 0.5, speedup_at: str = "fair") -> Plan:
     """The ``jct`` plan for ``snapshot`` (module docstring). ``seed`` is unused (the search is
     exact).
 
@@ -114,19 +130,25 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
         tempering: with ``hesrpt=None``, ``gamma`` in ``[0, 1]``: each job's weight is
             ``T_min^gamma`` (0: the sum of completion rates ``1 / T_j``, SRPT-like; 1: the sum
             of speedups over the smallest size, no remaining work).
+        speedup_at: ``"fair"``: speedups over the goodput at the fair share; ``"min"``: over
+            the smallest size (module docstring; also the reference size of ``tempering``).
 
     Raises:
         TypeError: ``hesrpt`` outside ``(0, 1)`` or ``tempering`` outside ``[0, 1]``
+            or ``speedup_at`` not ``"fair"`` or ``"min"``
             (:func:`hpcsched.policies.make_policy` reports it as a policy error).
     """
-    if hesrpt is not None and not 0 < hesrpt < 1 or not 0 <= tempering <= 1:
-        raise TypeError("hesrpt must be in (0, 1) or None, tempering in [0, 1]")
+    if hesrpt is not None and not 0 < hesrpt < 1 or not 0 <= tempering <= 1 \
+            or speedup_at not in ("min", "fair"):
+        raise TypeError("hesrpt must be in (0, 1) or None, tempering in [0, 1], "
+                        "speedup_at 'min' or 'fair'")
     k = capacity(snapshot)
     jobs = [j for j in snapshot.jobs if j.state in ("RUNNING", "PENDING")]
     restart = snapshot.restart_cost if restart_cost is None else restart_cost
     p = _Params(restart, snapshot.shrink_cost if shrink_cost is None else shrink_cost,
                 replace(snapshot, restart_cost=restart).grow_cost,
-                aging, unknown_remaining, max_options, 1.0 if hesrpt else tempering, {})
+                aging, unknown_remaining, max_options, 1.0 if hesrpt else tempering, {},
+                -(-k // max(1, len(jobs))) if speedup_at == "fair" else 0)
     if hesrpt:
         p = replace(p, rank=_rank_weights(jobs, snapshot, p, hesrpt))
     forced = _overdue(snapshot, jobs, max_wait)
@@ -259,7 +281,7 @@ def _job_options(job: JobView, snapshot: ClusterSnapshot, forced: set[str], p: _
     counts = _counts(job, snapshot, p.max_options)
     rates = best_at_each(job, model, [(g, nodes_spanned(job, g, snapshot)) for g in counts])
     age = 1.0 + _waited(job, snapshot) / p.aging
-    weight = age * p.rank.get(job.job_id, 1.0) * _tempered(rates, remaining, p.tempering)
+    weight = age * p.rank.get(job.job_id, 1.0) * _tempered(counts, rates, remaining, p)
     x_now = _goodput_now(job, model, counts, rates, snapshot)
     out = wait + [_Option(g, weight / (remaining / x + _change_cost(job, g, p, x_now, x)),
                           cfg.global_batch_size)
@@ -270,12 +292,18 @@ def _job_options(job: JobView, snapshot: ClusterSnapshot, forced: set[str], p: _
                  "model": model, "goodput": {g: x for g, (x, _) in zip(counts, rates)}}
 
 
-def _tempered(rates: list, remaining: float, gamma: float) -> float:
-    """``T_min^gamma``: the remaining time at the smallest size that runs, to ``gamma``."""
-    if not gamma:
+def _tempered(counts: list[int], rates: list, remaining: float, p: _Params) -> float:
+    """``T_ref^gamma``: the remaining time at the reference size, to ``gamma``: the smallest
+    size that runs, or with ``p.share`` the largest that runs within the fair share."""
+    if not p.tempering:
         return 1.0
-    x_min = next((x for x, cfg in rates if cfg is not None and x > 0), 0.0)
-    return (remaining / x_min) ** gamma if x_min > 0 else 1.0
+    ok = [(g, x) for g, (x, cfg) in zip(counts, rates) if cfg is not None and x > 0]
+    if not ok:
+        return 1.0
+    x_ref = ok[0][1]
+    if p.share:
+        x_ref = max((x for g, x in ok if g <= p.share), default=x_ref)
+    return (remaining / x_ref) ** p.tempering
 
 
 def _goodput_now(job: JobView, model, counts: list[int], rates: list, snapshot: ClusterSnapshot
