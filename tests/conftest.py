@@ -146,8 +146,10 @@ def _venv_ready(venv: Path) -> bool:
     probe = ("import hpcsched, sklearn, torch, sys; "
              "sys.exit(0 if torch.__version__.split('+')[0] == sys.argv[1] "
              "and hpcsched.__file__.startswith(sys.argv[2]) else 1)")
-    return subprocess.run([str(py), "-c", probe, MULTIUSER_TORCH, str(ROOT / "hpcsched")],
-                          capture_output=True).returncode == 0
+    # -I and cwd "/": the checkout in the working directory must not stand in for what the venv
+    # itself imports (an editable install left pointing at a checkout since deleted)
+    return subprocess.run([str(py), "-I", "-c", probe, MULTIUSER_TORCH, str(ROOT / "hpcsched")],
+                          capture_output=True, cwd="/").returncode == 0
 
 
 @pytest.fixture(scope="session")
