@@ -217,9 +217,7 @@ class ElasticDDP(torch.nn.Module):
             if "device_ids" not in args and next(self.module.parameters()).is_cuda:
                 args["device_ids"] = [self._job.device]
             ddp = torch.nn.parallel.DistributedDataParallel(self.module, **args)
-            if isinstance(self._measure, _AccumulatedNorms):  # a step left unfinished
-                self._measure.remove()
-                self._measure = None
+            self._drop_unfinished()
             self._hooked = bool(self._job.survives_lost_workers)
             if self._hooked:
                 ddp.register_comm_hook(self, _sum_hook)
@@ -242,12 +240,17 @@ class ElasticDDP(torch.nn.Module):
             m = self._measure = _BucketNorms(step, noise.local_stats(step))
         return m
 
+    def _drop_unfinished(self) -> None:
+        """Forget a measurement a loop left unfinished (it left a step early), hooks and all."""
+        if isinstance(self._measure, _AccumulatedNorms):
+            self._measure.remove()
+            self._measure = None
+
     def _begin_measure(self, step) -> None:
         """DDP's all-reduce, first micro-batch of a step: on a step the job measures, hooks
         that take each parameter's local norm once its gradient is accumulated in the step's
         last backward."""
-        if isinstance(self._measure, _AccumulatedNorms):  # a loop that left a step early
-            self._measure.remove()
+        self._drop_unfinished()
         self._measure = None
         step = self._job._noise.measuring(self._params)
         if step is None:
