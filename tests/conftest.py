@@ -20,6 +20,15 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "jobscripts" / "examples" / "digits_mlp.py"
 
 
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (``tools/test.sh``: ``-n 2 --dist loadgroup``), every test on the dev
+    cluster (marked ``slurm`` or using its fixture) goes to one worker, one after another: they
+    share its 16 GPUs, and one of them stops and starts it; the rest run beside them."""
+    for item in items:
+        if item.get_closest_marker("slurm") or "devcluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("devcluster"))
+
+
 @pytest.fixture(scope="session")
 def devcluster():
     """The dev cluster's slurm.conf path; SLURM_CONF is exported for every subprocess."""
