@@ -209,20 +209,27 @@ Check = tuple[str, "bool | None", str]
 def check_targets(means, pub, loads, policies, grans, out, geo) -> list[Check]:
     """Issue 9's targets, each ``(name, passed or None when not run, the figures)``."""
     g = "gpu" if "gpu" in grans else grans[0]
-    checks = [_anchor(means["avg_jct"], pub, loads, gr) for gr in grans]
+    checks = [_anchor(means["avg_jct"], pub, loads, grans)]
     checks += _jct_vs_pollux(means, pub, loads, policies, g)
     checks += [_flip_flops(out, gr) for gr in grans]
     checks += [_pal_published(geo["pal"].get(pl), pl) for pl in ("pal", "pm-first")]
     return checks
 
 
-def _anchor(avg, pub, loads, gran) -> Check:
-    name = f"our `pollux` within ±10% of Pollux's published average JCT at load 1.0 ({gran})"
-    ours = avg.get(("pollux", gran, "1.0"))
-    if ours is None or "1.0" not in loads:
+def _anchor(avg, pub, loads, grans) -> Check:
+    """Fidelity of the anchor at ``gpu`` granularity, the setting of Pollux's simulator (it
+    places any GPU count, 6 as 4 + 2); ``node`` (whole nodes x the GPUs per node a job was
+    submitted with) is a constraint Pollux never ran under, so its figure is given, not judged."""
+    name = "our `pollux` within ±10% of Pollux's published average JCT at load 1.0 (gpu)"
+    if "1.0" not in loads:
         return name, None, "-"
     ref = pub["pollux"][loads.index("1.0")]
-    return name, abs(ours / ref - 1) <= 0.10, f"{ours:.0f} s vs {ref:.0f} s ({ours / ref - 1:+.1%})"
+    ours, node = avg.get(("pollux", "gpu", "1.0")), avg.get(("pollux", "node", "1.0"))
+    extra = (f"; at `node` granularity, not Pollux's setting: {node:.0f} s ({node / ref - 1:+.1%})"
+             if node is not None and "node" in grans else "")
+    if ours is None or "gpu" not in grans:
+        return name, None, "-" + extra
+    return name, abs(ours / ref - 1) <= 0.10, f"{ours:.0f} s vs {ref:.0f} s ({ours / ref - 1:+.1%}){extra}"
 
 
 def _jct_vs_pollux(means, pub, loads, policies, g) -> list[Check]:

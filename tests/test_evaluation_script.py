@@ -68,3 +68,13 @@ def test_select_policies_leaves_out_composites():
     chosen, skipped = ev.select_policies("dp,nosuch")
     assert chosen == ["dp"]
     assert any("nosuch" in s for s in skipped)
+
+
+def test_the_anchor_is_judged_at_gpu_granularity_and_node_only_reported():
+    means = _means([0.8] * 4, [1.0] * 4)
+    means["avg_jct"][("pollux", "node", "1.0")] = 3300.0          # +20%: reported, not judged
+    pub = {"pollux": [1534.0, 2751.0, 3685.0, 5289.0]}
+    name, ok, detail = ev._anchor(means["avg_jct"], pub, LOADS, ["gpu", "node"])
+    assert ok is True and "(gpu)" in name
+    assert "3300 s (+20.0%)" in detail and "not Pollux's setting" in detail
+    assert ev._anchor(means["avg_jct"], pub, LOADS, ["node"])[1] is None
