@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "jobscripts" / "examples" / "digits_mlp.py"
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist's, which reads the group into each node id
 def pytest_collection_modifyitems(items):
     """Under pytest-xdist (``tools/test.sh``: ``-n 2 --dist loadgroup``), every test on the dev
     cluster (marked ``slurm`` or using its fixture) goes to one worker, one after another: they
@@ -27,6 +28,17 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("slurm") or "devcluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("devcluster"))
+
+
+def pytest_configure(config):
+    """Refuse ``--dist loadgroup`` under pytest 9: pytest-xdist 3.8 marks a test's group by
+    writing ``item._nodeid``, which pytest 9 no longer reads, so the dev-cluster tests would run
+    on both workers at once and fail on each other's jobs (setup.cfg pins pytest below 9)."""
+    if (getattr(config.option, "dist", None) == "loadgroup"
+            and int(pytest.__version__.split(".")[0]) >= 9):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} with pytest-xdist cannot keep the dev-cluster tests "
+            "in one worker (--dist loadgroup); install pytest<9 (setup.cfg) or run without -n")
 
 
 @pytest.fixture(scope="session")
