@@ -19,10 +19,14 @@ and job set: ``hpcsched/data/pollux/workloads/<load>/workload-<N>.csv``).
 ``--verify`` also simulates the first job of each application in ``pollux:1@0.5`` alone with
 the ``jct`` and ``pollux`` policies (``--granularity gpu``) and checks simulated JCT >= bound
 (exit status 1 if not). ``--results`` (``benchmarks/evaluation.py``'s JSON) adds each policy's
-mean average JCT at GPU granularity beside the bound.
+mean average JCT at GPU granularity beside the bound. ``--gap jct,pollux`` simulates every
+workload at every load with those policies (``benchmarks/evaluation.make_run``'s settings, GPU
+granularity) and says where each policy's average JCT lies above the bound, per application:
+jobs, mean bound and JCT, share of the summed excess, mean wait before the first start, mean
+GPUs held while running; and the mean GPU utilization of the runs.
 
     .venv/bin/python benchmarks/jct_bound.py [--loads 0.5,1.0,1.5,2.0] [--workloads 1-8]
-        [--substeps 1] [--verify] [--results bench-results/evaluation.json]
+        [--substeps 1] [--verify] [--results bench-results/evaluation.json] [--gap jct,pollux]
 
 Prints a table and writes JSON to ``--out`` (default ``bench-results/jct_bound.json``).
 """
@@ -101,6 +105,50 @@ def policy_means(path: Path) -> dict[str, dict[str, float]]:
     return out
 
 
+def gap(policies: list[str], loads: list[str], wls: list[int]) -> dict:
+    """Per policy and load: per application, where the policy's JCTs lie above the bound
+    (``--gap`` above); seconds, GPUs."""
+    from evaluation import make_run
+
+    from hpcsched.sim.cli import execute
+    from hpcsched.sim.report import summarize
+
+    out: dict = {}
+    for p in policies:
+        for ld in loads:
+            rows: dict[str, dict[str, list[float]]] = {}
+            util = []
+            for w in wls:
+                wl = f"pollux:{w}@{ld}"
+                bound = {j.name: isolated_jct(j, CFG) for j in load_workload(wl)[1]}
+                res = execute(make_run(wl, p, granularity="gpu"))
+                util.append(summarize(res).get("gpu_utilization") or 0.0)
+                for j in res.jobs:
+                    if j.jct is None or j.start_time is None:
+                        continue
+                    r = rows.setdefault(j.application, {k: [] for k in ("bound", "jct", "wait", "gpus")})
+                    r["bound"].append(bound[j.name])
+                    r["jct"].append(j.jct)
+                    r["wait"].append(j.start_time - j.submit_time)
+                    r["gpus"].append(j.gpu_seconds / max(1e-9, j.finish_time - j.start_time))
+            excess = sum(sum(r["jct"]) - sum(r["bound"]) for r in rows.values())
+            apps = {a: {"jobs": len(r["jct"]), "mean_bound_s": statistics.fmean(r["bound"]),
+                        "mean_jct_s": statistics.fmean(r["jct"]),
+                        "share_of_excess": (sum(r["jct"]) - sum(r["bound"])) / excess if excess else 0.0,
+                        "mean_wait_s": statistics.fmean(r["wait"]),
+                        "mean_gpus_held": statistics.fmean(r["gpus"])}
+                    for a, r in sorted(rows.items())}
+            out.setdefault(p, {})[ld] = {"gpu_utilization": statistics.fmean(util), "applications": apps}
+            print(f"{p} at load {ld}: mean GPU utilization {statistics.fmean(util):.1%}")
+            print(f"  {'application':>12} {'jobs':>5} {'bound s':>8} {'JCT s':>8} {'excess':>7} "
+                  f"{'wait s':>7} {'GPUs':>5}")
+            for a, r in apps.items():
+                print(f"  {a:>12} {r['jobs']:5d} {r['mean_bound_s']:8.0f} {r['mean_jct_s']:8.0f} "
+                      f"{r['share_of_excess']:7.1%} {r['mean_wait_s']:7.0f} {r['mean_gpus_held']:5.1f}",
+                      flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--loads", default="0.5,1.0,1.5,2.0")
@@ -108,6 +156,7 @@ def main() -> None:
     ap.add_argument("--substeps", type=int, default=1, help="integration steps per epoch")
     ap.add_argument("--verify", action="store_true", help="one-job simulations (a few minutes)")
     ap.add_argument("--results", default=None, help="evaluation.json to compare policies with")
+    ap.add_argument("--gap", default=None, help="policies to simulate against the bound, per application")
     ap.add_argument("--out", default=str(ROOT / "bench-results" / "jct_bound.json"))
     args = ap.parse_args()
     if args.substeps < 1:
@@ -130,12 +179,13 @@ def main() -> None:
         print(f"{p:>9}: " + "  ".join(f"{ld}: {per[ld]:.0f} s = x{per[ld] / means[ld]:.2f} bound"
                                       for ld in loads if ld in per))
     rows = verify() if args.verify else []
+    gaps = gap(args.gap.split(","), loads, wls) if args.gap else {}
     wall = time.perf_counter() - t0
     write_report(Path(args.out), "jct_bound", loads=loads, workloads=wls, substeps=args.substeps,
                  per_workload={ld: {str(w): r for w, r in t.items()} for ld, t in table.items()},
                  mean_bound_s=means, mean_bound_packed_s=packed,
                  halved_step_max_rel_change=halved, policies_mean_avg_jct=compare,
-                 verification=rows, wall_seconds=wall)
+                 verification=rows, gap=gaps, wall_seconds=wall)
     if any(not r["ok"] for r in rows):
         sys.exit(1)
 
