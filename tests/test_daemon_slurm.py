@@ -2,8 +2,8 @@
 
 Three jobs of different sizes share 8 GPUs (a foreign job holds the other two nodes):
 A (2 nodes) does not scale, B (1 node) scales with GPUs, C (1 node, fixed) gains from a larger
-batch. The daemon (its default policy, ``jct``), running on its own, must grow B and change C's
-batch size; every job must finish with exact sample accounting; the store and ``hpcsched status``
+batch. The daemon (dp policy), running on its own, must shrink A, grow B and change C's batch
+size; every job must finish with exact sample accounting; the store and ``hpcsched status``
 must show each decision with its reason.
 """
 
@@ -25,11 +25,13 @@ DIGITS = 1797
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_jobs, monkeypatch):
-    """The daemon's default policy (``jct``) with no [policy] table at all, and the daemon's
-    default grow: B grows by an extension allocation (a ``reform``), no worker restarted.
-    (The daemon's grow by requeue runs on the dev cluster in ``tests/test_daemon_faults.py``;
-    the other policies decide through the same round, in the simulator's tests.)
+@pytest.mark.parametrize("policy", ["dp", "default"])
+def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_jobs, policy,
+                                                     monkeypatch):
+    """``default`` runs the daemon's default policy (``jct``: the sum of completion rates by
+    the DP's exact search) with no [policy] table at all, and the daemon's default grow: B
+    grows by an extension allocation (a ``reform``), no worker restarted; ``dp`` runs with
+    ``daemon.grow = "requeue"``: B grows by checkpoint, requeue and restart.
 
     The jobs measure no gradient noise (``HPCSCHED_GRAD_NOISE=0``, exported to them by sbatch):
     with it, whether a larger batch pays depends on the noise scale measured by then, which
@@ -39,8 +41,12 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
     monkeypatch.setenv("HPCSCHED_GRAD_NOISE", "0")
     tmp_path, db = daemon_env
     cfg = Path(os.environ["HPCSCHED_CONFIG"])
-    cfg.write_text(cfg.read_text().replace('[policy]\nname = "dp"\n', ""))
-    prefix, grow = "jct: ", "reform"
+    if policy == "default":
+        cfg.write_text(cfg.read_text().replace('[policy]\nname = "dp"\n', ""))
+    else:
+        cfg.write_text(cfg.read_text().replace("[daemon]\n", '[daemon]\ngrow = "requeue"\n'))
+    prefix = {"dp": "dp: predicted", "default": "jct: "}[policy]
+    grow = "reform" if policy == "default" else "grow"
     a = submit(tmp_path, "-N", "2", "--gres=gpu:2", "--hpcsched-max-nodes", "2",
                "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", "40", "--min-step-time", "0.1")
     b = submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-max-nodes", "2",
@@ -63,6 +69,8 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
     store = Store(f"sqlite:///{db}")
     acts = {j: [(x.kind, x.from_nodes, x.to_nodes, x.from_batch_size, x.to_batch_size, x.status)
                 for x in store.actions(j)] for j in jobs}
+    if policy == "dp":   # throughput: A's GPUs go to B
+        assert ("shrink", 2, 1, 96, 96, "running") in acts[a], (acts, log[-4000:])
     # jct weighs each job's goodput by 1 / its remaining work, and A, measured at one size
     # only, is predicted to slow down on fewer nodes, so it may keep them: B grows when room
     # appears
@@ -87,14 +95,14 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
     assert grown and grown[0]["status"] == "running" and "samples/s" in grown[0]["reason"]
     assert row["profile"], "status shows no throughput profile"
     table = cli("hpcsched", "status").stdout
-    assert grow in table and "batch" in table
-    # B's first workers ran throughout; its extension has ended
-    jd = JobDir.for_job(b)
-    assert len({json.loads(line)["pid"] for line in
-                (jd.metrics_dir / "launch-1-rank-0.jsonl").read_text().splitlines()}) == 1 and \
-        not list(jd.metrics_dir.glob("launch-2-*"))
-    ext = json.loads(jd.extensions_path.read_text())["extensions"]
-    assert ext and all(e["state"] in ("released", "refused") for e in ext), ext
+    assert grow in table and "batch" in table and (policy != "dp" or "shrink" in table)
+    if policy == "default":   # B's first workers ran throughout; its extension has ended
+        jd = JobDir.for_job(b)
+        assert len({json.loads(line)["pid"] for line in
+                    (jd.metrics_dir / "launch-1-rank-0.jsonl").read_text().splitlines()}) == 1 and \
+            not list(jd.metrics_dir.glob("launch-2-*"))
+        ext = json.loads(jd.extensions_path.read_text())["extensions"]
+        assert ext and all(e["state"] in ("released", "refused") for e in ext), ext
 
 
 def test_dry_run_decides_and_logs_but_never_acts(daemon_env, blocker, slurm_jobs):
