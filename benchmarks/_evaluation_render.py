@@ -215,18 +215,17 @@ def grow_section(heading: str, means: Mapping[tuple[str, str, str], float | None
     return out
 
 
-GROW_NOTES = """Reading. Cheaper grows shorten the average JCT only a little, and only at the lower loads (the
-run of 2026-11-25, after `jct`'s speedups over the fair share and reconcile's admission-room
-fix: -3.2% at load 0.5, -1.2% at 1.0, +2.2% at 2.0; the run of 2026-11-24, before them, gave
-+0.6% to +5.1% at every load): `jct` makes more resizes when they cost less (the tables above),
-and not all the gains it predicts come true. Measured beside the run of 2026-11-24 (`hpcsched
-simulate`, workload 3 at load 2.0, `jct`, `gpu`; extension at the earlier provisional 8 s
-start-up and 1.5 s stall): by requeue at 30 s, 4,556 s average JCT; by requeue at a 1.5 s
-restart, 4,762 s; by extension, 4,835 s; by extension at 0 s start-up and stall, 4,739 s. So the
-restart cost also damps the policy's mistakes, and a cheaper mechanism needs a policy whose gain
-estimates are right, or a gate (reconcile's `min_gain`, `horizon`, `hold_rounds`) set for it. An
-extension also keeps the job's GPUs and adds others, so a grown job spans more nodes more often
-than after a requeue, which re-packs it (`docs/simulator.md`).
+GROW_NOTES = """Reading. What cheaper grows do to the average JCT is the "extension vs requeue" row above; on
+the code of 2026-11-24, before `jct`'s speedups over the fair share and reconcile's
+admission-room fix, that row read +0.6% to +5.1% at every load. `jct` makes more resizes when
+they cost less (the tables above), and not all the gains it predicts come true. Measured beside
+the run of 2026-11-24 (`hpcsched simulate`, workload 3 at load 2.0, `jct`, `gpu`; extension at
+the earlier provisional 8 s start-up and 1.5 s stall): by requeue at 30 s, 4,556 s average JCT;
+by requeue at a 1.5 s restart, 4,762 s; by extension, 4,835 s; by extension at 0 s start-up and
+stall, 4,739 s. So the restart cost also damps the policy's mistakes, and a cheaper mechanism
+needs a policy whose gain estimates are right, or a gate (reconcile's `min_gain`, `horizon`,
+`hold_rounds`) set for it. An extension also keeps the job's GPUs and adds others, so a grown
+job spans more nodes more often than after a requeue, which re-packs it (`docs/simulator.md`).
 """
 
 
