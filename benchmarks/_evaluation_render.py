@@ -91,6 +91,23 @@ def pal_table(mode_title: str, rows: Sequence[tuple[int, Mapping[str, float]]],
     return out
 
 
+def pal_factors(geo: Mapping[str, Mapping[str, float | None]], titles: Mapping[str, str],
+                published: Mapping[str, float], base: str = "pal") -> list[str]:
+    """A line per placement: how far each way of running is from PAL's published figure, in
+    points, the nearest first (the reading of the summary table, from its own figures)."""
+    out = []
+    for pl, label in (("pal", "PAL"), ("pm-first", "PM-First")):
+        gaps = sorted((abs(g[pl] - published[pl]) * 100, mode) for mode, g in geo.items()
+                      if g.get(pl) is not None)
+        if not gaps:
+            continue
+        here = next((d for d, m in gaps if m == base), None)
+        listed = "; ".join(f"{titles[m]}: {d:.1f}" for d, m in gaps)
+        out.append(f"* {label} against the published {pct(published[pl])}, points away"
+                   + (f" (PAL's way: {here:.1f})" if here is not None else "") + f": {listed}.")
+    return out + [""]
+
+
 def pal_summary(geo: Mapping[str, Mapping[str, float | None]], titles: Mapping[str, str],
                 published: Mapping[str, float]) -> list[str]:
     """Geomean change against packed per way of running, beside PAL's published figures."""
@@ -138,21 +155,27 @@ PAL_NOTES = """How the two ways differ, and what remains between PAL's way and P
   `32gpu-variability.csv` for its simulated cluster (`docs/simulator.md`, GPU variability).
 * **Rounds.** PAL's way: 360 s (the artifact's `--round-duration 360`); a held job waits for the
   next round to start, and a finished job's GPUs stay idle until then. Ours: 60 s.
-* **Each factor alone** (the last two rows of the first table): PAL's draws with 60 s rounds,
-  and our draws with 360 s rounds.
-* **What stays different in both** (read from the artifact's `placement/*.py` and
-  `blox/blox_manager.py`; not measured here):
+* **Each factor alone** (the rows after the first two): PAL's draws with 60 s rounds, our
+  draws with 360 s rounds, and two ways PAL's artifact schedules that Slurm does not, each
+  switched on in PAL's way:
+  * **Strict FIFO.** PAL's FIFO stops at the first job it cannot place (no backfill); `static`
+    admits any job that fits, as Slurm's backfill does. The row "FIFO stops at the first job"
+    runs `static` with `backfill = false`. The baseline then waits far longer (head-of-line
+    blocking, in the packed JCTs of `bench-results/evaluation.json`), and so do PAL and
+    PM-First.
+  * **Free moves.** PAL and PM-First in the artifact re-place every running job each round at
+    no cost; here moving a running job is a requeue that pays the 30 s restart, and reconcile
+    weighs it. The row "moving a running job is free" sets the restart cost to 0 s.
+* **What stays different, not measured here** (read from the artifact's `placement/*.py` and
+  `blox/blox_manager.py`):
   * PAL's Packed-Sticky baseline, when no node has enough free GPUs, spreads a job over the
     nodes with the most free GPUs and pays the 1.7 locality penalty (its "soft consolidated"
     placement), and it preempts later jobs to place the head of the queue. Here a job keeps its
     Slurm shape (a 2-GPU job is one node x 2 GPUs, never 1 + 1) and waits instead: our baseline
-    pays the penalty less often.
-  * PAL's FIFO stops at the first job it cannot place (no backfill); `static` here admits any
-    job that fits (Slurm's backfill).
+    pays the penalty less often. Measuring it needs fixed-work jobs that may be spread GPU by
+    GPU, which the simulator does not model (a PAL job keeps its Slurm shape).
   * Our placements choose nodes, and a node counts as fast as its slowest GPU for the class
     (Slurm picks the GPUs inside a node); PAL picks individual GPUs.
-  * PAL and PM-First in the artifact re-place every running job each round at no cost; here
-    moving a running job is a requeue that pays the 30 s restart, and reconcile weighs it.
   * The artifact records a job's finish at the end of the round it ends in; here at the moment.
 * **Per-trace results swing widely** (one trace can show a large gain where another shows a
   loss; the tables above), so the geomean of eight traces moves by several points with the draw.

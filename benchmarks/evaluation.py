@@ -14,8 +14,9 @@ Every figure comes from ``hpcsched simulate``'s own code (:func:`hpcsched.sim.cl
 3. Issue 9's targets, judged PASS / FAIL on the figures of this run.
 4. PAL's experiment (FIFO ``static`` allocation, packed / PM-First / PAL placement, PAL's eight
    Philly traces, jobs held until placed) run PAL's way (``variability="pal"``, 360 s rounds,
-   seed 42) and ours (Longhorn draws, 60 s rounds, seed 0): geomean of the average-JCT ratio to
-   packed, beside PAL's published -43% / -40%.
+   seed 42) and ours (Longhorn draws, 60 s rounds, seed 0), then PAL's way with one factor
+   changed each (our rounds, our draws, strict FIFO without backfill, free moves of running
+   jobs): geomean of the average-JCT ratio to packed, beside PAL's published -43% / -40%.
 
 Writes docs/evaluation.md (``--docs DIR``), its plots under ``DIR/evaluation/``, and every summary
 to bench-results/evaluation.json (``--results``). ``--quick``: workloads 1-2 at load 1.0 (a smoke
@@ -46,6 +47,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from concurrent.futures import ProcessPoolExecutor, as_completed  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import NamedTuple  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -66,13 +68,33 @@ LOADS = ("0.5", "1.0", "1.5", "2.0")
 WANTED = ("static", "tiresias", "pollux", "dp", "ones", "jct")
 GRANULARITIES = ("gpu", "node")
 PAL_PLACEMENTS = ("packed", "pm-first", "pal")
-#: way of running PAL's experiment -> (variability, round seconds, seed, title); the last two
-#: change one factor each, to show what each contributes
+
+
+class PalMode(NamedTuple):
+    """One way of running PAL's experiment: the GPU variability (``"pal"``: PAL's per-class
+    draws; ``True``: ours), the round in seconds, the seed, the title, and two of the ways PAL's
+    artifact differs from Slurm: FIFO with Slurm's backfill or strict (PAL's), and the restart
+    cost of moving a running job (s; PAL's re-placement moves them free)."""
+
+    variability: object
+    interval: float
+    seed: int
+    title: str
+    backfill: bool = True
+    restart_cost: float = 30.0
+
+
+#: way of running PAL's experiment; after the first two, each changes one factor, to show what
+#: each contributes
 PAL_MODES = {
-    "pal": ("pal", 360.0, 42, "PAL's way: per-class draws as PAL's simulator, 360 s rounds, seed 42"),
-    "ours": (True, 60.0, 0, "Our way: one Longhorn draw per GPU shared by the classes, 60 s rounds, seed 0"),
-    "pal-60": ("pal", 60.0, 42, "PAL's draws with our 60 s rounds"),
-    "ours-360": (True, 360.0, 0, "Our draws with PAL's 360 s rounds"),
+    "pal": PalMode("pal", 360.0, 42, "PAL's way: per-class draws as PAL's simulator, 360 s rounds, seed 42"),
+    "ours": PalMode(True, 60.0, 0, "Our way: one Longhorn draw per GPU shared by the classes, 60 s rounds, seed 0"),
+    "pal-60": PalMode("pal", 60.0, 42, "PAL's draws with our 60 s rounds"),
+    "ours-360": PalMode(True, 360.0, 0, "Our draws with PAL's 360 s rounds"),
+    "pal-fifo": PalMode("pal", 360.0, 42, "PAL's way, and FIFO stops at the first job that does not "
+                        "fit (no backfill), as PAL's scheduler", backfill=False),
+    "pal-free-moves": PalMode("pal", 360.0, 42, "PAL's way, and moving a running job is free (0 s "
+                              "restart), as PAL's re-placement", restart_cost=0.0),
 }
 PAL_TABLES = ("pal", "ours")  # the ways shown trace by trace
 PAL_PUBLISHED = {"pal": -0.43, "pm-first": -0.40}  # PAL artifact Readme, A1 (Figure 10)
@@ -111,12 +133,15 @@ def _params(policy: str) -> dict:
 
 def make_run(workload: str, policy: str, *, placement: str | None = None, variability=False,
              hold: bool = False, interval: float = 60.0, seed: int = 0,
-             granularity: str = "node", grow: str | None = None) -> Run:
+             granularity: str = "node", grow: str | None = None, params: dict | None = None,
+             restart_cost: float = 30.0) -> Run:
     """A :class:`Run` by keyword; ``granularity`` is passed only where ``Run`` has the field;
-    ``grow`` (``None``: the simulator's default, by extension) likewise."""
-    params = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(_params(policy).items()))
+    ``grow`` (``None``: the simulator's default, by extension) likewise. ``params`` add to the
+    policy's parameters; ``restart_cost`` (s) is every application's."""
+    params = tuple((k, tuple(v) if isinstance(v, list) else v)
+                   for k, v in sorted({**_params(policy), **(params or {})}.items()))
     kw = dict(workload=workload, policy=policy, placement=placement, params=params, nodes=16,
-              gpus_per_node=4, interval=interval, restart_cost=(("*", 30.0),), shrink_cost=2.0,
+              gpus_per_node=4, interval=interval, restart_cost=(("*", restart_cost),), shrink_cost=2.0,
               variability=variability, locality_penalty=1.7, seed=seed, max_time=60 * 86400.0,
               hold_new_jobs=hold)
     if "granularity" in {f.name for f in dataclasses.fields(Run)}:
@@ -131,12 +156,13 @@ def plan_runs(policies, grans, wls, loads) -> dict[tuple, Run]:
     ``(mode, placement, "node", None, trace)``."""
     runs = {("grid", p, g, ld, w): make_run(f"pollux:{w}@{ld}", p, granularity=g)
             for g in grans for ld in loads for w in wls for p in policies}
-    for mode, (var, interval, seed, _) in PAL_MODES.items():
+    for mode, m in PAL_MODES.items():
         for w in wls:
             for pl in PAL_PLACEMENTS:
                 runs[(mode, pl, "node", None, w)] = make_run(
-                    f"pal:{w}", "static", placement=pl, variability=var, hold=True,
-                    interval=interval, seed=seed)
+                    f"pal:{w}", "static", placement=pl, variability=m.variability, hold=True,
+                    interval=m.interval, seed=m.seed, restart_cost=m.restart_cost,
+                    params=None if m.backfill else {"backfill": False})
     return runs
 
 
@@ -321,8 +347,9 @@ def pal_section(out, rows, geo, wls, figs: Path) -> list[str]:
          "16 nodes x 4 GPUs, locality penalty 1.7, FIFO allocation (`static`), jobs held until a "
          "round places them (`--hold-new-jobs`), as PAL. Geomean over the traces of each "
          "placement's average JCT divided by packed's:\n"]
-    titles = {m: t for m, (_, _, _, t) in PAL_MODES.items()}
+    titles = {mode: m.title for mode, m in PAL_MODES.items()}
     L += render.pal_summary(geo, titles, PAL_PUBLISHED)
+    L += render.pal_factors(geo, titles, PAL_PUBLISHED)
     L.append(PAL_RANGES)
     for mode in PAL_TABLES:
         L += render.pal_table(titles[mode], rows[mode], geo[mode])

@@ -78,3 +78,23 @@ def test_the_anchor_is_judged_at_gpu_granularity_and_node_only_reported():
     assert ok is True and "(gpu)" in name
     assert "3300 s (+20.0%)" in detail and "not Pollux's setting" in detail
     assert ev._anchor(means["avg_jct"], pub, LOADS, ["node"])[1] is None
+
+
+def test_pal_modes_change_one_factor_each_and_reach_the_runs():
+    runs = ev.plan_runs([], [], [1], [])
+    fifo = runs[("pal-fifo", "packed", "node", None, 1)]
+    free = runs[("pal-free-moves", "pal", "node", None, 1)]
+    base = runs[("pal", "pal", "node", None, 1)]
+    assert dict(fifo.params) == {"backfill": False} and dict(base.params) == {}
+    assert dict(free.restart_cost) == {"*": 0.0} and dict(base.restart_cost) == {"*": 30.0}
+    assert (fifo.interval, fifo.seed, fifo.variability) == (base.interval, base.seed, base.variability)
+
+
+def test_pal_factor_reading_orders_the_ways_by_distance_to_the_published_figure():
+    geo = {"pal": {"pal": -0.24, "pm-first": -0.23}, "pal-fifo": {"pal": -0.40, "pm-first": None}}
+    titles = {"pal": "PAL's way", "pal-fifo": "strict FIFO"}
+    lines = ev.render.pal_factors(geo, titles, ev.PAL_PUBLISHED)
+    assert lines[0] == ("* PAL against the published -43.0%, points away (PAL's way: 19.0): "
+                        "strict FIFO: 3.0; PAL's way: 19.0.")
+    assert lines[1].startswith("* PM-First against the published -40.0%, points away (PAL's way: 17.0)")
+    assert "strict FIFO" not in lines[1]

@@ -132,6 +132,29 @@ def test_admit_fifo_walks_in_order_and_lets_smaller_jobs_pass(sizes, free, admit
     assert [(j.job_id, f) for j, f in waits] == [(f"J{i}", f) for i, f in waiting]
 
 
+@pytest.mark.parametrize(("sizes", "free", "admitted", "waiting"), [
+    ([4, 1, 2], 3, [], [(0, 3), (1, 3), (2, 3)]),   # the head does not fit: nobody passes it
+    ([1, 4, 1], 3, [0], [(1, 2), (2, 2)]),
+    ([2, 1], 3, [0, 1], []),
+])
+def test_admit_fifo_without_backfill_stops_at_the_first_job_that_does_not_fit(
+        sizes, free, admitted, waiting):
+    jobs = [_job(f"J{i}", 1, wpn=g, state="PENDING", submit=float(i)) for i, g in enumerate(sizes)]
+    got, waits = admit_fifo(jobs, free, lambda j: j.gpus, backfill=False)
+    assert [j.job_id for j in got] == [f"J{i}" for i in admitted]
+    assert [(j.job_id, f) for j, f in waits] == [(f"J{i}", f) for i, f in waiting]
+
+
+def test_static_backfills_unless_told_not_to():
+    cluster = _cluster(n_nodes=2, jobs=[
+        _job("R", 1), _job("P1", 4, max_nodes=4, state="PENDING", submit=1.0),
+        _job("P2", 1, state="PENDING", submit=2.0)])   # 6 GPUs free: P1 needs 8, P2 2
+    assert [t.job_id for t in make_policy("static").decide(cluster).targets] == ["P2"]
+    assert make_policy("static", {"backfill": False}).decide(cluster).targets == ()
+    with pytest.raises(PolicyError, match="policy 'static': backfill must be true or false"):
+        make_policy("static", {"backfill": "no"})
+
+
 def test_static_changes_nothing_and_unknown_policy_is_refused():
     assert make_policy("static").decide(_cluster(jobs=[_job("A", 2)])).targets == ()
     # pending jobs that fit, FIFO, at their submitted size; one that does not fit gets nothing

@@ -41,16 +41,18 @@ class FunctionPolicy:
 
 def stateless(name: str, decide: DecideFunction) -> Callable[..., Policy]:
     """A factory of :class:`FunctionPolicy`: ``factory(**params)`` checks ``params`` against
-    ``decide``'s keyword parameters.
+    ``decide``'s keyword parameters, then their values by deciding once on an empty cluster (a
+    bad value is refused when the policy is made, not at the daemon's first round).
 
     Raises (from the factory):
-        TypeError: a parameter ``decide`` does not take (:func:`hpcsched.policies.make_policy`
-            reports it as :class:`PolicyError`).
+        TypeError: a parameter ``decide`` does not take, or a value it refuses
+            (:func:`hpcsched.policies.make_policy` reports it as :class:`PolicyError`).
     """
     signature = inspect.signature(decide)
 
     def factory(**params: Any) -> Policy:
         signature.bind(None, 0, **params)
+        decide(ClusterSnapshot(0.0, (), ()), 0, **params)
         return FunctionPolicy(name, decide, params)
 
     return factory

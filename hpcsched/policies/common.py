@@ -25,24 +25,28 @@ def pending_fifo(snapshot: ClusterSnapshot) -> list[JobView]:
                   key=lambda j: (j.submit_time, j.job_id))
 
 
-def admit_fifo(jobs: Iterable[JobView], free: int, size: Callable[[JobView], int]
-               ) -> tuple[list[JobView], list[tuple[JobView, int]]]:
+def admit_fifo(jobs: Iterable[JobView], free: int, size: Callable[[JobView], int],
+               backfill: bool = True) -> tuple[list[JobView], list[tuple[JobView, int]]]:
     """Walk ``jobs`` in order and admit each whose ``size(job)`` GPUs fit in what is left of
-    ``free``; one that does not fit waits and the walk goes on, so a smaller job behind it may
-    start (no head-of-line blocking, as Slurm's backfill).
+    ``free``. With ``backfill``, one that does not fit waits and the walk goes on, so a smaller
+    job behind it may start (no head-of-line blocking, as Slurm's backfill); without, the walk
+    stops at the first job that does not fit and every job behind it waits too (strict FIFO,
+    as PAL's FIFO scheduler: ``schedulers/fifo`` in its artifact, ``blox-pal``).
 
     Returns:
         ``(admitted, waiting)``; each waiting job with the GPUs that were left when its turn came.
     """
     admitted: list[JobView] = []
     waiting: list[tuple[JobView, int]] = []
+    blocked = False
     for j in jobs:
         need = size(j)
-        if need <= free:
+        if need <= free and not blocked:
             admitted.append(j)
             free -= need
         else:
             waiting.append((j, free))
+            blocked = not backfill
     return admitted, waiting
 
 

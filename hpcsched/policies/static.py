@@ -8,7 +8,9 @@ own the plan changes nothing (Slurm starts them as it would), but a placement st
 (``--placement``, :mod:`hpcsched.policies.placement`) then chooses their nodes -- PAL's
 evaluation runs FIFO allocation under each placement in exactly this way (Jain et al., SC'24,
 §V). A job that does not fit gets no target: Slurm's backfill may still start a smaller job
-behind it, as it would without hpcsched.
+behind it, as it would without hpcsched. With ``backfill=False`` the plan stops at the first
+job that does not fit (strict FIFO, PAL's scheduler); that only holds back jobs Slurm would not
+start anyway, i.e. jobs held until a round places them (``--hold-new-jobs``).
 """
 
 from __future__ import annotations
@@ -17,12 +19,23 @@ from hpcsched.policies.common import admit_fifo, capacity, pending_fifo, running
 from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, Plan
 
 
-def decide(snapshot: ClusterSnapshot, seed: int = 0) -> Plan:
+def decide(snapshot: ClusterSnapshot, seed: int = 0, *, backfill: bool = True) -> Plan:
     """Targets only for pending jobs that fit now, FIFO, at their submitted size (module
-    docstring). Objective: the GPUs hpcsched jobs hold or are about to. ``seed`` is unused."""
+    docstring). Objective: the GPUs hpcsched jobs hold or are about to. ``seed`` is unused.
+
+    Args:
+        backfill: a job that does not fit lets later jobs that fit start (``True``, Slurm's
+            way) or stops the walk (``False``: strict FIFO, PAL's).
+
+    Raises:
+        TypeError: ``backfill`` not a bool (:func:`hpcsched.policies.make_policy` reports it
+            as a policy error).
+    """
+    if not isinstance(backfill, bool):
+        raise TypeError(f"backfill must be true or false, got {backfill!r}")
     held = sum(j.gpus for j in running(snapshot))
     waiting = [j for j in pending_fifo(snapshot) if not j.busy]
-    admitted, _ = admit_fifo(waiting, capacity(snapshot) - held, lambda j: j.gpus)
+    admitted, _ = admit_fifo(waiting, capacity(snapshot) - held, lambda j: j.gpus, backfill)
     targets = tuple(JobTarget(j.job_id, j.nodes, j.batch_size,
                               "static: starts at its submitted size (FIFO)") for j in admitted)
     return Plan("static", targets, objective=float(held + sum(j.gpus for j in admitted)))
