@@ -23,11 +23,12 @@ to bench-results/evaluation.json (``--results``). ``--quick``: workloads 1-2 at 
 run; the document says so). ``--policies a,b``: only those policies in section 2.
 
     .venv/bin/python benchmarks/evaluation.py --grow-modes --jobs 2    # section 5 only
+    .venv/bin/python benchmarks/evaluation.py --pal --jobs 2           # section 4 only
 
 ``--grow-modes`` runs only section 5 (issue 10): the default policy (``jct``) at ``gpu``
 granularity with grows by extension and by requeue over the same workloads and loads, and
 rewrites only that section of docs/evaluation.md (the others are left as they are); summaries to
-bench-results/evaluation-grow.json.
+bench-results/evaluation-grow.json. ``--pal`` likewise runs and rewrites only section 4.
 """
 
 from __future__ import annotations
@@ -340,16 +341,20 @@ def grid_section(out, means, pub, policies, grans, loads, wls, skipped, figs: Pa
     return L
 
 
-def pal_section(out, rows, geo, wls, figs: Path) -> list[str]:
-    """Section 4: PAL's experiment both ways, beside PAL's published figures."""
-    L = ["## 4. Variability-aware placement: PAL's experiment, PAL's way and ours\n",
+PAL_SECTION = "## 4. Variability-aware placement: PAL's experiment, PAL's way and ours"
+
+
+def pal_section(out, rows, geo, wls, figs: Path, provenance: str = "") -> list[str]:
+    """Section 4: PAL's experiment both ways, beside PAL's published figures; ``provenance``:
+    a line saying which run it comes from when that is not the document's (``--pal``)."""
+    L = [PAL_SECTION + "\n"] + ([provenance + "\n"] if provenance else []) + [
          "PAL's eight Philly traces (fixed work, PAL's per-model iteration times and classes), "
          "16 nodes x 4 GPUs, locality penalty 1.7, FIFO allocation (`static`), jobs held until a "
          "round places them (`--hold-new-jobs`), as PAL. Geomean over the traces of each "
          "placement's average JCT divided by packed's:\n"]
     titles = {mode: m.title for mode, m in PAL_MODES.items()}
     L += render.pal_summary(geo, titles, PAL_PUBLISHED)
-    L += render.pal_factors(geo, titles, PAL_PUBLISHED)
+    L += _fifo_reading(rows)
     L.append(PAL_RANGES)
     for mode in PAL_TABLES:
         L += render.pal_table(titles[mode], rows[mode], geo[mode])
@@ -412,6 +417,44 @@ def grow_render(saved: dict) -> tuple[list[str], dict]:
     return section, means
 
 
+def _fifo_reading(rows) -> list[str]:
+    """A line on what strict FIFO does to the waiting: packed's average JCT without backfill
+    over packed's with it, geomean over the traces (empty when either way was not run)."""
+    if "pal" not in rows or "pal-fifo" not in rows:
+        return []
+    base = {w: r["packed"] for w, r in rows["pal"]}
+    r = [row["packed"] / base[w] for w, row in rows["pal-fifo"] if row["packed"] and base.get(w)]
+    if not r:
+        return []
+    geo = math.exp(sum(map(math.log, r)) / len(r))
+    return [f"Strict FIFO makes every placement wait behind the head of the queue: packed's "
+            f"average JCT is {geo:.1f}x its JCT with backfill (geomean over the traces; "
+            f"{min(r):.1f}x to {max(r):.1f}x), and PAL's and PM-First's grow with it.\n"]
+
+
+def pal_main(args, wls) -> None:
+    """``--pal``: run only section 4 (PAL's experiment, every way of running it) and rewrite
+    only that section of the document (the others, section 3's verdicts on it included, stay
+    as their run left them)."""
+    runs = plan_runs([], (), wls, ())
+    t0 = time.time()
+    out = execute_all(runs, args.jobs)
+    wall = time.time() - t0
+    rows, geo = pal_geomeans(out, wls)
+    cmd = f".venv/bin/python benchmarks/evaluation.py --pal --jobs {args.jobs}" + (
+        " --quick" if args.quick else "")
+    provenance = (f"This section alone: `{cmd}` on {time.strftime('%Y-%m-%d')} ({len(runs)} "
+                  f"simulations in {wall / 60:.1f} min); the rest of the document comes from its own run.")
+    doc = Path(args.docs) / "evaluation.md"
+    figs = doc.parent / "evaluation"
+    figs.mkdir(parents=True, exist_ok=True)
+    section = pal_section(out, rows, geo, wls, figs, provenance)
+    doc.write_text(render.replace_section(doc.read_text() if doc.exists() else "", PAL_SECTION, section))
+    for mode, g in geo.items():
+        print(f"{mode}: PM-First {render.pct(g.get('pm-first'))}, PAL {render.pct(g.get('pal'))} vs packed")
+    print(f"wrote section 4 of {doc} ({wall / 60:.1f} min)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -419,6 +462,8 @@ def main() -> None:
     ap.add_argument("--policies", default=None, help="comma-separated policies for section 2")
     ap.add_argument("--grow-modes", action="store_true",
                     help="only section 5: jct (gpu) with grows by extension and by requeue")
+    ap.add_argument("--pal", action="store_true",
+                    help="only section 4: PAL's experiment, every way of running it")
     ap.add_argument("--render-only", action="store_true",
                     help="with --grow-modes: rewrite section 5 from the summaries of the last run")
     ap.add_argument("--docs", default=str(ROOT / "docs"))
@@ -428,6 +473,9 @@ def main() -> None:
     loads = ("1.0",) if args.quick else LOADS
     if args.grow_modes:
         grow_main(args, wls, loads)
+        return
+    if args.pal:
+        pal_main(args, wls)
         return
     policies, skipped = select_policies(args.policies)
     has_gran = "granularity" in {f.name for f in dataclasses.fields(Run)}

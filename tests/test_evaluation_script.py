@@ -90,11 +90,18 @@ def test_pal_modes_change_one_factor_each_and_reach_the_runs():
     assert (fifo.interval, fifo.seed, fifo.variability) == (base.interval, base.seed, base.variability)
 
 
-def test_pal_factor_reading_orders_the_ways_by_distance_to_the_published_figure():
+def test_pal_summary_says_how_far_each_way_is_from_the_published_figure():
     geo = {"pal": {"pal": -0.24, "pm-first": -0.23}, "pal-fifo": {"pal": -0.40, "pm-first": None}}
     titles = {"pal": "PAL's way", "pal-fifo": "strict FIFO"}
-    lines = ev.render.pal_factors(geo, titles, ev.PAL_PUBLISHED)
-    assert lines[0] == ("* PAL against the published -43.0%, points away (PAL's way: 19.0): "
-                        "strict FIFO: 3.0; PAL's way: 19.0.")
-    assert lines[1].startswith("* PM-First against the published -40.0%, points away (PAL's way: 17.0)")
-    assert "strict FIFO" not in lines[1]
+    lines = ev.render.pal_summary(geo, titles, ev.PAL_PUBLISHED)
+    assert lines[2] == "| PAL's way | -23.0% (17.0) | -24.0% (19.0) |"
+    assert lines[3] == "| strict FIFO | - | -40.0% (3.0) |"
+    assert lines[4] == "| PAL's paper (published) | -40.0% | -43.0% |"
+
+
+def test_fifo_reading_is_the_geomean_of_packed_without_backfill_over_with():
+    rows = {"pal": [(1, {"packed": 100.0}), (2, {"packed": 200.0})],
+            "pal-fifo": [(1, {"packed": 400.0}), (2, {"packed": 200.0})]}
+    line = ev._fifo_reading(rows)[0]
+    assert "2.0x its JCT with backfill" in line and "1.0x to 4.0x" in line
+    assert ev._fifo_reading({"pal": rows["pal"]}) == []
