@@ -31,7 +31,7 @@ def admit_fifo(jobs: Iterable[JobView], free: int, size: Callable[[JobView], int
     ``free``. With ``backfill``, one that does not fit waits and the walk goes on, so a smaller
     job behind it may start (no head-of-line blocking, as Slurm's backfill); without, the walk
     stops at the first job that does not fit and every job behind it waits too (strict FIFO,
-    as PAL's FIFO scheduler: ``schedulers/fifo`` in its artifact, ``blox-pal``).
+    as the FIFO scheduler of PAL's artifact, Jain et al., SC'24).
 
     Returns:
         ``(admitted, waiting)``; each waiting job with the GPUs that were left when its turn came.
