@@ -42,7 +42,6 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -51,6 +50,7 @@ from pathlib import Path  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
 import numpy as np  # noqa: E402
+from scipy.stats import gmean  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -226,7 +226,7 @@ def pal_geomeans(out, wls) -> tuple[dict, dict]:
         geo[mode] = {}
         for pl in ("pm-first", "pal"):
             r = [row[pl] / row["packed"] for _, row in rows[mode] if row[pl] and row["packed"]]
-            geo[mode][pl] = math.exp(sum(map(math.log, r)) / len(r)) - 1 if r else None
+            geo[mode][pl] = float(gmean(r)) - 1 if r else None
     return rows, geo
 
 
@@ -426,7 +426,7 @@ def _fifo_reading(rows) -> list[str]:
     r = [row["packed"] / base[w] for w, row in rows["pal-fifo"] if row["packed"] and base.get(w)]
     if not r:
         return []
-    geo = math.exp(sum(map(math.log, r)) / len(r))
+    geo = float(gmean(r))
     return [f"Strict FIFO makes every placement wait behind the head of the queue: packed's "
             f"average JCT is {geo:.1f}x its JCT with backfill (geomean over the traces; "
             f"{min(r):.1f}x to {max(r):.1f}x), and PAL's and PM-First's grow with it.\n"]

@@ -2,8 +2,8 @@
 
 Three jobs of different sizes share 8 GPUs (a foreign job holds the other two nodes):
 A (2 nodes) does not scale, B (1 node) scales with GPUs, C (1 node, fixed) gains from a larger
-batch. The daemon (dp policy), running on its own, must shrink A, grow B and change C's batch
-size; every job must finish with exact sample accounting; the store and ``hpcsched status``
+batch. The daemon, running on its own, must grow B and change C's batch size (with ``dp`` also
+shrink A); every job must finish with exact sample accounting; the store and ``hpcsched status``
 must show each decision with its reason.
 """
 
@@ -28,8 +28,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 @pytest.mark.parametrize("policy", ["dp", "default"])
 def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_jobs, policy,
                                                      monkeypatch):
-    """``default`` runs the daemon's default policy (``jct``: the sum of completion rates by
-    the DP's exact search) with no [policy] table at all, and the daemon's default grow: B
+    """``default`` runs the daemon's default policy (``jct``: heSRPT-weighted speedups over
+    the fair share, by the DP's exact search) with no [policy] table at all, and the daemon's default grow: B
     grows by an extension allocation (a ``reform``), no worker restarted; ``dp`` runs with
     ``daemon.grow = "requeue"``: B grows by checkpoint, requeue and restart.
 
