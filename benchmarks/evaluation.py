@@ -57,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _evaluation_render as render  # noqa: E402
+from _run_cache import RunCache, code_version  # noqa: E402
 
 from hpcsched.policies import POLICIES, REGISTRY, PolicyError, make_policy  # noqa: E402
 from hpcsched.policies.snapshot import GROW_MODES  # noqa: E402
@@ -167,20 +168,47 @@ def plan_runs(policies, grans, wls, loads) -> dict[tuple, Run]:
     return runs
 
 
+def _cache(args) -> RunCache:
+    """The run cache for the code on disk (:mod:`_run_cache`), or none with ``--no-cache``."""
+    return RunCache(None if args.no_cache else code_version())
+
+
+def _from_cache(out) -> str:
+    """'' or the provenance line's words on the runs taken from the cache."""
+    hits = [s for _, s in out.values() if s.get("cached")]
+    return (f", {len(hits)} of them taken from the cache of earlier runs of the same code "
+            f"(`benchmarks/_run_cache.py`), which had simulated them in "
+            f"{sum(s['wall_seconds'] for s in hits) / 60:.0f} min of their own run time" if hits else "")
+
+
 def _execute(run: Run):
     res = execute(run)
     return res, report.summarize(res)
 
 
-def execute_all(runs: dict[tuple, Run], jobs: int) -> dict[tuple, tuple]:
-    """Run every simulation on ``jobs`` processes; ``key -> (SimResult, summary)``."""
+def execute_all(runs: dict[tuple, Run], jobs: int, cache: RunCache | None = None
+                ) -> dict[tuple, tuple]:
+    """Run every simulation on ``jobs`` processes; ``key -> (SimResult, summary)``. A run
+    ``cache`` holds (simulated earlier by the same code, :mod:`_run_cache`) is taken from it;
+    every run simulated here is added to it as soon as it ends, so a stopped run goes on where
+    it stopped."""
+    cache = cache or RunCache(None)
     out: dict[tuple, tuple] = {}
+    for k, r in runs.items():
+        hit = cache.get(r)
+        if hit is not None:
+            out[k] = (hit[0], {**hit[1], "cached": True})
+    if out:
+        print(f"{len(out)} of {len(runs)} simulations from the cache of code {cache.version}", flush=True)
+    # the slowest first (pollux's search; the higher loads), so the pool does not end on one long run
+    todo = sorted((k for k in runs if k not in out), key=lambda k: (k[1] != "pollux", -float(k[3] or 0)))
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futs = {pool.submit(_execute, r): k for k, r in runs.items()}
-        for i, f in enumerate(as_completed(futs), 1):
+        futs = {pool.submit(_execute, runs[k]): k for k in todo}
+        for i, f in enumerate(as_completed(futs), len(out) + 1):
             k = futs[f]
             res, summ = f.result()
             out[k] = (res, summ)
+            cache.put(runs[k], (res, summ))
             print(f"[{i}/{len(runs)}] {k[0]:>4} {runs[k].label:>16} {k[2]:>4} on {runs[k].workload:<12} "
                   f"avg JCT {render.fmt(summ['avg_jct'])} s ({summ['wall_seconds']:.1f} s)", flush=True)
     return out
@@ -383,7 +411,7 @@ def grow_main(args, wls, loads) -> None:
     if not args.render_only:
         runs = grow_runs(wls, loads)
         t0 = time.time()
-        out = execute_all(runs, args.jobs)
+        out = execute_all(runs, args.jobs, _cache(args))
         cmd = f".venv/bin/python benchmarks/evaluation.py --grow-modes --jobs {args.jobs}" + (
             " --quick" if args.quick else "")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -438,13 +466,14 @@ def pal_main(args, wls) -> None:
     as their run left them)."""
     runs = plan_runs([], (), wls, ())
     t0 = time.time()
-    out = execute_all(runs, args.jobs)
+    out = execute_all(runs, args.jobs, _cache(args))
     wall = time.time() - t0
     rows, geo = pal_geomeans(out, wls)
     cmd = f".venv/bin/python benchmarks/evaluation.py --pal --jobs {args.jobs}" + (
         " --quick" if args.quick else "")
     provenance = (f"This section alone: `{cmd}` on {time.strftime('%Y-%m-%d')} ({len(runs)} "
-                  f"simulations in {wall / 60:.1f} min); the rest of the document comes from its own run.")
+                  f"simulations in {wall / 60:.1f} min{_from_cache(out)}); the rest of the document comes "
+                  "from its own run.")
     doc = Path(args.docs) / "evaluation.md"
     figs = doc.parent / "evaluation"
     figs.mkdir(parents=True, exist_ok=True)
@@ -466,6 +495,8 @@ def main() -> None:
                     help="only section 4: PAL's experiment, every way of running it")
     ap.add_argument("--render-only", action="store_true",
                     help="with --grow-modes: rewrite section 5 from the summaries of the last run")
+    ap.add_argument("--no-cache", action="store_true",
+                    help="simulate every run again, even those the cache holds for this code")
     ap.add_argument("--docs", default=str(ROOT / "docs"))
     ap.add_argument("--results", default=str(ROOT / "bench-results" / "evaluation.json"))
     args = ap.parse_args()
@@ -485,7 +516,7 @@ def main() -> None:
 
     runs = plan_runs(policies, grans, wls, loads)
     t0 = time.time()
-    out = execute_all(runs, args.jobs)
+    out = execute_all(runs, args.jobs, _cache(args))
     wall = time.time() - t0
     means = grid_means(out, policies, grans, loads, wls)
     pub = published(wls, loads)
@@ -500,7 +531,8 @@ def main() -> None:
            f"{f' --policies {args.policies}' if args.policies else ''}")
     L = ["# Evaluation: our policies against published results\n",
          f"Generated by `{cmd}` on {time.strftime('%Y-%m-%d')} ({platform.machine()}, "
-         f"{os.cpu_count()} cores; {len(runs)} simulations in {wall / 60:.1f} min). Every figure below "
+         f"{os.cpu_count()} cores; {len(runs)} simulations in {wall / 60:.1f} min{_from_cache(out)}). "
+         "Every figure below "
          "comes from that run; the raw summaries are in `bench-results/evaluation.json`."
          f"{' **Quick run: workloads 1-2, load 1.0 only.**' if args.quick else ''}\n",
          "Setting, unless a section says otherwise: 16 nodes x 4 GPUs, a policy round every 60 s, "
