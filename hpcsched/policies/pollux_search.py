@@ -135,14 +135,24 @@ def repair(prob: Problem, states: np.ndarray, rng: np.random.Generator) -> np.nd
     states = np.where(on & (np.cumsum(on, axis=1) > 1), 0, states)
     if prob.whole:
         states = np.where(states > 0, prob.unit[None, :, None], 0)
-    # at most hi GPUs and max_nodes nodes per job, cut on the nodes in a random order
-    order = np.argsort(rng.random(states.shape), axis=2)
-    s = np.take_along_axis(states, order, axis=2)
-    s = np.diff(np.minimum(np.cumsum(s, axis=2), prob.hi[None, :, None]), axis=2, prepend=0)
-    keep = np.diff(np.minimum(np.cumsum(s > 0, axis=2), prob.max_nodes[None, :, None]),
-                   axis=2, prepend=0) > 0
-    s = np.where(keep, s, 0)
-    states = np.take_along_axis(s, np.argsort(order, axis=2), axis=2)
+    # at most hi GPUs and max_nodes nodes per job, cut on the nodes in a random order; only
+    # the rows over a limit are cut (the others would come out unchanged), the random order is
+    # drawn for every row all the same, so the generator's stream does not depend on them
+    keys = rng.random(states.shape)
+    over = ((states.sum(axis=2) > prob.hi[None, :])
+            | (np.count_nonzero(states, axis=2) > prob.max_nodes[None, :]))
+    if over.any():
+        pi, ji = np.nonzero(over)
+        rows = states[pi, ji]                                           # (R, N)
+        order = np.argsort(keys[pi, ji], axis=1)
+        s = np.take_along_axis(rows, order, axis=1)
+        s = np.diff(np.minimum(np.cumsum(s, axis=1), prob.hi[ji, None]), axis=1, prepend=0)
+        keep = np.diff(np.minimum(np.cumsum(s > 0, axis=1), prob.max_nodes[ji, None]),
+                       axis=1, prepend=0) > 0
+        cut = np.empty_like(rows)
+        np.put_along_axis(cut, order, np.where(keep, s, 0).astype(rows.dtype), axis=1)
+        states = states.copy()
+        states[pi, ji] = cut
     # node capacities, jobs in priority order
     states = np.diff(np.minimum(np.cumsum(states, axis=1), prob.cap[None, None, :]), axis=1,
                      prepend=0)
@@ -181,10 +191,9 @@ def _tournament(fit: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray
 
 def _first(pop: np.ndarray) -> np.ndarray:
     """Indices of the first occurrence of each distinct state, in order."""
-    seen: dict[bytes, int] = {}
-    for i, row in enumerate(pop.reshape(len(pop), -1)):
-        seen.setdefault(row.tobytes(), i)
-    return np.fromiter(seen.values(), dtype=np.int64, count=len(seen))
+    flat = np.ascontiguousarray(pop.reshape(len(pop), -1))
+    rows = flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1]))).ravel()
+    return np.sort(np.unique(rows, return_index=True)[1])
 
 
 def _unique(pop: np.ndarray) -> np.ndarray:
