@@ -25,6 +25,9 @@ run; the document says so). ``--policies a,b``: only those policies in section 2
     .venv/bin/python benchmarks/evaluation.py --grow-modes --jobs 2    # section 5 only
     .venv/bin/python benchmarks/evaluation.py --pal --jobs 2           # section 4 only
 
+    .venv/bin/python benchmarks/evaluation.py --timings                # section 7 only, from the
+                                                                       # timing benchmarks' JSON
+
 ``--grow-modes`` runs only section 5 (issue 10): the default policy (``jct``) at ``gpu``
 granularity with grows by extension and by requeue over the same workloads and loads, and
 rewrites only that section of docs/evaluation.md (the others are left as they are); summaries to
@@ -57,6 +60,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _evaluation_render as render  # noqa: E402
+from _evaluation_timing import TIMING_SECTION, timing_section  # noqa: E402
 from _run_cache import RunCache, code_version  # noqa: E402
 
 from hpcsched.policies import POLICIES, REGISTRY, PolicyError, make_policy  # noqa: E402
@@ -493,6 +497,9 @@ def main() -> None:
                     help="only section 5: jct (gpu) with grows by extension and by requeue")
     ap.add_argument("--pal", action="store_true",
                     help="only section 4: PAL's experiment, every way of running it")
+    ap.add_argument("--timings", action="store_true",
+                    help="only section 7: decision and simulation times, from the latest results "
+                         "of benchmarks/policy_decision.py and benchmarks/sim_walltime.py")
     ap.add_argument("--render-only", action="store_true",
                     help="with --grow-modes: rewrite section 5 from the summaries of the last run")
     ap.add_argument("--no-cache", action="store_true",
@@ -502,6 +509,12 @@ def main() -> None:
     args = ap.parse_args()
     wls = [1, 2] if args.quick else list(range(1, 9))
     loads = ("1.0",) if args.quick else LOADS
+    if args.timings:
+        doc = Path(args.docs) / "evaluation.md"
+        section = timing_section(Path(args.results).parent)
+        doc.write_text(render.replace_section(doc.read_text() if doc.exists() else "", TIMING_SECTION, section))
+        print(f"wrote section 7 of {doc}")
+        return
     if args.grow_modes:
         grow_main(args, wls, loads)
         return
@@ -559,10 +572,11 @@ BOUND_SECTION = "## 6. How far from what is possible: the isolated-JCT lower bou
 
 
 def _write_doc(doc: Path, lines: list[str]) -> None:
-    """Write the document, carrying its sections 5 and 6 over: they have their own runs
-    (``--grow-modes``; ``benchmarks/jct_bound.py``)."""
+    """Write the document, carrying its sections 5, 6 and 7 over: they have their own runs
+    (``--grow-modes``; ``benchmarks/jct_bound.py``; ``--timings``)."""
     old = doc.read_text() if doc.exists() else ""
-    kept = [k for k in (render.section_of(old, h) for h in (GROW_SECTION, BOUND_SECTION)) if k]
+    kept = [k for k in (render.section_of(old, h) for h in (GROW_SECTION, BOUND_SECTION, TIMING_SECTION))
+            if k]
     doc.write_text("\n".join(lines) + "".join(f"\n{k}" for k in kept))
 
 
