@@ -44,6 +44,17 @@ def code_version() -> str | None:
     return h.hexdigest()[:20]
 
 
+def describe() -> str:
+    """Which code ran, for a document's provenance line: ``"commit abc1234"``, with ``" plus
+    uncommitted changes to hpcsched/"`` when there are some; ``"an unknown commit"`` outside git."""
+    try:
+        head = _git("rev-parse", "--short", "HEAD").decode().strip()
+        dirty = _git("status", "--porcelain", "--", "hpcsched").strip()
+    except (OSError, subprocess.SubprocessError):
+        return "an unknown commit"
+    return f"commit {head}" + (" plus uncommitted changes to hpcsched/" if dirty else "")
+
+
 class RunCache:
     """Results of simulations by run, for one code version (``None``: a cache that holds
     nothing and keeps nothing)."""
