@@ -102,8 +102,8 @@ def test_execute_all_keeps_each_run_and_takes_it_back_next_time(tmp_path, tiny_r
     res, summary = first[("grid", "static", "gpu", "0.5", 1)]
     assert "cached" not in summary and summary["avg_jct"] > 0
     again = ev.execute_all(runs, 1, cache)
-    assert "1 of them taken from the cache" in ev._from_cache(again)
-    assert ev._from_cache(first) == ""
+    assert ev._ran(again, 6.0).startswith("1 simulations: 0 run now in 0.1 min, 1 taken from the cache")
+    assert ev._ran(first, 6.0) == "1 simulations in 0.1 min"
     res2, summary2 = again[("grid", "static", "gpu", "0.5", 1)]
     assert {**summary2} == {**summary, "cached": True}
     assert [j.jct for j in res2.jobs] == [j.jct for j in res.jobs]
