@@ -8,6 +8,7 @@ GPU slot; it cannot be resized in place (hpcsched refuses to try).
 """
 
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -35,13 +36,17 @@ def main() -> None:
     print(f"rank {rank}/{world} node={os.environ.get('SLURMD_NODENAME', '?')} "
           f"local_rank={os.environ['LOCAL_RANK']} loss={loss.item():.4f} in_sync={in_sync}",
           flush=True)
-    # DDP's reducer holds work on the process group: free it first, so nothing of it is left
-    # for interpreter shutdown. Then every rank must be done with its collectives before any
-    # rank tears gloo down; without the barrier a fast rank's destroy can abort a slower peer
-    # ("terminate called without an active exception", seen in CI).
-    del model, opt
+    # Every rank must be done with its collectives before any rank goes. Then leave without
+    # running gloo's C++ teardown: destroying the process group (or letting interpreter
+    # shutdown do it) can still abort a rank with "terminate called without an active
+    # exception" (a worker thread destroyed while joinable; seen in CI after a barrier and an
+    # explicit destroy_process_group, torch 2.13 on CPU; pytorch/pytorch#190489 is the same
+    # message without the destroy). Past the barrier nothing is left to send; the OS closes the
+    # sockets.
     dist.barrier()
-    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
