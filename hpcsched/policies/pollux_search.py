@@ -151,8 +151,7 @@ def repair(prob: Problem, states: np.ndarray, rng: np.random.Generator) -> np.nd
                        axis=1, prepend=0) > 0
         cut = np.empty_like(rows)
         np.put_along_axis(cut, order, np.where(keep, s, 0).astype(rows.dtype), axis=1)
-        states = states.copy()
-        states[pi, ji] = cut
+        states[pi, ji] = cut      # ``states`` is this function's own array (np.maximum above)
     # node capacities, jobs in priority order
     states = np.diff(np.minimum(np.cumsum(states, axis=1), prob.cap[None, None, :]), axis=1,
                      prepend=0)
