@@ -7,13 +7,21 @@ from __future__ import annotations
 import json
 import logging
 import math
+import socket
 from pathlib import Path
 
 import pytest
 
 from hpcsched import slurm
 from hpcsched.job import allocation
-from hpcsched.job.launcher import LaunchConfig, Launcher, effective_config, master_port
+from hpcsched.job.launcher import (
+    LaunchConfig,
+    Launcher,
+    effective_config,
+    master_port,
+    port_is_free,
+    port_range,
+)
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.batching import BatchConfig, BatchSizeError
 from hpcsched.protocol.env import LaunchEnv, ProcessEnv, variables
@@ -71,15 +79,47 @@ def test_effective_config_refuses_a_world_size_no_batch_size_fits():
 # ---------------------------------------------------------------------------- master_port
 
 def test_master_port_by_hand():
-    assert master_port("1234", 1) == 20000 + (1234 * 7919 + 104729) % 30000 == 26775
+    assert master_port("1234", 1, ports=(20000, 50000)) \
+        == 20000 + (1234 * 7919 + 104729) % 30000 == 26775
+    assert master_port("1234", 1, ports=(20000, 32768)) \
+        == 20000 + (1234 * 7919 + 104729) % 12768 == 27111
 
 
 def test_master_port_is_in_range_and_new_for_every_launch_of_a_job():
+    first, end = port_range()
     for job in ("1", "77", "999999"):
         ports = [master_port(job, launch) for launch in range(1, 201)]
-        assert all(20000 <= p < 50000 for p in ports)
+        assert all(first <= p < end for p in ports)
         assert len(set(ports)) == len(ports)
     assert master_port("77", 3) == master_port("77", 3)
+
+
+@pytest.mark.parametrize("content, want", [
+    ("32768\t60999\n", (20000, 32768)),   # Linux's default: stay below the ephemeral ports
+    ("20500 60999", (20000, 50000)),        # too few ports below: the old range
+    ("garbage", (20000, 50000)),
+])
+def test_port_range_stays_below_the_kernel_ephemeral_ports(tmp_path, content, want):
+    f = tmp_path / "ip_local_port_range"
+    f.write_text(content)
+    assert port_range(str(f)) == want
+    assert port_range(str(tmp_path / "missing")) == (20000, 50000)
+
+
+def test_master_port_skips_a_port_another_process_listens_on():
+    """The CI failure this guards against: rank 0's TCPStore died with EADDRINUSE."""
+    taken = master_port("4242", 5)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", taken))
+        except OSError:
+            pytest.skip(f"port {taken} is already in use on this machine")
+        s.listen()
+        assert not port_is_free(taken)
+        got = master_port("4242", 5, port_is_free)
+        assert got != taken and port_is_free(got)
+    assert port_is_free(taken)
+    assert master_port("4242", 5, port_is_free) == taken
 
 
 # ------------------------------------------------------------------------------ LaunchEnv

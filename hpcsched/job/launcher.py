@@ -36,9 +36,11 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,9 +121,52 @@ def effective_config(spec: JobSpec, control: ctl.Control | None, nodes: int) -> 
     return LaunchConfig(generation, nodes, wpn, batch, limits.lr_scale(batch.global_batch_size))
 
 
-def master_port(job_id: str, launch: int) -> int:
-    """A TCP port for rank 0's store, different for every launch of a job (range 20000-49999)."""
-    return 20000 + (int(job_id) * 7919 + launch * 104729) % 30000
+#: the first port :func:`master_port` hands out
+PORT_BASE = 20000
+
+
+def port_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """``[first, end)`` of the ports :func:`master_port` hands out: from 20000 up to the
+    kernel's ephemeral range (``ip_local_port_range``, ip-sysctl(7)), whose ports any outgoing
+    connection on the node may hold at any moment; 20000-49999 where that range leaves fewer
+    than 1024 ports below it or cannot be read."""
+    try:
+        low = int(Path(path).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    return (PORT_BASE, low) if low - PORT_BASE >= 1024 else (PORT_BASE, 50000)
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a TCP listener could bind ``port`` on every address of this host now (as
+    ``torch.distributed.TCPStore`` does: ``SO_REUSEADDR``, so a port in TIME_WAIT counts as
+    free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def master_port(job_id: str, launch: int, free: Callable[[int], bool] | None = None,
+                ports: tuple[int, int] | None = None) -> int:
+    """A TCP port for rank 0's store, different for every launch of a job.
+
+    The first candidate is ``first + (job_id * 7919 + launch * 104729) mod (end - first)`` in
+    ``ports`` (default :func:`port_range`); where ``free`` is given (:func:`port_is_free` when
+    the launcher runs on rank 0's node), the next candidates (steps of 7) are tried until one
+    is free, up to 64, so another job's store or an outgoing connection does not make rank 0
+    fail with EADDRINUSE."""
+    first, end = ports or port_range()
+    start = int(job_id) * 7919 + launch * 104729
+    candidates = [first + (start + 7 * i) % (end - first) for i in range(64)]
+    if free is not None:
+        for port in candidates:
+            if free(port):
+                return port
+    return candidates[0]
 
 
 class Launcher:
@@ -213,7 +258,9 @@ class Launcher:
         master = (_while_unreachable(lambda: slurm.node_addr(nodes[0]), "scontrol show node")
                   if nodes else "127.0.0.1")
         env = dict(self.env)
-        env.update(self.launch_env(cfg, master).to_env())
+        # the batch script runs on the allocation's first node (sbatch(1)), where rank 0 runs
+        local = not nodes or self.env.get("SLURMD_NODENAME") == nodes[0] or master.startswith("127.")
+        env.update(self.launch_env(cfg, master, local).to_env())
         env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: one worker per GPU, not per core
         if master.startswith("127."):
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback-only dev cluster
@@ -234,8 +281,9 @@ class Launcher:
         finally:  # the workers are gone: no extension of theirs may hold GPUs
             cancel_all(self.jd)
 
-    def launch_env(self, cfg: LaunchConfig, master_addr: str) -> LaunchEnv:
-        """What the workers of the next launch (number ``self.launches``) are told."""
+    def launch_env(self, cfg: LaunchConfig, master_addr: str, local: bool = False) -> LaunchEnv:
+        """What the workers of the next launch (number ``self.launches``) are told; ``local``:
+        rank 0 runs on this node, so its store's port is checked free here first."""
         spec = self.spec
         return LaunchEnv(
             job_dir=str(self.jd.path), launch=self.launches, generation=cfg.generation,
@@ -245,7 +293,8 @@ class Launcher:
             global_batch_size=cfg.batch.global_batch_size, lr_scale=cfg.lr_scale,
             checkpoint_dir=spec.checkpoint_dir, checkpoint_interval=spec.checkpoint_interval,
             record_samples=spec.record_samples, python=spec.python, inplace_shrink=True,
-            master_addr=master_addr, master_port=master_port(self.job_id, self.launches),
+            master_addr=master_addr,
+            master_port=master_port(self.job_id, self.launches, port_is_free if local else None),
             extensions=True)
 
     @property
