@@ -356,3 +356,30 @@ def test_best_at_each_is_best_at_at_each_size(noise):
     want = [m.best_at(job, pm, g, n) if g else (0.0, None) for g, n in sizes]
     assert [c for _, c in got] == [c for _, c in want]
     assert [x for x, _ in got] == pytest.approx([x for x, _ in want], rel=1e-12)
+
+
+@pytest.mark.parametrize("with_prior", [False, True])
+def test_the_fit_objective_gradient_matches_finite_differences(with_prior):
+    """The fit's analytic gradient (what L-BFGS-B follows) against central differences, at
+    random points of the free parameters: multi-node, one-node and one-GPU samples (T_sync 0),
+    accumulation, compute times known for some."""
+    from scipy.optimize import approx_fprime
+
+    from hpcsched.perf.pollux import _Objective, _Points, fixed_parameters
+
+    samples = (PerfSample(1, 1, 32, 1, 0.05, 0.05), PerfSample(1, 4, 32, 2, 0.16),
+               PerfSample(2, 8, 64, 1, 0.3, 0.09), PerfSample(4, 16, 16, 1, 0.4),
+               PerfSample(1, 2, 48, 1, 0.11, 0.07))
+    pts = _Points.of(samples)
+    fixed, ref = fixed_parameters(pts, prior_for("cifar10") if with_prior else None)
+    objective = _Objective(pts, fixed, ref)
+    assert len(objective.free) == 7
+    rng = np.random.default_rng(9)
+    for _ in range(20):
+        x = np.array([rng.uniform(1.0, 4.0) if nm == "gamma" else math.log(rng.uniform(1e-4, 0.3))
+                      for nm in objective.free])
+        value, grad = objective(x)
+        numeric = approx_fprime(x, lambda z: objective(z)[0], 1e-7)
+        assert value > 0
+        assert grad == pytest.approx(numeric, rel=1e-4, abs=1e-5)
+        assert objective.unpack(x) == PerfParams(*objective._values(x))

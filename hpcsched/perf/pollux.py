@@ -374,8 +374,12 @@ class _Objective:
         self.log_comp = np.log(pts.comp[pts.has_c])
         self.b_c = pts.b[pts.has_c]
         self.retro = np.maximum(pts.k - 2.0, 0.0)
-        self.inter = pts.n > 1
-        self.intra = (pts.n == 1) & (pts.k > 1)
+        self.inter = (pts.n > 1).astype(float)
+        self.intra = ((pts.n == 1) & (pts.k > 1)).astype(float)
+        names = [f.name for f in fields(PerfParams)]
+        self._free_idx = [names.index(nm) for nm in self.free]
+        self._fixed_vals = [fixed.get(nm, 0.0) for nm in names]
+        self._rows = np.empty((len(names), len(pts.b)))
         # hpcsched: a weak pull of the free parameters (log times, gamma) towards the scaled
         # prior, so that a few points (fewer than parameters) give a well-posed fit
         self.pull = (np.array([ref.gamma if nm == "gamma" else math.log(np.clip(
@@ -384,17 +388,18 @@ class _Objective:
 
     def unpack(self, x: np.ndarray) -> PerfParams:
         vals = dict(self.fixed)
-        for nm, v in zip(self.free, x, strict=True):
-            vals[nm] = float(v) if nm == "gamma" else float(np.exp(v))
+        for nm, v, ev in zip(self.free, x.tolist(), np.exp(x).tolist(), strict=True):
+            vals[nm] = v if nm == "gamma" else ev
         return PerfParams(**vals)
 
     def __call__(self, x: np.ndarray) -> tuple[float, np.ndarray]:
-        pts, p = self.pts, self.unpack(x)
-        b, acc, g = pts.b, pts.acc, p.gamma
-        inter, intra, retro = self.inter, self.intra, self.retro
-        tg = compute_time(p, b)
-        ts = sync_time(p, pts.n, pts.k)
-        # the step time's p-norm, kept in parts for the gradient
+        # the formulas of _step_time over all points at once; the numpy calls are few and the
+        # arrays tiny (one entry per measured configuration), so the call count is the cost
+        vals = self._values(x)
+        ac, bc, an, bn, ar, br, g = vals
+        b, acc = self.pts.b, self.pts.acc
+        tg = ac + bc * b
+        ts = self.inter * (an + bn * self.retro) + self.intra * (ar + br * self.retro)
         m = np.maximum(tg, ts)
         u, v = tg / m, ts / m
         ug, vg = u ** g, v ** g
@@ -402,48 +407,52 @@ class _Objective:
         pn = m * big_s ** (1.0 / g)
         pred = (acc - 1.0) * tg + pn
         e = np.log(pred) - self.log_step
-        err1 = math.sqrt(float(np.mean(e ** 2)) + SMOOTH)
+        err1 = math.sqrt(float((e ** 2).sum()) / len(e) + SMOOTH)   # np.mean, without its checks
         # d err1 / d pred_i = e_i / (pred_i * N * err1)
         w = e / (pred * len(e) * err1)
         dp_du = (u * m / pn) ** (g - 1.0)                       # (tg / P)^(g-1)
         dp_dv = np.where(ts > 0, (ts / pn) ** (g - 1.0), 0.0)   # (ts / P)^(g-1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            lu = np.where(u > 0, ug * np.log(np.where(u > 0, u, 1.0)), 0.0)
-            lv = np.where(v > 0, vg * np.log(np.where(v > 0, v, 1.0)), 0.0)
+        lu = ug * np.log(u)                                     # tg > 0, so u > 0
+        lv = vg * np.log(v, out=np.ones_like(v), where=v > 0)   # 0 where ts = 0
         dlnp_dg = -np.log(big_s) / g ** 2 + (lu + lv) / (g * big_s)
-        d_tg = (acc - 1.0) + dp_du
-        grad = {
-            "alpha_c": float(np.sum(w * d_tg)), "beta_c": float(np.sum(w * d_tg * b)),
-            "alpha_n": float(np.sum(w * dp_dv * inter)),
-            "beta_n": float(np.sum(w * dp_dv * retro * inter)),
-            "alpha_r": float(np.sum(w * dp_dv * intra)),
-            "beta_r": float(np.sum(w * dp_dv * retro * intra)),
-            "gamma": float(np.sum(w * pn * dlnp_dg)),
-        }
+        wt = w * ((acc - 1.0) + dp_du)
+        wv = w * dp_dv
+        wvr = wv * self.retro
+        rows = self._rows
+        rows[0], rows[1], rows[2], rows[3] = wt, wt * b, wv * self.inter, wvr * self.inter
+        rows[4], rows[5], rows[6] = wv * self.intra, wvr * self.intra, w * pn * dlnp_dg
+        grad = rows.sum(axis=1)
         total = err1
-        if pts.has_c.any():
-            tg_c = p.alpha_c + p.beta_c * self.b_c
+        if self.b_c.size:
+            tg_c = ac + bc * self.b_c
             ec = np.log(tg_c) - self.log_comp
-            err2 = math.sqrt(float(np.mean(ec ** 2)) + SMOOTH)
+            err2 = math.sqrt(float((ec ** 2).sum()) / len(ec) + SMOOTH)
             wc = ec / (tg_c * len(ec) * err2)
-            grad["alpha_c"] += float(np.sum(wc))
-            grad["beta_c"] += float(np.sum(wc * self.b_c))
+            grad[0] += float(wc.sum())
+            grad[1] += float((wc * self.b_c).sum())
             total += err2
         total += 1e-3 * (g - 1.0) ** 2
-        grad["gamma"] += 2e-3 * (g - 1.0)
-        total += 1e-2 * ((p.beta_n / p.alpha_n) ** 2 + (p.beta_r / p.alpha_r) ** 2)
-        grad["beta_n"] += 2e-2 * p.beta_n / p.alpha_n ** 2
-        grad["alpha_n"] -= 2e-2 * p.beta_n ** 2 / p.alpha_n ** 3
-        grad["beta_r"] += 2e-2 * p.beta_r / p.alpha_r ** 2
-        grad["alpha_r"] -= 2e-2 * p.beta_r ** 2 / p.alpha_r ** 3
+        grad[6] += 2e-3 * (g - 1.0)
+        total += 1e-2 * ((bn / an) ** 2 + (br / ar) ** 2)
+        grad[3] += 2e-2 * bn / an ** 2
+        grad[2] -= 2e-2 * bn ** 2 / an ** 3
+        grad[5] += 2e-2 * br / ar ** 2
+        grad[4] -= 2e-2 * br ** 2 / ar ** 3
         # chain rule: time parameters are optimised as logs
-        jac = np.array([grad[nm] if nm == "gamma" else grad[nm] * getattr(p, nm)
-                        for nm in self.free])
+        grad[:6] *= vals[:6]
+        jac = grad[self._free_idx]
         if self.pull is not None:
             d = x - self.pull
-            total += PRIOR_PULL * float(np.mean(d ** 2))
+            total += PRIOR_PULL * (float((d ** 2).sum()) / len(d))
             jac += 2.0 * PRIOR_PULL * d / len(d)
         return total, jac
+
+    def _values(self, x: np.ndarray) -> list[float]:
+        """The seven parameters (:class:`PerfParams` order) at ``x``, as :meth:`unpack` gives."""
+        vals = list(self._fixed_vals)
+        for i, v, ev in zip(self._free_idx, x.tolist(), np.exp(x).tolist(), strict=True):
+            vals[i] = v if i == 6 else ev   # numpy's exp, which is not always math.exp's
+        return vals
 
 
 def _starts(pts: _Points, ref: PerfParams | None) -> list[dict[str, float]]:
