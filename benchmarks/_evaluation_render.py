@@ -145,7 +145,7 @@ PAL_NOTES = """How the two ways differ, and what remains between PAL's way and P
 * **Rounds.** PAL's way: 360 s (the artifact's `--round-duration 360`); a held job waits for the
   next round to start, and a finished job's GPUs stay idle until then. Ours: 60 s.
 * **Each factor alone** (the rows after the first two): PAL's draws with 60 s rounds, our
-  draws with 360 s rounds, and two ways PAL's artifact schedules that Slurm does not, each
+  draws with 360 s rounds, and three ways PAL's artifact schedules that Slurm does not, each
   switched on in PAL's way:
   * **Strict FIFO.** PAL's FIFO stops at the first job it cannot place (no backfill); `static`
     admits any job that fits, as Slurm's backfill does. The row "FIFO stops at the first job"
@@ -154,14 +154,17 @@ PAL_NOTES = """How the two ways differ, and what remains between PAL's way and P
   * **Free moves.** PAL and PM-First in the artifact re-place every running job each round at
     no cost; here moving a running job is a requeue that pays the 30 s restart, and reconcile
     weighs it. The row "moving a running job is free" sets the restart cost to 0 s.
+  * **Soft consolidation.** PAL's Packed-Sticky baseline (artifact
+    `placement/packing_sticky.py`), when no node has enough free GPUs, spreads a job over the
+    nodes with the most free GPUs and pays the 1.7 locality penalty; on Slurm a job keeps its
+    shape (a 2-GPU job is one node x 2 GPUs, never 1 + 1) and waits. The row "packed spreads a
+    job" runs the packed baseline with `SimConfig.soft_consolidate` (`hpcsched simulate
+    --soft-consolidate`): a PAL job that cannot get its shape takes any free GPUs, best fit,
+    else the nodes with the most free GPUs; PM-First and PAL keep the shapes as in the first
+    row, so the row shows what the baseline's spreading alone does to the comparison.
 * **What stays different, not measured here** (read from the artifact's `placement/*.py` and
   `blox/blox_manager.py`):
-  * PAL's Packed-Sticky baseline, when no node has enough free GPUs, spreads a job over the
-    nodes with the most free GPUs and pays the 1.7 locality penalty (its "soft consolidated"
-    placement), and it preempts later jobs to place the head of the queue. Here a job keeps its
-    Slurm shape (a 2-GPU job is one node x 2 GPUs, never 1 + 1) and waits instead: our baseline
-    pays the penalty less often. Measuring it needs fixed-work jobs that may be spread GPU by
-    GPU, which the simulator does not model (a PAL job keeps its Slurm shape).
+  * Packed-Sticky preempts later jobs to place the head of the queue.
   * Our placements choose nodes, and a node counts as fast as its slowest GPU for the class
     (Slurm picks the GPUs inside a node); PAL picks individual GPUs.
   * The artifact records a job's finish at the end of the round it ends in; here at the moment.

@@ -16,7 +16,8 @@ Every figure comes from ``hpcsched simulate``'s own code (:func:`hpcsched.sim.cl
    Philly traces, jobs held until placed) run PAL's way (``variability="pal"``, 360 s rounds,
    seed 42) and ours (Longhorn draws, 60 s rounds, seed 0), then PAL's way with one factor
    changed each (our rounds, our draws, strict FIFO without backfill, free moves of running
-   jobs): geomean of the average-JCT ratio to packed, beside PAL's published -43% / -40%.
+   jobs, a packed baseline that spreads a job no node has room for): geomean of the
+   average-JCT ratio to packed, beside PAL's published -43% / -40%.
 
 Writes docs/evaluation.md (``--docs DIR``), its plots under ``DIR/evaluation/``, and every summary
 to bench-results/evaluation.json (``--results``). ``--quick``: workloads 1-2 at load 1.0 (a smoke
@@ -48,7 +49,6 @@ import json  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from concurrent.futures import ProcessPoolExecutor, as_completed  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
@@ -60,13 +60,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _evaluation_render as render  # noqa: E402
+from _evaluation_runs import _cache, _params, _ran, execute_all, make_run  # noqa: E402
 from _evaluation_timing import TIMING_SECTION, timing_section  # noqa: E402
-from _run_cache import RunCache, code_version, describe  # noqa: E402
+from _run_cache import describe  # noqa: E402
 
 from hpcsched.policies import POLICIES, REGISTRY, PolicyError, make_policy  # noqa: E402
 from hpcsched.policies.snapshot import GROW_MODES  # noqa: E402
 from hpcsched.sim import report  # noqa: E402
-from hpcsched.sim.cli import POLLUX_TIRESIAS, Run, execute  # noqa: E402
+from hpcsched.sim.cli import Run  # noqa: E402
 from hpcsched.sim.workload import pollux_results  # noqa: E402
 
 LOADS = ("0.5", "1.0", "1.5", "2.0")
@@ -78,9 +79,11 @@ PAL_PLACEMENTS = ("packed", "pm-first", "pal")
 
 class PalMode(NamedTuple):
     """One way of running PAL's experiment: the GPU variability (``"pal"``: PAL's per-class
-    draws; ``True``: ours), the round in seconds, the seed, the title, and two of the ways PAL's
-    artifact differs from Slurm: FIFO with Slurm's backfill or strict (PAL's), and the restart
-    cost of moving a running job (s; PAL's re-placement moves them free)."""
+    draws; ``True``: ours), the round in seconds, the seed, the title, and three of the ways
+    PAL's artifact differs from Slurm: FIFO with Slurm's backfill or strict (PAL's), the restart
+    cost of moving a running job (s; PAL's re-placement moves them free), and whether the
+    packed baseline spreads a job that does not fit its shape (PAL's Packed-Sticky:
+    ``SimConfig.soft_consolidate``)."""
 
     variability: object
     interval: float
@@ -88,6 +91,7 @@ class PalMode(NamedTuple):
     title: str
     backfill: bool = True
     restart_cost: float = 30.0
+    soft_packed: bool = False
 
 
 #: way of running PAL's experiment; after the first two, each changes one factor, to show what
@@ -101,6 +105,9 @@ PAL_MODES = {
                         "fit (no backfill), as PAL's scheduler", backfill=False),
     "pal-free-moves": PalMode("pal", 360.0, 42, "PAL's way, and moving a running job is free (0 s "
                               "restart), as PAL's re-placement", restart_cost=0.0),
+    "pal-soft": PalMode("pal", 360.0, 42, "PAL's way, and packed spreads a job no node has room "
+                        "for over the nodes with most free GPUs (locality penalty), as PAL's "
+                        "Packed-Sticky", soft_packed=True),
 }
 PAL_TABLES = ("pal", "ours")  # the ways shown trace by trace
 PAL_PUBLISHED = {"pal": -0.43, "pm-first": -0.40}  # PAL artifact Readme, A1 (Figure 10)
@@ -133,30 +140,6 @@ def select_policies(requested: str | None) -> tuple[list[str], list[str]]:
     return chosen, skipped
 
 
-def _params(policy: str) -> dict:
-    return dict(POLLUX_TIRESIAS) if policy == "tiresias" else {}
-
-
-def make_run(workload: str, policy: str, *, placement: str | None = None, variability=False,
-             hold: bool = False, interval: float = 60.0, seed: int = 0,
-             granularity: str = "node", grow: str | None = None, params: dict | None = None,
-             restart_cost: float = 30.0) -> Run:
-    """A :class:`Run` by keyword; ``granularity`` is passed only where ``Run`` has the field;
-    ``grow`` (``None``: the simulator's default, by extension) likewise. ``params`` add to the
-    policy's parameters; ``restart_cost`` (s) is every application's."""
-    params = tuple((k, tuple(v) if isinstance(v, list) else v)
-                   for k, v in sorted({**_params(policy), **(params or {})}.items()))
-    kw = dict(workload=workload, policy=policy, placement=placement, params=params, nodes=16,
-              gpus_per_node=4, interval=interval, restart_cost=(("*", restart_cost),), shrink_cost=2.0,
-              variability=variability, locality_penalty=1.7, seed=seed, max_time=60 * 86400.0,
-              hold_new_jobs=hold)
-    if "granularity" in {f.name for f in dataclasses.fields(Run)}:
-        kw["granularity"] = granularity
-    if grow is not None:
-        kw["grow"] = grow
-    return Run(**kw)
-
-
 def plan_runs(policies, grans, wls, loads) -> dict[tuple, Run]:
     """Every simulation, keyed ``("grid", policy, granularity, load, workload)`` or
     ``(mode, placement, "node", None, trace)``."""
@@ -168,58 +151,9 @@ def plan_runs(policies, grans, wls, loads) -> dict[tuple, Run]:
                 runs[(mode, pl, "node", None, w)] = make_run(
                     f"pal:{w}", "static", placement=pl, variability=m.variability, hold=True,
                     interval=m.interval, seed=m.seed, restart_cost=m.restart_cost,
-                    params=None if m.backfill else {"backfill": False})
+                    params=None if m.backfill else {"backfill": False},
+                    soft_consolidate=m.soft_packed and pl == "packed")
     return runs
-
-
-def _cache(args) -> RunCache:
-    """The run cache for the code on disk (:mod:`_run_cache`), or none with ``--no-cache``."""
-    return RunCache(None if args.no_cache else code_version())
-
-
-def _ran(out, wall: float) -> str:
-    """The provenance line's words on the simulations: how many, how long, and how many were
-    taken from the cache of earlier runs of the same code (:mod:`_run_cache`)."""
-    hits = [s for _, s in out.values() if s.get("cached")]
-    if not hits:
-        return f"{len(out)} simulations in {wall / 60:.1f} min"
-    return (f"{len(out)} simulations: {len(out) - len(hits)} run now in {wall / 60:.1f} min, "
-            f"{len(hits)} taken from the cache of earlier runs of the same code "
-            f"(`benchmarks/_run_cache.py`), where they had taken "
-            f"{sum(s['wall_seconds'] for s in hits) / 60:.0f} min of simulation")
-
-
-def _execute(run: Run):
-    res = execute(run)
-    return res, report.summarize(res)
-
-
-def execute_all(runs: dict[tuple, Run], jobs: int, cache: RunCache | None = None
-                ) -> dict[tuple, tuple]:
-    """Run every simulation on ``jobs`` processes; ``key -> (SimResult, summary)``. A run
-    ``cache`` holds (simulated earlier by the same code, :mod:`_run_cache`) is taken from it;
-    every run simulated here is added to it as soon as it ends, so a stopped run goes on where
-    it stopped."""
-    cache = cache or RunCache(None)
-    out: dict[tuple, tuple] = {}
-    for k, r in runs.items():
-        hit = cache.get(r)
-        if hit is not None:
-            out[k] = (hit[0], {**hit[1], "cached": True})
-    if out:
-        print(f"{len(out)} of {len(runs)} simulations from the cache of code {cache.version}", flush=True)
-    # the slowest first (pollux's search; the higher loads), so the pool does not end on one long run
-    todo = sorted((k for k in runs if k not in out), key=lambda k: (k[1] != "pollux", -float(k[3] or 0)))
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futs = {pool.submit(_execute, runs[k]): k for k in todo}
-        for i, f in enumerate(as_completed(futs), len(out) + 1):
-            k = futs[f]
-            res, summ = f.result()
-            out[k] = (res, summ)
-            cache.put(runs[k], (res, summ))
-            print(f"[{i}/{len(runs)}] {k[0]:>4} {runs[k].label:>16} {k[2]:>4} on {runs[k].workload:<12} "
-                  f"avg JCT {render.fmt(summ['avg_jct'])} s ({summ['wall_seconds']:.1f} s)", flush=True)
-    return out
 
 
 def _mean(vals) -> float | None:

@@ -9,6 +9,7 @@ import csv
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,20 @@ def test_options_reach_the_simulation(workload, tmp_path):
                     workload_name=name).run()
     assert without_wall([run]) == without_wall([json.loads(json.dumps(report.summarize(res)))])
     assert run["params"]["restart_cost"] == {"*": 5.0, "bert": 7.0} and run["params"]["seed"] == 3
+
+
+def test_soft_consolidate_reaches_the_simulation(tmp_path):
+    out = tmp_path / "s.json"
+    r = simulate("-w", "pal:1", "-p", "static", "--placement", "packed", "--hold-new-jobs",
+                 "--soft-consolidate", "--json", out, "-q")
+    assert r.exit_code == 0, r.output
+    (run,) = json.loads(out.read_text())["runs"]
+    name, jobs = load_workload("pal:1")
+    res = Simulator(jobs, "static", policy_params={"placement": "packed"}, workload_name=name,
+                    config=SimConfig(hold_new_jobs=True, soft_consolidate=True)).run()
+    res = replace(res, policy="static+packed")
+    assert without_wall([run]) == without_wall([json.loads(json.dumps(report.summarize(res)))])
+    assert run["params"]["soft_consolidate"] is True
 
 
 def test_the_table_names_every_run(workload):

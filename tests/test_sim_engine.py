@@ -187,6 +187,36 @@ def test_locality_penalty_when_a_job_spans_nodes(gpus, penalty, factor):
     assert j.finish_time == pytest.approx(100.5 + 30 + 1000 * 0.5 * factor, abs=1e-6)
 
 
+@pytest.mark.parametrize("soft", [False, True])
+def test_soft_consolidation_spreads_a_fixed_job_no_node_has_room_for(soft):
+    """Two 3-GPU jobs leave one GPU free on each of 2 nodes. A 2-GPU job arriving at 10 s waits
+    for the first to end on Slurm (its shape is one node x 2); with soft consolidation (PAL's
+    Packed-Sticky) it starts at once on 1 + 1 GPUs and pays the 1.7 locality penalty."""
+    sim = Checked([fixed("a", 0.0, 3, 1000, 0.5), fixed("b", 0.0, 3, 2000, 0.5),
+                   fixed("c", 10.0, 2, 100, 1.0)], "static",
+                  config=SimConfig(nodes=2, soft_consolidate=soft))
+    jobs = by_name(sim.run())
+    assert jobs["a"].finish_time == pytest.approx(530.0)
+    if soft:
+        assert jobs["c"].start_time == 10.0
+        assert jobs["c"].finish_time == pytest.approx(10.0 + 30.0 + 100 * 1.0 * 1.7)
+    else:
+        assert jobs["c"].start_time == pytest.approx(530.0)
+        assert jobs["c"].finish_time == pytest.approx(530.0 + 30.0 + 100.0)
+    assert sim.checks > 0
+
+
+def test_soft_consolidation_leaves_pollux_jobs_and_jobs_that_fit_alone():
+    """Only a fixed-work job that cannot get its shape is spread: the same workload of jobs that
+    fit runs identically either way."""
+    work = [fixed("a", 0.0, 4, 1000, 0.5), fixed("b", 5.0, 2, 300, 1.0),
+            pollux("p", 7.0, "cifar10", 2, 128, "A")]
+    plain = Simulator(work, "static", config=SimConfig(nodes=2)).run()
+    soft = Simulator(work, "static", config=SimConfig(nodes=2, soft_consolidate=True)).run()
+    assert [(j.start_time, j.finish_time) for j in plain.jobs] == \
+        [(j.start_time, j.finish_time) for j in soft.jobs]
+
+
 @pytest.mark.parametrize(("gpus", "app_class", "seed"), [
     (4, "A", 0), (2, "D", 3), (8, "B", 1), (1, "C", 11), (3, "A", 5)])
 def test_variability_multiplies_by_the_slowest_gpu(gpus, app_class, seed):

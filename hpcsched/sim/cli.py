@@ -55,6 +55,7 @@ class Run:
     extension_startup: float = EXTENSION_STARTUP
     extension_stall: float = EXTENSION_STALL
     scale: float = 1.0                      # arrivals and work x scale (SimConfig.work_scale)
+    soft_consolidate: bool = False          # SimConfig.soft_consolidate
 
     @property
     def label(self) -> str:
@@ -110,7 +111,7 @@ def execute(run: Run):
                     seed=run.seed, max_time=run.max_time, hold_new_jobs=run.hold_new_jobs,
                     granularity=run.granularity, grow=run.grow,
                     extension_startup=run.extension_startup, extension_stall=run.extension_stall,
-                    work_scale=run.scale)
+                    work_scale=run.scale, soft_consolidate=run.soft_consolidate)
     res = Simulator(jobs, run.policy, policy_params=params, config=cfg,
                     workload_name=name).run()
     return replace(res, policy=run.label)
@@ -185,6 +186,10 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
 @click.option("--hold-new-jobs", is_flag=True,
               help="What-if: jobs arrive held and start only when the policy's plan gives them "
                    "GPUs (and nodes: lets a placement stage place every job).")
+@click.option("--soft-consolidate", is_flag=True,
+              help="A PAL trace job that cannot get its shape (no node with its GPUs free) "
+                   "takes any free GPUs, packed, and pays --locality-penalty across nodes "
+                   "(PAL's Packed-Sticky baseline); default: it waits, as on Slurm.")
 @click.option("--granularity", type=click.Choice(("node", "gpu")), default="node",
               show_default=True,
               help="node: a job is whole nodes x the GPUs per node it was submitted with (what "
@@ -217,9 +222,9 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table.")
 def simulate_command(workloads, policies, placements, raw_params, pollux_tiresias, nodes,
                      gpus_per_node, interval, restart_cost, shrink_cost, variability,
-                     variability_draws, locality_penalty, hold_new_jobs, granularity, grow,
-                     extension_startup, extension_stall, scale, seed, max_days, json_path, out_dir,
-                     n_procs, quiet):
+                     variability_draws, locality_penalty, hold_new_jobs, soft_consolidate,
+                     granularity, grow, extension_startup, extension_stall, scale, seed, max_days,
+                     json_path, out_dir, n_procs, quiet):
     """Replay WORKLOADs on a simulated Slurm cluster with the daemon's own POLICYs.
 
     \b
@@ -248,7 +253,7 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
     runs = [Run(w, p, pl, tuple(sorted(params.get(p, {}).items(), key=lambda kv: kv[0])),
                 nodes, gpus_per_node, interval, costs, shrink_cost, variability,
                 locality_penalty, seed, max_days * 86400.0, hold_new_jobs, granularity, grow,
-                extension_startup, extension_stall, scale)
+                extension_startup, extension_stall, scale, soft_consolidate)
             for w in workloads for p in policies for pl in (placements or (None,))]
     try:
         with single_threaded_blas():

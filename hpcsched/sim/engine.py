@@ -153,6 +153,9 @@ class Simulator:
             got = self.cluster.allocate_gpus(j.size, j.req_nodes)
         else:
             got = self.cluster.allocate(j.nodes, j.per_node, j.req_nodes)
+            if got is None and self.cfg.soft_consolidate and j.fixed is not None:
+                got = self.cluster.allocate_gpus(j.size)   # PAL's soft consolidation
+                j.granular = got is not None   # its layout is its own now (the view shows it)
         if got is None:
             return False
         j.node_names, j.gpus = got
@@ -356,7 +359,8 @@ class Simulator:
                     "variability": c.variability, "seed": c.seed,
                     "restart_cost": dict(c.restart_cost), "shrink_cost": c.shrink_cost,
                     "granularity": c.granularity, "hold_rounds": c.hold_rounds, "grow": c.grow,
-                    "extension_startup": c.extension_startup, "extension_stall": c.extension_stall})
+                    "extension_startup": c.extension_startup, "extension_stall": c.extension_stall,
+                    "soft_consolidate": c.soft_consolidate})
 
 
 def simulate(jobs: Sequence[WorkloadJob], policy: str, **kw) -> SimResult:

@@ -77,6 +77,12 @@ class SimConfig:
             :func:`hpcsched.sim.workload.scale_workload`); the emulated application's
             ``--scale`` counts the same work (:mod:`hpcsched.sim.emulate`).
 
+        soft_consolidate: a fixed-work (PAL trace) job that cannot get its Slurm shape (no
+            ``nodes`` nodes with its GPUs per node free) takes any free GPUs instead, packed:
+            best fit, else the nodes with the most free GPUs (:meth:`SimCluster.allocate_gpus`),
+            and pays the locality penalty when that spans nodes. PAL's Packed-Sticky baseline
+            does this (its "soft consolidated" placement, artifact ``placement/packing_sticky.py``);
+            Slurm does not (the job waits). Off by default.
         early_reports: a job reports its remaining work and gradient noise from its submission
             (True, the default: what the evaluation ran) or, as on a real cluster, only once it
             has started: before, the daemon has no progress file to read (False: ``hpcsched
@@ -106,6 +112,7 @@ class SimConfig:
     extension_stall: float = EXTENSION_STALL
     work_scale: float = 1.0
     early_reports: bool = True
+    soft_consolidate: bool = False
 
     def __post_init__(self):
         if self.grow not in GROW_MODES:
