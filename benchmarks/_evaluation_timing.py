@@ -51,7 +51,9 @@ def walltime_table(report: dict) -> list[str]:
     """Median wall time of one simulation of a 160-job workload, per policy and granularity."""
     wls = ", ".join(report.get("workloads", []))
     out = [f"`benchmarks/sim_walltime.py` ({report.get('time', '?')}; Pollux workloads {wls} at "
-           "load 1.0, one core): seconds per simulation, median (max; CPU median)\n",
+           "load 1.0, one core): seconds per simulation, median (max; CPU median)"
+           + (f" over the workloads, each the fastest of {report['repeats']} runs" if report.get("repeats")
+              else "") + "\n",
            "| policy | granularity | median | max | CPU |", "|---|---|---:|---:|---:|"]
     for gran, per in report.get("per_policy", {}).items():
         for policy, r in per.items():

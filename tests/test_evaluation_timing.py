@@ -34,6 +34,12 @@ def test_section_seven_shows_every_measured_figure_and_the_verdicts(tmp_path):
     assert "| `jct` | gpu | 4.20 | 4.90 | 4.10 |" in text
     assert "- PASS  jct at 64 GPUs / 160 jobs (gpu): 12.3 ms (CPU 12.1 ms)" in text
     assert "- PASS  jct at gpu granularity: median 4.20 s" in text
+    assert "fastest of" not in text                          # a JSON from before --repeats
+
+
+def test_the_walltime_table_says_how_many_runs_each_figure_is_the_fastest_of():
+    text = "\n".join(timing.walltime_table({**WALL, "repeats": 3}))
+    assert "median (max; CPU median) over the workloads, each the fastest of 3 runs" in text
 
 
 def test_a_missing_or_unreadable_result_is_said_not_guessed(tmp_path):

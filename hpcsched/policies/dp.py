@@ -95,11 +95,11 @@ def solve(options: list[list[_Option]], k: int) -> tuple[float, list[int]] | Non
             g = o.gpus
             if g > k:
                 continue
-            cand = np.full(k + 1, -np.inf)
-            cand[g:] = best[: k + 1 - g] + o.value
-            better = cand > nxt
-            nxt[better] = cand[better]
-            arg[better] = i
+            cand = best[: k + 1 - g] + o.value     # over kk = g..k (below g it cannot run)
+            tail = nxt[g:]
+            better = cand > tail
+            tail[better] = cand[better]
+            arg[g:][better] = i
         best = nxt
     kk = int(np.argmax(best))
     if not np.isfinite(best[kk]):

@@ -42,6 +42,7 @@ locality penalty when the job spans nodes (PAL §3, the ``L`` of its ``L x V`` s
 
 from __future__ import annotations
 
+import bisect
 import csv
 import json
 import random
@@ -224,18 +225,19 @@ class Application:
         """The epoch (0-based) that ``progress`` falls in, capped at ``max_epochs - 1``, with
         every epoch ``scale`` x as long (``SimConfig.work_scale``, the emulation's ``--scale``);
         the end of epoch ``e`` belongs to ``e + 1``."""
-        e = int(np.searchsorted(self._scaled_ends(scale), progress, side="right"))
+        e = bisect.bisect_right(self._scaled_ends(scale), progress)   # np.searchsorted "right"
         return min(e, self.max_epochs - 1)
 
     def epoch_end(self, epoch: int, scale: float = 1.0) -> float:
         """Progress at the end of ``epoch`` (0-based), epochs ``scale`` x as long."""
-        return float(self._scaled_ends(scale)[epoch])
+        return self._scaled_ends(scale)[epoch]
 
     @cache  # noqa: B019 -- one Application per name lives for the process
-    def _scaled_ends(self, scale: float) -> np.ndarray:
-        # one array per scale, so that epoch_at and epoch_end agree to the last bit (a segment
-        # that ends at an epoch's end always moves into the next epoch)
-        return self._epoch_end * scale
+    def _scaled_ends(self, scale: float) -> tuple[float, ...]:
+        # one tuple per scale, so that epoch_at and epoch_end agree to the last bit (a segment
+        # that ends at an epoch's end always moves into the next epoch); plain floats, as the
+        # simulator asks for them in its inner loop
+        return tuple((self._epoch_end * scale).tolist())
 
     @property
     def total_progress(self) -> float:
