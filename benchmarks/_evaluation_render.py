@@ -145,7 +145,7 @@ PAL_NOTES = """How the two ways differ, and what remains between PAL's way and P
 * **Rounds.** PAL's way: 360 s (the artifact's `--round-duration 360`); a held job waits for the
   next round to start, and a finished job's GPUs stay idle until then. Ours: 60 s.
 * **Each factor alone** (the rows after the first two): PAL's draws with 60 s rounds, our
-  draws with 360 s rounds, and three ways PAL's artifact schedules that Slurm does not, each
+  draws with 360 s rounds, and four ways PAL's artifact schedules that Slurm does not, each
   switched on in PAL's way:
   * **Strict FIFO.** PAL's FIFO stops at the first job it cannot place (no backfill); `static`
     admits any job that fits, as Slurm's backfill does. The row "FIFO stops at the first job"
@@ -162,11 +162,17 @@ PAL_NOTES = """How the two ways differ, and what remains between PAL's way and P
     --soft-consolidate`): a PAL job that cannot get its shape takes any free GPUs, best fit,
     else the nodes with the most free GPUs; PM-First and PAL keep the shapes as in the first
     row, so the row shows what the baseline's spreading alone does to the comparison.
+  * **GPUs, not nodes.** PAL's simulator places a job on individual GPUs; Slurm gives a job a
+    node's GPUs by number, so our placements choose nodes and count a node as fast as its
+    slowest GPU for the class. The row "PM-First and PAL take the GPUs of their nodes that
+    are fastest" lets them, once their nodes are chosen, take each node's fastest free GPUs
+    for the job's class (`SimConfig.fastest_gpus`, `hpcsched simulate --fastest-gpus`);
+    packed keeps the lowest-numbered. Which nodes they choose is unchanged: choosing nodes by
+    their fastest free GPUs would need the free GPUs by number, which Slurm does not report.
 * **What stays different, not measured here** (read from the artifact's `placement/*.py` and
   `blox/blox_manager.py`):
   * Packed-Sticky preempts later jobs to place the head of the queue.
-  * Our placements choose nodes, and a node counts as fast as its slowest GPU for the class
-    (Slurm picks the GPUs inside a node); PAL picks individual GPUs.
+  * PAL chooses among all free GPUs of the cluster, not among nodes (above).
   * The artifact records a job's finish at the end of the round it ends in; here at the moment.
 * **Per-trace results swing widely** (one trace can show a large gain where another shows a
   loss; the tables above), so the geomean of eight traces moves by several points with the draw.

@@ -21,11 +21,12 @@ def _params(policy: str) -> dict:
 def make_run(workload: str, policy: str, *, placement: str | None = None, variability=False,
              hold: bool = False, interval: float = 60.0, seed: int = 0,
              granularity: str = "node", grow: str | None = None, params: dict | None = None,
-             restart_cost: float = 30.0, soft_consolidate: bool = False) -> Run:
+             restart_cost: float = 30.0, soft_consolidate: bool = False,
+             fastest_gpus: bool = False) -> Run:
     """A :class:`Run` by keyword; ``granularity`` is passed only where ``Run`` has the field;
     ``grow`` (``None``: the simulator's default, by extension) likewise. ``params`` add to the
-    policy's parameters; ``restart_cost`` (s) is every application's; ``soft_consolidate``:
-    ``SimConfig.soft_consolidate``."""
+    policy's parameters; ``restart_cost`` (s) is every application's; ``soft_consolidate``,
+    ``fastest_gpus``: those of :class:`~hpcsched.sim.engine.SimConfig`."""
     params = tuple((k, tuple(v) if isinstance(v, list) else v)
                    for k, v in sorted({**_params(policy), **(params or {})}.items()))
     kw = dict(workload=workload, policy=policy, placement=placement, params=params, nodes=16,
@@ -34,6 +35,8 @@ def make_run(workload: str, policy: str, *, placement: str | None = None, variab
               hold_new_jobs=hold)
     if soft_consolidate:
         kw["soft_consolidate"] = True
+    if fastest_gpus:
+        kw["fastest_gpus"] = True
     if "granularity" in {f.name for f in dataclasses.fields(Run)}:
         kw["granularity"] = granularity
     if grow is not None:

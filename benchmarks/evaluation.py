@@ -16,7 +16,8 @@ Every figure comes from ``hpcsched simulate``'s own code (:func:`hpcsched.sim.cl
    Philly traces, jobs held until placed) run PAL's way (``variability="pal"``, 360 s rounds,
    seed 42) and ours (Longhorn draws, 60 s rounds, seed 0), then PAL's way with one factor
    changed each (our rounds, our draws, strict FIFO without backfill, free moves of running
-   jobs, a packed baseline that spreads a job no node has room for): geomean of the
+   jobs, a packed baseline that spreads a job no node has room for, PM-First and PAL choosing
+   GPUs inside their nodes): geomean of the
    average-JCT ratio to packed, beside PAL's published -43% / -40%.
 
 Writes docs/evaluation.md (``--docs DIR``), its plots under ``DIR/evaluation/``, and every summary
@@ -79,11 +80,12 @@ PAL_PLACEMENTS = ("packed", "pm-first", "pal")
 
 class PalMode(NamedTuple):
     """One way of running PAL's experiment: the GPU variability (``"pal"``: PAL's per-class
-    draws; ``True``: ours), the round in seconds, the seed, the title, and three of the ways
+    draws; ``True``: ours), the round in seconds, the seed, the title, and four of the ways
     PAL's artifact differs from Slurm: FIFO with Slurm's backfill or strict (PAL's), the restart
-    cost of moving a running job (s; PAL's re-placement moves them free), and whether the
-    packed baseline spreads a job that does not fit its shape (PAL's Packed-Sticky:
-    ``SimConfig.soft_consolidate``)."""
+    cost of moving a running job (s; PAL's re-placement moves them free), whether the packed
+    baseline spreads a job that does not fit its shape (PAL's Packed-Sticky:
+    ``SimConfig.soft_consolidate``), and whether PM-First and PAL take the fastest GPUs of
+    the nodes they choose (PAL places on GPUs: ``SimConfig.fastest_gpus``)."""
 
     variability: object
     interval: float
@@ -92,6 +94,7 @@ class PalMode(NamedTuple):
     backfill: bool = True
     restart_cost: float = 30.0
     soft_packed: bool = False
+    fastest_placed: bool = False
 
 
 #: way of running PAL's experiment; after the first two, each changes one factor, to show what
@@ -108,6 +111,9 @@ PAL_MODES = {
     "pal-soft": PalMode("pal", 360.0, 42, "PAL's way, and packed spreads a job no node has room "
                         "for over the nodes with most free GPUs (locality penalty), as PAL's "
                         "Packed-Sticky", soft_packed=True),
+    "pal-gpus": PalMode("pal", 360.0, 42, "PAL's way, and PM-First and PAL take the GPUs of their "
+                        "nodes that are fastest for the job's class, as PAL places on GPUs",
+                        fastest_placed=True),
 }
 PAL_TABLES = ("pal", "ours")  # the ways shown trace by trace
 PAL_PUBLISHED = {"pal": -0.43, "pm-first": -0.40}  # PAL artifact Readme, A1 (Figure 10)
@@ -152,7 +158,8 @@ def plan_runs(policies, grans, wls, loads) -> dict[tuple, Run]:
                     f"pal:{w}", "static", placement=pl, variability=m.variability, hold=True,
                     interval=m.interval, seed=m.seed, restart_cost=m.restart_cost,
                     params=None if m.backfill else {"backfill": False},
-                    soft_consolidate=m.soft_packed and pl == "packed")
+                    soft_consolidate=m.soft_packed and pl == "packed",
+                    fastest_gpus=m.fastest_placed and pl != "packed")
     return runs
 
 

@@ -106,6 +106,22 @@ def test_soft_consolidate_reaches_the_simulation(tmp_path):
     assert run["params"]["soft_consolidate"] is True
 
 
+def test_fastest_gpus_reaches_the_simulation(tmp_path):
+    out = tmp_path / "s.json"
+    r = simulate("-w", "pal:2", "-p", "static", "--placement", "pal", "--variability",
+                 "--variability-draws", "pal", "--seed", 42, "--hold-new-jobs", "--fastest-gpus",
+                 "--json", out, "-q")
+    assert r.exit_code == 0, r.output
+    (run,) = json.loads(out.read_text())["runs"]
+    name, jobs = load_workload("pal:2", seed=42)
+    res = Simulator(jobs, "static", policy_params={"placement": "pal"}, workload_name=name,
+                    config=SimConfig(hold_new_jobs=True, variability="pal", seed=42,
+                                     fastest_gpus=True)).run()
+    res = replace(res, policy="static+pal")
+    assert without_wall([run]) == without_wall([json.loads(json.dumps(report.summarize(res)))])
+    assert run["params"]["fastest_gpus"] is True
+
+
 def test_the_table_names_every_run(workload):
     r = simulate("-w", workload, "-p", "static", "-p", "dp", "--nodes", 1)
     assert r.exit_code == 0, r.output

@@ -234,6 +234,25 @@ def test_variability_multiplies_by_the_slowest_gpu(gpus, app_class, seed):
     assert j.finish_time == pytest.approx(42.0 + 30 + 2000 * 0.25 * slowest * penalty, abs=1e-6)
 
 
+@pytest.mark.parametrize(("gpus", "app_class", "seed"), [(1, "A", 0), (2, "D", 0), (3, "B", 0)])
+def test_fastest_gpus_takes_the_nodes_fastest_gpus_for_the_class(gpus, app_class, seed):
+    """With ``fastest_gpus`` a one-node job takes the node's ``gpus`` GPUs fastest for its class
+    (lowest number first among equals), not the lowest-numbered, and runs at their slowest."""
+    cfg = SimConfig(nodes=1, variability=True, seed=seed, fastest_gpus=True)
+    sim = Simulator([fixed("j", 0.0, gpus, 1000, 0.5, app_class=app_class)], "static",
+                    config=cfg)
+    k = CLASSES.index(app_class)
+    speeds = sim.cluster.slow[0, :, k]
+    fastest = sorted(range(4), key=lambda g: (speeds[g], g))[:gpus]
+    assert float(speeds[fastest].max()) < float(speeds[:gpus].max())   # the case can tell
+    got = sim.cluster.allocate(1, gpus, fastest_for=app_class)
+    assert got == (("n1",), tuple((0, g) for g in sorted(fastest)))
+    sim.cluster.release(got[1])
+    (j,) = sim.run().jobs
+    assert j.finish_time == pytest.approx(30 + 1000 * 0.5 * float(speeds[fastest].max()),
+                                          abs=1e-6)
+
+
 def test_without_variability_every_gpu_is_a_median_gpu():
     sim = Simulator([fixed("j", 0, 1, 10)], "static", config=SimConfig(nodes=2, seed=9))
     assert np.array_equal(sim.cluster.slow, np.ones((2, 4, 4)))

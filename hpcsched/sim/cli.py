@@ -56,6 +56,7 @@ class Run:
     extension_stall: float = EXTENSION_STALL
     scale: float = 1.0                      # arrivals and work x scale (SimConfig.work_scale)
     soft_consolidate: bool = False          # SimConfig.soft_consolidate
+    fastest_gpus: bool = False              # SimConfig.fastest_gpus
 
     @property
     def label(self) -> str:
@@ -111,7 +112,8 @@ def execute(run: Run):
                     seed=run.seed, max_time=run.max_time, hold_new_jobs=run.hold_new_jobs,
                     granularity=run.granularity, grow=run.grow,
                     extension_startup=run.extension_startup, extension_stall=run.extension_stall,
-                    work_scale=run.scale, soft_consolidate=run.soft_consolidate)
+                    work_scale=run.scale, soft_consolidate=run.soft_consolidate,
+                    fastest_gpus=run.fastest_gpus)
     res = Simulator(jobs, run.policy, policy_params=params, config=cfg,
                     workload_name=name).run()
     return replace(res, policy=run.label)
@@ -190,6 +192,10 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
               help="A PAL trace job that cannot get its shape (no node with its GPUs free) "
                    "takes any free GPUs, packed, and pays --locality-penalty across nodes "
                    "(PAL's Packed-Sticky baseline); default: it waits, as on Slurm.")
+@click.option("--fastest-gpus", is_flag=True,
+              help="What-if: a job takes the free GPUs of each node that are fastest for its "
+                   "class (PAL's simulator places on GPUs); default: the lowest-numbered, as "
+                   "Slurm.")
 @click.option("--granularity", type=click.Choice(("node", "gpu")), default="node",
               show_default=True,
               help="node: a job is whole nodes x the GPUs per node it was submitted with (what "
@@ -223,7 +229,7 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
 def simulate_command(workloads, policies, placements, raw_params, pollux_tiresias, nodes,
                      gpus_per_node, interval, restart_cost, shrink_cost, variability,
                      variability_draws, locality_penalty, hold_new_jobs, soft_consolidate,
-                     granularity, grow, extension_startup, extension_stall, scale, seed, max_days,
+                     fastest_gpus, granularity, grow, extension_startup, extension_stall, scale, seed, max_days,
                      json_path, out_dir, n_procs, quiet):
     """Replay WORKLOADs on a simulated Slurm cluster with the daemon's own POLICYs.
 
@@ -253,7 +259,7 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
     runs = [Run(w, p, pl, tuple(sorted(params.get(p, {}).items(), key=lambda kv: kv[0])),
                 nodes, gpus_per_node, interval, costs, shrink_cost, variability,
                 locality_penalty, seed, max_days * 86400.0, hold_new_jobs, granularity, grow,
-                extension_startup, extension_stall, scale, soft_consolidate)
+                extension_startup, extension_stall, scale, soft_consolidate, fastest_gpus)
             for w in workloads for p in policies for pl in (placements or (None,))]
     try:
         with single_threaded_blas():

@@ -65,11 +65,14 @@ class SimCluster:
         k = CLASSES.index(app_class)
         return float(max(self.slow[n, g, k] for n, g in gpus))
 
-    def allocate(self, nodes: int, per_node: int, required: Sequence[str] = ()
+    def allocate(self, nodes: int, per_node: int, required: Sequence[str] = (),
+                 fastest_for: str | None = None
                  ) -> tuple[tuple[str, ...], tuple[tuple[int, int], ...]] | None:
         """Take ``nodes`` x ``per_node`` GPUs by Slurm's rule (module docstring); returns the
         node names and the ``(node index, gpu index)`` taken, or ``None`` if they do not fit now
-        (nothing taken)."""
+        (nothing taken). ``fastest_for``: a class whose fastest free GPUs each node gives
+        (lowest number first among equals) instead of its lowest-numbered, as PAL's simulator
+        places on GPUs (a what-if: Slurm does not let a job choose them)."""
         free = self.free.sum(axis=1)
         if required:
             idx = [self.node_index[n] for n in required]
@@ -81,8 +84,12 @@ class SimCluster:
                 return None
             idx = sorted(sorted(fits, key=lambda i: (free[i], i))[:nodes])
         gpus = []
+        k = CLASSES.index(fastest_for) if fastest_for in CLASSES else None
         for i in idx:
-            g = np.flatnonzero(self.free[i])[:per_node]
+            g = np.flatnonzero(self.free[i])
+            if k is not None:
+                g = g[np.argsort(self.slow[i, g, k], kind="stable")]
+            g = np.sort(g[:per_node])
             self.free[i, g] = False
             gpus.extend((i, int(x)) for x in g)
         return tuple(self.node_names[i] for i in idx), tuple(gpus)

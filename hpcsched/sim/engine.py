@@ -152,7 +152,8 @@ class Simulator:
         if j.granular:
             got = self.cluster.allocate_gpus(j.size, j.req_nodes)
         else:
-            got = self.cluster.allocate(j.nodes, j.per_node, j.req_nodes)
+            got = self.cluster.allocate(j.nodes, j.per_node, j.req_nodes,
+                                        j.wj.app_class if self.cfg.fastest_gpus else None)
             if got is None and self.cfg.soft_consolidate and j.fixed is not None:
                 got = self.cluster.allocate_gpus(j.size)   # PAL's soft consolidation
                 j.granular = got is not None   # its layout is its own now (the view shows it)
@@ -360,7 +361,7 @@ class Simulator:
                     "restart_cost": dict(c.restart_cost), "shrink_cost": c.shrink_cost,
                     "granularity": c.granularity, "hold_rounds": c.hold_rounds, "grow": c.grow,
                     "extension_startup": c.extension_startup, "extension_stall": c.extension_stall,
-                    "soft_consolidate": c.soft_consolidate})
+                    "soft_consolidate": c.soft_consolidate, "fastest_gpus": c.fastest_gpus})
 
 
 def simulate(jobs: Sequence[WorkloadJob], policy: str, **kw) -> SimResult:

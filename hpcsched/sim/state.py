@@ -83,6 +83,10 @@ class SimConfig:
             and pays the locality penalty when that spans nodes. PAL's Packed-Sticky baseline
             does this (its "soft consolidated" placement, artifact ``placement/packing_sticky.py``);
             Slurm does not (the job waits). Off by default.
+        fastest_gpus: a job started on whole nodes takes each node's free GPUs that are
+            fastest for its class, where Slurm hands out the lowest-numbered: PAL's simulator
+            places jobs on GPUs, not nodes (a what-if; :meth:`SimCluster.allocate`). Off by
+            default.
         early_reports: a job reports its remaining work and gradient noise from its submission
             (True, the default: what the evaluation ran) or, as on a real cluster, only once it
             has started: before, the daemon has no progress file to read (False: ``hpcsched
@@ -113,6 +117,7 @@ class SimConfig:
     work_scale: float = 1.0
     early_reports: bool = True
     soft_consolidate: bool = False
+    fastest_gpus: bool = False
 
     def __post_init__(self):
         if self.grow not in GROW_MODES:
