@@ -130,12 +130,21 @@ def test_the_gpu_probe_prolog_runs_for_every_job_and_the_daemon_ingests_it(
                    "--epochs", "1"): "n2"}
     slurm_jobs.extend(j for j in jobs if j not in slurm_jobs)
     plain = next(iter(jobs))
-    # while it runs, the job mapping names it for its GPUs (by index on the node)
+    # while it runs, the job mapping names it for its GPUs (by index on the node); Slurm shows
+    # the job RUNNING while its prolog still writes the files one GPU after the other
     started = wait_for(lambda: (i := slurm.job_info(plain)) and i.state == "RUNNING" and i, 60,
                        "the plain job")
-    named = wait_for(lambda: sorted(p.name for p in mapping.glob("*")
-                                    if plain in p.read_text().split()), 30, "the job mapping")
-    assert len(named) == 2 and all(n.isdigit() for n in named), named
+
+    def mapped() -> list[str]:
+        # one file per GPU index, replaced whole (mv); "<index>.tmp.<pid>" files come and go
+        return sorted(p.name for p in mapping.glob("*")
+                      if p.name.isdigit() and plain in p.read_text().split())
+
+    wait_for(lambda: len(mapped()) >= 2, 30, "the job mapping of both GPUs")
+    named = mapped()
+    assert len(named) == 2, named
+    assert not [p.name for p in mapping.glob("*")
+                if p.name != ".lock" and not p.name.isdigit() and ".tmp." not in p.name]
     wait_for(lambda: all((i := slurm.job_info(j)) and not i.active for j in jobs), 180,
              "both jobs to end")
     wait_for(lambda: not any(plain in p.read_text().split() for p in mapping.glob("[0-9]*")),
