@@ -378,6 +378,7 @@ class _Objective:
         self.intra = ((pts.n == 1) & (pts.k > 1)).astype(float)
         names = [f.name for f in fields(PerfParams)]
         self._free_idx = [names.index(nm) for nm in self.free]
+        self._gamma = names.index("gamma")
         self._fixed_vals = [fixed.get(nm, 0.0) for nm in names]
         self._rows = np.empty((len(names), len(pts.b)))
         # hpcsched: a weak pull of the free parameters (log times, gamma) towards the scaled
@@ -387,10 +388,8 @@ class _Objective:
             if ref is not None and self.free else None)
 
     def unpack(self, x: np.ndarray) -> PerfParams:
-        vals = dict(self.fixed)
-        for nm, v, ev in zip(self.free, x.tolist(), np.exp(x).tolist(), strict=True):
-            vals[nm] = v if nm == "gamma" else ev
-        return PerfParams(**vals)
+        """The parameters at ``x`` (fixed ones as fixed, times from their logs)."""
+        return PerfParams(*self._values(x))
 
     def __call__(self, x: np.ndarray) -> tuple[float, np.ndarray]:
         # the formulas of _step_time over all points at once; the numpy calls are few and the
@@ -451,7 +450,7 @@ class _Objective:
         """The seven parameters (:class:`PerfParams` order) at ``x``, as :meth:`unpack` gives."""
         vals = list(self._fixed_vals)
         for i, v, ev in zip(self._free_idx, x.tolist(), np.exp(x).tolist(), strict=True):
-            vals[i] = v if i == 6 else ev   # numpy's exp, which is not always math.exp's
+            vals[i] = v if i == self._gamma else ev   # numpy's exp: not always math.exp's
         return vals
 
 
