@@ -41,8 +41,26 @@ def _verdicts(means, policies=("pollux", "jct"), flips=(1, 100), geo=(-0.40, -0.
     pub = {"pollux": [1534.0, 2751.0, 3685.0, 5289.0]}
     out = {("grid", "jct", "gpu", "1.0", 1): (None, {"flip_flops": flips[0], "resizes": flips[1]})}
     checks = ev.check_targets(means, pub, LOADS, list(policies), ["gpu"], out,
-                              {"pal": {"pal": geo[0], "pm-first": geo[1]}})
+                              {"artifact": {"pal": geo[0], "pm-first": geo[1]},
+                               "pal": {"pal": -0.05, "pm-first": -0.05}})
     return [ok for _, ok, _ in checks]
+
+
+def test_the_pal_targets_judge_pal_s_rules_and_show_hpcsched_s_run_beside():
+    (name, ok, detail), _ = ev.pal_checks({"artifact": {"pal": -0.431, "pm-first": -0.385},
+                                           "pal": {"pal": -0.241, "pm-first": -0.229}})
+    assert ok is True and "benchmarks/pal_artifact.py" in name
+    assert detail.startswith("-43.1% (-0.1 points)") and "-24.1%" in detail
+    assert ev.pal_checks({"pal": {"pal": -0.43}})[0][1] is None     # not rebuilt: not judged
+
+
+def test_section_3_lines_are_replaced_by_target_name_and_the_rest_kept():
+    doc = "# x\n- **PASS** jct p99: a\n- **FAIL** PAL vs packed, old: b\n- **FAIL** PM-First vs packed: c\n"
+    new = ev.render.replace_check_lines(doc, [("PAL vs packed, new", True, "d"),
+                                              ("PM-First vs packed, new", None, "e")],
+                                        ("PAL vs packed", "PM-First vs packed"))
+    assert new == ("# x\n- **PASS** jct p99: a\n- **PASS** PAL vs packed, new: d\n"
+                   "- **NOT RUN** PM-First vs packed, new: e\n")
 
 
 @pytest.mark.parametrize("means, kw, want", [
