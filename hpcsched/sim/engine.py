@@ -350,18 +350,11 @@ class Simulator:
         return self._result(time.perf_counter() - t0)
 
     def _result(self, wall: float) -> SimResult:
-        c = self.cfg
         return SimResult(
             policy=self.policy_name, workload=self.workload_name,
             jobs=tuple(j.result() for j in self.jobs),
             utilization=tuple(self.utilization), total_gpus=int(self.cluster.free.size),
-            rounds=self.rounds, wall_seconds=wall,
-            params={"nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "interval": c.interval,
-                    "variability": c.variability, "seed": c.seed,
-                    "restart_cost": dict(c.restart_cost), "shrink_cost": c.shrink_cost,
-                    "granularity": c.granularity, "hold_rounds": c.hold_rounds, "grow": c.grow,
-                    "extension_startup": c.extension_startup, "extension_stall": c.extension_stall,
-                    "soft_consolidate": c.soft_consolidate, "fastest_gpus": c.fastest_gpus})
+            rounds=self.rounds, wall_seconds=wall, params=self.cfg.recorded())
 
 
 def simulate(jobs: Sequence[WorkloadJob], policy: str, **kw) -> SimResult:

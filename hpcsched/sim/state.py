@@ -130,6 +130,16 @@ class SimConfig:
     def restart_cost_for(self, app: str) -> float:
         return float(self.restart_cost.get(app, self.restart_cost.get("*", 30.0)))
 
+    def recorded(self) -> dict:
+        """The settings a :class:`~hpcsched.sim.SimResult` records (its ``params``)."""
+        return {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
+                "interval": self.interval, "variability": self.variability, "seed": self.seed,
+                "restart_cost": dict(self.restart_cost), "shrink_cost": self.shrink_cost,
+                "granularity": self.granularity, "hold_rounds": self.hold_rounds,
+                "grow": self.grow, "extension_startup": self.extension_startup,
+                "extension_stall": self.extension_stall,
+                "soft_consolidate": self.soft_consolidate, "fastest_gpus": self.fastest_gpus}
+
 
 def job_shape(gpus: int, gpus_per_node: int) -> tuple[int, int]:
     """``(nodes, gpus per node)`` a user asks Slurm for to get ``gpus`` GPUs: one node when they
