@@ -56,9 +56,7 @@ Prints a table per trace and the geomean of PM-First's and PAL's average JCT ove
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
 import sys
 import time
 from collections import Counter
@@ -69,6 +67,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import write_report  # noqa: E402
 
 from hpcsched.policies.placement.binning import bin_gpus  # noqa: E402
 from hpcsched.sim.physics import PAL_CLASS_ORDER, pal_gpu_slowdowns  # noqa: E402
@@ -317,16 +318,10 @@ def main() -> None:
               f"{r['pm-first'] / r['packed'] - 1:+9.1%} {r['pal'] / r['packed'] - 1:+7.1%}")
     for k, v in geo.items():
         print(f"geomean {k}: {v:+.1%} vs packed (published {PUBLISHED[k]:+.0%})")
-    out = {"benchmark": "pal_artifact", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform()},
-           "round_s": args.round, "seed": args.seed, "traces": traces,
-           "rules": {"backfill": rules.backfill, "preempt": rules.preempt},
-           "avg_jct": {str(w): r for w, r in rows.items()}, "geomean_vs_packed": geo,
-           "published": PUBLISHED, "wall_seconds": round(time.time() - t0, 1)}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {args.out} ({time.time() - t0:.0f} s)")
-
+    write_report(Path(args.out), "pal_artifact", round_s=args.round, seed=args.seed,
+                 traces=traces, rules={"backfill": rules.backfill, "preempt": rules.preempt},
+                 avg_jct={str(w): r for w, r in rows.items()}, geomean_vs_packed=geo,
+                 published=PUBLISHED, wall_seconds=round(time.time() - t0, 1))
 
 if __name__ == "__main__":
     main()
