@@ -208,7 +208,7 @@ def pal_geomeans(out, wls) -> tuple[dict, dict]:
         for pl in ("pm-first", "pal"):
             r = [row[pl] / row["packed"] for _, row in rows[mode] if row[pl] and row["packed"]]
             geo[mode][pl] = float(gmean(r)) - 1 if r else None
-    art_rows, art_geo, _ = pal_artifact.for_evaluation(list(wls))
+    art_rows, art_geo = pal_artifact.for_evaluation(list(wls))
     return {**rows, **art_rows}, {**geo, **art_geo}
 
 

@@ -65,9 +65,10 @@ VARIANTS = ("fitted", "prior", "scaled-prior", "shared", "true-step", "true-effi
             "true-both")
 
 
-def _packed(world: int, per_node: int = 4) -> tuple[int, ...]:
-    full, rem = divmod(int(world), per_node)
-    return (per_node,) * full + ((rem,) if rem else ())
+def _residual_keys(app: str, nodes: int, world: int, local: float) -> tuple[tuple, tuple]:
+    """Where the ``shared`` variant keeps the prior's measured error, most specific first: per
+    nodes x GPUs and local batch size to the nearest power of 2, then per nodes x GPUs."""
+    return (app, nodes, world, int(round(np.log2(max(local, 1.0))))), (app, nodes, world)
 
 
 def _install(variant: str) -> None:
@@ -77,6 +78,10 @@ def _install(variant: str) -> None:
     import hpcsched.sim.state as state
     from hpcsched.perf import pollux, priors
     from hpcsched.perf.pollux import PolluxModel
+    from hpcsched.sim.bound import layouts
+    from hpcsched.sim.engine import SimConfig
+
+    shape = SimConfig(granularity="gpu")   # the cluster _simulate runs on
 
     if variant == "fitted":
         return
@@ -85,7 +90,7 @@ def _install(variant: str) -> None:
     residual: dict[tuple, list] = {}     # (app, nodes, world[, log2 local]) -> [sum log, steps]
 
     def correction(app: str, n: int, w: int, m: float) -> float:
-        for key in ((app, n, w, int(round(np.log2(max(m, 1.0))))), (app, n, w)):
+        for key in _residual_keys(app, n, w, m):
             if key in residual:
                 return residual[key][0] / residual[key][1]
         return 0.0
@@ -119,8 +124,10 @@ def _install(variant: str) -> None:
         nn = np.broadcast_to(nodes, np.shape(world))
         if variant in ("true-step", "true-both"):
             physics = known[0]
-            t = np.array([physics.step_time(_packed(w), float(b), int(s))
-                          for w, b, s in zip(world, local, accum)])
+            packed = [layouts(int(w), shape.nodes, shape.gpus_per_node, packed=True)[0]
+                      for w in world]
+            t = np.array([physics.step_time(lay, float(b), int(s))
+                          for lay, b, s in zip(packed, local, accum)])
         else:
             t = pollux._step_time(m.params, nodes, world, local, accum, np.maximum)
             if variant == "shared":
@@ -160,7 +167,7 @@ def _install(variant: str) -> None:
             if new < 1 or prior is None:
                 continue
             r = float(np.log(secs / steps / float(pollux.step_time(prior, n, w, m, s))))
-            for key in ((app, n, w, int(round(np.log2(max(m, 1))))), (app, n, w)):
+            for key in _residual_keys(app, n, w, m):
                 acc = residual.setdefault(key, [0.0, 0.0])
                 acc[0] += r * new
                 acc[1] += new

@@ -56,15 +56,16 @@ Prints a table per trace and the geomean of PM-First's and PAL's average JCT ove
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cache
 from itertools import combinations
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import gmean
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -116,6 +117,16 @@ class Cluster:
         for g in job.held:
             self.owner.pop(g, None)
         job.held = ()
+
+
+@cache
+def gpu_tables(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The cluster's raw per-GPU, per-class slowdowns (PAL's draws, ``seed``) and their bins,
+    computed once per seed (every trace and placement runs on the same cluster). Read-only."""
+    raw = pal_gpu_slowdowns(NODES * PER_NODE, PAL_CLASS_ORDER, seed)
+    sf = binned(raw)
+    raw.flags.writeable = sf.flags.writeable = False
+    return raw, sf
 
 
 def binned(raw: np.ndarray) -> np.ndarray:
@@ -218,7 +229,8 @@ def place_round(kind: str, queue: list[Job], cluster: Cluster, rules: Rules = Ru
         if total > len(cluster.raw):
             break
         head.append(job)
-    order = sorted(head, key=lambda j: j.cls) + [j for j in queue if j not in head]
+    placed_first = {j.idx for j in head}
+    order = sorted(head, key=lambda j: j.cls) + [j for j in queue if j.idx not in placed_first]
     for job in order:
         sf = cluster.sf[:, job.cls]
         pick = pmfirst_gpus if kind == "pm-first" else pal_gpus
@@ -233,10 +245,10 @@ def run_trace(trace: int, kind: str, round_s: float = 360.0, seed: int = 42,
               rules: Rules = Rules()) -> dict:
     """Simulate one trace under one placement; the average JCT (s) and the jobs' JCTs."""
     _, wjs = load_workload(f"pal:{trace}")
-    classes = [str(c).removeprefix("class") for c in PAL_CLASS_ORDER]
-    raw = pal_gpu_slowdowns(NODES * PER_NODE, tuple(classes), seed)
-    cluster = Cluster(raw, binned(raw))
-    jobs = sorted((Job(i, w.submit_time, w.gpus, classes.index(w.app_class.removeprefix("class")),
+    raw, sf = gpu_tables(seed)
+    cluster = Cluster(raw, sf)
+    jobs = sorted((Job(i, w.submit_time, w.gpus,
+                       PAL_CLASS_ORDER.index(w.app_class.removeprefix("class")),
                        w.iterations, w.iteration_time) for i, w in enumerate(wjs)),
                   key=lambda j: (j.submit, j.idx))
     t, active, arrived = 0.0, [], 0
@@ -263,8 +275,7 @@ def run_trace(trace: int, kind: str, round_s: float = 360.0, seed: int = 42,
 
 def geomean_change(rows: dict[int, dict[str, float]], kind: str) -> float:
     """Geomean over the traces of ``kind``'s average JCT over packed's, minus 1."""
-    logs = [math.log(r[kind] / r["packed"]) for r in rows.values()]
-    return math.exp(sum(logs) / len(logs)) - 1.0
+    return float(gmean([r[kind] / r["packed"] for r in rows.values()])) - 1.0
 
 
 def run_all(traces: list[int], rules: Rules = Rules(), round_s: float = 360.0, seed: int = 42
@@ -286,14 +297,14 @@ EVALUATION_RUNS = {
 }
 
 
-def for_evaluation(traces: list[int]) -> tuple[dict, dict, dict]:
+def for_evaluation(traces: list[int]) -> tuple[dict, dict]:
     """:data:`EVALUATION_RUNS` in the shapes of ``evaluation.pal_geomeans``: ``mode -> [(trace,
-    placement -> average JCT)]``, ``mode -> placement -> geomean change``, ``mode -> title``."""
-    rows, geo, titles = {}, {}, {}
-    for mode, (rules, title) in EVALUATION_RUNS.items():
-        r, g = run_all(traces, rules)
-        rows[mode], geo[mode], titles[mode] = sorted(r.items()), g, title
-    return rows, geo, titles
+    placement -> average JCT)]`` and ``mode -> placement -> geomean change``."""
+    rows, geo = {}, {}
+    for mode, (rules, _) in EVALUATION_RUNS.items():
+        r, geo[mode] = run_all(traces, rules)
+        rows[mode] = sorted(r.items())
+    return rows, geo
 
 
 def main() -> None:
