@@ -322,24 +322,39 @@ def test_a_gpu_granular_plan_on_whole_nodes_makes_the_whole_node_change():
     assert [(c.kind, c.to_nodes, c.to_gpus) for c in changes] == [(ChangeKind.GROW, 2, 4)]
 
 
-@pytest.mark.parametrize(("resized_at", "hold", "made"), [
-    (-100.0, 180.0, False),   # resized 100 s ago, held for 180 s
-    (-200.0, 180.0, True),
-    (-100.0, 0.0, True),      # hold off
-    (None, 180.0, True),      # unknown: not held
-])
-def test_hold_back_keeps_a_just_resized_job_at_its_size(resized_at, hold, made):
-    job = replace(_job("B", 1, batch=96, profile=SCALES, names=("n1",)), resized_at=resized_at)
+@pytest.mark.parametrize(("resized_at", "last", "hold", "made"), [
+    (-100.0, "shrink", 180.0, False),   # shrunk 100 s ago: not grown back within the hold
+    (-200.0, "shrink", 180.0, True),
+    (-100.0, "shrink", 0.0, True),      # hold off
+    (None, "shrink", 180.0, True),      # unknown: not held
+    (-100.0, "grow", 180.0, True),      # grown 100 s ago: growing on undoes nothing
+    (-100.0, None, 180.0, True),        # started 100 s ago, never resized: its start size
+])                                      # was asked for, not a change the hold protects
+def test_hold_back_keeps_a_just_resized_job_from_going_back(resized_at, last, hold, made):
+    job = replace(_job("B", 1, batch=96, profile=SCALES, names=("n1",)), resized_at=resized_at,
+                  last_resize=last)
     snap = _cluster(jobs=[job])
     changes, notes = reconcile(Plan("x", (JobTarget("B", 2, 96, "r"),)), snap, Costs(hold=hold))
     assert bool(changes) == made
     assert any("no thrash" in n for n in notes) == (not made)
+    if not made:
+        assert any("grow waits: shrunk 100 s ago" in n for n in notes)
+
+
+def test_a_just_grown_job_is_not_shrunk_back_but_may_grow_again():
+    job = replace(_job("B", 2, batch=96, profile=SCALES, names=("n1", "n2")), resized_at=-60.0,
+                  last_resize=ChangeKind.GROW)
+    snap = _cluster(jobs=[job])
+    shrink, notes = reconcile(Plan("x", (JobTarget("B", 1, 96, "r"),)), snap, Costs(hold=180.0))
+    assert shrink == [] and any("shrink waits: grown 60 s ago" in n for n in notes)
+    grow, notes = reconcile(Plan("x", (JobTarget("B", 3, 96, "r"),)), snap, Costs(hold=180.0))
+    assert [c.kind for c in grow] == [ChangeKind.GROW], notes
 
 
 def test_a_held_job_is_not_shrunk_to_make_room_either():
     """Shrinks that make room for starts are held too (no grow undone within the hold)."""
     big = replace(_job("R", 3, names=("n1", "n2", "n3"), profile=SCALES, batch=96),
-                  resized_at=-60.0)
+                  resized_at=-60.0, last_resize=ChangeKind.GROW)
     pend = _job("P", 2, state="PENDING")
     snap = ClusterSnapshot(0.0, tuple(NodeView(f"n{i}", 2, 2 if i <= 3 else 0, "mixed")
                                       for i in range(1, 4)), (big, pend))
@@ -371,7 +386,8 @@ def test_a_policy_that_prices_restarts_itself_may_loosen_the_gate():
     """decide_round applies a policy's ``reconcile_gate``: Pollux's plans are not held."""
     from hpcsched.policies.round import decide_round
 
-    job = replace(_job("B", 1, batch=96, profile=SCALES, names=("n1",)), resized_at=-60.0)
+    job = replace(_job("B", 1, batch=96, profile=SCALES, names=("n1",)), resized_at=-60.0,
+                  last_resize=ChangeKind.SHRINK)
     snap = _cluster(jobs=[job])
 
     class Grow:

@@ -207,8 +207,8 @@ class DaemonSettings:
         "seconds over which a resize's predicted gain is weighed against its restart cost (> 0)")
     hold_rounds: int = _opt(
         3, _integer,
-        "no thrash: a job resized or started fewer than this many rounds ago keeps its size "
-        "(0 = off)")
+        "no thrash: a job resized fewer than this many rounds ago is not resized back the "
+        "other way (0 = off)")
     lock_file: str = _opt("/run/hpcsched/daemon.lock", _string(nonempty=True),
                           "held by the running daemon: one daemon per cluster")
     log_level: str = _opt("info", _choice(*LOG_LEVELS), "daemon log level: " + "|".join(LOG_LEVELS))

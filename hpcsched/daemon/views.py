@@ -29,6 +29,7 @@ from hpcsched.policies.snapshot import ClusterSnapshot, GPUView, JobView, Profil
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.extensions import parse_extension_comment
 from hpcsched.protocol.jobdir import JobDir, JobSpec
+from hpcsched.protocol.kinds import ChangeKind
 from hpcsched.protocol.limits import JobLimits
 from hpcsched.slurm.observe import Observation
 
@@ -104,6 +105,8 @@ class JobFacts:
         resized_at: when it last changed size or (re)started (seconds); ``None``: its
             ``start_time`` (on Slurm a grow requeues the job, so its start time is when it
             last grew; a shrink in place is not seen there).
+        last_resize: ``"grow"`` or ``"shrink"``: the direction of hpcsched's last resize of
+            the job (:func:`last_resize`); ``None``: none since it was submitted, or unknown.
     """
 
     info: slurm.JobInfo
@@ -121,6 +124,7 @@ class JobFacts:
     start_time: float | None = None
     layout: tuple[int, ...] = ()
     resized_at: float | None = None
+    last_resize: str | None = None
 
 
 def attained_gpu_seconds(profile: Iterable[ProfilePoint]) -> float:
@@ -148,7 +152,8 @@ def job_view(f: JobFacts) -> JobView:
         attained_gpu_seconds=attained_gpu_seconds(f.profile),
         remaining_samples=f.report.remaining_samples, grad_noise=f.report.grad_noise,
         held=f.held, layout=f.layout,
-        resized_at=f.resized_at if f.resized_at is not None else (f.start_time if running else None))
+        resized_at=f.resized_at if f.resized_at is not None else (f.start_time if running else None),
+        last_resize=f.last_resize)
 
 
 def cluster_snapshot(obs: Observation, jobs: Sequence[JobView], partitions: Sequence[str] = (),
@@ -189,6 +194,24 @@ def held_for_placement(info: slurm.JobInfo) -> bool:
     return (info.state == "PENDING" and info.state_reason.startswith("BeginTime")
             and info.admin_comment.startswith(PLACEMENT_TAG)
             and PLACEMENT_HOLD in info.admin_comment)
+
+
+def last_resize(job_id: str, store: Store) -> str | None:
+    """The direction of hpcsched's last resize of the job, from the journal: its newest entry
+    that did not fail and changes its size, once that entry took effect (phase ``running``):
+    ``"grow"`` for a grow, or for a ``pending`` change that released it after a preemption;
+    ``"shrink"`` for a shrink; ``None`` otherwise (no resize yet, a resize still in flight, a
+    pending job's size set before its first start). Batch-only changes leave the size as it is
+    and are skipped."""
+    acts = [a for a in store.actions(job_id, limit=10)
+            if a.phase != "failed" and a.kind != ChangeKind.BATCH]
+    if not acts or acts[0].phase != "running":
+        return None
+    if acts[0].kind in (ChangeKind.GROW, ChangeKind.SHRINK):
+        return acts[0].kind
+    released = (acts[0].kind == ChangeKind.PENDING and len(acts) > 1
+                and acts[1].kind == ChangeKind.PREEMPT)
+    return ChangeKind.GROW.value if released else None
 
 
 def held_after_preemption(info: slurm.JobInfo, store: Store) -> bool:
@@ -320,7 +343,8 @@ def daemon_job_facts(jd: JobDir, spec: JobSpec, info: slurm.JobInfo, store: Stor
                     # the job's acknowledgement of the configuration in force is when it took
                     # effect (its start, for generation 0): reconcile's no-thrash hold counts
                     # from it
-                    resized_at=ack.time if ack is not None and info.state == "RUNNING" else None)
+                    resized_at=ack.time if ack is not None and info.state == "RUNNING" else None,
+                    last_resize=last_resize(info.job_id, store) if info.state == "RUNNING" else None)
 
 
 def _credible_progress(progress: ctl.Progress | None, spec: JobSpec,

@@ -146,6 +146,11 @@ class JobView:
     layout: tuple[int, ...] = ()
     #: when the job last changed size or (re)started, Unix seconds; ``None``: unknown
     resized_at: float | None = None
+    #: the direction of hpcsched's last resize of the job: ``"grow"`` (a release after a
+    #: preemption counts as one) or ``"shrink"`` (:class:`~hpcsched.protocol.kinds.ChangeKind`
+    #: values); ``None``: not resized since it was submitted, or unknown. With ``resized_at``
+    #: it tells reconcile's no-thrash hold which change would undo the last one
+    last_resize: str | None = None
 
     @property
     def gpus(self) -> int:

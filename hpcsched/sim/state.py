@@ -198,6 +198,7 @@ class SimJob:
     resizes: int = 0
     resize_log: list = field(default_factory=list)   # (time, round, GPUs before, after)
     resized_at: float | None = None
+    last_resize: str | None = None   # "grow" or "shrink" (JobView.last_resize)
     gpu_seconds: float = 0.0
     max_gpus: int = 0
     steps: dict = field(default_factory=dict)   # (world, nodes, local, accum) -> [time, steps]
