@@ -329,3 +329,34 @@ def test_held_after_preemption_reads_the_journal(tmp_path, journal, job, held):
     assert held_after_preemption(job, store) == held
     assert eligible(job, held) == (held or job.state == "RUNNING")
     store.close()
+
+
+@pytest.mark.parametrize("journal, last", [
+    # (kind, phase) oldest first -> the direction reconcile's no-thrash hold reads
+    ([("grow", "running")], "grow"),
+    ([("shrink", "running")], "shrink"),
+    ([("grow", "running"), ("shrink", "running")], "shrink"),
+    ([("shrink", "running"), ("batch", "running")], "shrink"),   # a batch change keeps the size
+    ([("shrink", "running"), ("grow", "failed")], "shrink"),     # a failed grow changed nothing
+    ([("shrink", "running"), ("grow", "requeued")], None),       # in flight: the job is busy
+    ([("preempt", "running"), ("pending", "running")], "grow"),  # released after a preemption
+    ([("pending", "running")], None),                            # sized before its first start
+    ([("grow", "running"), ("preempt", "running")], None),
+    ([], None),
+])
+def test_last_resize_reads_the_journal(tmp_path, journal, last):
+    from hpcsched.daemon.views import last_resize
+
+    store = Store(f"sqlite:///{tmp_path / 'h.db'}")
+    store.upgrade()
+    store.upsert_job(job_id="7", job_uid="u", workers_per_node=2, min_nodes=1, max_nodes=2,
+                     min_batch_size=16, max_batch_size=256, base_batch_size=64)
+    for kind, phase in journal:
+        aid = store.plan_action(job_id="7", kind=kind, generation=1, from_nodes=1, to_nodes=2,
+                                from_batch_size=64, to_batch_size=64, restarts_at_plan=0)
+        path = PATHS[ChangeKind(kind)]
+        steps = path[1:path.index(phase) + 1] if phase != "failed" else ("failed",)
+        for p in steps:
+            store.set_action_phase(aid, p)
+    assert last_resize("7", store) == last
+    store.close()

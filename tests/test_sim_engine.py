@@ -542,3 +542,24 @@ def test_a_job_reports_its_work_before_it_starts_only_with_early_reports(early):
     assert pending and running
     assert all((r is not None and n is not None) == early for _, r, n in pending), pending
     assert all(r is not None and n is not None for _, r, n in running), running
+
+
+def test_the_hold_stops_reversals_only():
+    """Reconcile's no-thrash hold (``hold_rounds`` 3 x 60 s) in a whole run: no job is resized
+    back the other way within the hold, while jobs grow again, or are resized just after they
+    started, within it (the hold before 2026-11-26 held those too)."""
+    from hpcsched.sim.workload import load_workload
+
+    name, jobs = load_workload("pollux:1@0.5")
+    res = Simulator(jobs, "jct", workload_name=name, config=SimConfig(granularity="gpu")).run()
+    hold = 180.0
+    same_way = after_start = 0
+    for j in res.jobs:
+        moves = [(t, 1 if b > a else -1) for t, _, a, b in j.resize_log if a != b]
+        for (t0, d0), (t1, d1) in zip(moves, moves[1:]):
+            if t1 - t0 < hold:
+                assert d0 == d1, (j.name, j.resize_log)
+                same_way += 1
+        if moves and j.start_time is not None and moves[0][0] - j.start_time < hold:
+            after_start += 1
+    assert same_way > 0 and after_start > 0
