@@ -342,6 +342,9 @@ def test_held_after_preemption_reads_the_journal(tmp_path, journal, job, held):
     ([("preempt", "running"), ("pending", "running")], "grow"),  # released after a preemption
     ([("pending", "running")], None),                            # sized before its first start
     ([("grow", "running"), ("preempt", "running")], None),
+    ([("shrink", "running"), ("reform", "running", 1, 2)], "grow"),   # grown by extension
+    ([("grow", "running"), ("reform", "running", 2, 1)], "shrink"),   # extension given back
+    ([("grow", "running"), ("reform", "running", 2, 2)], None),       # moved, same size
     ([], None),
 ])
 def test_last_resize_reads_the_journal(tmp_path, journal, last):
@@ -351,9 +354,11 @@ def test_last_resize_reads_the_journal(tmp_path, journal, last):
     store.upgrade()
     store.upsert_job(job_id="7", job_uid="u", workers_per_node=2, min_nodes=1, max_nodes=2,
                      min_batch_size=16, max_batch_size=256, base_batch_size=64)
-    for kind, phase in journal:
-        aid = store.plan_action(job_id="7", kind=kind, generation=1, from_nodes=1, to_nodes=2,
-                                from_batch_size=64, to_batch_size=64, restarts_at_plan=0)
+    for kind, phase, *nodes in journal:
+        from_nodes, to_nodes = nodes or (1, 2)
+        aid = store.plan_action(job_id="7", kind=kind, generation=1, from_nodes=from_nodes,
+                                to_nodes=to_nodes, from_batch_size=64, to_batch_size=64,
+                                restarts_at_plan=0)
         path = PATHS[ChangeKind(kind)]
         steps = path[1:path.index(phase) + 1] if phase != "failed" else ("failed",)
         for p in steps:

@@ -199,16 +199,20 @@ def held_for_placement(info: slurm.JobInfo) -> bool:
 def last_resize(job_id: str, store: Store) -> str | None:
     """The direction of hpcsched's last resize of the job, from the journal: its newest entry
     that did not fail and changes its size, once that entry took effect (phase ``running``):
-    ``"grow"`` for a grow, or for a ``pending`` change that released it after a preemption;
-    ``"shrink"`` for a shrink; ``None`` otherwise (no resize yet, a resize still in flight, a
-    pending job's size set before its first start). Batch-only changes leave the size as it is
-    and are skipped."""
+    ``"grow"`` for a grow (by requeue, or by extension: a ``reform`` to more nodes), or for a
+    ``pending`` change that released it after a preemption; ``"shrink"`` for a shrink (in
+    place, or a ``reform`` that gives extension nodes back); ``None`` otherwise (no resize yet,
+    a resize still in flight, a ``reform`` that moves the job on as many nodes, a pending job's
+    size set before its first start). Batch-only changes leave the size as it is and are
+    skipped."""
     acts = [a for a in store.actions(job_id, limit=10)
             if a.phase != "failed" and a.kind != ChangeKind.BATCH]
     if not acts or acts[0].phase != "running":
         return None
     if acts[0].kind in (ChangeKind.GROW, ChangeKind.SHRINK):
         return acts[0].kind
+    if acts[0].kind == ChangeKind.REFORM and acts[0].to_nodes != acts[0].from_nodes:
+        return (ChangeKind.GROW if acts[0].to_nodes > acts[0].from_nodes else ChangeKind.SHRINK).value
     released = (acts[0].kind == ChangeKind.PENDING and len(acts) > 1
                 and acts[1].kind == ChangeKind.PREEMPT)
     return ChangeKind.GROW.value if released else None
