@@ -548,8 +548,6 @@ def test_the_hold_stops_reversals_only():
     """Reconcile's no-thrash hold (``hold_rounds`` 3 x 60 s) in a whole run: no job is resized
     back the other way within the hold, while jobs grow again, or are resized just after they
     started, within it (the hold before 2026-11-26 held those too)."""
-    from hpcsched.sim.workload import load_workload
-
     name, jobs = load_workload("pollux:1@0.5")
     res = Simulator(jobs, "jct", workload_name=name, config=SimConfig(granularity="gpu")).run()
     hold = 180.0

@@ -227,7 +227,6 @@ class Simulator:
         if c.kind == ChangeKind.PENDING and j.state == "PENDING":
             if j.held and j.start_time is not None:   # a preempted job released
                 self._log(j, 0, want)
-                j.last_resize = ChangeKind.GROW
             j.size, j.nodes, j.cfg = want, c.to_nodes, cfg
             j.req_nodes = tuple(c.placement)
             j.held = False
@@ -252,7 +251,6 @@ class Simulator:
             j.req_nodes = tuple(c.placement)
             j.restarts += 1
             j.resizes += 1
-            j.last_resize = ChangeKind.GROW
 
     def _extend(self, j: SimJob, c: Change, gpus: int, cfg: BatchConfig) -> None:
         """Grow ``j`` to ``gpus`` GPUs by extension: the extension job takes the new GPUs now
@@ -266,7 +264,6 @@ class Simulator:
         self._log(j, j.size, gpus)
         j.ext = Extension(self.now + self.cfg.extension_startup, got[1], gpus, cfg)
         j.resizes += 1
-        j.last_resize = ChangeKind.GROW
 
     def _join(self, j: SimJob) -> None:
         """At ``j.ext.at`` (``self.now``): the group re-forms at the new size after the stall

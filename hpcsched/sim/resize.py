@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hpcsched.protocol.batching import BatchConfig
-from hpcsched.protocol.kinds import ChangeKind
 from hpcsched.sim.cluster import SimCluster
 from hpcsched.sim.state import SimJob
 
@@ -102,7 +101,6 @@ def shrink_in_place(cluster: SimCluster, j: SimJob, gpus: int, cfg: BatchConfig,
     j.nodes, j.size, j.cfg = len(j.node_names), gpus, cfg
     j.blocked_until = max(j.blocked_until, now) + cost
     j.resized_at = now
-    j.last_resize = ChangeKind.SHRINK
     j.resizes += 1
 
 

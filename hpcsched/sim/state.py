@@ -19,6 +19,7 @@ from hpcsched.daemon.views import JobReport
 from hpcsched.policies.reconcile import Costs
 from hpcsched.policies.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GROW_MODES, ProfilePoint
 from hpcsched.protocol.batching import BatchConfig, fit_batch
+from hpcsched.protocol.kinds import ChangeKind
 from hpcsched.protocol.limits import JobLimits
 from hpcsched.sim import JobResult, WorkloadJob
 from hpcsched.sim.physics import Application, FixedWork, application
@@ -198,7 +199,6 @@ class SimJob:
     resizes: int = 0
     resize_log: list = field(default_factory=list)   # (time, round, GPUs before, after)
     resized_at: float | None = None
-    last_resize: str | None = None   # "grow" or "shrink" (JobView.last_resize)
     gpu_seconds: float = 0.0
     max_gpus: int = 0
     steps: dict = field(default_factory=dict)   # (world, nodes, local, accum) -> [time, steps]
@@ -310,6 +310,16 @@ class SimJob:
             ProfilePoint(world_size=w, nodes=n, local_batch_size=m, accumulation_steps=s,
                          step_time=tt / k, throughput=w * m * s / (tt / k), samples=max(1, int(k)))
             for (w, n, m, s), (tt, k) in sorted(self.steps.items()) if k >= 1)
+
+    @property
+    def last_resize(self) -> str | None:
+        """The direction of the job's last resize (:attr:`JobView.last_resize`), from its
+        resize log: ``"grow"`` (a release after a preemption included) or ``"shrink"`` (a
+        preemption included); ``None`` before any."""
+        for _, _, before, after in reversed(self.resize_log):
+            if after != before:
+                return ChangeKind.GROW if after > before else ChangeKind.SHRINK
+        return None
 
     def report(self) -> JobReport:
         """What the job's progress file would say."""
