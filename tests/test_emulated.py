@@ -68,6 +68,41 @@ def test_work_scale_multiplies_a_fixed_work_jobs_iterations():
     assert j.total == 250.0
 
 
+def _end_by_segments(j: SimJob, start: float, slowdown: float) -> float:
+    """The end of ``j``'s work from ``start``, summed segment by segment with :meth:`SimJob.rate`
+    and :meth:`SimJob.segment_end` (what the simulator's next-finish event did before
+    :meth:`SimJob.end_time`)."""
+    p = j.progress
+    while p < j.total * (1 - 1e-12):
+        rate, _ = j.rate(p, slowdown, 1.0)
+        end = j.segment_end(p)
+        start += (end - p) / rate
+        p = end
+    return start
+
+
+@pytest.mark.parametrize("app", APPLICATIONS)
+@pytest.mark.parametrize("at", [0.0, 0.33, 0.999, 1.0])   # fraction of the work done
+@pytest.mark.parametrize("scale", [1.0, 0.3])
+def test_end_time_is_the_rate_summed_over_the_epochs(app, at, scale):
+    j = sim_job(app, (4, 2), Emulation.of(app, scale).base_batch_size * 4, scale)
+    j.progress = at * j.total
+    # the same floating-point sums, so the same event times to the last bit
+    assert j.end_time(100.0, 1.3, 1.0) == _end_by_segments(j, 100.0, 1.3)
+    assert j.end_time(100.0, 1.3, 1.0) > 100.0 or at == 1.0
+
+
+def test_end_time_of_a_fixed_work_job():
+    wj = WorkloadJob("f", 0.0, "imagenet", 4, 128, "A", iterations=1000.0, iteration_time=1.0)
+    cfg = SimConfig(nodes=1, gpus_per_node=4)
+    app, fixed, nodes, limits, batch = job_limits(wj, cfg)
+    j = SimJob(wj=wj, job_id="1", app=app, fixed=fixed, limits=limits, nodes=nodes,
+               cfg=limits.fit_batch(batch, nodes), size=4, state="RUNNING")
+    j.node_names, j.progress = ("n0",), 400.0
+    _, st = j.rate(j.progress, 1.0, 1.0)
+    assert j.end_time(10.0, 1.0, 1.0) == _end_by_segments(j, 10.0, 1.0) == 10.0 + 600.0 * st
+
+
 @pytest.mark.parametrize("bad", [0.0, -0.1, 1.01, float("nan")])
 def test_a_scale_outside_0_1_is_refused(bad):
     with pytest.raises(ValueError, match="work_scale must be in"):

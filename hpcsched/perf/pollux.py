@@ -365,26 +365,31 @@ def fixed_parameters(pts: _Points, prior: PerfParams | None
 
 class _Objective:
     """The fit's objective (module docstring) and its analytic gradient, over the free
-    parameters: ``log`` of the time parameters, ``gamma`` as is."""
+    parameters: ``log`` of the time parameters, ``gamma`` as is.
+
+    Evaluated point by point in plain floats: a fit has a few points (a median of 6 in the
+    simulator's fits, one per configuration the job has run) and L-BFGS-B calls this some 50
+    times per fit, so numpy's per-call overhead on arrays that small was most of the cost (the
+    vectorised form took 2.4x as long per call)."""
 
     def __init__(self, pts: _Points, fixed: dict[str, float], ref: PerfParams | None):
         self.pts, self.fixed = pts, fixed
         self.free = [f.name for f in fields(PerfParams) if f.name not in fixed]
-        self.log_step = np.log(pts.step)
-        self.log_comp = np.log(pts.comp[pts.has_c])
-        self.b_c = pts.b[pts.has_c]
-        self.retro = np.maximum(pts.k - 2.0, 0.0)
-        self.inter = (pts.n > 1).astype(float)
-        self.intra = ((pts.n == 1) & (pts.k > 1)).astype(float)
+        # per point: (local batch, micro-batches, retrogression, inter-node?, intra-node?,
+        # log measured step time)
+        self._rows = [(float(b), float(a), max(float(k) - 2.0, 0.0), float(n > 1),
+                       float(n == 1 and k > 1), math.log(float(t)))
+                      for n, k, b, a, t in zip(pts.n, pts.k, pts.b, pts.acc, pts.step)]
+        self._comp = [(float(b), math.log(float(c)))
+                      for b, c, h in zip(pts.b, pts.comp, pts.has_c) if h]
         names = [f.name for f in fields(PerfParams)]
         self._free_idx = [names.index(nm) for nm in self.free]
         self._gamma = names.index("gamma")
         self._fixed_vals = [fixed.get(nm, 0.0) for nm in names]
-        self._rows = np.empty((len(names), len(pts.b)))
         # hpcsched: a weak pull of the free parameters (log times, gamma) towards the scaled
         # prior, so that a few points (fewer than parameters) give a well-posed fit
-        self.pull = (np.array([ref.gamma if nm == "gamma" else math.log(np.clip(
-            getattr(ref, nm), LOWER, UPPER)) for nm in self.free])
+        self.pull = ([ref.gamma if nm == "gamma" else math.log(float(np.clip(
+            getattr(ref, nm), LOWER, UPPER))) for nm in self.free]
             if ref is not None and self.free else None)
 
     def unpack(self, x: np.ndarray) -> PerfParams:
@@ -392,43 +397,52 @@ class _Objective:
         return PerfParams(*self._values(x))
 
     def __call__(self, x: np.ndarray) -> tuple[float, np.ndarray]:
-        # the formulas of _step_time over all points at once; the numpy calls are few and the
-        # arrays tiny (one entry per measured configuration), so the call count is the cost
         vals = self._values(x)
         ac, bc, an, bn, ar, br, g = vals
-        b, acc = self.pts.b, self.pts.acc
-        tg = ac + bc * b
-        ts = self.inter * (an + bn * self.retro) + self.intra * (ar + br * self.retro)
-        m = np.maximum(tg, ts)
-        u, v = tg / m, ts / m
-        ug, vg = u ** g, v ** g
-        big_s = ug + vg
-        pn = m * big_s ** (1.0 / g)
-        pred = (acc - 1.0) * tg + pn
-        e = np.log(pred) - self.log_step
-        err1 = math.sqrt(float((e ** 2).sum()) / len(e) + SMOOTH)   # np.mean, without its checks
-        # d err1 / d pred_i = e_i / (pred_i * N * err1)
-        w = e / (pred * len(e) * err1)
-        dp_du = (u * m / pn) ** (g - 1.0)                       # (tg / P)^(g-1)
-        dp_dv = np.where(ts > 0, (ts / pn) ** (g - 1.0), 0.0)   # (ts / P)^(g-1)
-        lu = ug * np.log(u)                                     # tg > 0, so u > 0
-        lv = vg * np.log(v, out=np.ones_like(v), where=v > 0)   # 0 where ts = 0
-        dlnp_dg = -np.log(big_s) / g ** 2 + (lu + lv) / (g * big_s)
-        wt = w * ((acc - 1.0) + dp_du)
-        wv = w * dp_dv
-        wvr = wv * self.retro
-        rows = self._rows
-        rows[0], rows[1], rows[2], rows[3] = wt, wt * b, wv * self.inter, wvr * self.inter
-        rows[4], rows[5], rows[6] = wv * self.intra, wvr * self.intra, w * pn * dlnp_dg
-        grad = rows.sum(axis=1)
+        log, rows, ig = math.log, self._rows, 1.0 / g
+        preds = []          # per point: (pred, e, d pred / d T_grad, d pred / d T_sync,
+        sq = 0.0            #             d pred / d gamma), from _step_time's formula
+        for b, acc, retro, inter, intra, log_step in rows:
+            tg = ac + bc * b
+            ts = inter * (an + bn * retro) + intra * (ar + br * retro)
+            m = tg if tg >= ts else ts
+            u, v = tg / m, ts / m
+            ug, vg = u ** g, v ** g
+            big_s = ug + vg
+            pn = m * big_s ** ig
+            pred = (acc - 1.0) * tg + pn
+            e = log(pred) - log_step
+            sq += e * e
+            lv = vg * log(v) if v > 0 else 0.0
+            preds.append((pred, e, (acc - 1.0) + (tg / pn) ** (g - 1.0),
+                          (ts / pn) ** (g - 1.0) if ts > 0 else 0.0,
+                          pn * (-log(big_s) * ig * ig + (ug * log(u) + lv) * ig / big_s)))
+        n = len(rows)
+        err1 = math.sqrt(sq / n + SMOOTH)
+        grad = [0.0] * 7
+        for (b, _, retro, inter, intra, _), (pred, e, dt, dv, dg) in zip(rows, preds):
+            w = e / (pred * n * err1)          # d err1 / d pred
+            wt, wv = w * dt, w * dv
+            grad[0] += wt
+            grad[1] += wt * b
+            grad[2] += wv * inter
+            grad[3] += wv * retro * inter
+            grad[4] += wv * intra
+            grad[5] += wv * retro * intra
+            grad[6] += w * dg
         total = err1
-        if self.b_c.size:
-            tg_c = ac + bc * self.b_c
-            ec = np.log(tg_c) - self.log_comp
-            err2 = math.sqrt(float((ec ** 2).sum()) / len(ec) + SMOOTH)
-            wc = ec / (tg_c * len(ec) * err2)
-            grad[0] += float(wc.sum())
-            grad[1] += float((wc * self.b_c).sum())
+        if self._comp:
+            nc, sq_c, terms = len(self._comp), 0.0, []
+            for b, log_c in self._comp:
+                tg = ac + bc * b
+                ec = log(tg) - log_c
+                sq_c += ec * ec
+                terms.append((b, ec, tg))
+            err2 = math.sqrt(sq_c / nc + SMOOTH)
+            for b, ec, tg in terms:
+                wc = ec / (tg * nc * err2)
+                grad[0] += wc
+                grad[1] += wc * b
             total += err2
         total += 1e-3 * (g - 1.0) ** 2
         grad[6] += 2e-3 * (g - 1.0)
@@ -438,19 +452,20 @@ class _Objective:
         grad[5] += 2e-2 * br / ar ** 2
         grad[4] -= 2e-2 * br ** 2 / ar ** 3
         # chain rule: time parameters are optimised as logs
-        grad[:6] *= vals[:6]
-        jac = grad[self._free_idx]
+        jac = [grad[i] if i == self._gamma else grad[i] * vals[i] for i in self._free_idx]
         if self.pull is not None:
-            d = x - self.pull
-            total += PRIOR_PULL * (float((d ** 2).sum()) / len(d))
-            jac += 2.0 * PRIOR_PULL * d / len(d)
-        return total, jac
+            k = len(self.pull)
+            for i, (xi, pi) in enumerate(zip(x.tolist(), self.pull)):
+                d = xi - pi
+                total += PRIOR_PULL * d * d / k
+                jac[i] += 2.0 * PRIOR_PULL * d / k
+        return total, np.array(jac)
 
     def _values(self, x: np.ndarray) -> list[float]:
         """The seven parameters (:class:`PerfParams` order) at ``x``, as :meth:`unpack` gives."""
         vals = list(self._fixed_vals)
-        for i, v, ev in zip(self._free_idx, x.tolist(), np.exp(x).tolist(), strict=True):
-            vals[i] = v if i == self._gamma else ev   # numpy's exp: not always math.exp's
+        for i, v in zip(self._free_idx, x.tolist(), strict=True):
+            vals[i] = v if i == self._gamma else math.exp(v)
         return vals
 
 

@@ -77,9 +77,10 @@ class NodeView:
     state: str
     partitions: tuple[str, ...] = ()
 
-    @property
+    @cached_property
     def usable(self) -> bool:
-        """Up and schedulable (not down, drained, draining, failing or not responding)."""
+        """Up and schedulable (not down, drained, draining, failing or not responding); computed
+        once per view (a policy asks for every node's free GPUs many times a round)."""
         bad = ("down", "drain", "fail", "not_responding", "maint", "reserved", "unknown")
         return not any(b in self.state for b in bad)
 

@@ -130,13 +130,9 @@ class Simulator:
         """When running job ``j`` finishes if nothing changes; cached until its configuration
         changes (``j.eta = None``)."""
         if j.eta is None:
-            cur, p = max(j.updated, j.blocked_until), j.progress
-            while p < j.total * (1 - 1e-12):
-                rate, _ = self._rate(j, p)
-                end = j.segment_end(p)
-                cur += (end - p) / rate
-                p = end
-            j.eta = cur
+            j.eta = j.end_time(max(j.updated, j.blocked_until),
+                               self.cluster.slowdown(j.wj.app_class, j.gpus)
+                               if j.st is None else 1.0, self.cfg.locality_penalty)
         return j.eta
 
     # ----------------------------------------------------------------------- Slurm

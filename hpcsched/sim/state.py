@@ -286,6 +286,23 @@ class SimJob:
         gain = self.app.gain(self.cfg.global_batch_size, self.epoch_at(progress))
         return gain / st, st
 
+    def end_time(self, start: float, slowdown: float, locality_penalty: float) -> float:
+        """When the job ends if it trains from ``start`` (s) at its configuration, from its
+        progress: :meth:`rate` summed over the :meth:`segment_end` segments, one epoch at a
+        time (the simulator's next-finish event asks for it after every change)."""
+        total, p = self.total, self.progress
+        rate, st = self.rate(p, slowdown, locality_penalty)
+        if self.fixed is not None:
+            return start + (total - p) / rate if p < total * (1 - 1e-12) else start
+        app, scale, batch = self.app, self.work_scale, self.cfg.global_batch_size
+        epoch, last = self.epoch_at(p), app.max_epochs - 1
+        while p < total * (1 - 1e-12):
+            end = min(total, app.epoch_end(epoch, scale))
+            start += (end - p) / (app.gain(batch, epoch) / st)
+            p = end
+            epoch = min(epoch + 1, last)
+        return start
+
     def epoch_at(self, progress: float) -> int:
         """The application's epoch (0-based) at ``progress``: epochs are ``work_scale`` x as
         long (:meth:`Application.epoch_at`)."""
