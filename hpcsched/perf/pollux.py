@@ -373,7 +373,6 @@ class _Objective:
     vectorised form took 2.4x as long per call)."""
 
     def __init__(self, pts: _Points, fixed: dict[str, float], ref: PerfParams | None):
-        self.pts, self.fixed = pts, fixed
         self.free = [f.name for f in fields(PerfParams) if f.name not in fixed]
         # per point: (local batch, micro-batches, retrogression, inter-node?, intra-node?,
         # log measured step time)

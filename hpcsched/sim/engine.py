@@ -102,10 +102,14 @@ class Simulator:
                     work_scale=self.cfg.work_scale)
 
     # ----------------------------------------------------------------------- physics
+    def _slowdown(self, j: SimJob) -> float:
+        """The slowdown of running job ``j``'s slowest GPU, looked up only while its step time
+        is not known yet (``j.st``, which includes it, is reset at every change)."""
+        return self.cluster.slowdown(j.wj.app_class, j.gpus) if j.st is None else 1.0
+
     def _rate(self, j: SimJob, progress: float) -> tuple[float, float]:
         """``(progress per second, seconds per step)`` of running job ``j`` at ``progress``."""
-        return j.rate(progress, self.cluster.slowdown(j.wj.app_class, j.gpus) if j.st is None
-                      else 1.0, self.cfg.locality_penalty)
+        return j.rate(progress, self._slowdown(j), self.cfg.locality_penalty)
 
     def _advance(self, j: SimJob, t: float) -> None:
         """Run ``j`` from ``j.updated`` to ``t`` (no further than the end of its work)."""
@@ -130,9 +134,8 @@ class Simulator:
         """When running job ``j`` finishes if nothing changes; cached until its configuration
         changes (``j.eta = None``)."""
         if j.eta is None:
-            j.eta = j.end_time(max(j.updated, j.blocked_until),
-                               self.cluster.slowdown(j.wj.app_class, j.gpus)
-                               if j.st is None else 1.0, self.cfg.locality_penalty)
+            j.eta = j.end_time(max(j.updated, j.blocked_until), self._slowdown(j),
+                               self.cfg.locality_penalty)
         return j.eta
 
     # ----------------------------------------------------------------------- Slurm
