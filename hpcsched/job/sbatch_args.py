@@ -592,8 +592,10 @@ def quote_directive_word(token: str) -> str:
 
     sbatch reads a backslash as an escape even inside single quotes, so ``shlex.quote`` is
     wrong here: words are double-quoted with ``\\`` and ``"`` escaped (plain words stay as
-    they are). Inverse of :func:`read_directives` (property-tested).
+    they are). A word that starts with ``:`` is quoted too: sbatch refuses an unquoted one
+    ("unexpected ':'", as :func:`read_directives` does). Inverse of :func:`read_directives`
+    (property-tested).
     """
-    if _PLAIN_WORD.fullmatch(token):
+    if _PLAIN_WORD.fullmatch(token) and not token.startswith(":"):
         return token
     return '"' + re.sub(r'(["\\])', r"\\\1", token) + '"'
