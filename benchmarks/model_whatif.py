@@ -9,17 +9,19 @@ defaults, as ``docs/evaluation.md`` section 2) with the policy's predictions rep
 the simulation's own process, by:
 
 ``fitted``
-    nothing: the model as committed.
+    nothing patched: Pollux's model fitted to each job's own measurements
+    (``SimConfig.throughput_model = "fitted"``).
+``shared``
+    nothing patched: the committed default (``throughput_model = "shared"``,
+    :mod:`hpcsched.perf.shared`): the prior corrected by what every job of the application has
+    measured so far in the same simulation (mean ``log(measured / prior)`` per nodes x GPUs and
+    local batch size to the nearest power of 2, else per nodes x GPUs), scaled to the job's own
+    measurements. Only what the jobs measured.
 ``prior``
     the application's prior alone, never fitted to the job.
 ``scaled-prior``
     the prior times one factor, the geometric mean of the job's measured / prior step times
     (the scale :func:`hpcsched.perf.pollux.fixed_parameters` computes), without the fit.
-``shared``
-    ``scaled-prior``, times the prior's error as every job of the application has measured it
-    so far in the same simulation: the mean of ``log(measured / prior)`` per nodes x GPUs and
-    local batch size to the nearest power of 2, else per nodes x GPUs. The error is taken out
-    of the job's own points before its scale is computed. Only what the jobs measured.
 ``true-step``
     the simulator's true step time of each configuration (its physics, packed layout);
     efficiency as measured.
@@ -29,6 +31,7 @@ the simulation's own process, by:
 ``true-both``
     both.
 
+Every variant but ``shared`` runs with ``throughput_model = "fitted"`` and patches that model.
 The ``true-*`` variants know what no policy can; they bound what a better model could give.
 Each simulation runs in a fresh process, so nothing learnt leaks between simulations.
 
@@ -65,16 +68,9 @@ VARIANTS = ("fitted", "prior", "scaled-prior", "shared", "true-step", "true-effi
             "true-both")
 
 
-def _residual_keys(app: str, nodes: int, world: int, local: float) -> tuple[tuple, tuple]:
-    """Where the ``shared`` variant keeps the prior's measured error, most specific first: per
-    nodes x GPUs and local batch size to the nearest power of 2, then per nodes x GPUs."""
-    return (app, nodes, world, int(round(np.log2(max(local, 1.0))))), (app, nodes, world)
-
-
 def _install(variant: str) -> None:
     """Replace the policy's goodput predictions in this process as ``variant`` says."""
     import hpcsched.perf.model as model
-    import hpcsched.sim.engine as engine
     import hpcsched.sim.state as state
     from hpcsched.perf import pollux, priors
     from hpcsched.perf.pollux import PolluxModel
@@ -83,32 +79,23 @@ def _install(variant: str) -> None:
 
     shape = SimConfig(granularity="gpu")   # the cluster _simulate runs on
 
-    if variant == "fitted":
+    if variant in ("fitted", "shared"):
         return
     app_of: dict[int, str] = {}          # id(model) -> application
     truth: dict[tuple, tuple] = {}       # reported (grad_sqr, grad_var) -> (Application, epoch)
-    residual: dict[tuple, list] = {}     # (app, nodes, world[, log2 local]) -> [sum log, steps]
-
-    def correction(app: str, n: int, w: int, m: float) -> float:
-        for key in _residual_keys(app, n, w, m):
-            if key in residual:
-                return residual[key][0] / residual[key][1]
-        return 0.0
 
     @lru_cache(maxsize=8192)
-    def pollux_model(key, app):
+    def pollux_model(key, app, corrections=None):
         prior = priors.prior_for(app)
-        if variant in ("prior", "scaled-prior", "shared") and key:
+        if variant in ("prior", "scaled-prior") and key:
             m = PolluxModel(prior, "prior")
             if variant != "prior":
                 pts = pollux._Points.of(key)
                 pred = np.asarray(pollux.step_time(prior, pts.n, pts.k, pts.b, pts.acc), float)
-                corr = np.array([correction(app, int(n), int(k), float(b)) if variant == "shared"
-                                 else 0.0 for n, k, b in zip(pts.n, pts.k, pts.b)])
-                m = PolluxModel(prior.scaled(float(np.exp(np.mean(np.log(pts.step / pred)
-                                                                  - corr)))), "scaled prior")
+                m = PolluxModel(prior.scaled(float(np.exp(np.mean(np.log(pts.step / pred))))),
+                                "scaled prior")
         else:
-            m = original_model(key, app)
+            m = original_model(key, app, corrections)
         app_of[id(m)] = app
         return m
 
@@ -119,9 +106,8 @@ def _install(variant: str) -> None:
     def goodputs(m, nodes, world, local, accum, glob, base, grad_noise):
         app = app_of.get(id(m))
         known = truth.get(tuple(grad_noise)) if grad_noise is not None else None
-        if app is None or (variant.startswith("true") and known is None):
+        if app is None or known is None or not variant.startswith("true"):
             return original_goodputs(m, nodes, world, local, accum, glob, base, grad_noise)
-        nn = np.broadcast_to(nodes, np.shape(world))
         if variant in ("true-step", "true-both"):
             physics = known[0]
             packed = [layouts(int(w), shape.nodes, shape.gpus_per_node, packed=True)[0]
@@ -130,9 +116,6 @@ def _install(variant: str) -> None:
                           for lay, b, s in zip(packed, local, accum)])
         else:
             t = pollux._step_time(m.params, nodes, world, local, accum, np.maximum)
-            if variant == "shared":
-                t = t * np.exp([correction(app, int(n), int(w), float(b))
-                                for n, w, b in zip(nn, world, local)])
         with np.errstate(divide="ignore", invalid="ignore"):
             x = np.where(t > 0, glob / t, 0.0)
         if variant in ("true-efficiency", "true-both"):
@@ -153,35 +136,6 @@ def _install(variant: str) -> None:
         return r
 
     state.SimJob.report = reporting
-    advance = engine.Simulator._advance
-
-    def advancing(sim, job, t):  # the shared variant learns from every job's measured steps
-        before = {k: v[1] for k, v in job.steps.items()}
-        advance(sim, job, t)
-        if variant != "shared" or job.app is None:
-            return
-        app = job.wj.application
-        prior = priors.prior_for(app)
-        for (w, n, m, s), (secs, steps) in job.steps.items():
-            new = steps - before.get((w, n, m, s), 0.0)
-            if new < 1 or prior is None:
-                continue
-            r = float(np.log(secs / steps / float(pollux.step_time(prior, n, w, m, s))))
-            for key in _residual_keys(app, n, w, m):
-                acc = residual.setdefault(key, [0.0, 0.0])
-                acc[0] += r * new
-                acc[1] += new
-
-    engine.Simulator._advance = advancing
-    if variant == "shared":   # what was learnt reaches the cached predictions every round
-        round_ = engine.Simulator._round
-
-        def fresh_round(sim):
-            model._best_at.cache_clear()
-            pollux_model.cache_clear()
-            round_(sim)
-
-        engine.Simulator._round = fresh_round
 
 
 def _simulate(args: tuple[str, str, str, int]) -> tuple[tuple, float]:
@@ -192,7 +146,9 @@ def _simulate(args: tuple[str, str, str, int]) -> tuple[tuple, float]:
     from hpcsched.sim.workload import load_workload
 
     name, jobs = load_workload(f"pollux:{workload}@{load}")
-    res = Simulator(jobs, policy, workload_name=name, config=SimConfig(granularity="gpu")).run()
+    model = "shared" if variant == "shared" else "fitted"
+    res = Simulator(jobs, policy, workload_name=name,
+                    config=SimConfig(granularity="gpu", throughput_model=model)).run()
     return args, float(report.summarize(res)["avg_jct"])
 
 

@@ -71,6 +71,38 @@ def control_dir(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def store(tmp_path):
+    """An empty daemon store in a fresh SQLite file, at the current schema."""
+    from hpcsched.daemon.store import Store
+
+    s = Store(f"sqlite:///{tmp_path / 'hpcsched.db'}")
+    s.upgrade()
+    yield s
+    s.close()
+
+
+def running_job_dir(control_dir, job_id: str = "10", script: str = "/s/train.py",
+                    limits=None, global_batch_size: int = 64, local_batch_size: int = 16):
+    """A job directory in ``control_dir`` as a running job leaves it: its spec (1 node of 4
+    workers), Slurm job id ``job_id``, and its acknowledgement of generation 0."""
+    from hpcsched.protocol import files as ctl
+    from hpcsched.protocol.jobdir import JobDir, JobSpec, current_user
+    from hpcsched.protocol.limits import JobLimits
+
+    d = JobDir.create(control_dir)
+    d.write_spec(JobSpec(job_uid=d.uid, script=script, script_args=(), python="python3",
+                         submit_dir="/s", sbatch_args=(), nodes=1,
+                         limits=limits or JobLimits(4, 1, 4, 16, 256, None, 64, "linear"),
+                         checkpoint_dir=str(d.path / "ck"), user=current_user()))
+    d.link_job_id(job_id)
+    ctl.write_ack(d.ack_path, ctl.Ack(job_uid=d.uid, generation=0, state="applied", world_size=4,
+                                      nodes=1, global_batch_size=global_batch_size,
+                                      local_batch_size=local_batch_size, accumulation_steps=1,
+                                      step=0, time=time.time()))
+    return d
+
+
+@pytest.fixture
 def slurm_jobs():
     """Collects Slurm job ids to cancel when the test ends, whatever happened."""
     ids: list[str] = []

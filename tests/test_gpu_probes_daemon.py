@@ -13,17 +13,9 @@ from hpcsched.daemon import status
 from hpcsched.daemon.config import ProbeSettings
 from hpcsched.daemon.gpu_status import gpu_cells, gpu_rows
 from hpcsched.daemon.probes import REJECTED, ProbeWatch, ingest_spool, peer_ratios, slow_gpus
-from hpcsched.daemon.store import GpuProbeRow, Store
+from hpcsched.daemon.store import GpuProbeRow
 from hpcsched.protocol.files import write_json_atomic
 from hpcsched.protocol.probes import GpuScore, ProbeRecord, file_name
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(f"sqlite:///{tmp_path / 'hpcsched.db'}")
-    s.upgrade()
-    yield s
-    s.close()
 
 
 def _record(node="n1", job="42", scores=(100.0, 100.0), kind="cpu-stand-in", t=1000.0,

@@ -10,21 +10,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_fitted_is_the_committed_model_and_the_prior_changes_the_run(tmp_path):
+def test_fitted_and_shared_are_the_committed_models_and_the_prior_changes_the_run(tmp_path):
     from hpcsched.sim import report
     from hpcsched.sim.engine import SimConfig, Simulator
     from hpcsched.sim.workload import load_workload
 
     out = tmp_path / "w.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "model_whatif.py"), "--variants",
-                    "fitted,prior", "--loads", "0.5", "--workloads", "5", "--jobs", "2",
+                    "fitted,shared,prior", "--loads", "0.5", "--workloads", "5", "--jobs", "2",
                     "--out", str(out)], check=True, capture_output=True, timeout=600)
     rows = {r["variant"]: r["mean_avg_jct"] for r in json.loads(out.read_text())["rows"]}
     name, jobs = load_workload("pollux:5@0.5")
-    direct = report.summarize(Simulator(jobs, "jct", workload_name=name,
-                                        config=SimConfig(granularity="gpu")).run())["avg_jct"]
-    assert rows["fitted"] == direct            # nothing patched: the simulation as committed
-    assert rows["prior"] != rows["fitted"]     # the prior alone predicts otherwise
+    direct = {model: report.summarize(Simulator(
+        jobs, "jct", workload_name=name,
+        config=SimConfig(granularity="gpu", throughput_model=model)).run())["avg_jct"]
+        for model in ("fitted", "shared")}
+    assert rows["fitted"] == direct["fitted"]   # nothing patched: the simulations as committed
+    assert rows["shared"] == direct["shared"]
+    assert rows["shared"] != rows["fitted"]
+    assert rows["prior"] != rows["fitted"]      # the prior alone predicts otherwise
 
 
 def test_unknown_variants_are_refused_with_the_known_ones():

@@ -11,13 +11,11 @@ from types import MappingProxyType
 import pytest
 
 from hpcsched import slurm
-from hpcsched.daemon.store import Store
 from hpcsched.daemon.views import daemon_snapshot, extension_jobs, with_extensions
-from hpcsched.protocol import files as ctl
 from hpcsched.protocol.extensions import extension_comment
-from hpcsched.protocol.jobdir import JobDir, JobSpec, current_user
-from hpcsched.protocol.limits import JobLimits
+from hpcsched.protocol.jobdir import JobDir, current_user
 from hpcsched.slurm.observe import Observation
+from tests.conftest import running_job_dir
 
 ME = current_user()
 
@@ -91,25 +89,8 @@ def test_with_extensions(nodes, gpus, extensions, wpn, expected):
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = Store(f"sqlite:///{tmp_path / 'h.db'}")
-    s.upgrade()
-    yield s
-    s.close()
-
-
-@pytest.fixture
 def primary_dir(control_dir):
-    d = JobDir.create(control_dir)
-    d.write_spec(JobSpec(job_uid=d.uid, script="/s/train.py", script_args=(), python="python3",
-                         submit_dir="/s", sbatch_args=(), nodes=1,
-                         limits=JobLimits(4, 1, 4, 16, 256, None, 64, "linear"),
-                         checkpoint_dir=str(d.path / "ck"), user=ME))
-    d.link_job_id("10")
-    ctl.write_ack(d.ack_path, ctl.Ack(job_uid=d.uid, generation=0, state="applied", world_size=4,
-                                      nodes=1, global_batch_size=64, local_batch_size=16,
-                                      accumulation_steps=1, step=0, time=time.time()))
-    return d
+    return running_job_dir(control_dir)
 
 
 # (the extension's nodes and GPUs per node, the job's view (nodes, node names, GPUs), the

@@ -32,6 +32,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from hpcsched.perf.shared import THROUGHPUT_MODELS
 from hpcsched.policies import DEFAULT_POLICY, POLICIES
 from hpcsched.policies.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GROW_MODES
 
@@ -198,6 +199,12 @@ class DaemonSettings:
         EXTENSION_STALL, _number(ge=0),
         "with grow = extension: seconds every rank stalls while the group re-forms and the new "
         "workers receive the state (benchmarks/resize_latency.py measures it; >= 0)")
+    throughput_model: str = _opt(
+        "shared", _choice(*THROUGHPUT_MODELS),
+        "how the policies predict a job's step times: " + "|".join(THROUGHPUT_MODELS) +
+        "; shared: the application's prior corrected by what all its jobs measured here "
+        "(jobs with the same --hpcsched-application must train the same model); fitted: "
+        "Pollux's model fitted to each job's own measurements")
     min_gain: float = _opt(
         0.05, _number(ge=0),
         "a change must improve predicted throughput by at least this fraction of the "

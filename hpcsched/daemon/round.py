@@ -205,7 +205,8 @@ class Daemon:
         rep.reaped = self.reaper.reap(obs, self.actuator.slurm)   # orphaned extension jobs
         busy = self._resume(managed, rep)
         snapshot = views.daemon_snapshot(obs, managed, self.store, busy,
-                                         self.settings.daemon.partitions)
+                                         self.settings.daemon.partitions,
+                                         self.settings.daemon.throughput_model)
         rep.jobs, rep.snapshot = len(snapshot.jobs), snapshot
         t = time.perf_counter()
         costs, said = measured_costs(self.store.actions(limit=200), self.costs)

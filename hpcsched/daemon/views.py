@@ -18,13 +18,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpcsched import slurm
 from hpcsched.daemon.actuator import current_from
+from hpcsched.perf.shared import StepCorrections, step_corrections
 from hpcsched.policies.snapshot import ClusterSnapshot, GPUView, JobView, ProfilePoint
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.extensions import parse_extension_comment
@@ -154,6 +155,23 @@ def job_view(f: JobFacts) -> JobView:
         held=f.held, layout=f.layout,
         resized_at=f.resized_at if f.resized_at is not None else (f.start_time if running else None),
         last_resize=f.last_resize)
+
+
+def with_step_corrections(views: Sequence[JobView],
+                          corrections: Callable[[str], StepCorrections | None]
+                          ) -> tuple[JobView, ...]:
+    """``views`` with each job's :attr:`~JobView.step_corrections`: ``corrections(application)``
+    (what its application's jobs measured here, :mod:`hpcsched.perf.shared`), asked once per
+    application. A job without an application keeps ``None``."""
+    tables: dict[str, StepCorrections | None] = {}
+    out = []
+    for v in views:
+        app = v.app_class.strip().lower()
+        if app and app not in tables:
+            tables[app] = corrections(app)
+        table = tables.get(app)
+        out.append(dataclasses.replace(v, step_corrections=table) if table is not None else v)
+    return tuple(out)
 
 
 def cluster_snapshot(obs: Observation, jobs: Sequence[JobView], partitions: Sequence[str] = (),
@@ -425,9 +443,12 @@ def with_extensions(info: slurm.JobInfo, extensions: Sequence[slurm.JobInfo],
 
 
 def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: Store,
-                    busy: set[str], partitions: Sequence[str]) -> ClusterSnapshot:
+                    busy: set[str], partitions: Sequence[str], throughput_model: str = "shared"
+                    ) -> ClusterSnapshot:
     """The daemon's snapshot: every eligible managed job's view (a job hpcsched preempted and
-    holds, or one job_submit.lua holds for placement: ``held``), and the measured GPUs.
+    holds, or one job_submit.lua holds for placement: ``held``), and the measured GPUs. With
+    ``throughput_model`` ``"shared"`` each view carries what its application's jobs measured
+    here (:func:`with_step_corrections`, from :meth:`Store.application_profile`).
 
     A running job's extension jobs (:func:`extension_jobs`) count as its own GPUs, not other
     jobs', when its whole allocation is whole nodes of its workers per node
@@ -451,10 +472,15 @@ def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: 
                       held=job_id in held))
                   for job_id, (jd, spec, info) in managed.items()
                   if eligible(info, job_id in held))
+    if throughput_model == "shared":
+        measured = store.application_profile({v.app_class for v in views})
+        views = with_step_corrections(views, lambda app: step_corrections(
+            app, measured.get(app, ())))
     return cluster_snapshot(obs, views, partitions,
                             measured_gpu_views(store, {j.app_class for j in views}), counted)
 
 
 __all__ = ["JobFacts", "JobReport", "ManagedJobs", "attained_gpu_seconds", "cluster_snapshot",
            "daemon_job_facts", "daemon_snapshot", "eligible", "extension_jobs",
-           "held_after_preemption", "held_for_placement", "job_view", "measured_gpu_views", "with_extensions"]
+           "held_after_preemption", "held_for_placement", "job_view", "measured_gpu_views", "with_extensions",
+           "with_step_corrections"]

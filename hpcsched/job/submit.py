@@ -106,7 +106,9 @@ OPTIONS = {o.name: o for o in [
            "Python interpreter for the launcher and workers (default: the one running hpcsub)", "PATH"),
     Option("application", _application,
            "what the job trains, for the daemon's throughput priors and GPU-variability class, "
-           "e.g. cifar10 or bert (default: the script's file name)", "NAME"),
+           "e.g. cifar10 or bert (default: the script's file name); jobs that name the same "
+           "application share their measured step times, so name different models differently",
+           "NAME"),
     Option("record-samples", None,
            "record each step's sample indices in the metrics (for verification; costs disk)"),
     Option("print-script", None, "print the batch script that would be submitted and exit"),

@@ -7,9 +7,15 @@ Pure, deterministic, cached. Units: seconds, samples, samples/s, GPUs.
   (:mod:`hpcsched.perf.priors`), else the linear model fitted to its profile
   (:class:`~hpcsched.perf.linear.ThroughputModel`), ``None`` before it has measured anything.
   Pollux's model: compute linear in the local batch, synchronisation linear in the replicas
-  with separate intra- and inter-node terms, overlapped by ``gamma`` (Pollux, OSDI'21 §3.2),
-  fitted with L-BFGS-B to the job's own configurations, the application's prior filling in what
-  they cannot determine -- and the prior alone before the job has run. For a job's parameters:
+  with separate intra- and inter-node terms, overlapped by ``gamma`` (Pollux, OSDI'21 §3.2).
+  When the job's view carries its application's measured error
+  (:attr:`~hpcsched.policies.snapshot.JobView.step_corrections`: the daemon's and the
+  simulator's default, ``throughput_model = "shared"``), the model is the application's prior
+  times that error per configuration, scaled to the job's own measurements
+  (:mod:`hpcsched.perf.shared`, which measures what it gains). Without it (``"fitted"``), the
+  model is fitted with L-BFGS-B to the job's own configurations, the application's prior
+  filling in what they cannot determine -- and the prior alone before the job has run. For a
+  job's parameters:
 
   - >= 2 distinct configurations measured: fitted to its own points
     (:func:`~hpcsched.perf.pollux.fit_samples`, the prior for the rest);
@@ -38,6 +44,7 @@ import numpy as np
 from hpcsched.perf import linear, pollux, priors
 from hpcsched.perf.linear import ThroughputModel
 from hpcsched.perf.pollux import PerfSample, PolluxModel
+from hpcsched.perf.shared import StepCorrections
 from hpcsched.policies.snapshot import JobView, ProfilePoint
 from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch
 
@@ -56,19 +63,23 @@ def model_for(job: JobView) -> JobModel | None:
     no prior and it has no usable profile point yet. Pure and cached."""
     if priors.prior_for(job.app_class) is None:
         return linear.fit(job.profile)
-    return _model_for(job.profile, job.app_class.strip().lower())
+    return _model_for(job.profile, job.app_class.strip().lower(), job.step_corrections)
 
 
 @lru_cache(maxsize=8192)
-def _model_for(profile: tuple[ProfilePoint, ...], app: str) -> PolluxModel:
+def _model_for(profile: tuple[ProfilePoint, ...], app: str,
+               corrections: StepCorrections | None = None) -> PolluxModel:
     key = tuple(PerfSample(a.nodes, a.replicas, a.local_bsz, a.accum, _sig(a.step_time),
                            _sig(a.compute_time)) for a in pollux.aggregate(profile))
-    return _pollux_model(key, app)
+    return _pollux_model(key, app, corrections)
 
 
 @lru_cache(maxsize=8192)
-def _pollux_model(key: tuple[PerfSample, ...], app: str) -> PolluxModel:
+def _pollux_model(key: tuple[PerfSample, ...], app: str,
+                  corrections: StepCorrections | None = None) -> PolluxModel:
     prior = priors.prior_for(app)
+    if corrections is not None:
+        return _shared_model(key, app, prior, corrections)
     if len(key) >= 2:
         return PolluxModel(pollux.fit_samples(key, prior),
                            f"fitted to {len(key)} configurations ({app} prior for the rest)")
@@ -77,6 +88,20 @@ def _pollux_model(key: tuple[PerfSample, ...], app: str) -> PolluxModel:
         ratio = s.step_time / pollux.step_time(prior, s.nodes, s.replicas, s.local_bsz, s.accum)
         return PolluxModel(prior.scaled(ratio), f"{app} prior x {ratio:.3g} (1 configuration)")
     return PolluxModel(prior, f"{app} prior (not measured yet)")
+
+
+def _shared_model(key: tuple[PerfSample, ...], app: str, prior: pollux.PerfParams,
+                  corrections: StepCorrections) -> PolluxModel:
+    """The prior, corrected by what the application's jobs measured, scaled to the job's own
+    measurements (:mod:`hpcsched.perf.shared`): the scale is the geometric mean over the job's
+    configurations of measured / corrected-prior step time (1 before it has measured)."""
+    logs = [math.log(s.step_time / p) - corrections.log_factor(s.nodes, s.replicas, s.local_bsz)
+            for s in key
+            if (p := pollux.step_time(prior, s.nodes, s.replicas, s.local_bsz, s.accum)) > 0]
+    scale = math.exp(sum(logs) / len(logs)) if logs else 1.0
+    return PolluxModel(prior.scaled(scale), f"{app} prior x {scale:.3g}, corrected by what "
+                       f"{app} jobs measured here ({len(corrections.fine)} configurations)",
+                       corrections)
 
 
 def goodput(model: JobModel, cfg: BatchConfig, nodes: int,
@@ -274,6 +299,9 @@ def _goodputs(model: PolluxModel, nodes, world: np.ndarray, local: np.ndarray,
     """:func:`goodput` over arrays of configurations (Pollux's step time and statistical
     efficiency, numpy): samples/s, 0 where not finite or the step time is not positive."""
     t = pollux._step_time(model.params, nodes, world, local, accum, np.maximum)
+    if model.corrections is not None:
+        t = t * _factors(model.corrections, tuple(np.broadcast_to(nodes, np.shape(world))),
+                         tuple(world), tuple(local))
     with np.errstate(divide="ignore", invalid="ignore"):
         x = np.where(t > 0, glob / t, 0.0)
     if grad_noise is not None and all(v is not None and math.isfinite(v) for v in grad_noise):
@@ -281,8 +309,16 @@ def _goodputs(model: PolluxModel, nodes, world: np.ndarray, local: np.ndarray,
     return np.where(np.isfinite(x), x, 0.0)
 
 
+@lru_cache(maxsize=16384)
+def _factors(corrections: StepCorrections, nodes: tuple, world: tuple, local: tuple
+             ) -> np.ndarray:
+    """The corrections' factor at each configuration (cached: the same candidates are asked
+    for every round)."""
+    return np.array([corrections.factor(n, w, m) for n, w, m in zip(nodes, world, local)])
+
+
 def clear_caches() -> None:
     """Forget every cached fit and decision (benchmarks measure a cold start with it)."""
     for f in (linear.fit, _model_for, _pollux_model, _best_at, _candidates, _fit_batch, _wanted,
-              pollux.fit_samples, _arrays, _stacked, _segments):
+              pollux.fit_samples, _arrays, _stacked, _segments, _factors):
         f.cache_clear()

@@ -83,12 +83,16 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.optimize import minimize
 
 from hpcsched.policies.snapshot import ProfilePoint
 from hpcsched.protocol.batching import BatchConfig
+
+if TYPE_CHECKING:
+    from hpcsched.perf.shared import StepCorrections
 
 LOWER = 1e-8          # AdaptDL's lower bound for every time parameter
 UPPER = 1e4           # s; a step time no job has
@@ -205,17 +209,23 @@ def throughput(params: PerfParams, nodes, replicas, local_bsz, accum=1):
 
 @dataclass(frozen=True)
 class PolluxModel:
-    """A job's throughput from fitted :class:`PerfParams` (:func:`hpcsched.perf.model.model_for`
-    builds it); ``source`` says where the parameters came from."""
+    """A job's throughput from :class:`PerfParams` (:func:`hpcsched.perf.model.model_for`
+    builds it); ``source`` says where the parameters came from. With ``corrections`` (the
+    application's measured error of its prior, :mod:`hpcsched.perf.shared`) each step time is
+    the parameters' times the error's factor at that configuration."""
 
     params: PerfParams
     source: str
+    corrections: StepCorrections | None = None
 
     def step_time(self, cfg: BatchConfig, nodes: int = 1) -> float:
         """Seconds per optimizer step at ``cfg`` on ``nodes`` nodes (:func:`step_time`, plain
         floats: this is a policy's inner loop, and a :class:`BatchConfig` is valid already)."""
-        return _step_time(self.params, nodes, cfg.world_size, cfg.local_batch_size,
-                          cfg.accumulation_steps, max)
+        t = _step_time(self.params, nodes, cfg.world_size, cfg.local_batch_size,
+                       cfg.accumulation_steps, max)
+        if self.corrections is not None:
+            t *= self.corrections.factor(nodes, cfg.world_size, cfg.local_batch_size)
+        return t
 
     def throughput(self, cfg: BatchConfig, nodes: int = 1) -> float:
         """Samples/s at ``cfg`` on ``nodes`` nodes (0 if the step time is not positive)."""

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hpcsched.perf.shared import StepCorrections
 
 #: how a running job grows: ``"extension"``, a second Slurm job whose workers start while the
 #: job trains on and join its process group at a step boundary (issue 10); ``"requeue"``, the
@@ -152,6 +156,10 @@ class JobView:
     #: values); ``None``: not resized since it was submitted, or unknown. With ``resized_at``
     #: it tells reconcile's no-thrash hold which change would undo the last one
     last_resize: str | None = None
+    #: what the jobs of its application measured on this cluster against the application's
+    #: prior (:mod:`hpcsched.perf.shared`); ``None``: not gathered (the job's model is then fitted
+    #: to its own measurements alone)
+    step_corrections: StepCorrections | None = None
 
     @property
     def gpus(self) -> int:

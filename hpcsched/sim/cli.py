@@ -24,6 +24,7 @@ from pathlib import Path
 
 import click
 
+from hpcsched.perf.shared import THROUGHPUT_MODELS
 from hpcsched.policies import POLICIES, PolicyError
 from hpcsched.policies.placement import PLACEMENTS
 from hpcsched.policies.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GROW_MODES
@@ -57,6 +58,7 @@ class Run:
     scale: float = 1.0                      # arrivals and work x scale (SimConfig.work_scale)
     soft_consolidate: bool = False          # SimConfig.soft_consolidate
     fastest_gpus: bool = False              # SimConfig.fastest_gpus
+    throughput_model: str = "shared"        # SimConfig.throughput_model
 
     @property
     def label(self) -> str:
@@ -113,7 +115,7 @@ def execute(run: Run):
                     granularity=run.granularity, grow=run.grow,
                     extension_startup=run.extension_startup, extension_stall=run.extension_stall,
                     work_scale=run.scale, soft_consolidate=run.soft_consolidate,
-                    fastest_gpus=run.fastest_gpus)
+                    fastest_gpus=run.fastest_gpus, throughput_model=run.throughput_model)
     res = Simulator(jobs, run.policy, policy_params=params, config=cfg,
                     workload_name=name).run()
     return replace(res, policy=run.label)
@@ -205,6 +207,11 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
               help="How a running job grows: extension, a second Slurm job whose workers start "
                    "while the job trains on, then join it after a short stall; requeue, the job "
                    "gives its GPUs back and restarts at the new size (pays --restart-cost).")
+@click.option("--throughput-model", type=click.Choice(THROUGHPUT_MODELS), default="shared",
+              show_default=True,
+              help="How the policies predict step times: shared, the application's prior "
+                   "corrected by what all its jobs measured (as the daemon); fitted, Pollux's "
+                   "model fitted to each job's own measurements.")
 @click.option("--extension-startup", type=click.FloatRange(min=0), default=EXTENSION_STARTUP,
               show_default=True,
               help="Seconds an extension's new workers take to start (the job trains on at its "
@@ -229,8 +236,8 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
 def simulate_command(workloads, policies, placements, raw_params, pollux_tiresias, nodes,
                      gpus_per_node, interval, restart_cost, shrink_cost, variability,
                      variability_draws, locality_penalty, hold_new_jobs, soft_consolidate,
-                     fastest_gpus, granularity, grow, extension_startup, extension_stall, scale, seed, max_days,
-                     json_path, out_dir, n_procs, quiet):
+                     fastest_gpus, granularity, grow, throughput_model, extension_startup,
+                     extension_stall, scale, seed, max_days, json_path, out_dir, n_procs, quiet):
     """Replay WORKLOADs on a simulated Slurm cluster with the daemon's own POLICYs.
 
     \b
@@ -259,7 +266,8 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
     runs = [Run(w, p, pl, tuple(sorted(params.get(p, {}).items(), key=lambda kv: kv[0])),
                 nodes, gpus_per_node, interval, costs, shrink_cost, variability,
                 locality_penalty, seed, max_days * 86400.0, hold_new_jobs, granularity, grow,
-                extension_startup, extension_stall, scale, soft_consolidate, fastest_gpus)
+                extension_startup, extension_stall, scale, soft_consolidate, fastest_gpus,
+                throughput_model)
             for w in workloads for p in policies for pl in (placements or (None,))]
     try:
         with single_threaded_blas():

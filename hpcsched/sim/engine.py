@@ -48,7 +48,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from hpcsched.daemon.views import JobFacts, JobReport, cluster_snapshot, job_view
+from hpcsched.daemon.views import JobFacts, JobReport, cluster_snapshot, job_view, with_step_corrections
+from hpcsched.perf.shared import StepLedger
 from hpcsched.policies import make_policy
 from hpcsched.policies.reconcile import Change
 from hpcsched.policies.round import decide_round
@@ -82,6 +83,9 @@ class Simulator:
                      enumerate(sorted(jobs, key=lambda j: (j.submit_time, j.name)))]
         self.backend = SimBackend(self)
         self.rounds = 0
+        #: every job's measured steps per application (the daemon's store); ``None``: each
+        #: job's model is fitted to its own measurements alone
+        self.ledger = StepLedger() if config.throughput_model == "shared" else None
         self.utilization: list[tuple[float, int, int]] = []
         self.notes: list[str] = []
         self.costs = replace(config.costs, restart_cost=config.restart_cost_for("*"),
@@ -126,6 +130,9 @@ class Simulator:
             acc = j.steps.setdefault(key, [0.0, 0.0])
             acc[0] += dt
             acc[1] += dt / st
+            if self.ledger is not None and j.fixed is None:
+                self.ledger.add(j.wj.application, j.nodes, j.n_gpus, j.cfg.local_batch_size,
+                                j.cfg.accumulation_steps, dt, dt / st)
             j.last_step_time = st
             j.progress = end if cur + dt < t else min(end, j.progress + rate * dt)
             cur += dt
@@ -208,6 +215,8 @@ class Simulator:
         """What the daemon would see now (the observation plus the jobs' own reports)."""
         obs = self.backend.observe()
         views = tuple(self._view(self.jobs[int(jid) - 1], info) for jid, info in obs.jobs.items())
+        if self.ledger is not None:
+            views = with_step_corrections(views, self.ledger.corrections)
         snap = cluster_snapshot(obs, views, (PARTITION,), self.cluster.gpu_views)
         return replace(snap, granularity=self.cfg.granularity)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from hpcsched.daemon.views import JobReport
+from hpcsched.perf.shared import THROUGHPUT_MODELS
 from hpcsched.policies.reconcile import Costs
 from hpcsched.policies.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GROW_MODES, ProfilePoint
 from hpcsched.protocol.batching import BatchConfig, fit_batch
@@ -92,10 +93,15 @@ class SimConfig:
             (True, the default: what the evaluation ran) or, as on a real cluster, only once it
             has started: before, the daemon has no progress file to read (False: ``hpcsched
             replay --compare``, which predicts a real run).
+        throughput_model: how the policies predict a job's step times (:data:`THROUGHPUT_MODELS`):
+            ``"shared"`` (the default, as the daemon), the application's prior corrected by what
+            all its jobs measured and scaled to the job's own (:mod:`hpcsched.perf.shared`);
+            ``"fitted"``, Pollux's model fitted to the job's own measurements alone.
 
     Raises:
-        ValueError: ``grow`` not one of ``GROW_MODES``, a negative extension cost, or
-            ``work_scale`` outside ``(0, 1]``.
+        ValueError: ``grow`` not one of ``GROW_MODES``, a negative extension cost,
+            ``work_scale`` outside ``(0, 1]``, or ``throughput_model`` not one of
+            :data:`THROUGHPUT_MODELS`.
     """
 
     nodes: int = 16
@@ -119,8 +125,12 @@ class SimConfig:
     early_reports: bool = True
     soft_consolidate: bool = False
     fastest_gpus: bool = False
+    throughput_model: str = "shared"
 
     def __post_init__(self):
+        if self.throughput_model not in THROUGHPUT_MODELS:
+            raise ValueError(f"throughput_model must be one of {', '.join(THROUGHPUT_MODELS)}, "
+                             f"not {self.throughput_model!r}")
         if self.grow not in GROW_MODES:
             raise ValueError(f"grow must be one of {', '.join(GROW_MODES)}, not {self.grow!r}")
         if self.extension_startup < 0 or self.extension_stall < 0:
@@ -139,7 +149,8 @@ class SimConfig:
                 "granularity": self.granularity, "hold_rounds": self.hold_rounds,
                 "grow": self.grow, "extension_startup": self.extension_startup,
                 "extension_stall": self.extension_stall,
-                "soft_consolidate": self.soft_consolidate, "fastest_gpus": self.fastest_gpus}
+                "soft_consolidate": self.soft_consolidate, "fastest_gpus": self.fastest_gpus,
+                "throughput_model": self.throughput_model}
 
 
 def job_shape(gpus: int, gpus_per_node: int) -> tuple[int, int]:

@@ -64,6 +64,7 @@ from hpcsched.daemon.store.schema import (
     make_engine,
     safe_url,
 )
+from hpcsched.perf.shared import Measured
 
 _JOB_REQUIRED = ("job_uid", "workers_per_node", "min_nodes", "max_nodes", "min_batch_size",
                  "max_batch_size", "base_batch_size")
@@ -229,6 +230,30 @@ class Store(JournalMixin):
             return [ProfileRow(job_id, ws, n, lbs, acc, int(gbs), float(st), float(tp),
                                int(steps), int(count), float(t))
                     for ws, n, lbs, acc, gbs, st, tp, steps, count, t in s.execute(q)]
+
+    def application_profile(self, applications: Iterable[str]) -> dict[str, list[Measured]]:
+        """What every job of each of ``applications`` measured (finished jobs' included): per
+        application (lower case; names match without regard to case or surrounding spaces)
+        and configuration ``(nodes, world_size, local_batch_size, accumulation_steps)``, the
+        steps-weighted mean step time (s) over all its jobs' steps there, and how many steps.
+        The input of :func:`hpcsched.perf.shared.step_corrections`."""
+        names = {a.strip().lower() for a in applications if a and a.strip()}
+        if not names:
+            return {}
+        P, app = ProfileSample, func.lower(func.trim(Job.app_class))
+        total = func.sum(P.steps)
+        q = (select(app, P.nodes, P.world_size, P.local_batch_size, P.accumulation_steps,
+                    func.sum(P.step_time * P.steps) / total, total)
+             .join(Job, Job.job_id == P.job_id)
+             .where(app.in_(sorted(names)), P.steps > 0)
+             .group_by(app, P.nodes, P.world_size, P.local_batch_size, P.accumulation_steps)
+             .order_by(app, P.nodes, P.world_size, P.local_batch_size, P.accumulation_steps))
+        out: dict[str, list[Measured]] = {}
+        with self._read() as s:
+            for a, n, w, m, k, st, steps in s.execute(q):
+                out.setdefault(a, []).append(Measured(int(n), int(w), int(m), int(k), float(st),
+                                                      float(steps)))
+        return out
 
     # -- GPU measurements --------------------------------------------------------------------
 

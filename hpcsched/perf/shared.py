@@ -1,0 +1,168 @@
+"""What an application's jobs measured on this cluster: the prior's error, per configuration.
+
+Pollux fits each job's step-time model to that job's own measurements (OSDI'21 §3.2, §4.1): a
+job knows the few configurations it has run, and its model guesses the rest. On one cluster
+every job of an application runs the same code on the same hardware, so each configuration one
+of them measured says how far the application's shipped prior (:mod:`hpcsched.perf.priors`,
+fitted to the Pollux traces' T4 GPUs) is off there for all of them. This module keeps that
+error, and :func:`hpcsched.perf.model.model_for` predicts a job's step time at configuration
+``c`` as::
+
+    t(c) = s_j * prior(c) * exp(e_app(c))
+
+``prior(c)``: the prior's step time (:func:`hpcsched.perf.pollux.step_time`); ``e_app(c)``: the
+steps-weighted mean of ``log(measured / prior)`` over every measurement of the application at
+``c``'s nodes x GPUs and local batch size to the nearest power of 2, else at its nodes x GPUs,
+else 0 (:meth:`StepCorrections.log_factor`); ``s_j``: the job's own scale, the geometric mean
+of its measured / corrected-prior step times (1 before it has measured: the application's
+measurements, then the prior, predict it).
+
+Measured (``benchmarks/model_whatif.py``, Pollux workloads 1-8, ``--granularity gpu``; the
+``shared`` what-if is this model): ``jct``'s mean average JCT 1,362 -> 1,318 s at load 0.5 and
+2,400 -> 2,293 s at load 1.0 against the per-job fit; Pollux's seven-parameter model fitted to
+a job's few points is off by 20-40% at GPU counts it has not run (``docs/evaluation.md``
+section 6).
+
+The error is rounded to :data:`RESOLUTION` in log space, so a table (and the cached models built
+on it) changes only when a mean moves by more than about 0.1%.
+
+Where it is built: the daemon from every job's profile in its store
+(:meth:`hpcsched.daemon.store.Store.application_profile`), the simulator from every job's
+measured steps; both with :func:`step_corrections`. Units: seconds, GPUs, samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+
+from hpcsched.perf import pollux, priors
+
+RESOLUTION = 1e-3     # log-space rounding of a mean error (about 0.1%)
+#: how the policies predict step times: ``"shared"``, the prior corrected by what every job of
+#: the application measured here and scaled to the job's own (this module; the default);
+#: ``"fitted"``, Pollux's model fitted to the job's own measurements alone (OSDI'21 §3.2)
+THROUGHPUT_MODELS = ("shared", "fitted")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One configuration measured by jobs of an application: mean seconds per optimizer step
+    over ``steps`` steps (all jobs together)."""
+
+    nodes: int
+    world_size: int
+    local_batch_size: int
+    accumulation_steps: int
+    step_time: float
+    steps: float
+
+
+@dataclass(frozen=True)
+class StepCorrections:
+    """An application's measured error of its prior, per configuration class (module
+    docstring). ``fine``: ``((nodes, GPUs, round(log2 local batch)), mean log error)``;
+    ``coarse``: ``((nodes, GPUs), mean log error)``; both sorted. Hashable (its hash is computed
+    once: policies key their caches on the models built on it)."""
+
+    application: str
+    fine: tuple[tuple[tuple[int, int, int], float], ...] = ()
+    coarse: tuple[tuple[tuple[int, int], float], ...] = ()
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.application, self.fine, self.coarse)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @cached_property
+    def _fine(self) -> dict[tuple[int, int, int], float]:
+        return dict(self.fine)
+
+    @cached_property
+    def _coarse(self) -> dict[tuple[int, int], float]:
+        return dict(self.coarse)
+
+    def log_factor(self, nodes: int, world_size: int, local_batch_size: float) -> float:
+        """``e_app(c)``: the mean ``log(measured / prior)`` step time at this configuration
+        class, 0 where the application has measured nothing like it."""
+        n, w = int(nodes), int(world_size)
+        e = self._fine.get((n, w, _octave(local_batch_size)))
+        if e is None:
+            e = self._coarse.get((n, w), 0.0)
+        return e
+
+    def factor(self, nodes: int, world_size: int, local_batch_size: float) -> float:
+        """``exp(e_app(c))``: measured / prior step time expected at this configuration."""
+        return math.exp(self.log_factor(nodes, world_size, local_batch_size))
+
+
+def _octave(local_batch_size: float) -> int:
+    """The local batch size to the nearest power of 2, as its exponent."""
+    return int(round(math.log2(max(float(local_batch_size), 1.0))))
+
+
+def step_corrections(application: str, measured: Iterable[Measured]) -> StepCorrections | None:
+    """The table of ``application`` from its jobs' measurements; ``None`` when it has no
+    shipped prior (its jobs use the linear model, :mod:`hpcsched.perf.linear`). Measurements
+    with a non-positive or non-finite step time or weight, or an impossible size, are skipped.
+    """
+    prior = priors.prior_for(application)
+    if prior is None:
+        return None
+    fine: dict[tuple[int, int, int], list[float]] = {}
+    coarse: dict[tuple[int, int], list[float]] = {}
+    for m in measured:
+        if not (m.steps > 0 and math.isfinite(m.steps) and m.step_time > 0
+                and math.isfinite(m.step_time) and 1 <= m.nodes <= m.world_size
+                and m.local_batch_size >= 1 and m.accumulation_steps >= 1):
+            continue
+        log_prior = _log_prior(prior, m.nodes, m.world_size, m.local_batch_size,
+                               m.accumulation_steps)
+        if log_prior is None:
+            continue
+        err = math.log(m.step_time) - log_prior
+        for table, key in ((fine, (m.nodes, m.world_size, _octave(m.local_batch_size))),
+                           (coarse, (m.nodes, m.world_size))):
+            acc = table.setdefault(key, [0.0, 0.0])
+            acc[0] += err * m.steps
+            acc[1] += m.steps
+    name = application.strip().lower()
+    return StepCorrections(name, _means(fine), _means(coarse))
+
+
+@lru_cache(maxsize=65536)
+def _log_prior(prior: pollux.PerfParams, nodes: int, world_size: int, local_batch_size: int,
+               accumulation_steps: int) -> float | None:
+    t = pollux.step_time(prior, nodes, world_size, local_batch_size, accumulation_steps)
+    return math.log(t) if t > 0 and math.isfinite(t) else None
+
+
+class StepLedger:
+    """Running totals of measured steps per application and configuration: what the simulator
+    keeps where the daemon has its store (every job's measurements, finished jobs' included).
+    Not thread-safe."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, dict[tuple[int, int, int, int], list[float]]] = {}
+
+    def add(self, application: str, nodes: int, world_size: int, local_batch_size: int,
+            accumulation_steps: int, seconds: float, steps: float) -> None:
+        """``steps`` optimizer steps that took ``seconds`` in all at this configuration."""
+        row = self._rows.setdefault(application.strip().lower(), {}).setdefault(
+            (nodes, world_size, local_batch_size, accumulation_steps), [0.0, 0.0])
+        row[0] += seconds
+        row[1] += steps
+
+    def corrections(self, application: str) -> StepCorrections | None:
+        """:func:`step_corrections` of everything recorded for ``application``."""
+        rows = self._rows.get(application.strip().lower(), {})
+        return step_corrections(application, (Measured(n, w, m, s, secs / k, k)
+                                               for (n, w, m, s), (secs, k) in rows.items() if k > 0))
+
+
+def _means(table: dict) -> tuple:
+    return tuple((k, round(s / w / RESOLUTION) * RESOLUTION) for k, (s, w) in sorted(table.items()))
