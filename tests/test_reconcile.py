@@ -22,6 +22,7 @@ from hpcsched.policies.reconcile import (
     payoff_seconds,
     predict,
     reconcile,
+    released,
 )
 from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, NodeView, Plan, ProfilePoint
 from hpcsched.protocol.kinds import ChangeKind
@@ -225,6 +226,43 @@ def test_feasible_now_orders_by_kind_then_by_gain():
     assert [c.job_id for c in changes] == ["F", "E", "D", "C", "B", "A"]
     assert list(ORDER) == [ChangeKind.PREEMPT, ChangeKind.SHRINK, ChangeKind.BATCH,
                            ChangeKind.PENDING, ChangeKind.GROW]
+
+
+@pytest.mark.parametrize(("names", "layout", "to_gpus", "granularity", "freed"), [
+    # whole nodes: the first nodes are kept (Slurm's rule), the rest given back
+    (("n1", "n2", "n3"), (), 2, "node", {"n2": 2, "n3": 2}),
+    (("n1", "n2", "n3"), (), 4, "node", {"n3": 2}),
+    # GPU-granular: the nodes where the job holds fewest first, the last of equals first
+    (("n1", "n2", "n3"), (4, 1, 2), 4, "gpu", {"n2": 1, "n3": 2}),
+    (("n1", "n2", "n3"), (4, 1, 2), 5, "gpu", {"n2": 1, "n3": 1}),
+    (("n1", "n2"), (3, 3), 4, "gpu", {"n2": 2}),
+    # a preemption gives back everything
+    (("n1", "n2"), (4, 1), 0, "gpu", {"n1": 4, "n2": 1}),
+    (("n1", "n2"), (), 0, "node", {"n1": 2, "n2": 2}),
+])
+def test_released_follows_the_shrink_rules(names, layout, to_gpus, granularity, freed):
+    job = replace(_job("S", len(names), names=names), layout=layout)
+    assert released(job, to_gpus, granularity) == freed
+
+
+@pytest.mark.parametrize("granularity", ["node", "gpu"])
+def test_a_grow_may_take_the_gpus_a_shrink_of_the_same_plan_gives_back(granularity):
+    """A plan that moves GPUs from one job to another is made in one round: the grow fits only
+    on what the shrink frees (the simulator applies shrinks first; on Slurm the extension job
+    waits seconds for them)."""
+    a = _job("A", 2, wpn=4, names=("n1", "n2"), **RUN)
+    b = _job("B", 1, wpn=4, names=("n3",), **RUN)
+    snap = replace(ClusterSnapshot(0.0, tuple(NodeView(n, 4, 4, "allocated") for n in ("n1", "n2", "n3")),
+                                   (a, b)), granularity=granularity)
+    grow = Candidate(Change("B", ChangeKind.GROW, 1, 2, 64, 64, "r", (), 4, 8), 1.0, 2.0)
+    shrink = Candidate(Change("A", ChangeKind.SHRINK, 2, 1, 64, 64, "r", (), 8, 4), 1.0, 1.0)
+    for grow_mode in ("extension", "requeue"):
+        changes, notes = feasible_now([grow, shrink], snap, grow_mode)
+        assert [(c.job_id, c.kind) for c in changes] == [("A", "shrink"), ("B", "grow")], notes
+        if granularity == "node" and grow_mode == "extension":
+            assert changes[1].placement == ("n3", "n2")       # its own node, then the freed one
+    alone, notes = feasible_now([grow], snap, "extension")       # without the shrink: it waits
+    assert alone == [] and "waits" in notes[0]
 
 
 # ------------------------------------------------------------------- worked cases (the DP)

@@ -45,8 +45,11 @@ Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``, in five steps:
    the job's GPUs per node free, counting the job's own nodes, which the requeue frees (GPU-
    granular: enough free GPUs, packed onto the fullest nodes). By extension the job keeps its
    own GPUs and the extension job needs the difference free (its own nodes' free GPUs first);
-   a planned placement is kept only if it contains the job's nodes.
-   Otherwise it waits for a later round (shrinks made this round free their nodes by then).
+   a planned placement is kept only if it contains the job's nodes. The GPUs that this
+   round's shrinks and preemptions give back (:func:`released`) count as free: they are made
+   first, a shrink in place releases its GPUs within seconds, and the extension job (or the
+   requeued job) waits in Slurm's queue for them, so a plan that moves GPUs from one job to
+   another is made in one round. Otherwise the grow waits for a later round.
 
 Order (:data:`ORDER`): preemptions, shrinks, batch-only changes, pending jobs, grows; within a
 kind, the largest predicted gain first.
@@ -422,14 +425,23 @@ def feasible_now(chosen: list[Candidate], snapshot: ClusterSnapshot, grow: str =
     cannot place now, and notes on those. A grow needs ``to_nodes`` usable nodes with the job's
     GPUs per node free, its own nodes counted (the requeue frees them; by ``grow ==
     "extension"`` the job keeps them and the extension needs the rest); its planned placement
-    is kept when it fits, else dropped (Slurm chooses). Grows made claim their nodes in turn."""
+    is kept when it fits, else dropped (Slurm chooses). Grows made claim their nodes in turn.
+    The GPUs the plan's shrinks and preemptions give back count as free for its grows (they
+    come first: a shrink in place releases its GPUs within seconds, and a grow's extension job
+    or requeued job waits in Slurm's queue until they are free), so a plan that moves GPUs from
+    one job to another is made in one round, not over two."""
     free = {n.name: n.gpus_free for n in snapshot.nodes if n.usable}
     changes: list[Change] = []
     notes: list[str] = []
     keep_own = grow == "extension"
     for cand in sorted(chosen, key=lambda c: (ORDER[c.kind], -c.gain)):
         c = cand.change
-        if c.kind == ChangeKind.GROW:
+        if c.kind in (ChangeKind.SHRINK, ChangeKind.PREEMPT):
+            for n, g in released(snapshot.job(c.job_id), c.to_gpus if c.kind == ChangeKind.SHRINK
+                                 else 0, snapshot.granularity).items():
+                if n in free:
+                    free[n] += g
+        elif c.kind == ChangeKind.GROW:
             if snapshot.granularity != "gpu":
                 c, note = _place_grow(c, snapshot.job(c.job_id), free, keep_own)
             elif keep_own:
@@ -442,6 +454,28 @@ def feasible_now(chosen: list[Candidate], snapshot: ClusterSnapshot, grow: str =
                 continue
         changes.append(c)
     return changes, notes
+
+
+def released(job: JobView, to_gpus: int, granularity: str) -> dict[str, int]:
+    """GPUs per node that ``job`` gives back when it shrinks in place to ``to_gpus`` GPUs (0: it
+    is preempted). Whole nodes: it keeps its first nodes (Slurm's rule for ``scontrol update
+    NumNodes``); GPU-granular: the GPUs on the nodes where it holds fewest go first, the last
+    such node first (:func:`hpcsched.sim.resize.shrink_in_place`, the same rule)."""
+    per = job.layout or (job.workers_per_node,) * len(job.node_names)
+    held = dict(zip(job.node_names, per))
+    if to_gpus <= 0:
+        return held
+    if granularity != "gpu":
+        keep = max(1, to_gpus // max(1, job.workers_per_node))
+        return {n: held[n] for n in job.node_names[keep:]}
+    out, drop = {}, sum(held.values()) - to_gpus
+    for i in sorted(range(len(job.node_names)), key=lambda i: (per[i], -i)):
+        if drop <= 0:
+            break
+        n = job.node_names[i]
+        out[n] = min(drop, held[n])
+        drop -= out[n]
+    return out
 
 
 def _place_grow(c: Change, job: JobView, free: dict[str, int], keep_own: bool = False
