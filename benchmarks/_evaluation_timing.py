@@ -29,7 +29,9 @@ def _scale(key: str) -> str:
 def decision_table(report: dict) -> list[str]:
     """One table per granularity: cold median decision time, ms wall (CPU), per policy and
     scale; then the benchmark's own target lines."""
-    out = [f"`benchmarks/policy_decision.py --model {report.get('model', 'linear')}` "
+    tm = report.get("throughput_model")
+    out = [f"`benchmarks/policy_decision.py --model {report.get('model', 'linear')}"
+           f"{f' --throughput-model {tm}' if tm and report.get('model') == 'pollux' else ''}` "
            f"({report.get('time', '?')}, {report.get('machine', {}).get('cpus', '?')} CPUs, "
            f"pinned to one; median of {report.get('repeats', '?')} cold decisions):\n"]
     for gran, per in report.get("results", {}).items():

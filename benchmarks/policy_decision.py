@@ -28,7 +28,10 @@ not importable yet) is reported and skipped.
 Each repeat is timed cold (every cached fit and decision cleared first,
 ``hpcsched.perf.model.clear_caches``; a fresh policy object); the warm time of a second decision
 on the same snapshot is recorded too. ``--model pollux`` makes every job one of the Pollux
-applications, so the policies fit Pollux's model (L-BFGS-B) to each job.
+applications; with ``--throughput-model shared`` (the daemon's default) each job's view then
+carries what the snapshot's jobs of its application measured (the daemon builds it from its
+store before the round; :mod:`hpcsched.perf.shared`), and with ``fitted`` the policies fit
+Pollux's model (L-BFGS-B) to each job's own measurements.
 
 The simulator's wall time per 160-job workload (issue #9: <= 5 s for ``jct`` at GPU granularity)
 is measured by ``benchmarks/sim_walltime.py --policies jct --granularity gpu``.
@@ -59,9 +62,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import write_report  # noqa: E402
 
+from hpcsched.daemon.views import with_step_corrections  # noqa: E402
 from hpcsched.perf.model import clear_caches  # noqa: E402
 from hpcsched.perf.pollux import step_time  # noqa: E402
 from hpcsched.perf.priors import APPLICATIONS, prior_for  # noqa: E402
+from hpcsched.perf.shared import THROUGHPUT_MODELS, Measured, step_corrections  # noqa: E402
 from hpcsched.policies import POLICIES, make_policy  # noqa: E402
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint  # noqa: E402
 
@@ -106,13 +111,15 @@ def _remaining_samples(rng: np.random.Generator, running: bool, throughput: floa
 
 
 def snapshot(gpus: int, jobs: int, seed: int = 0, model: str = "linear",
-             granularity: str = "node") -> ClusterSnapshot:
+             granularity: str = "node", throughput_model: str = "shared") -> ClusterSnapshot:
     """A seeded synthetic cluster of ``gpus`` GPUs (4 per node) and ``jobs`` hpcsched jobs
     (module docstring), at ``granularity`` ``"node"`` or ``"gpu"``.
 
     ``model="pollux"``: each job is one of the Pollux applications (so the policies use the
     Pollux model with its prior, fitted to the job's two configurations by L-BFGS-B) and its
-    step times come from that application's prior, scaled by a random factor per job."""
+    step times come from that application's prior, scaled by a random factor per job; with
+    ``throughput_model="shared"`` every view carries its application's corrections from all
+    the jobs' profiles (:func:`hpcsched.daemon.views.with_step_corrections`)."""
     rng = np.random.default_rng(seed)
     extra = np.random.default_rng((seed, 1))   # remaining work: the jobs' shapes stay as before
     free = [GPUS_PER_NODE] * (gpus // GPUS_PER_NODE)
@@ -151,6 +158,11 @@ def snapshot(gpus: int, jobs: int, seed: int = 0, model: str = "linear",
             attained_gpu_seconds=float(rng.uniform(0, 20000)) if running else 0.0,
             app_class=app if model == "pollux" else "",
             remaining_samples=_remaining_samples(extra, running, rate)))
+    if throughput_model == "shared":
+        views = list(with_step_corrections(views, lambda app: step_corrections(app, [
+            Measured(p.nodes, p.world_size, p.local_batch_size, p.accumulation_steps,
+                     p.step_time, p.samples)
+            for v in views if v.app_class == app for p in v.profile])))
     nodes = tuple(NodeView(f"n{k:04d}", GPUS_PER_NODE, GPUS_PER_NODE - f, "idle", ("gpu",))
                   for k, f in enumerate(free))
     return replace(ClusterSnapshot(0.0, nodes, tuple(views)), granularity=granularity)
@@ -217,6 +229,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", choices=("linear", "pollux"), default="linear",
                    help="jobs of no known application (linear model) or of the Pollux "
                         "applications (Pollux model with priors)")
+    p.add_argument("--throughput-model", choices=THROUGHPUT_MODELS, default="shared",
+                   help="with --model pollux: shared (the daemon's default: each job's view "
+                        "carries its application's measurements) or fitted (each job's own)")
     p.add_argument("--granularity", type=_granularities, default=("node", "gpu"),
                    help="node, gpu or node,gpu (default: both)")
     p.add_argument("--scales", type=_scales, default=SCALES,
@@ -242,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntargets (--model {args.model}):")
     print("\n".join(verdicts))
     write_report(out, "policy_decision", repeats=args.repeats, scales=args.scales, model=args.model,
+                 throughput_model=args.throughput_model,
                  granularities=args.granularity, results=results, targets=verdicts, skipped=skipped,
                  load_average=os.getloadavg() if hasattr(os, "getloadavg") else None)
     return 0
@@ -255,7 +271,9 @@ def _run(args: argparse.Namespace) -> tuple[dict, dict[str, str]]:
         print(f"\n--granularity {gran} --model {args.model}: cold decision, median of "
               f"{args.repeats}, ms wall (CPU)\n{'policy':<10}"
               + "".join(f"{f'{g} GPUs/{j} jobs':>22}" for g, j in args.scales))
-        snaps = {(g, j): snapshot(g, j, model=args.model, granularity=gran) for g, j in args.scales}
+        snaps = {(g, j): snapshot(g, j, model=args.model, granularity=gran,
+                                  throughput_model=args.throughput_model)
+                 for g, j in args.scales}
         results[gran] = {}
         for name in args.policies.split(","):
             try:   # a policy that cannot be made or decide (not finished yet) is reported

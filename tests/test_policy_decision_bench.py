@@ -35,6 +35,26 @@ def test_snapshot_places_running_jobs_and_gives_every_job_its_remaining_work(gpu
     assert all(n.gpus_allocated <= n.gpus for n in snap.nodes)
 
 
+def test_a_shared_snapshot_gives_each_pollux_job_its_applications_measurements():
+    from dataclasses import replace
+
+    from hpcsched.perf.shared import Measured, step_corrections
+
+    shared, fitted = (pd.snapshot(64, 160, model="pollux", throughput_model=m)
+                      for m in ("shared", "fitted"))
+    assert all(j.step_corrections is None for j in fitted.jobs)
+    assert [replace(j, step_corrections=None) for j in shared.jobs] == list(fitted.jobs)
+    for j in shared.jobs:
+        want = step_corrections(j.app_class, [Measured(p.nodes, p.world_size, p.local_batch_size,
+                                                       p.accumulation_steps, p.step_time, p.samples)
+                                              for v in fitted.jobs if v.app_class == j.app_class
+                                              for p in v.profile])
+        assert j.step_corrections == want
+        # an application whose jobs have measured something has a table that says so
+        assert bool(want.fine) == any(v.profile for v in fitted.jobs if v.app_class == j.app_class)
+    assert all(j.step_corrections is None for j in pd.snapshot(64, 160).jobs)   # linear model
+
+
 def test_snapshot_is_seeded_and_granularity_only_changes_the_field():
     a, b = pd.snapshot(64, 160, granularity="node"), pd.snapshot(64, 160, granularity="gpu")
     assert a.jobs == b.jobs and a.nodes == b.nodes and (a.granularity, b.granularity) == ("node", "gpu")
