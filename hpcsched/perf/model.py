@@ -314,7 +314,9 @@ def _factors(corrections: StepCorrections, nodes: tuple, world: tuple, local: tu
              ) -> np.ndarray:
     """The corrections' factor at each configuration (cached: the same candidates are asked
     for every round)."""
-    return np.array([corrections.factor(n, w, m) for n, w, m in zip(nodes, world, local)])
+    octaves = np.rint(np.log2(np.maximum(np.asarray(local, dtype=float), 1.0))).astype(int)
+    f = corrections.factor_at
+    return np.array([f(int(n), int(w), o) for n, w, o in zip(nodes, world, octaves.tolist())])
 
 
 def clear_caches() -> None:

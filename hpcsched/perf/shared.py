@@ -97,7 +97,23 @@ class StepCorrections:
 
     def factor(self, nodes: int, world_size: int, local_batch_size: float) -> float:
         """``exp(e_app(c))``: measured / prior step time expected at this configuration."""
-        return math.exp(self.log_factor(nodes, world_size, local_batch_size))
+        return self.factor_at(int(nodes), int(world_size), _octave(local_batch_size))
+
+    @cached_property
+    def _memo(self) -> dict[tuple[int, int, int], float]:
+        return {}
+
+    def factor_at(self, nodes: int, world_size: int, octave: int) -> float:
+        """:meth:`factor` with the local batch size given as its octave
+        (``round(log2(local))``), remembered: a policy asks for the same classes for every
+        candidate configuration of every job each round."""
+        key = (nodes, world_size, octave)
+        f = self._memo.get(key)
+        if f is None:
+            e = self._fine.get(key)
+            f = self._memo[key] = math.exp(self._coarse.get((nodes, world_size), 0.0)
+                                           if e is None else e)
+        return f
 
 
 def _octave(local_batch_size: float) -> int:
