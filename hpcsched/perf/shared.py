@@ -17,9 +17,9 @@ else 0 (:meth:`StepCorrections.log_factor`); ``s_j``: the job's own scale, the g
 of its measured / corrected-prior step times (1 before it has measured: the application's
 measurements, then the prior, predict it).
 
-Measured (``benchmarks/model_whatif.py``, Pollux workloads 1-8, ``--granularity gpu``; the
-``shared`` what-if is this model): ``jct``'s mean average JCT 1,362 -> 1,318 s at load 0.5 and
-2,400 -> 2,293 s at load 1.0 against the per-job fit; Pollux's seven-parameter model fitted to
+Measured (``benchmarks/model_whatif.py --policies jct``, Pollux workloads 1-8, ``--granularity
+gpu``, 2026-11-27): ``jct``'s mean average JCT 1,408 -> 1,312 s at load 0.5 and 2,385 -> 2,303 s
+at load 1.0 against the per-job fit (``fitted``); Pollux's seven-parameter model fitted to
 a job's few points is off by 20-40% at GPU counts it has not run (``docs/evaluation.md``
 section 6).
 
@@ -89,11 +89,12 @@ class StepCorrections:
     def log_factor(self, nodes: int, world_size: int, local_batch_size: float) -> float:
         """``e_app(c)``: the mean ``log(measured / prior)`` step time at this configuration
         class, 0 where the application has measured nothing like it."""
-        n, w = int(nodes), int(world_size)
-        e = self._fine.get((n, w, _octave(local_batch_size)))
-        if e is None:
-            e = self._coarse.get((n, w), 0.0)
-        return e
+        return self._log_at(int(nodes), int(world_size), _octave(local_batch_size))
+
+    def _log_at(self, nodes: int, world_size: int, octave: int) -> float:
+        """The fine class's error, else the coarse one's, else 0."""
+        e = self._fine.get((nodes, world_size, octave))
+        return self._coarse.get((nodes, world_size), 0.0) if e is None else e
 
     def factor(self, nodes: int, world_size: int, local_batch_size: float) -> float:
         """``exp(e_app(c))``: measured / prior step time expected at this configuration."""
@@ -110,9 +111,7 @@ class StepCorrections:
         key = (nodes, world_size, octave)
         f = self._memo.get(key)
         if f is None:
-            e = self._fine.get(key)
-            f = self._memo[key] = math.exp(self._coarse.get((nodes, world_size), 0.0)
-                                           if e is None else e)
+            f = self._memo[key] = math.exp(self._log_at(nodes, world_size, octave))
         return f
 
 
