@@ -214,3 +214,82 @@ def test_decision_on_64_gpus_and_160_jobs_is_quick():
     plan = decide(snap)
     assert time.perf_counter() - t0 < 5.0       # a guard; benchmarks/policy_decision.py measures
     assert sum(t.gpus for t in plan.targets) <= 64
+
+
+def test_thinned_counts_keep_the_whole_node_counts_around_them():
+    """At GPU granularity a job's counts are thinned above ``max_options``; the whole-node
+    counts next to each kept one stay (a packed job's goodput peaks where it fills its nodes:
+    4 -> 5 GPUs puts one behind the network)."""
+    from hpcsched.policies.jct import _counts, _thinned
+
+    job = _job("A", 4, max_nodes=16)
+    snap = _snap([job], nodes=16, granularity="gpu")
+    counts = _counts(job, snap, 12)
+    thinned = {i + 1 for i in _thinned(64, 12)}                 # counts 1..64: index + 1
+    assert thinned <= set(counts) and 4 in counts
+    for c in thinned:
+        assert c // 4 * 4 in counts or c < 4
+        assert -(-c // 4) * 4 in counts
+    assert {8, 12, 16} <= set(counts) and len(counts) < 64     # still thinned
+    assert _counts(job, snap, 64) == list(range(1, 65))
+
+
+@pytest.mark.parametrize(("last", "ok"), [
+    ("grow", lambda g, now: g >= now),      # just grown: planned at its size or more
+    ("shrink", lambda g, now: g <= now),    # just shrunk: at its size or less
+])
+def test_a_job_inside_the_no_thrash_hold_is_planned_the_way_the_hold_lets_it_go(last, ok):
+    """The plan does not undo a resize reconcile would hold back, so no GPU is planned onto
+    that never frees. FLAT gains nothing from GPUs (plan: shrink it), LINEAR everything
+    (plan: grow it); inside the hold the plan keeps each one's direction, outside it not."""
+    from dataclasses import replace as _replace
+
+    flat = _replace(_job("F", 8, profile=FLAT, remaining=1e5), resized_at=-60.0,
+                    last_resize=last)
+    lin = _replace(_job("L", 4, remaining=1e6), resized_at=-60.0, last_resize=last)
+    free = _snap([flat, lin], nodes=3, granularity="gpu")
+    held = _replace(free, hold=180.0)
+    for job, g in ((flat, 8), (lin, 4)):
+        assert ok(decide(held).target(job.job_id).gpus, g), (last, job.job_id)
+    moved = {t.job_id: t.gpus for t in decide(free).targets}
+    assert moved["F"] < 8 and moved["L"] > 4           # without the hold both move
+    assert sum(t.gpus for t in decide(held).targets) <= 12
+
+
+def _noisy(phi):
+    from dataclasses import replace as _replace
+
+    return _replace(_job("A", 4, profile=SUBLINEAR, remaining=1e6, batch=256, bmin=64),
+                    max_batch_size=4096, base_batch_size=64, grad_noise=(1.0, phi))
+
+
+def test_the_plan_predicts_efficiency_with_the_grown_noise_scale():
+    """``noise_growth`` g plans as if the job's noise scale were g x what it measured: the same
+    plan as on :func:`planning_view`'s snapshot, and a larger batch the larger g is."""
+    from hpcsched.policies.jct import planning_view
+
+    snap = _snap([_noisy(2.0), _job("B", 4, remaining=1e5)], nodes=4, granularity="gpu")
+    view = planning_view(snap, 4.0)
+    assert view.job("A").grad_noise == (1.0, 8.0) and view.job("B").grad_noise is None
+    assert planning_view(snap, 1.0) is snap
+    assert _sizes(decide(snap, noise_growth=4.0)) == _sizes(decide(view, noise_growth=1.0))
+    batches = [decide(snap, noise_growth=g).target("A").batch_size for g in (1.0, 2.0, 4.0)]
+    assert batches == sorted(batches) and batches[0] < batches[-1], batches
+    with pytest.raises(Exception, match="noise_growth >= 1"):
+        make_policy("jct", {"noise_growth": 0.5})
+
+
+def test_reconcile_judges_a_jct_plan_on_the_view_it_was_made_on(monkeypatch):
+    """decide_round hands reconcile the policy's ``judged_view``: the goodputs it weighs a
+    change with are the ones the plan was made with (one objective)."""
+    import hpcsched.policies.round as round_
+    from hpcsched.policies.round import decide_round
+
+    seen = []
+    real = round_.reconcile
+    monkeypatch.setattr(round_, "reconcile",
+                        lambda plan, snap, costs: seen.append(snap) or real(plan, snap, costs))
+    snap = _snap([_noisy(2.0)], nodes=4, granularity="gpu")
+    decide_round(snap, make_policy("jct", {"noise_growth": 3.0}), Costs(), seed=0)
+    decide_round(snap, make_policy("jct", {}), Costs(), seed=0)
+    assert [s.job("A").grad_noise for s in seen] == [(1.0, 6.0), (1.0, 4.0)]

@@ -441,3 +441,42 @@ def test_a_policy_that_prices_restarts_itself_may_loosen_the_gate():
     made = decide_round(snap, GrowUngated(), Costs(hold=180.0), seed=0)
     assert held.changes == () and any("no thrash" in n for n in held.notes)
     assert [c.kind for c in made.changes] == [ChangeKind.GROW]
+
+
+@pytest.mark.parametrize(("resized_at", "last", "hold", "held"), [
+    (-100.0, "grow", 180.0, "shrink"),    # grown 100 s ago: a shrink would undo it
+    (-100.0, "shrink", 180.0, "grow"),
+    (-180.0, "shrink", 180.0, None),      # the hold is over at exactly its length
+    (-100.0, "grow", 0.0, None),          # hold off
+    (None, "grow", 180.0, None),          # when unknown
+    (-100.0, None, 180.0, None),          # never resized since it started
+])
+def test_held_reversal_names_the_resize_the_hold_forbids(resized_at, last, hold, held):
+    from hpcsched.policies.snapshot import held_reversal
+
+    job = replace(_job("B", 1, batch=96, profile=SCALES, names=("n1",)), resized_at=resized_at,
+                  last_resize=last)
+    assert held_reversal(job, 0.0, hold) == held
+
+
+def test_the_policy_sees_the_hold_reconcile_applies_after_its_gate():
+    """decide_round tells the policy the hold its plans are judged with: Costs.hold, or 0 for
+    a policy whose gate turns it off (the policy can then plan around it: ``jct``)."""
+    from hpcsched.policies.round import decide_round
+
+    seen = {}
+
+    class Spy:
+        name = "spy"
+
+        def decide(self, snapshot, seed=0):
+            seen[type(self).__name__] = snapshot.hold
+            return Plan("spy", ())
+
+    class Ungated(Spy):
+        reconcile_gate = {"hold": 0.0}
+
+    snap = _cluster(jobs=[_job("B", 1, batch=96, profile=SCALES, names=("n1",))])
+    decide_round(snap, Spy(), Costs(hold=180.0), seed=0)
+    decide_round(snap, Ungated(), Costs(hold=180.0), seed=0)
+    assert seen == {"Spy": 180.0, "Ungated": 0.0}

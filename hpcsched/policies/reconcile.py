@@ -69,6 +69,7 @@ from hpcsched.policies.snapshot import (
     JobView,
     Plan,
     grow_cost,
+    held_reversal,
 )
 from hpcsched.protocol.kinds import ChangeKind
 
@@ -350,12 +351,11 @@ def hold_back(resizes: list[Candidate], snapshot: ClusterSnapshot, costs: Costs
     kept, notes = [], []
     for c in resizes:
         job = snapshot.job(c.change.job_id)
-        age = None if job is None or job.resized_at is None else snapshot.time - job.resized_at
-        if age is not None and age < costs.hold and job.last_resize is not None \
-                and c.kind != job.last_resize:
+        if job is not None and held_reversal(job, snapshot.time, costs.hold) == c.kind:
             done = "grown" if job.last_resize == ChangeKind.GROW else "shrunk"
-            notes.append(f"job {c.change.job_id}: {c.kind} waits: {done} {age:.0f} s "
-                         f"ago, less than the {costs.hold:.0f} s hold (no thrash)")
+            notes.append(f"job {c.change.job_id}: {c.kind} waits: {done} "
+                         f"{snapshot.time - job.resized_at:.0f} s ago, less than the "
+                         f"{costs.hold:.0f} s hold (no thrash)")
         else:
             kept.append(c)
     return kept, notes

@@ -46,7 +46,9 @@ def decide_round(snapshot: ClusterSnapshot, policy: Policy, costs: Costs, seed: 
         costs: reconcile's parameters (restart and shrink costs in seconds, how grows are made
             and what an extension costs, ``min_gain``, ``horizon``, ``hold``; see
             :class:`~hpcsched.policies.reconcile.Costs`); a policy's
-            ``reconcile_gate`` mapping, if it has one, overrides some of them for its plans.
+            ``reconcile_gate`` mapping, if it has one, overrides some of them for its plans,
+            and its ``judged_view(snapshot)``, if it has one, gives the snapshot reconcile
+            judges its plan on (the view the policy planned on: ``jct``'s noise growth).
         seed: the policy's seed for this round.
 
     Raises:
@@ -54,15 +56,17 @@ def decide_round(snapshot: ClusterSnapshot, policy: Policy, costs: Costs, seed: 
     """
     if not snapshot.jobs:
         return RoundDecision(None, (), ())
-    # the policy prices changes with the costs reconcile judges them by
-    snapshot = replace(snapshot, restart_cost=costs.restart_cost, shrink_cost=costs.shrink_cost,
-                       grow=costs.grow, extension_startup=costs.extension_startup,
-                       extension_stall=costs.extension_stall)
     # a policy that prices restarts itself may loosen reconcile's gate (Pollux: no minimum gain,
     # no hold): its ``reconcile_gate`` replaces those fields of ``costs``
     costs = replace(costs, **getattr(policy, "reconcile_gate", {}))
+    # the policy prices changes with the costs reconcile judges them by, and sees its hold
+    snapshot = replace(snapshot, restart_cost=costs.restart_cost, shrink_cost=costs.shrink_cost,
+                       grow=costs.grow, extension_startup=costs.extension_startup,
+                       extension_stall=costs.extension_stall, hold=costs.hold)
     plan = policy.decide(snapshot, seed=seed)
-    changes, notes = reconcile(plan, snapshot, costs)
+    # a policy that plans on its own view of the jobs (``jct``'s noise growth) is judged on it
+    judged = getattr(policy, "judged_view", None)
+    changes, notes = reconcile(plan, judged(snapshot) if judged else snapshot, costs)
     return RoundDecision(plan, tuple(changes), tuple(plan.notes) + tuple(notes))
 
 

@@ -33,6 +33,19 @@ EXTENSION_STARTUP = 2.25
 EXTENSION_STALL = 0.09
 
 
+def held_reversal(job: JobView, now: float, hold: float) -> str | None:
+    """The resize reconcile's no-thrash hold forbids ``job`` at ``now`` (Unix seconds):
+    ``"shrink"`` for a job grown less than ``hold`` seconds ago, ``"grow"`` for one shrunk
+    (:class:`~hpcsched.protocol.kinds.ChangeKind` values); ``None`` when it may go either way
+    (``hold`` <= 0, not resized since it started, or resized longer ago). A resize in the same
+    direction as the last one is never held (issue 9: a flip-flop is a resize undone within
+    two rounds); nor is the first resize after a start, which the user or Slurm sized."""
+    if hold <= 0 or job.resized_at is None or job.last_resize is None \
+            or now - job.resized_at >= hold:
+        return None
+    return "shrink" if job.last_resize == "grow" else "grow"
+
+
 def grow_cost(grow: str, restart_cost: float, startup: float, stall: float, x_from: float,
               x_to: float) -> float:
     """Seconds a grow costs a running job, in seconds of its new rate: what is added to its
@@ -210,6 +223,11 @@ class ClusterSnapshot:
     grow: str = "requeue"
     extension_startup: float = EXTENSION_STARTUP
     extension_stall: float = EXTENSION_STALL
+    #: reconcile's no-thrash hold here, seconds (``Costs.hold``, after the policy's
+    #: ``reconcile_gate``): a job resized less than this ago is not resized back the other way
+    #: (:func:`held_reversal`); a policy that plans around it leaves such a job where the hold
+    #: lets it be, so its other jobs are not planned onto GPUs that will not free. 0: no hold
+    hold: float = 0.0
 
     def job(self, job_id: str) -> JobView | None:
         return next((j for j in self.jobs if j.job_id == job_id), None)
