@@ -561,3 +561,37 @@ def test_the_hold_stops_reversals_only():
         if moves and j.start_time is not None and moves[0][0] - j.start_time < hold:
             after_start += 1
     assert same_way > 0 and after_start > 0
+
+
+class _RoundTimes(Simulator):
+    """Records when each round ran."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.times = []
+
+    def _round(self):
+        self.times.append(self.now)
+        super()._round()
+
+
+@pytest.mark.parametrize(("policy", "event_rounds", "extra"), [
+    ("jct", True, True),        # jct asks for rounds at events
+    ("jct", False, False),      # ... the configuration can turn them off
+    ("dp", True, False),        # a policy that does not ask keeps the periodic rounds only
+])
+def test_rounds_at_job_ends_and_at_submissions_that_find_no_room(policy, event_rounds, extra):
+    """For a policy with ``round_on_events``, a round runs the moment a job ends (while others
+    remain) and the moment a submitted job cannot start; otherwise only every ``interval``."""
+    jobs = [pollux("a", 0.0, "ncf", 64, 512, "A"), pollux("b", 10.0, "ncf", 4, 512, "A"),
+            pollux("c", 15.0, "ncf", 4, 512, "A")]
+    cfg = SimConfig(granularity="gpu", event_rounds=event_rounds)
+    sim = _RoundTimes(jobs, policy, config=cfg)
+    res = sim.run()
+    off_grid = [t for t in sim.times if t % cfg.interval]
+    assert bool(off_grid) == extra, sim.times
+    if extra:
+        ends = sorted(j.finish_time for j in res.jobs)[:-1]    # the last end leaves no one
+        assert set(ends) <= set(sim.times), (ends, sim.times)
+        assert 10.0 in sim.times                # b arrived with the cluster full: a round
+    assert res.params["event_rounds"] is event_rounds

@@ -227,6 +227,15 @@ class DaemonSettings:
         1.0, _number(gt=0),
         "seconds between steps of resizes in flight, between rounds (one Slurm observation "
         "each, only while a resize is open; > 0)")
+    event_rounds: bool = _opt(
+        True, _boolean,
+        "for a policy that asks for them (jct): also run a round as soon as a managed job ends "
+        "or a newly submitted one is pending, besides every round_interval seconds (false: "
+        "every round_interval only)")
+    event_poll: float = _opt(
+        10.0, _number(gt=0),
+        "seconds between the daemon's checks for job ends and submissions between rounds (one "
+        "Slurm observation each, only with event_rounds and a policy that asks; > 0)")
     preemption_deadline: float = _opt(
         1800.0, _number(gt=0),
         "seconds a job preempted by the policy stays held at most: the daemon requeues it with "

@@ -22,6 +22,12 @@
   through the state machine ``hpcsched resize`` steps too.
 * **record**: the round (time, duration, policy, objective, Slurm calls, policy time).
 
+Rounds run every ``daemon.round_interval`` seconds. For a policy that asks for them
+(``round_on_events``: ``jct``) and with ``daemon.event_rounds`` on, a round also runs as soon as
+a managed job ends or a newly submitted one pends, checked every ``daemon.event_poll`` seconds
+between rounds (:func:`round_event`), as the simulator does (``SimConfig.event_rounds``); the
+periodic rounds keep their times.
+
 Jobs are hpcsched's when their Slurm id has a job directory (``by-id/<id>``) under the
 control directory, and they are in a managed partition. A pending job that cannot start now
 (held, waiting for its begin time or a dependency) is left alone: whoever set that decides
@@ -37,9 +43,11 @@ import dataclasses
 import fcntl
 import json
 import logging
+import math
 import os
 import signal
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,6 +83,7 @@ from hpcsched.protocol.jobdir import JobDir, JobSpec
 from hpcsched.protocol.kinds import ChangeKind
 from hpcsched.slurm.control import CLISlurmControl
 from hpcsched.slurm.observe import Backend, make_backend
+from hpcsched.slurm.parse import ACTIVE_STATES
 
 log = logging.getLogger("hpcsched.daemon")
 
@@ -101,6 +110,26 @@ class RoundReport:
     slurm_states: dict[str, str] = field(default_factory=dict)   # managed job_id -> Slurm state
     snapshot: ClusterSnapshot | None = None   # what the policy decided on (None: no decision)
     gpus: list = field(default_factory=list)   # GpuStatus rows (probes), when metrics are on
+
+
+def round_event(before: Mapping[str, str], after: Mapping[str, str]) -> str | None:
+    """Why a policy that rounds on events (``round_on_events``) wants a round now, or None.
+
+    ``before`` is the last round's managed jobs (Slurm job id -> Slurm state), ``after`` the
+    same map observed since. A job *ended* when it was active in ``before`` (a state of
+    :data:`~hpcsched.slurm.parse.ACTIVE_STATES`, as :attr:`JobInfo.active`) and is gone or no
+    longer active in ``after``; it counts only while some managed job is still active (else
+    there is nothing to decide, as in the simulator). A job was *submitted* when it is not in
+    ``before`` and is PENDING in ``after`` (Slurm found no room for it). A job that started, or
+    was requeued by a resize, is no event. Returns e.g. ``"job 123 ended, job 124 submitted"``.
+    """
+    ended = [j for j, s in before.items()
+             if s in ACTIVE_STATES and after.get(j) not in ACTIVE_STATES]
+    if ended and not any(s in ACTIVE_STATES for s in after.values()):
+        ended = []
+    submitted = [j for j, s in after.items() if j not in before and s == "PENDING"]
+    reasons = [f"job {j} ended" for j in ended] + [f"job {j} submitted" for j in submitted]
+    return ", ".join(reasons) or None
 
 
 class Daemon:
@@ -132,6 +161,9 @@ class Daemon:
         self.probes = ProbeWatch(settings.probe, self.store, dry_run=d.dry_run,
                                  timeout=d.slurm_timeout)
         self._costs_said = ""      # the last resize-cost line logged (logged when it changes)
+        # the last round's managed jobs (job id -> Slurm state) that event checks compare with;
+        # None until a round has observed Slurm
+        self._round_states: dict[str, str] | None = None
 
     # ----------------------------------------------------------------- jobs
     def _record_job(self, jd: JobDir, spec: JobSpec, info: slurm.JobInfo, now: float) -> None:
@@ -158,6 +190,8 @@ class Daemon:
         except slurm.SlurmError as exc:
             rep.error = f"Slurm: {exc}"
             log.warning("round %d: %s; no decision on stale state", rid, rep.error)
+        if rep.error is None:
+            self._round_states = dict(rep.slurm_states)
         rep.duration = time.time() - started
         rep.slurm_calls = slurm.calls() - calls0  # observe, actuator, everything
         self.store.end_round(rid, duration=rep.duration, jobs=rep.jobs, actions=len(rep.changes),
@@ -192,6 +226,24 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.record_actions(rep)
         return rep.outcomes
+
+    def event_since_round(self) -> str | None:
+        """Between rounds: did a managed job end, or a new one pend, since the last round?
+
+        Observes Slurm once (``squeue`` + ``sinfo``) and compares its managed jobs with the last
+        good round's (:func:`round_event`). Returns the reason for a round now, or None: also
+        before any round has observed Slurm, and when Slurm does not answer (logged; never
+        raises for Slurm trouble, the next check or round tries again).
+        """
+        if self._round_states is None:
+            return None
+        try:
+            managed = self.managed.find(self.backend.observe())
+        except slurm.SlurmError as exc:
+            log.warning("job ends and submissions not checked: Slurm: %s; next check retries", exc)
+            return None
+        return round_event(self._round_states,
+                           {job_id: info.state for job_id, (_, _, info) in managed.items()})
 
     def _round(self, rep: RoundReport) -> None:
         obs = self.backend.observe()
@@ -365,16 +417,40 @@ def _serve_metrics(port: int, addr: str) -> DaemonMetrics | None:
     return metrics
 
 
-def _between_rounds(daemon: Daemon, d, t0: float, state: dict) -> None:
+def _rounds_on_events(daemon: Daemon, d) -> bool:
+    """``d.event_rounds`` and the daemon's policy asks for rounds at events (``round_on_events``)."""
+    return bool(d.event_rounds and getattr(getattr(daemon, "policy", None), "round_on_events",
+                                           False))
+
+
+def _between_rounds(daemon: Daemon, d, t0: float, state: dict) -> str | None:
     """Wait until ``d.round_interval`` seconds after ``t0`` (monotonic), a stop or a reload,
-    advancing resizes in flight every ``d.actuation_interval`` seconds meanwhile."""
-    next_step = time.monotonic() + d.actuation_interval
+    advancing resizes in flight every ``d.actuation_interval`` seconds meanwhile.
+
+    For a policy that rounds on events (:func:`_rounds_on_events`), also checks every
+    ``d.event_poll`` seconds, the first one ``d.event_poll`` seconds after the call (so at most
+    one early round per ``event_poll``), whether a managed job ended or a new one pends
+    (:meth:`Daemon.event_since_round`), and returns its reason at once if so. Returns None
+    otherwise.
+    """
+    now = time.monotonic()
+    next_step = now + d.actuation_interval
+    watch = _rounds_on_events(daemon, d)
+    next_check = now + d.event_poll if watch else math.inf
+    nap = min(0.2, d.round_interval, d.actuation_interval, d.event_poll if watch else math.inf)
     while not state["stop"] and not state["reload"] and (
             time.monotonic() - t0 < d.round_interval):
         if time.monotonic() >= next_step:
             daemon.actuate()
             next_step = time.monotonic() + d.actuation_interval
-        time.sleep(min(0.2, d.round_interval, d.actuation_interval))
+        if time.monotonic() >= next_check:
+            reason = daemon.event_since_round()
+            if reason:
+                log.info("round early: %s", reason)
+                return reason
+            next_check = time.monotonic() + d.event_poll
+        time.sleep(nap)
+    return None
 
 
 @click.command("daemon")
@@ -422,6 +498,7 @@ def daemon_command(config, once, interval, dry_run, metrics_port, metrics_addr):
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGHUP, _reload)
+    early = None   # the reason the last round ran early (None: it was a periodic round)
     while True:
         if state["reload"]:
             state["reload"] = False
@@ -432,11 +509,12 @@ def daemon_command(config, once, interval, dry_run, metrics_port, metrics_addr):
                          daemon.policy.name, settings.daemon.round_interval)
             except (ConfigError, PolicyError) as exc:
                 log.error("SIGHUP: configuration not reloaded, keeping the old one: %s", exc)
-        t0 = time.monotonic()
+        if early is None:   # an early round keeps the periodic rounds' times, as the simulator
+            t0 = time.monotonic()
         daemon.round()
         if once or state["stop"]:
             break
-        _between_rounds(daemon, settings.daemon, t0, state)
+        early = _between_rounds(daemon, settings.daemon, t0, state)
         if state["stop"]:
             break
     log.info("hpcsched daemon stopped")

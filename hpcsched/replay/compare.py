@@ -56,6 +56,7 @@ class Settings:
     extension_startup: float = 2.25
     extension_stall: float = 0.09
     hold_rounds: int = 3
+    event_rounds: bool = True
     min_gain: float = 0.05
     horizon: float = 600.0
     costs_note: str = ""
@@ -82,7 +83,7 @@ def daemon_settings(config, actions: Sequence, policy: str | None = None) -> Set
                     interval=d.round_interval, grow=d.grow, restart_cost=costs.restart_cost,
                     shrink_cost=costs.shrink_cost, extension_startup=costs.extension_startup,
                     extension_stall=costs.extension_stall, hold_rounds=d.hold_rounds,
-                    min_gain=d.min_gain, horizon=d.horizon, costs_note=note,
+                    event_rounds=d.event_rounds, min_gain=d.min_gain, horizon=d.horizon, costs_note=note,
                     restart_measured=grows >= MIN_SAMPLES)
 
 
@@ -154,6 +155,7 @@ def simulate(meta: dict, s: Settings) -> SimResult:
                         shrink_cost=s.shrink_cost, seed=s.seed, hold_rounds=s.hold_rounds,
                         grow=s.grow, extension_startup=s.extension_startup,
                         extension_stall=s.extension_stall, work_scale=scale, early_reports=False,
+                        event_rounds=s.event_rounds,
                         costs=replace(base.costs, min_gain=s.min_gain, horizon=s.horizon))
         return Simulator(scale_workload(jobs, scale), s.policy, policy_params=s.params,
                          config=cfg, workload_name=name).run()

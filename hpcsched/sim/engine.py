@@ -1,7 +1,9 @@
 """The discrete-event simulator: a simulated Slurm cluster, driven by the daemon's own round.
 
 Events, in time order: a job is submitted; a job finishes; a round of the policy (every
-``interval`` seconds, 60 by default, as Pollux's simulator). Between events every running job
+``interval`` seconds, 60 by default, as Pollux's simulator; for a policy that asks for them
+(``round_on_events``: ``jct``), also at once when a job finishes and when a submitted job finds
+no room, as the daemon does: :attr:`SimConfig.event_rounds`). Between events every running job
 advances analytically (:mod:`hpcsched.sim.physics`); nothing is sampled per step.
 
 What is the same as the daemon (that is the point: a simulated result says something about the
@@ -83,6 +85,9 @@ class Simulator:
                      enumerate(sorted(jobs, key=lambda j: (j.submit_time, j.name)))]
         self.backend = SimBackend(self)
         self.rounds = 0
+        #: rounds also at job ends and at submissions that find no room (module docstring)
+        self.event_rounds = config.event_rounds and bool(
+            getattr(self.policy, "round_on_events", False))
         #: every job's measured steps per application (the daemon's store); ``None``: each
         #: job's model is fitted to its own measurements alone
         self.ledger = StepLedger() if config.throughput_model == "shared" else None
@@ -307,13 +312,19 @@ class Simulator:
         j.progress = j.total
         self._release(j)
         self._schedule()
+        if self.event_rounds and any(x.state in ("RUNNING", "PENDING") for x in self.jobs):
+            self._round()    # its GPUs go where the policy wants them, not a round later
 
     def _arrive(self, arrivals: list[tuple[float, int]]) -> None:
+        came = []
         while arrivals and arrivals[0][0] <= self.now:
             _, i = heapq.heappop(arrivals)
             self.jobs[i - 1].state = "PENDING"
             self.jobs[i - 1].held = self.cfg.hold_new_jobs
+            came.append(self.jobs[i - 1])
         self._schedule()
+        if self.event_rounds and any(j.state == "PENDING" for j in came):
+            self._round()    # no room: the policy makes some now, not up to a round later
 
     def run(self, progress: Callable[[float, int, int], None] | None = None) -> SimResult:
         """Run to the end of the workload (or ``max_time``) and report.

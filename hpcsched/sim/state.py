@@ -97,6 +97,11 @@ class SimConfig:
             ``"shared"`` (the default, as the daemon), the application's prior corrected by what
             all its jobs measured and scaled to the job's own (:mod:`hpcsched.perf.shared`);
             ``"fitted"``, Pollux's model fitted to the job's own measurements alone.
+        event_rounds: for a policy that asks for them (its ``round_on_events``, ``jct``), a
+            round also runs the moment a job ends and the moment a submitted job finds no room
+            (Slurm could not start it), besides the rounds every ``interval`` seconds, as the
+            daemon does (``daemon.event_rounds``). True by default; False: every ``interval``
+            seconds only, for every policy.
 
     Raises:
         ValueError: ``grow`` not one of ``GROW_MODES``, a negative extension cost,
@@ -126,6 +131,7 @@ class SimConfig:
     soft_consolidate: bool = False
     fastest_gpus: bool = False
     throughput_model: str = "shared"
+    event_rounds: bool = True
 
     def __post_init__(self):
         if self.throughput_model not in THROUGHPUT_MODELS:
@@ -150,7 +156,7 @@ class SimConfig:
                 "grow": self.grow, "extension_startup": self.extension_startup,
                 "extension_stall": self.extension_stall,
                 "soft_consolidate": self.soft_consolidate, "fastest_gpus": self.fastest_gpus,
-                "throughput_model": self.throughput_model}
+                "throughput_model": self.throughput_model, "event_rounds": self.event_rounds}
 
 
 def job_shape(gpus: int, gpus_per_node: int) -> tuple[int, int]:
