@@ -103,7 +103,7 @@ Objective reported: the plan's value of the objective above (weighted speedups).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -125,6 +125,23 @@ class _Params:
     tempering: float
     rank: dict          # job id -> heSRPT rank weight (empty: 1 for every job)
     share: int = 0      # speedups over the goodput at this many GPUs (0: at the smallest size)
+    #: job id -> its curve this decision (:func:`_curve`), computed once for the rank weights
+    #: and the options
+    curves: dict = field(default_factory=dict)
+
+
+def _curve(job: JobView, snapshot: ClusterSnapshot, p: _Params) -> tuple:
+    """``(model, counts, rates)``: the job's throughput model, its allowed GPU counts
+    (:func:`_counts`) and :func:`~hpcsched.perf.model.best_at_each` at each; ``rates`` is
+    ``None`` without a model. Once per job and decision (``p.curves``)."""
+    got = p.curves.get(job.job_id)
+    if got is None:
+        model = model_for(job)
+        counts = _counts(job, snapshot, p.max_options)
+        rates = None if model is None else best_at_each(
+            job, model, [(g, nodes_spanned(job, g, snapshot)) for g in counts])
+        got = p.curves[job.job_id] = (model, counts, rates)
+    return got
 
 
 def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | None = None,
@@ -287,11 +304,12 @@ def _remaining(job: JobView, model, p: _Params) -> float:
 
 def _t_min(job: JobView, snapshot: ClusterSnapshot, p: _Params) -> float | None:
     """The job's remaining time at its smallest allowed size (s); ``None`` unmeasured."""
-    model = model_for(job)
-    if model is None or job.busy:
+    if job.busy:
         return None
-    g = _counts(job, snapshot, p.max_options)[0]
-    x, cfg = best_at(job, model, g, nodes_spanned(job, g, snapshot))
+    model, _, rates = _curve(job, snapshot, p)
+    if model is None or not rates:
+        return None
+    x, cfg = rates[0]                       # at its smallest allowed count
     if cfg is None or x <= 0:
         return None
     return _remaining(job, model, p) / x
@@ -373,15 +391,13 @@ def _job_options(job: JobView, snapshot: ClusterSnapshot, forced: set[str], p: _
     running = job.state == "RUNNING"
     if job.busy:   # held exactly where it is
         return [_Option(job.gpus if running else 0, 0.0, job.batch_size)], {}
-    model = model_for(job)
+    model, counts, rates = _curve(job, snapshot, p)
     wait = [] if running or job.job_id in forced else [_Option(0, 0.0, job.batch_size)]
     if model is None:
         g = job.gpus if running else max(min_gpus(job, snapshot), min(job.gpus, max(
             gpu_counts(job, snapshot), default=job.gpus)))
         return wait + [_Option(g, EPSILON * g, job.batch_size)], {"measured": False}
     remaining = _remaining(job, model, p)
-    counts = _counts(job, snapshot, p.max_options)
-    rates = best_at_each(job, model, [(g, nodes_spanned(job, g, snapshot)) for g in counts])
     age = 1.0 + _waited(job, snapshot) / p.aging
     weight = age * p.rank.get(job.job_id, 1.0) * _tempered(counts, rates, remaining, p)
     x_now = _goodput_now(job, model, counts, rates, snapshot)
