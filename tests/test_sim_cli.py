@@ -248,3 +248,17 @@ def test_the_installed_command_reports_a_job_larger_than_the_cluster(tmp_path):
     assert p.returncode == 2
     assert p.stdout == ""
     assert p.stderr.strip() == "hpcsched simulate: error: job big asks for 8 GPUs; the cluster has 4"
+
+
+@pytest.mark.parametrize("flag", ["--event-rounds", "--no-event-rounds"])
+def test_event_rounds_reach_the_simulation(workload, tmp_path, flag):
+    out = tmp_path / "e.json"
+    r = simulate("-w", workload, "-p", "jct", "--nodes", 1, flag, "--json", out, "-q")
+    assert r.exit_code == 0, r.output
+    (run,) = json.loads(out.read_text())["runs"]
+    on = flag == "--event-rounds"
+    name, jobs = load_workload(str(workload))
+    res = Simulator(jobs, "jct", workload_name=name,
+                    config=SimConfig(nodes=1, event_rounds=on)).run()
+    assert without_wall([run]) == without_wall([json.loads(json.dumps(report.summarize(res)))])
+    assert run["params"]["event_rounds"] is on

@@ -59,6 +59,7 @@ class Run:
     soft_consolidate: bool = False          # SimConfig.soft_consolidate
     fastest_gpus: bool = False              # SimConfig.fastest_gpus
     throughput_model: str = "shared"        # SimConfig.throughput_model
+    event_rounds: bool = True               # SimConfig.event_rounds
 
     @property
     def label(self) -> str:
@@ -115,7 +116,8 @@ def execute(run: Run):
                     granularity=run.granularity, grow=run.grow,
                     extension_startup=run.extension_startup, extension_stall=run.extension_stall,
                     work_scale=run.scale, soft_consolidate=run.soft_consolidate,
-                    fastest_gpus=run.fastest_gpus, throughput_model=run.throughput_model)
+                    fastest_gpus=run.fastest_gpus, throughput_model=run.throughput_model,
+                    event_rounds=run.event_rounds)
     res = Simulator(jobs, run.policy, policy_params=params, config=cfg,
                     workload_name=name).run()
     return replace(res, policy=run.label)
@@ -212,6 +214,10 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
               help="How the policies predict step times: shared, the application's prior "
                    "corrected by what all its jobs measured (as the daemon); fitted, Pollux's "
                    "model fitted to each job's own measurements.")
+@click.option("--event-rounds/--no-event-rounds", default=True, show_default=True,
+              help="For a policy that asks for them (jct), also run a round the moment a job "
+                   "ends or a submitted job finds no room, as the daemon does "
+                   "(daemon.event_rounds); off: every --interval seconds only.")
 @click.option("--extension-startup", type=click.FloatRange(min=0), default=EXTENSION_STARTUP,
               show_default=True,
               help="Seconds an extension's new workers take to start (the job trains on at its "
@@ -236,7 +242,8 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
 def simulate_command(workloads, policies, placements, raw_params, pollux_tiresias, nodes,
                      gpus_per_node, interval, restart_cost, shrink_cost, variability,
                      variability_draws, locality_penalty, hold_new_jobs, soft_consolidate,
-                     fastest_gpus, granularity, grow, throughput_model, extension_startup,
+                     fastest_gpus, granularity, grow, throughput_model, event_rounds,
+                     extension_startup,
                      extension_stall, scale, seed, max_days, json_path, out_dir, n_procs, quiet):
     """Replay WORKLOADs on a simulated Slurm cluster with the daemon's own POLICYs.
 
@@ -267,7 +274,7 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
                 nodes, gpus_per_node, interval, costs, shrink_cost, variability,
                 locality_penalty, seed, max_days * 86400.0, hold_new_jobs, granularity, grow,
                 extension_startup, extension_stall, scale, soft_consolidate, fastest_gpus,
-                throughput_model)
+                throughput_model, event_rounds)
             for w in workloads for p in policies for pl in (placements or (None,))]
     try:
         with single_threaded_blas():
