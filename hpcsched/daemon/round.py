@@ -75,6 +75,7 @@ from hpcsched.daemon.reaper import Reaper
 from hpcsched.daemon.store import Store
 from hpcsched.daemon.views import application_of
 from hpcsched.policies import POLICIES, PolicyError, make_policy
+from hpcsched.policies.base import rounds_on_events
 from hpcsched.policies.reconcile import Change, Costs
 from hpcsched.policies.round import decide_round
 from hpcsched.policies.snapshot import ClusterSnapshot
@@ -419,8 +420,7 @@ def _serve_metrics(port: int, addr: str) -> DaemonMetrics | None:
 
 def _rounds_on_events(daemon: Daemon, d) -> bool:
     """``d.event_rounds`` and the daemon's policy asks for rounds at events (``round_on_events``)."""
-    return bool(d.event_rounds and getattr(getattr(daemon, "policy", None), "round_on_events",
-                                           False))
+    return rounds_on_events(getattr(daemon, "policy", None), d.event_rounds)
 
 
 def _between_rounds(daemon: Daemon, d, t0: float, state: dict) -> str | None:

@@ -22,6 +22,13 @@ class Policy(Protocol):
     def decide(self, snapshot: ClusterSnapshot, seed: int = 0) -> Plan: ...
 
 
+def rounds_on_events(policy: object, enabled: bool = True) -> bool:
+    """Whether rounds run also at job ends and at submissions that find no room: ``enabled``
+    (the daemon's ``daemon.event_rounds``, the simulator's ``SimConfig.event_rounds``) and the
+    policy asks for them (its ``round_on_events`` attribute: ``jct``)."""
+    return bool(enabled and getattr(policy, "round_on_events", False))
+
+
 class PolicyError(ValueError):
     """Unknown policy name or invalid policy parameters."""
 

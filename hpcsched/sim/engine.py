@@ -53,6 +53,7 @@ from dataclasses import replace
 from hpcsched.daemon.views import JobFacts, JobReport, cluster_snapshot, job_view, with_step_corrections
 from hpcsched.perf.shared import StepLedger
 from hpcsched.policies import make_policy
+from hpcsched.policies.base import rounds_on_events
 from hpcsched.policies.reconcile import Change
 from hpcsched.policies.round import decide_round
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView
@@ -86,8 +87,7 @@ class Simulator:
         self.backend = SimBackend(self)
         self.rounds = 0
         #: rounds also at job ends and at submissions that find no room (module docstring)
-        self.event_rounds = config.event_rounds and bool(
-            getattr(self.policy, "round_on_events", False))
+        self.event_rounds = rounds_on_events(self.policy, config.event_rounds)
         #: every job's measured steps per application (the daemon's store); ``None``: each
         #: job's model is fitted to its own measurements alone
         self.ledger = StepLedger() if config.throughput_model == "shared" else None
