@@ -293,3 +293,27 @@ def test_reconcile_judges_a_jct_plan_on_the_view_it_was_made_on(monkeypatch):
     decide_round(snap, make_policy("jct", {"noise_growth": 3.0}), Costs(), seed=0)
     decide_round(snap, make_policy("jct", {}), Costs(), seed=0)
     assert [s.job("A").grad_noise for s in seen] == [(1.0, 6.0), (1.0, 4.0)]
+
+
+def test_the_policy_plans_on_its_view_built_once_per_snapshot(monkeypatch):
+    """The bound policy plans on :func:`planning_view` (the plan of the module's ``decide``
+    with the same ``noise_growth``) and builds it once for the plan and reconcile of a round;
+    a new snapshot gets its own view."""
+    from dataclasses import replace
+
+    import hpcsched.policies.jct as jct_mod
+
+    snap = _snap([_noisy(2.0), _job("B", 4, remaining=1e5)], nodes=4, granularity="gpu")
+    policy = make_policy("jct", {"noise_growth": 3.0})
+    want = decide(snap, noise_growth=3.0)
+    built = []
+    real = jct_mod.planning_view
+    monkeypatch.setattr(jct_mod, "planning_view",         # views that change the snapshot
+                        lambda snap, g: (g != 1 and built.append(g)) or real(snap, g))
+    plan = policy.decide(snap)
+    assert policy.judged_view(snap) is policy.judged_view(snap)
+    assert policy.judged_view(snap).job("A").grad_noise == (1.0, 6.0)
+    assert built == [3.0]
+    assert plan == want
+    other = replace(snap, time=snap.time + 60.0)
+    assert policy.judged_view(other).time == other.time and built == [3.0, 3.0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -48,6 +49,38 @@ def test_dp_recurrence_on_a_hand_solved_instance():
     total, picks = solve([j1, j2], 6)          # 6 GPUs: (2, 4) -> 27 beats (4, 2) -> 21
     assert total == 27.0 and picks == [0, 2]
     assert solve([j1, [_Option(4, 1.0, 1)]], 4) is None   # minimums 2 + 4 > 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 6), st.sampled_from([0.0, 1.0, 2.5, 4.0, 7.0,
+                                                                      float("nan")])),
+                         min_size=0, max_size=4), min_size=1, max_size=4),
+       st.integers(0, 10))
+def test_dp_finds_the_best_total_and_the_tie_rules_of_a_brute_force(jobs, k):
+    """Every combination of one option per job within ``k`` GPUs, by brute force: the DP's
+    total is the best (None when nothing fits), its picks reach it, and of the combinations
+    that reach it the picks use the fewest GPUs, then prefer each job's earlier option
+    (the last job's first: the backtrack fixes it first). An option valued NaN never counts."""
+    import itertools
+    options = [[_Option(g, v, 1) for g, v in job] for job in jobs]
+    best = None
+    for combo in itertools.product(*(range(len(o)) for o in options)):
+        picked = [options[j][i] for j, i in enumerate(combo)]
+        if any(math.isnan(o.value) for o in picked) or sum(o.gpus for o in picked) > k:
+            continue
+        total = 0.0
+        for o in picked:
+            total += o.value
+        key = (total, -sum(o.gpus for o in picked), [-i for i in reversed(combo)])
+        if best is None or key > best[0]:
+            best = (key, total, list(combo))
+    got = solve(options, k)
+    if best is None:
+        assert got is None
+        return
+    assert got is not None and got[0] == best[1]
+    assert sum(options[j][i].gpus for j, i in enumerate(got[1])) == -best[0][1]
+    assert got[1] == best[2]
 
 
 def test_dp_moves_gpus_from_a_job_that_does_not_scale_to_one_that_does():

@@ -9,7 +9,10 @@ import time
 from dataclasses import replace
 from types import MappingProxyType
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hpcsched import slurm
 from hpcsched.daemon.views import daemon_snapshot, with_step_corrections
@@ -101,6 +104,44 @@ def test_the_ledger_is_the_table_of_its_totals():
         "cifar10", [measured(1, 4, 32, 1.5, steps=10), measured(2, 8, 64, 0.9, steps=5)])
     assert ledger.corrections("bert") == StepCorrections("bert")
     assert ledger.corrections("no-prior") is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([(1, 1), (1, 4), (2, 8), (1, 3)]),
+                          st.sampled_from([16, 24, 32, 45, 64]), st.integers(1, 2),
+                          st.floats(0.5, 2.0), st.floats(0.0, 50.0), st.booleans()),
+                max_size=25))
+def test_the_incremental_ledger_gives_the_table_of_its_totals_to_the_bit(adds):
+    """Measurements added in any order, the table asked for after any of them: always equal
+    to :func:`step_corrections` of the totals so far, and the very same object while no
+    rounded mean has moved (the models cached on it stay)."""
+    ledger, totals, last = StepLedger(), {}, None
+    for (nodes, world), local, accum, ratio, steps, ask in adds:
+        secs = steps * ratio * step_time(PRIOR, nodes, world, local, accum)
+        ledger.add("cifar10", nodes, world, local, accum, secs, steps)
+        row = totals.setdefault((nodes, world, local, accum), [0.0, 0.0])
+        row[0] += secs
+        row[1] += steps
+        if ask:
+            table = ledger.corrections("cifar10")
+            assert table == step_corrections("cifar10", [
+                Measured(n, w, m, a, t / k, k) for (n, w, m, a), (t, k) in totals.items() if k > 0])
+            assert (table is last) == (table == last)
+            last = table
+
+
+def test_the_vectorised_factors_are_factor_at_at_every_configuration():
+    table = step_corrections("cifar10", [measured(1, 4, 32, 1.5), measured(1, 4, 128, 1.2),
+                                         measured(2, 8, 64, 0.8), measured(4, 16, 16, 3.0)])
+    nodes, world, octave = np.meshgrid([1, 2, 3, 4], [4, 8, 16, 5], range(0, 9), indexing="ij")
+    got = table.factors(nodes, world, octave)
+    assert got.shape == nodes.shape
+    want = [table.factor_at(int(n), int(w), int(o))
+            for n, w, o in zip(nodes.ravel(), world.ravel(), octave.ravel())]
+    assert got.ravel().tolist() == want                       # the same floats, not close ones
+    assert {round(f, 6) for f in want} > {1.0}                # fine, coarse and no class all met
+    assert StepCorrections("cifar10").factors(nodes, world, octave).tolist() == \
+        np.ones(nodes.shape).tolist()
 
 
 # ------------------------------------------------------------------------------- the model

@@ -231,12 +231,12 @@ def best_at_each(job: JobView, model: JobModel | None, sizes: list[tuple[int, in
     if not isinstance(model, PolluxModel) or len(sizes) < 2:
         return [best_at(job, model, g, n) for g, n in sizes]
     cur = job.batch_size
-    per, world, local, accum, glob, nodes = _stacked(tuple(sizes), job.min_batch_size,
-                                                     job.max_batch_size, cur,
-                                                     job.max_local_batch_size)
+    key = (tuple(sizes), job.min_batch_size, job.max_batch_size, cur, job.max_local_batch_size)
+    per, world, local, accum, glob, nodes = _stacked(*key)
     if not glob.size:
         return [(0.0, None)] * len(sizes)
-    x = _goodputs(model, nodes, world, local, accum, glob, job.base_batch_size, job.grad_noise)
+    x = _goodputs(model, nodes, world, local, accum, glob, job.base_batch_size, job.grad_noise,
+                  None if model.corrections is None else _stacked_factors(model.corrections, key))
     seg, starts = _segments(tuple(len(c) for c in per))
     # reduceat: an empty segment's entry is junk no element reads (trailing ones dropped)
     top = x == np.maximum.reduceat(x, starts[starts < x.size])[seg]
@@ -295,13 +295,16 @@ def _best_vectorised(model: PolluxModel, cfgs: tuple[BatchConfig, ...], batch_si
 
 def _goodputs(model: PolluxModel, nodes, world: np.ndarray, local: np.ndarray,
               accum: np.ndarray, glob: np.ndarray, base: int,
-              grad_noise: tuple[float, float] | None) -> np.ndarray:
+              grad_noise: tuple[float, float] | None, factors: np.ndarray | None = None
+              ) -> np.ndarray:
     """:func:`goodput` over arrays of configurations (Pollux's step time and statistical
-    efficiency, numpy): samples/s, 0 where not finite or the step time is not positive."""
+    efficiency, numpy): samples/s, 0 where not finite or the step time is not positive.
+    ``factors``: the model's corrections at these configurations when the caller has them
+    (:func:`_stacked_factors`), else computed here."""
     t = pollux._step_time(model.params, nodes, world, local, accum, np.maximum)
     if model.corrections is not None:
-        t = t * _factors(model.corrections, tuple(np.broadcast_to(nodes, np.shape(world))),
-                         tuple(world), tuple(local))
+        t = t * (factors if factors is not None else _factors(
+            model.corrections, np.broadcast_to(nodes, np.shape(world)), world, local))
     with np.errstate(divide="ignore", invalid="ignore"):
         x = np.where(t > 0, glob / t, 0.0)
     if grad_noise is not None and all(v is not None and math.isfinite(v) for v in grad_noise):
@@ -310,17 +313,24 @@ def _goodputs(model: PolluxModel, nodes, world: np.ndarray, local: np.ndarray,
 
 
 @lru_cache(maxsize=16384)
-def _factors(corrections: StepCorrections, nodes: tuple, world: tuple, local: tuple
-             ) -> np.ndarray:
-    """The corrections' factor at each configuration (cached: the same candidates are asked
-    for every round)."""
-    octaves = np.rint(np.log2(np.maximum(np.asarray(local, dtype=float), 1.0))).astype(int)
-    f = corrections.factor_at
-    return np.array([f(int(n), int(w), o) for n, w, o in zip(nodes, world, octaves.tolist())])
+def _stacked_factors(corrections: StepCorrections, key: tuple) -> np.ndarray:
+    """:func:`_factors` at the candidates of ``_stacked(*key)``: a job's candidates and its
+    application's table stay the same over many rounds (the ledger keeps a table while its
+    rounded means hold, :class:`~hpcsched.perf.shared.StepLedger`)."""
+    _, world, local, _, _, nodes = _stacked(*key)
+    return _factors(corrections, nodes, world, local)
+
+
+def _factors(corrections: StepCorrections, nodes: np.ndarray, world: np.ndarray,
+             local: np.ndarray) -> np.ndarray:
+    """The corrections' factor at each configuration (arrays of one shape)."""
+    octaves = np.rint(np.log2(np.maximum(np.asarray(local, dtype=float), 1.0))).astype(np.int64)
+    return corrections.factors(np.asarray(nodes, dtype=np.int64),
+                               np.asarray(world, dtype=np.int64), octaves)
 
 
 def clear_caches() -> None:
     """Forget every cached fit and decision (benchmarks measure a cold start with it)."""
     for f in (linear.fit, _model_for, _pollux_model, _best_at, _candidates, _fit_batch, _wanted,
-              pollux.fit_samples, _arrays, _stacked, _segments, _factors):
+              pollux.fit_samples, _arrays, _stacked, _segments, _stacked_factors):
         f.cache_clear()

@@ -81,26 +81,28 @@ def solve(options: list[list[_Option]], k: int) -> tuple[float, list[int]] | Non
     """The recurrence above over GPU counts 0..k. Returns (best value, chosen option index per
     job) or None when the jobs' minimums do not fit in ``k``.
 
-    ``P[j][kk]`` is the best value of jobs ``1..j`` using exactly ``kk`` GPUs; each option of job
-    ``j`` is one shifted vector maximum (numpy), so the work is O(J * |G|) vector operations of
-    length ``k + 1``. Ties go to the earlier option and the fewer GPUs.
+    ``P[j][kk]`` is the best value of jobs ``1..j`` using exactly ``kk`` GPUs; each job is one
+    maximum over its options of ``P[j-1]`` shifted by the option's GPUs (numpy, an array of
+    ``|G| x (k + 1)``), so the work is O(J * |G| * k) in J vector operations. Ties go to the
+    earlier option and the fewer GPUs; an option valued NaN is never chosen.
     """
     best = np.full(k + 1, -np.inf)
     best[0] = 0.0
     choice = np.full((len(options), k + 1), -1, dtype=np.int32)
+    kk_all = np.arange(k + 1)
     for j, opts in enumerate(options):
-        nxt = np.full(k + 1, -np.inf)
-        arg = choice[j]
-        for i, o in enumerate(opts):
-            g = o.gpus
-            if g > k:
-                continue
-            cand = best[: k + 1 - g] + o.value     # over kk = g..k (below g it cannot run)
-            tail = nxt[g:]
-            better = cand > tail
-            tail[better] = cand[better]
-            arg[g:][better] = i
-        best = nxt
+        if not opts:
+            best = np.full(k + 1, -np.inf)
+            continue
+        # cand[i, kk]: option i on top of the best of the jobs before it at kk - g_i GPUs
+        g = np.array([o.gpus for o in opts])
+        src = kk_all - g[:, None]
+        value = np.array([o.value for o in opts], dtype=float)
+        cand = np.where(src >= 0, best[np.maximum(src, 0)], -np.inf) \
+            + np.where(np.isnan(value), -np.inf, value)[:, None]
+        arg = np.argmax(cand, axis=0)            # ties: the earlier option
+        best = cand[arg, kk_all]
+        choice[j] = np.where(np.isfinite(best), arg, -1)
     kk = int(np.argmax(best))
     if not np.isfinite(best[kk]):
         return None

@@ -250,15 +250,19 @@ class JCT:
     def __init__(self, **params):
         decide(ClusterSnapshot(0.0, (), ()), 0, **params)      # checks names and values
         self.params = params
+        self._view: tuple[ClusterSnapshot, ClusterSnapshot] | None = None
 
     def decide(self, snapshot: ClusterSnapshot, seed: int = 0) -> Plan:
-        return decide(snapshot, seed, **self.params)
+        return decide(self.judged_view(snapshot), seed, **{**self.params, "noise_growth": 1.0})
 
     def judged_view(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
         """The snapshot reconcile judges this policy's plans on: the one the plan was made on
         (:func:`planning_view`), so both weigh a change by the same predicted goodputs
-        (:func:`hpcsched.policies.round.decide_round`)."""
-        return planning_view(snapshot, self.params.get("noise_growth", 2.0))
+        (:func:`hpcsched.policies.round.decide_round`). Built once per snapshot: the plan and
+        reconcile of a round ask for the same one (the last is remembered)."""
+        if self._view is None or self._view[0] is not snapshot:
+            self._view = (snapshot, planning_view(snapshot, self.params.get("noise_growth", 2.0)))
+        return self._view[1]
 
 
 def planning_view(snapshot: ClusterSnapshot, noise_growth: float) -> ClusterSnapshot:
