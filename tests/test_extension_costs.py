@@ -175,13 +175,13 @@ def test_jct_prices_a_grow_with_the_snapshots_grow_cost():
                         3600.0, 3600.0, 24, 0.0, {})
     ext = ClusterSnapshot(0.0, (), (), restart_cost=30.0, grow="extension")
     p_ext = replace(p_req, grow_cost=ext.grow_cost)
-    assert jct._change_cost(job, 4, p_req, 1000.0, 2000.0) == 30.0
-    assert jct._change_cost(job, 4, p_ext, 1000.0, 2000.0) == pytest.approx(
+    assert job.gpus == 2
+    assert jct._change_cost(2, 4, p_req, 1000.0, 2000.0) == 30.0
+    assert jct._change_cost(2, 4, p_ext, 1000.0, 2000.0) == pytest.approx(
         EXTENSION_STARTUP * 0.5 + EXTENSION_STALL)
-    assert jct._change_cost(job, 1, p_ext, 1000.0, 500.0) == 2.0               # a shrink
-    assert jct._change_cost(job, 2, p_ext, 1000.0, 1000.0) == 0.0              # stays
-    pending = replace(job, state="PENDING")
-    assert jct._change_cost(pending, 4, p_ext, 0.0, 2000.0) == 30.0            # a start
+    assert jct._change_cost(2, 1, p_ext, 1000.0, 500.0) == 2.0                 # a shrink
+    assert jct._change_cost(2, 2, p_ext, 1000.0, 1000.0) == 0.0                # stays
+    assert jct._change_cost(None, 4, p_ext, 0.0, 2000.0) == 30.0               # a start
 
 
 @pytest.mark.parametrize(("grow", "gpus"), [("requeue", 2), ("extension", 4)])

@@ -338,8 +338,12 @@ def test_the_vectorised_best_configuration_is_the_loops(app, noise, gpus, nodes)
     assert cfg == loop and x == pytest.approx(m.goodput(pm, loop, nodes, noise, 128), rel=1e-9)
 
 
+@pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("noise", [None, (1.0, 10.0)])
-def test_best_at_each_is_best_at_at_each_size(noise):
+def test_best_at_each_is_best_at_at_each_size(noise, ties, monkeypatch):
+    """The same answer as :func:`best_at` size by size; with ``ties``, goodputs coarsened so
+    that several candidates of a size tie (both then go to the batch nearest the current one,
+    then the first)."""
     from dataclasses import replace as _replace
 
     from hpcsched.perf import model as m
@@ -351,6 +355,10 @@ def test_best_at_each_is_best_at_at_each_size(noise):
                   lr_scaling="sqrt", submit_time=0.0, app_class="cifar10")
     job = _replace(job, grad_noise=noise)
     pm = PolluxModel(prior_for("cifar10"), "prior")
+    if ties:
+        real = m._goodputs
+        monkeypatch.setattr(m, "_goodputs", lambda *a, **k: np.round(real(*a, **k), -3))
+        m.clear_caches()
     sizes = [(0, 0), (1, 1), (3, 1), (0, 0), (4, 1), (6, 2), (13, 4), (16, 4), (0, 0)]
     got = m.best_at_each(job, pm, sizes)
     want = [m.best_at(job, pm, g, n) if g else (0.0, None) for g, n in sizes]

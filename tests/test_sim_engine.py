@@ -603,3 +603,28 @@ def test_rounds_at_job_ends_and_at_submissions_that_find_no_room(policy, event_r
         assert set(ends) <= set(sim.times), (ends, sim.times)
         assert 10.0 in sim.times                # b arrived with the cluster full: a round
     assert res.params["event_rounds"] is event_rounds
+
+
+def test_a_simulation_runs_the_garbage_collector_less_often_and_restores_it(monkeypatch):
+    """Inside a run the collector's first threshold is raised to GC_THRESHOLD (the others
+    kept); after it, and after an error inside, the thresholds are what they were."""
+    import gc
+
+    from hpcsched.sim import engine
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 11, 12)
+        seen = []
+        real = engine.Simulator._round
+        monkeypatch.setattr(engine.Simulator, "_round",
+                            lambda self: seen.append(gc.get_threshold()) or real(self))
+        engine.simulate([fixed("j0", 0.0, 2, 50)], "dp")
+        assert seen and set(seen) == {(engine.GC_THRESHOLD, 11, 12)}
+        assert gc.get_threshold() == (700, 11, 12)
+        with pytest.raises(RuntimeError), engine.fewer_collections(5000):
+            assert gc.get_threshold() == (5000, 11, 12)
+            raise RuntimeError
+        assert gc.get_threshold() == (700, 11, 12)
+    finally:
+        gc.set_threshold(*before)

@@ -108,6 +108,8 @@ class JobFacts:
             last grew; a shrink in place is not seen there).
         last_resize: ``"grow"`` or ``"shrink"``: the direction of hpcsched's last resize of
             the job (:func:`last_resize`); ``None``: none since it was submitted, or unknown.
+        step_corrections: what its application's jobs measured here
+            (:func:`application_tables`); ``None``: not gathered.
     """
 
     info: slurm.JobInfo
@@ -126,6 +128,7 @@ class JobFacts:
     layout: tuple[int, ...] = ()
     resized_at: float | None = None
     last_resize: str | None = None
+    step_corrections: StepCorrections | None = None
 
 
 def attained_gpu_seconds(profile: Iterable[ProfilePoint]) -> float:
@@ -154,24 +157,33 @@ def job_view(f: JobFacts) -> JobView:
         remaining_samples=f.report.remaining_samples, grad_noise=f.report.grad_noise,
         held=f.held, layout=f.layout,
         resized_at=f.resized_at if f.resized_at is not None else (f.start_time if running else None),
-        last_resize=f.last_resize)
+        last_resize=f.last_resize, step_corrections=f.step_corrections)
+
+
+def application_tables(applications: Iterable[str],
+                       corrections: Callable[[str], StepCorrections | None]
+                       ) -> dict[str, StepCorrections | None]:
+    """``corrections(application)`` (what its jobs measured here, :mod:`hpcsched.perf.shared`)
+    once per application, keyed by the name stripped and lower-cased; no entry for an empty
+    name (a job without an application has no table)."""
+    tables: dict[str, StepCorrections | None] = {}
+    for a in applications:
+        app = a.strip().lower()
+        if app and app not in tables:
+            tables[app] = corrections(app)
+    return tables
 
 
 def with_step_corrections(views: Sequence[JobView],
                           corrections: Callable[[str], StepCorrections | None]
                           ) -> tuple[JobView, ...]:
-    """``views`` with each job's :attr:`~JobView.step_corrections`: ``corrections(application)``
-    (what its application's jobs measured here, :mod:`hpcsched.perf.shared`), asked once per
-    application. A job without an application keeps ``None``."""
-    tables: dict[str, StepCorrections | None] = {}
-    out = []
-    for v in views:
-        app = v.app_class.strip().lower()
-        if app and app not in tables:
-            tables[app] = corrections(app)
-        table = tables.get(app)
-        out.append(dataclasses.replace(v, step_corrections=table) if table is not None else v)
-    return tuple(out)
+    """``views`` with each job's :attr:`~JobView.step_corrections`: its application's table
+    (:func:`application_tables`). A job without an application, or whose application has no
+    table, keeps ``None``."""
+    tables = application_tables((v.app_class for v in views), corrections)
+    return tuple(dataclasses.replace(v, step_corrections=t)
+                 if (t := tables.get(v.app_class.strip().lower())) is not None else v
+                 for v in views)
 
 
 def cluster_snapshot(obs: Observation, jobs: Sequence[JobView], partitions: Sequence[str] = (),
@@ -480,7 +492,7 @@ def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: 
                             measured_gpu_views(store, {j.app_class for j in views}), counted)
 
 
-__all__ = ["JobFacts", "JobReport", "ManagedJobs", "attained_gpu_seconds", "cluster_snapshot",
+__all__ = ["JobFacts", "JobReport", "ManagedJobs", "application_tables", "attained_gpu_seconds", "cluster_snapshot",
            "daemon_job_facts", "daemon_snapshot", "eligible", "extension_jobs",
            "held_after_preemption", "held_for_placement", "job_view", "measured_gpu_views", "with_extensions",
            "with_step_corrections"]

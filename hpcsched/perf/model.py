@@ -237,13 +237,18 @@ def best_at_each(job: JobView, model: JobModel | None, sizes: list[tuple[int, in
         return [(0.0, None)] * len(sizes)
     x = _goodputs(model, nodes, world, local, accum, glob, job.base_batch_size, job.grad_noise,
                   None if model.corrections is None else _stacked_factors(model.corrections, key))
-    seg, starts = _segments(tuple(len(c) for c in per))
+    seg, starts, filled = _segments(tuple(len(c) for c in per))
     # reduceat: an empty segment's entry is junk no element reads (trailing ones dropped)
-    top = x == np.maximum.reduceat(x, starts[starts < x.size])[seg]
-    # per size: the best goodput, ties to the batch nearest the current one, then the first
-    order = np.lexsort((np.arange(x.size), np.where(top, np.abs(glob - cur), np.inf), seg))
-    first = order[np.r_[True, seg[order][1:] != seg[order][:-1]]]
-    pick = dict(zip(seg[first].tolist(), first.tolist()))
+    top = np.flatnonzero(x == np.maximum.reduceat(x, starts[starts < x.size])[seg])
+    if top.size == filled:      # one best per size (the rule below picks it): the usual case
+        pick = dict(zip(seg[top].tolist(), top.tolist()))
+    else:
+        # per size: the best goodput, ties to the batch nearest the current one, then the first
+        near = np.full(x.size, np.inf)
+        near[top] = np.abs(glob[top] - cur)
+        order = np.lexsort((np.arange(x.size), near, seg))
+        first = order[np.r_[True, seg[order][1:] != seg[order][:-1]]]
+        pick = dict(zip(seg[first].tolist(), first.tolist()))
     out, i0 = [], 0
     for k, cfgs in enumerate(per):
         i = pick.get(k)
@@ -253,11 +258,12 @@ def best_at_each(job: JobView, model: JobModel | None, sizes: list[tuple[int, in
 
 
 @lru_cache(maxsize=4096)
-def _segments(lengths: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """For segments of ``lengths`` laid end to end: each element's segment number, and each
-    segment's start (empty segments included)."""
+def _segments(lengths: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int]:
+    """For segments of ``lengths`` laid end to end: each element's segment number, each
+    segment's start (empty segments included), and how many segments are not empty."""
     lens = np.array(lengths, dtype=int)
-    return np.repeat(np.arange(len(lens)), lens), np.r_[0, np.cumsum(lens)[:-1]]
+    return (np.repeat(np.arange(len(lens)), lens), np.r_[0, np.cumsum(lens)[:-1]],
+            int(np.count_nonzero(lens)))
 
 
 @lru_cache(maxsize=16384)

@@ -276,17 +276,16 @@ def efficiencies(grad_sqr: float, grad_var: float, init_batch_size: float,
 
 # ------------------------------------------------------------------------------------- fitting
 
-def _as_sample(p: ProfilePoint | PerfSample) -> PerfSample:
+def _fields(p: ProfilePoint | PerfSample) -> tuple[tuple[int, int, int, int], float, float | None,
+                                                  float]:
+    """``((nodes, replicas, local_bsz, accum), step time, compute time, weight)`` of a point:
+    a :class:`ProfilePoint` weighs its ``samples`` and knows its compute time on one GPU (its
+    step time per micro-batch)."""
     if isinstance(p, PerfSample):
-        return p
+        return (p.nodes, p.replicas, p.local_bsz, p.accum), p.step_time, p.compute_time, 1.0
     compute = p.step_time / p.accumulation_steps if p.world_size == 1 else None
-    return PerfSample(p.nodes, p.world_size, p.local_batch_size, p.accumulation_steps,
-                      p.step_time, compute)
-
-
-def _usable(s: PerfSample) -> bool:
-    return (s.nodes >= 1 and s.replicas >= s.nodes and s.local_bsz >= 1 and s.accum >= 1
-            and math.isfinite(s.step_time) and s.step_time > 0)
+    return ((p.nodes, p.world_size, p.local_batch_size, p.accumulation_steps), p.step_time,
+            compute, float(max(1, p.samples)))
 
 
 def aggregate(points: Iterable[ProfilePoint | PerfSample]) -> tuple[PerfSample, ...]:
@@ -294,21 +293,22 @@ def aggregate(points: Iterable[ProfilePoint | PerfSample]) -> tuple[PerfSample, 
     compute times averaged (a :class:`ProfilePoint` weighted by its ``samples``). Unusable points
     (non-positive or non-finite times, impossible sizes) are dropped. Sorted, so equal inputs give
     equal outputs whatever their order."""
-    # weighted sums in plain floats: policies aggregate every job's profile every round, and
-    # numpy's per-call overhead dominated on these few points
+    # weighted sums in plain floats and tuples: policies aggregate every job's profile every
+    # round, and numpy's per-call overhead (then one object per point) dominated
     acc: dict[tuple[int, int, int, int], list[float]] = {}   # [sum w*t, sum w, sum w*c, sum w_c]
     for p in points:
-        w = float(max(1, p.samples)) if isinstance(p, ProfilePoint) else 1.0
-        s = _as_sample(p)
-        if not _usable(s):
+        key, t, c, w = _fields(p)
+        n, k, b, a = key
+        if not (n >= 1 and k >= n and b >= 1 and a >= 1 and math.isfinite(t) and t > 0):
             continue
-        a = acc.setdefault((s.nodes, s.replicas, s.local_bsz, s.accum), [0.0, 0.0, 0.0, 0.0])
-        a[0] += w * s.step_time
-        a[1] += w
-        c = s.compute_time
+        s = acc.get(key)
+        if s is None:
+            s = acc[key] = [0.0, 0.0, 0.0, 0.0]
+        s[0] += w * t
+        s[1] += w
         if c is not None and math.isfinite(c) and c > 0:
-            a[2] += w * c
-            a[3] += w
+            s[2] += w * c
+            s[3] += w
     out = []
     for key in sorted(acc):
         tw, w, cw, wc = acc[key]

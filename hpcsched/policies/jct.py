@@ -406,7 +406,8 @@ def _job_options(job: JobView, snapshot: ClusterSnapshot, forced: set[str], p: _
     weight = age * p.rank.get(job.job_id, 1.0) * _tempered(counts, rates, remaining, p)
     x_now = _goodput_now(job, model, counts, rates, snapshot)
     allowed = set(_allowed_now(job, snapshot, counts))   # the weight is over every count
-    out = wait + [_Option(g, weight / (remaining / x + _change_cost(job, g, p, x_now, x)),
+    now = job.gpus if running else None
+    out = wait + [_Option(g, weight / (remaining / x + _change_cost(now, g, p, x_now, x)),
                           cfg.global_batch_size)
                   for g, (x, cfg) in zip(counts, rates)
                   if cfg is not None and x > 0 and g in allowed]
@@ -440,15 +441,16 @@ def _goodput_now(job: JobView, model, counts: list[int], rates: list, snapshot: 
     return best_at(job, model, job.gpus, nodes_spanned(job, job.gpus, snapshot))[0]
 
 
-def _change_cost(job: JobView, gpus: int, p: _Params, x_now: float = 0.0, x_to: float = 0.0
+def _change_cost(now: int | None, gpus: int, p: _Params, x_now: float = 0.0, x_to: float = 0.0
                  ) -> float:
-    """Seconds a change to ``gpus`` costs the job: 0 to stay, a shrink in place, a grow
-    (goodput ``x_now`` -> ``x_to``, samples/s) what ``p.grow_cost`` says, else a start."""
-    if job.state != "RUNNING":
+    """Seconds a change from ``now`` GPUs (``None``: the job is pending) to ``gpus`` costs the
+    job: 0 to stay, a shrink in place, a grow (goodput ``x_now`` -> ``x_to``, samples/s) what
+    ``p.grow_cost`` says, else a start."""
+    if now is None:
         return p.restart_cost
-    if gpus == job.gpus:
+    if gpus == now:
         return 0.0
-    return p.shrink_cost if gpus < job.gpus else p.grow_cost(x_now, x_to)
+    return p.shrink_cost if gpus < now else p.grow_cost(x_now, x_to)
 
 
 def _target(job: JobView, pick: _Option, meta: dict, snapshot: ClusterSnapshot) -> JobTarget:

@@ -44,13 +44,21 @@ Units: seconds from the start of the trace, samples, GPUs.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 
-from hpcsched.daemon.views import JobFacts, JobReport, cluster_snapshot, job_view, with_step_corrections
+from hpcsched.daemon.views import (
+    JobFacts,
+    JobReport,
+    application_tables,
+    cluster_snapshot,
+    job_view,
+)
 from hpcsched.perf.shared import StepLedger
 from hpcsched.policies import make_policy
 from hpcsched.policies.base import rounds_on_events
@@ -198,14 +206,13 @@ class Simulator:
                     return
 
     # ----------------------------------------------------------------------- the round
-    def _view(self, j: SimJob, info) -> JobView:
-        """The job as the daemon's view builder sees it."""
+    def _view(self, j: SimJob, info, tables: dict) -> JobView:
+        """The job as the daemon's view builder sees it; ``tables``: the applications'
+        :class:`~hpcsched.perf.shared.StepCorrections` (:func:`application_tables`)."""
         return job_view(JobFacts(
             info=info, limits=j.limits, nodes=info.node_count, batch_size=j.batch_size,
             generation=j.resizes, submit_time=j.wj.submit_time,
-            # a Pollux application by name (its throughput prior; placement maps it to its PAL
-            # class), a fixed-work job by its PAL class
-            application=j.wj.app_class if j.fixed is not None else j.wj.application,
+            application=j.application_name,
             profile=j.profile(),
             report=j.report() if self.cfg.early_reports or j.start_time is not None
             else JobReport(),
@@ -214,14 +221,15 @@ class Simulator:
             requested_nodes=j.req_nodes, start_time=j.start_time,
             layout=j.view_layout(self.cfg.gpus_per_node),
             resized_at=j.resized_at if j.state == "RUNNING" else None,
-            last_resize=j.last_resize))
+            last_resize=j.last_resize, step_corrections=tables.get(j.application_name.strip().lower())))
 
     def snapshot(self) -> ClusterSnapshot:
         """What the daemon would see now (the observation plus the jobs' own reports)."""
         obs = self.backend.observe()
-        views = tuple(self._view(self.jobs[int(jid) - 1], info) for jid, info in obs.jobs.items())
-        if self.ledger is not None:
-            views = with_step_corrections(views, self.ledger.corrections)
+        jobs = [(self.jobs[int(jid) - 1], info) for jid, info in obs.jobs.items()]
+        tables = {} if self.ledger is None else application_tables(
+            (j.application_name for j, _ in jobs), self.ledger.corrections)
+        views = tuple(self._view(j, info, tables) for j, info in jobs)
         snap = cluster_snapshot(obs, views, (PARTITION,), self.cluster.gpu_views)
         return replace(snap, granularity=self.cfg.granularity)
 
@@ -332,6 +340,12 @@ class Simulator:
         ``progress(now, finished, total)`` is called after every round (for a progress bar).
         """
         t0 = time.perf_counter()
+        with fewer_collections():
+            self._events(progress)
+        return self._result(time.perf_counter() - t0)
+
+    def _events(self, progress: Callable[[float, int, int], None] | None) -> None:
+        """The event loop of :meth:`run`."""
         arrivals = [(j.wj.submit_time, int(j.job_id)) for j in self.jobs]
         heapq.heapify(arrivals)
         done, total = 0, len(self.jobs)
@@ -367,7 +381,6 @@ class Simulator:
                 next_round += self.cfg.interval
                 if progress is not None:
                     progress(self.now, done, total)
-        return self._result(time.perf_counter() - t0)
 
     def _result(self, wall: float) -> SimResult:
         return SimResult(
@@ -375,6 +388,28 @@ class Simulator:
             jobs=tuple(j.result() for j in self.jobs),
             utilization=tuple(self.utilization), total_gpus=int(self.cluster.free.size),
             rounds=self.rounds, wall_seconds=wall, params=self.cfg.recorded())
+
+
+#: the cyclic garbage collector's first threshold during a simulation (CPython's default: 700)
+GC_THRESHOLD = 10_000
+
+
+@contextmanager
+def fewer_collections(threshold: int = GC_THRESHOLD) -> Iterator[None]:
+    """Run the cyclic garbage collector less often inside (its first generation's threshold
+    raised to ``threshold`` allocations, the other thresholds kept; restored on leaving).
+
+    A simulation allocates many short-lived objects and makes almost no reference cycles
+    (reference counting frees them): in a ``jct`` simulation of Pollux workload 1 at load 1.0,
+    GPU-granular, the collector ran 633 times and found 30 objects, and its passes over the
+    long-lived caches took about a tenth of the run (4.64 -> 4.07 s, best of 3, 2026-11-27).
+    """
+    old = gc.get_threshold()
+    gc.set_threshold(max(threshold, old[0]), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
 
 
 def simulate(jobs: Sequence[WorkloadJob], policy: str, **kw) -> SimResult:

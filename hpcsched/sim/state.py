@@ -346,6 +346,13 @@ class SimJob:
             for (w, n, m, s), (tt, k) in sorted(self.steps.items()) if k >= 1)
 
     @property
+    def application_name(self) -> str:
+        """The application the daemon would know the job by: a Pollux application by name (its
+        throughput prior; placement maps it to its PAL class), a fixed-work job by its PAL
+        class."""
+        return self.wj.app_class if self.fixed is not None else self.wj.application
+
+    @property
     def last_resize(self) -> str | None:
         """The direction of the job's last resize (:attr:`JobView.last_resize`), from its
         resize log: ``"grow"`` (a release after a preemption included) or ``"shrink"`` (a
