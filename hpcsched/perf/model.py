@@ -236,7 +236,7 @@ def best_at_each(job: JobView, model: JobModel | None, sizes: list[tuple[int, in
     if not glob.size:
         return [(0.0, None)] * len(sizes)
     x = _goodputs(model, nodes, world, local, accum, glob, job.base_batch_size, job.grad_noise,
-                  None if model.corrections is None else _stacked_factors(model.corrections, key))
+                  _stacked_throughputs(model, key))
     seg, starts, filled = _segments(tuple(len(c) for c in per))
     # reduceat: an empty segment's entry is junk no element reads (trailing ones dropped)
     top = np.flatnonzero(x == np.maximum.reduceat(x, starts[starts < x.size])[seg])
@@ -301,21 +301,42 @@ def _best_vectorised(model: PolluxModel, cfgs: tuple[BatchConfig, ...], batch_si
 
 def _goodputs(model: PolluxModel, nodes, world: np.ndarray, local: np.ndarray,
               accum: np.ndarray, glob: np.ndarray, base: int,
-              grad_noise: tuple[float, float] | None, factors: np.ndarray | None = None
+              grad_noise: tuple[float, float] | None, throughputs: np.ndarray | None = None
               ) -> np.ndarray:
     """:func:`goodput` over arrays of configurations (Pollux's step time and statistical
     efficiency, numpy): samples/s, 0 where not finite or the step time is not positive.
-    ``factors``: the model's corrections at these configurations when the caller has them
-    (:func:`_stacked_factors`), else computed here."""
+    ``throughputs``: :func:`_throughputs` at these configurations when the caller has them
+    (:func:`_stacked_throughputs`), else computed here."""
+    x = _throughputs(model, nodes, world, local, accum, glob) if throughputs is None \
+        else throughputs
+    if grad_noise is not None and all(v is not None and math.isfinite(v) for v in grad_noise):
+        x = x * pollux.efficiencies(grad_noise[0], grad_noise[1], base, glob)
+    return np.where(np.isfinite(x), x, 0.0)
+
+
+def _throughputs(model: PolluxModel, nodes, world: np.ndarray, local: np.ndarray,
+                 accum: np.ndarray, glob: np.ndarray, factors: np.ndarray | None = None
+                 ) -> np.ndarray:
+    """``model``'s throughput (samples/s) over arrays of configurations, 0 where the step time
+    is not positive; ``factors``: its corrections at them, if the caller has them."""
     t = pollux._step_time(model.params, nodes, world, local, accum, np.maximum)
     if model.corrections is not None:
         t = t * (factors if factors is not None else _factors(
             model.corrections, np.broadcast_to(nodes, np.shape(world)), world, local))
     with np.errstate(divide="ignore", invalid="ignore"):
-        x = np.where(t > 0, glob / t, 0.0)
-    if grad_noise is not None and all(v is not None and math.isfinite(v) for v in grad_noise):
-        x = x * pollux.efficiencies(grad_noise[0], grad_noise[1], base, glob)
-    return np.where(np.isfinite(x), x, 0.0)
+        return np.where(t > 0, glob / t, 0.0)
+
+
+@lru_cache(maxsize=16384)
+def _stacked_throughputs(model: PolluxModel, key: tuple) -> np.ndarray:
+    """:func:`_throughputs` at the candidates of ``_stacked(*key)`` (read-only): a job's model
+    often comes back the same from one round to the next (its fit is cached on its rounded
+    measurements and its application's table), and only its gradient noise has moved."""
+    _, world, local, accum, glob, nodes = _stacked(*key)
+    x = _throughputs(model, nodes, world, local, accum, glob, None if model.corrections is None
+                     else _stacked_factors(model.corrections, key))
+    x.flags.writeable = False
+    return x
 
 
 @lru_cache(maxsize=16384)
@@ -338,5 +359,6 @@ def _factors(corrections: StepCorrections, nodes: np.ndarray, world: np.ndarray,
 def clear_caches() -> None:
     """Forget every cached fit and decision (benchmarks measure a cold start with it)."""
     for f in (linear.fit, _model_for, _pollux_model, _best_at, _candidates, _fit_batch, _wanted,
-              pollux.fit_samples, _arrays, _stacked, _segments, _stacked_factors):
+              pollux.fit_samples, _arrays, _stacked, _segments, _stacked_factors,
+              _stacked_throughputs):
         f.cache_clear()
