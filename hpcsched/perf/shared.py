@@ -255,7 +255,7 @@ class _AppTotals:
         acc = self.rows.get(row)
         if acc is None:
             acc = self.rows[row] = [0.0, 0.0]
-            for cls in (_fine_key(row[0], row[1], row[2]), row[:2]):
+            for cls in _classes(row):
                 self.members.setdefault(cls, []).append(row)
         acc[0] += seconds
         acc[1] += steps
@@ -270,7 +270,7 @@ class _AppTotals:
         for row in self.dirty:
             secs, k = self.rows[row]
             self.errors[row] = _error(self.prior, Measured(*row, secs / k, k)) if k > 0 else None
-            classes.update((_fine_key(row[0], row[1], row[2]), row[:2]))
+            classes.update(_classes(row))
         self.dirty.clear()
         changed = False
         for cls in classes:           # summed in the rows' order, as step_corrections does
@@ -292,6 +292,11 @@ class _AppTotals:
                 name, tuple(sorted((c, e) for c, e in self.means.items() if len(c) == 3)),
                 tuple(sorted((c, e) for c, e in self.means.items() if len(c) == 2)))
         return self.last
+
+
+def _classes(row: tuple[int, int, int, int]) -> tuple[tuple[int, int, int], tuple[int, int]]:
+    """The fine and the coarse class of a ledger row ``(nodes, GPUs, local batch, accum)``."""
+    return _fine_key(row[0], row[1], row[2]), row[:2]
 
 
 def _rounded(total: float, weight: float) -> float:
