@@ -133,14 +133,16 @@ def test_the_incremental_ledger_gives_the_table_of_its_totals_to_the_bit(adds):
 def test_the_vectorised_factors_are_factor_at_at_every_configuration():
     table = step_corrections("cifar10", [measured(1, 4, 32, 1.5), measured(1, 4, 128, 1.2),
                                          measured(2, 8, 64, 0.8), measured(4, 16, 16, 3.0)])
-    nodes, world, octave = np.meshgrid([1, 2, 3, 4], [4, 8, 16, 5], range(0, 9), indexing="ij")
-    got = table.factors(nodes, world, octave)
+    nodes, world, local = np.meshgrid([1, 2, 3, 4], [4, 8, 16, 5], [1, 2, 3, 12, 16, 23, 45, 64,
+                                                                    100, 128, 200, 256],
+                                      indexing="ij")
+    got = table.factors(nodes, world, local)
     assert got.shape == nodes.shape
-    want = [table.factor_at(int(n), int(w), int(o))
-            for n, w, o in zip(nodes.ravel(), world.ravel(), octave.ravel())]
+    want = [table.factor(int(n), int(w), int(m))
+            for n, w, m in zip(nodes.ravel(), world.ravel(), local.ravel())]
     assert got.ravel().tolist() == want                       # the same floats, not close ones
     assert {round(f, 6) for f in want} > {1.0}                # fine, coarse and no class all met
-    assert StepCorrections("cifar10").factors(nodes, world, octave).tolist() == \
+    assert StepCorrections("cifar10").factors(nodes, world, local).tolist() == \
         np.ones(nodes.shape).tolist()
 
 

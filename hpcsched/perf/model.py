@@ -321,8 +321,8 @@ def _throughputs(model: PolluxModel, nodes, world: np.ndarray, local: np.ndarray
     is not positive; ``factors``: its corrections at them, if the caller has them."""
     t = pollux._step_time(model.params, nodes, world, local, accum, np.maximum)
     if model.corrections is not None:
-        t = t * (factors if factors is not None else _factors(
-            model.corrections, np.broadcast_to(nodes, np.shape(world)), world, local))
+        t = t * (factors if factors is not None else model.corrections.factors(
+            np.broadcast_to(nodes, np.shape(world)), world, local))
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(t > 0, glob / t, 0.0)
 
@@ -341,19 +341,12 @@ def _stacked_throughputs(model: PolluxModel, key: tuple) -> np.ndarray:
 
 @lru_cache(maxsize=16384)
 def _stacked_factors(corrections: StepCorrections, key: tuple) -> np.ndarray:
-    """:func:`_factors` at the candidates of ``_stacked(*key)``: a job's candidates and its
-    application's table stay the same over many rounds (the ledger keeps a table while its
-    rounded means hold, :class:`~hpcsched.perf.shared.StepLedger`)."""
+    """The corrections' factors (:meth:`StepCorrections.factors`) at the candidates of
+    ``_stacked(*key)``: a job's candidates and its application's table stay the same over many
+    rounds (the ledger keeps a table while its rounded means hold,
+    :class:`~hpcsched.perf.shared.StepLedger`)."""
     _, world, local, _, _, nodes = _stacked(*key)
-    return _factors(corrections, nodes, world, local)
-
-
-def _factors(corrections: StepCorrections, nodes: np.ndarray, world: np.ndarray,
-             local: np.ndarray) -> np.ndarray:
-    """The corrections' factor at each configuration (arrays of one shape)."""
-    octaves = np.rint(np.log2(np.maximum(np.asarray(local, dtype=float), 1.0))).astype(np.int64)
-    return corrections.factors(np.asarray(nodes, dtype=np.int64),
-                               np.asarray(world, dtype=np.int64), octaves)
+    return corrections.factors(nodes, world, local)
 
 
 def clear_caches() -> None:

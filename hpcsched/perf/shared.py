@@ -130,10 +130,13 @@ class StepCorrections:
             out += [keys[order], vals[order]]
         return tuple(out)
 
-    def factors(self, nodes: np.ndarray, world_size: np.ndarray, octave: np.ndarray
+    def factors(self, nodes: np.ndarray, world_size: np.ndarray, local_batch_size: np.ndarray
                 ) -> np.ndarray:
-        """:meth:`factor_at` over integer arrays of one shape, the same values (the fine class,
-        else the coarse one, else 1): a policy asks for every candidate of every job."""
+        """:meth:`factor` over arrays of one shape, the same values (the fine class, else the
+        coarse one, else 1): a policy asks for every candidate of every job."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        world_size = np.asarray(world_size, dtype=np.int64)
+        octave = _octaves(local_batch_size)
         fine_k, fine_v, coarse_k, coarse_v = self._arrays
         out = np.ones(np.shape(nodes))
         for keys, vals, packed in (
@@ -155,6 +158,12 @@ def _packed(nodes, world_size, octave):
 def _octave(local_batch_size: float) -> int:
     """The local batch size to the nearest power of 2, as its exponent."""
     return int(round(math.log2(max(float(local_batch_size), 1.0))))
+
+
+def _octaves(local_batch_size: np.ndarray) -> np.ndarray:
+    """:func:`_octave` over an array (``np.rint`` rounds half to even, as ``round`` does)."""
+    return np.rint(np.log2(np.maximum(np.asarray(local_batch_size, dtype=float), 1.0))
+                   ).astype(np.int64)
 
 
 def step_corrections(application: str, measured: Iterable[Measured]) -> StepCorrections | None:
