@@ -338,32 +338,73 @@ def test_the_vectorised_best_configuration_is_the_loops(app, noise, gpus, nodes)
     assert cfg == loop and x == pytest.approx(m.goodput(pm, loop, nodes, noise, 128), rel=1e-9)
 
 
+def _coarsened(monkeypatch):
+    """Goodputs rounded to thousands, so that several candidates of a size tie."""
+    from hpcsched.perf import model as m
+    real, real_of = m._goodputs, m._goodputs_of
+    monkeypatch.setattr(m, "_goodputs", lambda *a, **k: np.round(real(*a, **k), -3))
+    monkeypatch.setattr(m, "_goodputs_of", lambda *a, **k: np.round(real_of(*a, **k), -3))
+    m.clear_caches()
+
+
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("noise", [None, (1.0, 10.0)])
 def test_best_at_each_is_best_at_at_each_size(noise, ties, monkeypatch):
     """The same answer as :func:`best_at` size by size; with ``ties``, goodputs coarsened so
     that several candidates of a size tie (both then go to the batch nearest the current one,
     then the first)."""
-    from dataclasses import replace as _replace
-
     from hpcsched.perf import model as m
     from hpcsched.perf.pollux import PolluxModel
-    from hpcsched.perf.priors import prior_for
-    job = JobView(job_id="1", state="RUNNING", nodes=1, node_names=(), workers_per_node=4,
-                  min_nodes=1, max_nodes=4, batch_size=512, min_batch_size=64,
-                  max_batch_size=8192, max_local_batch_size=32, base_batch_size=128,
-                  lr_scaling="sqrt", submit_time=0.0, app_class="cifar10")
-    job = _replace(job, grad_noise=noise)
+    job = replace(_cifar_job(), grad_noise=noise)
     pm = PolluxModel(prior_for("cifar10"), "prior")
     if ties:
-        real = m._goodputs
-        monkeypatch.setattr(m, "_goodputs", lambda *a, **k: np.round(real(*a, **k), -3))
-        m.clear_caches()
+        _coarsened(monkeypatch)
     sizes = [(0, 0), (1, 1), (3, 1), (0, 0), (4, 1), (6, 2), (13, 4), (16, 4), (0, 0)]
     got = m.best_at_each(job, pm, sizes)
     want = [m.best_at(job, pm, g, n) if g else (0.0, None) for g, n in sizes]
     assert [c for _, c in got] == [c for _, c in want]
     assert [x for x, _ in got] == pytest.approx([x for x, _ in want], rel=1e-12)
+
+
+def _cifar_job() -> JobView:
+    return JobView(job_id="1", state="RUNNING", nodes=1, node_names=(), workers_per_node=4,
+                   min_nodes=1, max_nodes=4, batch_size=512, min_batch_size=64,
+                   max_batch_size=8192, max_local_batch_size=32, base_batch_size=128,
+                   lr_scaling="sqrt", submit_time=0.0, app_class="cifar10")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(
+    st.sampled_from([None, (1.0, 10.0), (0.5, 200.0), (float("nan"), 1.0), (3.0, 0.0)]),
+    st.integers(32, 2048), st.sampled_from([16, 32, None]), st.integers(32, 256),
+    st.lists(st.tuples(st.integers(0, 16), st.integers(1, 4)), max_size=6),
+    st.sampled_from(["prior", "scaled", "linear", "none"])), max_size=6),
+    st.booleans())
+def test_best_at_each_of_is_best_at_for_every_job(asks, ties):
+    """Several jobs in one pass (:func:`best_at_each_of`) give each job's :func:`best_at` at
+    each size: jobs with and without (finite) gradient noise side by side, different batch
+    limits and base batches, Pollux's model scaled or not, the linear model, no model, no
+    sizes or one; with ``ties``, goodputs coarsened so that candidates tie."""
+    from hpcsched.perf import model as m
+    from hpcsched.perf.pollux import PolluxModel
+    with pytest.MonkeyPatch.context() as mp:
+        if ties:
+            _coarsened(mp)
+        requests = []
+        for i, (noise, batch, max_local, base, sizes, kind) in enumerate(asks):
+            job = replace(_cifar_job(), job_id=str(i), grad_noise=noise, batch_size=batch,
+                          max_local_batch_size=max_local, base_batch_size=base)
+            model = {"prior": PolluxModel(prior_for("cifar10"), "prior"),
+                     "scaled": PolluxModel(prior_for("cifar10").scaled(1.7), "x1.7"),
+                     "linear": ThroughputModel(0.01, 0.002, ((1, 1.0), (4, 0.9)), True),
+                     "none": None}[kind]
+            requests.append((job, model, [(g, n) for g, n in sizes]))
+        got = m.best_at_each_of(requests)
+        for (job, model, sizes), rates in zip(requests, got):
+            want = [m.best_at(job, model, g, n) for g, n in sizes]
+            assert [c for _, c in rates] == [c for _, c in want]
+            assert [x for x, _ in rates] == pytest.approx([x for x, _ in want], rel=1e-12)
+        m.clear_caches()
 
 
 @pytest.mark.parametrize("with_prior", [False, True])

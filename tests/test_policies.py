@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hpcsched.daemon.config import defaults
 from hpcsched.policies import DEFAULT_POLICY, POLICIES, REGISTRY, PolicyError, make_policy
 from hpcsched.policies.common import admit_fifo, capacity
-from hpcsched.policies.dp import _Option, solve
+from hpcsched.policies.dp import Option, solve
 from hpcsched.policies.ones import ONES
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint
 
@@ -42,13 +42,13 @@ def _pt(world, local, step_time, accum=1):
 def test_dp_recurrence_on_a_hand_solved_instance():
     """K = 4 GPUs. Job 1: T(2)=10, T(4)=12. Job 2: T(0)=0, T(2)=9, T(4)=17.
     By hand: (2, 2) -> 19; (4, 0) -> 12; (0, 4) impossible for job 1 (min 2); so 19."""
-    j1 = [_Option(2, 10.0, 64), _Option(4, 12.0, 64)]
-    j2 = [_Option(0, 0.0, 64), _Option(2, 9.0, 64), _Option(4, 17.0, 64)]
+    j1 = [Option(2, 10.0, 64), Option(4, 12.0, 64)]
+    j2 = [Option(0, 0.0, 64), Option(2, 9.0, 64), Option(4, 17.0, 64)]
     total, picks = solve([j1, j2], 4)
     assert total == 19.0 and picks == [0, 1]
     total, picks = solve([j1, j2], 6)          # 6 GPUs: (2, 4) -> 27 beats (4, 2) -> 21
     assert total == 27.0 and picks == [0, 2]
-    assert solve([j1, [_Option(4, 1.0, 1)]], 4) is None   # minimums 2 + 4 > 4
+    assert solve([j1, [Option(4, 1.0, 1)]], 4) is None   # minimums 2 + 4 > 4
 
 
 @settings(max_examples=200, deadline=None)
@@ -62,7 +62,7 @@ def test_dp_finds_the_best_total_and_the_tie_rules_of_a_brute_force(jobs, k):
     that reach it the picks use the fewest GPUs, then prefer each job's earlier option
     (the last job's first: the backtrack fixes it first). An option valued NaN never counts."""
     import itertools
-    options = [[_Option(g, v, 1) for g, v in job] for job in jobs]
+    options = [[Option(g, v, 1) for g, v in job] for job in jobs]
     best = None
     for combo in itertools.product(*(range(len(o)) for o in options)):
         picked = [options[j][i] for j, i in enumerate(combo)]

@@ -37,6 +37,7 @@ Pure, deterministic, cached. Units: seconds, samples, samples/s, GPUs.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -223,38 +224,91 @@ def _best_at(model: JobModel | None, gpus: int, lo: int, hi: int, batch_size: in
     return best_key[0], best
 
 
-def best_at_each(job: JobView, model: JobModel | None, sizes: list[tuple[int, int]]
+def best_at_each(job: JobView, model: JobModel | None, sizes: Sequence[tuple[int, int]]
                  ) -> list[tuple[float, BatchConfig | None]]:
-    """:func:`best_at` at each ``(gpus, nodes)`` of ``sizes``, the same answers; with Pollux's
-    model the candidates of all sizes are evaluated in one numpy pass (a policy asks for every
-    size of every job each round)."""
-    if not isinstance(model, PolluxModel) or len(sizes) < 2:
-        return [best_at(job, model, g, n) for g, n in sizes]
-    cur = job.batch_size
-    key = (tuple(sizes), job.min_batch_size, job.max_batch_size, cur, job.max_local_batch_size)
-    per, world, local, accum, glob, nodes = _stacked(*key)
-    if not glob.size:
-        return [(0.0, None)] * len(sizes)
-    x = _goodputs(model, nodes, world, local, accum, glob, job.base_batch_size, job.grad_noise,
-                  _stacked_throughputs(model, key))
-    seg, starts, filled = _segments(tuple(len(c) for c in per))
+    """:func:`best_at` at each ``(gpus, nodes)`` of ``sizes``, the same answers
+    (:func:`best_at_each_of` for one job)."""
+    return best_at_each_of([(job, model, sizes)])[0]
+
+
+def best_at_each_of(requests: Sequence[tuple[JobView, JobModel | None,
+                                             Sequence[tuple[int, int]]]]
+                    ) -> list[list[tuple[float, BatchConfig | None]]]:
+    """:func:`best_at` at each size of each ``(job, model, sizes)`` of ``requests``, the same
+    answers. With Pollux's model, the candidates of every size of every such job are evaluated
+    in one numpy pass: a policy asks for every size of every job each round, and per-job numpy
+    calls were most of that cost."""
+    out: list = [None] * len(requests)
+    stacked, where = [], []     # (job, model, key of _stacked) for the one numpy pass; indices
+    for i, (job, model, sizes) in enumerate(requests):
+        if not isinstance(model, PolluxModel) or len(sizes) < 2:
+            out[i] = [best_at(job, model, g, n) for g, n in sizes]
+            continue
+        key = (tuple(sizes), job.min_batch_size, job.max_batch_size, job.batch_size,
+               job.max_local_batch_size)
+        if _stacked(*key)[4].size:
+            stacked.append((job, model, key))
+            where.append(i)
+        else:
+            out[i] = [(0.0, None)] * len(sizes)
+    if stacked:
+        for i, rates in zip(where, _best_of_stacked(stacked)):
+            out[i] = rates
+    return out
+
+
+def _best_of_stacked(stacked: list[tuple[JobView, PolluxModel, tuple]]
+                     ) -> list[list[tuple[float, BatchConfig | None]]]:
+    """:func:`best_at_each_of` for jobs with Pollux's model and candidates (``_stacked(*key)``),
+    in one pass: every job's goodputs (:func:`_goodputs_of`), then per size the best, ties to
+    the batch nearest the job's current one, then the first."""
+    parts = [_stacked(*key) for _, _, key in stacked]
+    x = _goodputs_of(stacked)
+    seg, starts, filled = _segments(tuple(len(c) for part in parts for c in part[0]))
     # reduceat: an empty segment's entry is junk no element reads (trailing ones dropped)
     top = np.flatnonzero(x == np.maximum.reduceat(x, starts[starts < x.size])[seg])
+    pick = np.full(starts.size, -1)
     if top.size == filled:      # one best per size (the rule below picks it): the usual case
-        pick = dict(zip(seg[top].tolist(), top.tolist()))
+        pick[seg[top]] = top
     else:
-        # per size: the best goodput, ties to the batch nearest the current one, then the first
+        glob = np.concatenate([part[4] for part in parts])
+        cur = np.repeat([float(job.batch_size) for job, _, _ in stacked],
+                        [part[4].size for part in parts])
         near = np.full(x.size, np.inf)
-        near[top] = np.abs(glob[top] - cur)
+        near[top] = np.abs(glob[top] - cur[top])
         order = np.lexsort((np.arange(x.size), near, seg))
         first = order[np.r_[True, seg[order][1:] != seg[order][:-1]]]
-        pick = dict(zip(seg[first].tolist(), first.tolist()))
-    out, i0 = [], 0
-    for k, cfgs in enumerate(per):
-        i = pick.get(k)
-        out.append((0.0, None) if i is None else (float(x[i]), cfgs[i - i0]))
-        i0 += len(cfgs)
+        pick[seg[first]] = first
+    best, picks, starts = x[np.maximum(pick, 0)].tolist(), pick.tolist(), starts.tolist()
+    out, k = [], 0
+    for part in parts:
+        rates = []
+        for cfgs in part[0]:
+            i = picks[k]
+            rates.append((0.0, None) if i < 0 else (best[k], cfgs[i - starts[k]]))
+            k += 1
+        out.append(rates)
     return out
+
+
+def _goodputs_of(stacked: list[tuple[JobView, PolluxModel, tuple]]) -> np.ndarray:
+    """:func:`_goodputs` at the candidates of each ``(job, model, key)`` (``_stacked(*key)``),
+    laid end to end in one array: each job's throughputs (samples/s, cached per model,
+    :func:`_stacked_throughputs`) times its statistical efficiency at each candidate's global
+    batch (1 for a job without finite gradient noise); 0 where not finite."""
+    jobs = [job for job, _, _ in stacked]
+    globs = [_stacked(*key)[4] for _, _, key in stacked]
+    sizes, glob = [g.size for g in globs], np.concatenate(globs)
+    x = np.concatenate([_stacked_throughputs(model, key) for _, model, key in stacked])
+    noisy = [job.grad_noise is not None and all(v is not None and math.isfinite(v)
+                                                for v in job.grad_noise) for job in jobs]
+    if any(noisy):
+        sqr, var = (np.repeat([job.grad_noise[f] if ok else 0.0
+                               for job, ok in zip(jobs, noisy)], sizes) for f in (0, 1))
+        base = np.repeat([float(job.base_batch_size) for job in jobs], sizes)
+        eff = pollux.efficiencies(sqr, var, base, glob)
+        x = x * np.where(np.repeat(noisy, sizes), eff, 1.0)
+    return np.where(np.isfinite(x), x, 0.0)
 
 
 @lru_cache(maxsize=4096)

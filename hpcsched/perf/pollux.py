@@ -83,7 +83,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from scipy.optimize import minimize
@@ -131,10 +131,10 @@ class PerfParams:
         return cls(**{f.name: float(d[f.name]) for f in fields(cls)})
 
 
-@dataclass(frozen=True)
-class PerfSample:
+class PerfSample(NamedTuple):
     """One measured configuration (the fit's input; Pollux's names): mean seconds per optimizer
-    step, and, where known, the compute time of one micro-batch (no synchronisation)."""
+    step, and, where known, the compute time of one micro-batch (no synchronisation). A named
+    tuple: the models are cached on tuples of them."""
 
     nodes: int
     replicas: int
@@ -262,12 +262,14 @@ def efficiency(grad_sqr: float | None, grad_var: float | None, init_batch_size: 
     return min(1.0, gain(float(grad_sqr), float(grad_var), scale) / scale)
 
 
-def efficiencies(grad_sqr: float, grad_var: float, init_batch_size: float,
-                 batch_sizes: np.ndarray) -> np.ndarray:
+def efficiencies(grad_sqr: float | np.ndarray, grad_var: float | np.ndarray,
+                 init_batch_size: float | np.ndarray, batch_sizes: np.ndarray) -> np.ndarray:
     """:func:`efficiency` of each of ``batch_sizes`` (positive, a numpy array) with finite
-    statistics: the same formula over an array (the policies' inner loop)."""
+    statistics: the same formula over an array (the policies' inner loop). The statistics and
+    the initial batch size are one job's (floats) or each batch size's own (arrays of its
+    shape: several jobs' candidates at once)."""
     scale = batch_sizes / init_batch_size
-    sqr, var = max(0.0, grad_sqr), max(0.0, grad_var)
+    sqr, var = np.maximum(0.0, grad_sqr), np.maximum(0.0, grad_var)
     denom = var / scale + sqr
     with np.errstate(divide="ignore", invalid="ignore"):
         g = np.where(denom > 0, (var + sqr) / denom, 1.0)

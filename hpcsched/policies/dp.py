@@ -38,7 +38,7 @@ Objective reported: predicted total goodput of the measured jobs, samples/s.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,14 +49,16 @@ from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 EPSILON = 1e-6
 
 
-@dataclass(frozen=True)
-class _Option:
+class Option(NamedTuple):
+    """One choice for one job in :func:`solve` (a named tuple: policies build hundreds of
+    thousands per simulation)."""
+
     gpus: int
     value: float          # the DP's value: predicted goodput, samples/s (epsilon per GPU if unmeasured)
-    batch: int
+    batch: int            # global batch size at it (samples per optimizer step)
 
 
-def _options(job: JobView, model: JobModel | None, lo_nodes: int) -> list[_Option]:
+def _options(job: JobView, model: JobModel | None, lo_nodes: int) -> list[Option]:
     wpn = job.workers_per_node
     if model is None and job.state == "PENDING":
         # not started yet: may start smaller, down to its minimum (it was admitted at that)
@@ -73,11 +75,11 @@ def _options(job: JobView, model: JobModel | None, lo_nodes: int) -> list[_Optio
         if cfg is None:
             continue
         value = x if model is not None else EPSILON * g
-        out.append(_Option(g, value, cfg.global_batch_size))
+        out.append(Option(g, value, cfg.global_batch_size))
     return out
 
 
-def solve(options: list[list[_Option]], k: int) -> tuple[float, list[int]] | None:
+def solve(options: list[list[Option]], k: int) -> tuple[float, list[int]] | None:
     """The recurrence above over GPU counts 0..k. Returns (best value, chosen option index per
     job) or None when the jobs' minimums do not fit in ``k``.
 
@@ -95,9 +97,9 @@ def solve(options: list[list[_Option]], k: int) -> tuple[float, list[int]] | Non
             best = np.full(k + 1, -np.inf)
             continue
         # cand[i, kk]: option i on top of the best of the jobs before it at kk - g_i GPUs
-        g = np.array([o.gpus for o in opts])
-        src = kk_all - g[:, None]
-        value = np.array([o.value for o in opts], dtype=float)
+        gpus, values, _ = zip(*opts)
+        src = kk_all - np.array(gpus)[:, None]
+        value = np.array(values, dtype=float)
         cand = np.where(src >= 0, best[np.maximum(src, 0)], -np.inf) \
             + np.where(np.isnan(value), -np.inf, value)[:, None]
         arg = np.argmax(cand, axis=0)            # ties: the earlier option
@@ -127,12 +129,12 @@ def _admit(snapshot: ClusterSnapshot, fixed: set[str], k: int
     return admitted, waits
 
 
-def _held_option(job: JobView) -> _Option:
+def _held_option(job: JobView) -> Option:
     """The one option of a job held where it is (busy, or no size within its limits)."""
-    return _Option(job.gpus if job.state == "RUNNING" else min_gpus(job), 0.0, job.batch_size)
+    return Option(job.gpus if job.state == "RUNNING" else min_gpus(job), 0.0, job.batch_size)
 
 
-def _target(job: JobView, pick: _Option, model: JobModel | None) -> JobTarget:
+def _target(job: JobView, pick: Option, model: JobModel | None) -> JobTarget:
     nodes = pick.gpus // job.workers_per_node
     if model is None:
         return JobTarget(job.job_id, nodes, pick.batch, "dp: not measured yet: kept at its size")

@@ -108,9 +108,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from hpcsched.perf.model import best_at, best_at_each, model_for
+from hpcsched.perf.model import best_at, best_at_each_of, model_for
 from hpcsched.policies.common import capacity, gpu_counts, min_gpus, nodes_spanned, target
-from hpcsched.policies.dp import EPSILON, _Option, solve
+from hpcsched.policies.dp import EPSILON, Option, solve
 from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan, held_reversal
 
 
@@ -133,15 +133,24 @@ class _Params:
 def _curve(job: JobView, snapshot: ClusterSnapshot, p: _Params) -> tuple:
     """``(model, counts, rates)``: the job's throughput model, its allowed GPU counts
     (:func:`_counts`) and :func:`~hpcsched.perf.model.best_at_each` at each; ``rates`` is
-    ``None`` without a model. Once per job and decision (``p.curves``)."""
+    ``None`` without a model. Once per job and decision (``p.curves``, :func:`_curves`)."""
     got = p.curves.get(job.job_id)
     if got is None:
-        model = model_for(job)
-        counts = _counts(job, snapshot, p.max_options)
-        rates = None if model is None else best_at_each(
-            job, model, [(g, nodes_spanned(job, g, snapshot)) for g in counts])
-        got = p.curves[job.job_id] = (model, counts, rates)
+        _curves([job], snapshot, p)
+        got = p.curves[job.job_id]
     return got
+
+
+def _curves(jobs: list[JobView], snapshot: ClusterSnapshot, p: _Params) -> None:
+    """:func:`_curve` of each of ``jobs`` into ``p.curves``, their goodputs in one pass
+    (:func:`~hpcsched.perf.model.best_at_each_of`)."""
+    models = [model_for(j) for j in jobs]
+    counts = [_counts(j, snapshot, p.max_options) for j in jobs]
+    asked = [(j, m, [(g, nodes_spanned(j, g, snapshot)) for g in c])
+             for j, m, c in zip(jobs, models, counts) if m is not None]
+    rates = iter(best_at_each_of(asked))
+    for j, m, c in zip(jobs, models, counts):
+        p.curves[j.job_id] = (m, c, None if m is None else next(rates))
 
 
 def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | None = None,
@@ -189,6 +198,7 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
                 replace(snapshot, restart_cost=restart).grow_cost,
                 aging, unknown_remaining, max_options, 1.0 if hesrpt else tempering, {},
                 -(-k // max(1, len(jobs))) if speedup_at == "fair" else 0)
+    _curves([j for j in jobs if not j.busy], snapshot, p)
     if hesrpt:
         p = replace(p, rank=_rank_weights(jobs, snapshot, p, hesrpt))
     forced = _overdue(snapshot, jobs, max_wait)
@@ -206,7 +216,7 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
 
 
 def _search(jobs: list[JobView], snapshot: ClusterSnapshot, forced: set[str], p: _Params, k: int
-            ) -> tuple[tuple[float, list[int]] | None, list[list[_Option]], list[dict], list[str]]:
+            ) -> tuple[tuple[float, list[int]] | None, list[list[Option]], list[dict], list[str]]:
     """The DP over every job's options; when the overdue jobs' minimums do not fit beside the
     running jobs', again without admitting them ahead (they wait, with a note)."""
     opts, info = zip(*(_job_options(j, snapshot, forced, p) for j in jobs)) if jobs else ((), ())
@@ -389,30 +399,30 @@ def _thinned(n: int, most: int) -> tuple[int, ...]:
 
 
 def _job_options(job: JobView, snapshot: ClusterSnapshot, forced: set[str], p: _Params
-                 ) -> tuple[list[_Option], dict]:
+                 ) -> tuple[list[Option], dict]:
     """The job's options for the DP: ``(GPUs, value, batch)`` per allowed count (value: its
     weighted speedup after the change's cost), and what its target needs to say."""
     running = job.state == "RUNNING"
     if job.busy:   # held exactly where it is
-        return [_Option(job.gpus if running else 0, 0.0, job.batch_size)], {}
+        return [Option(job.gpus if running else 0, 0.0, job.batch_size)], {}
     model, counts, rates = _curve(job, snapshot, p)
-    wait = [] if running or job.job_id in forced else [_Option(0, 0.0, job.batch_size)]
+    wait = [] if running or job.job_id in forced else [Option(0, 0.0, job.batch_size)]
     if model is None:
         g = job.gpus if running else max(min_gpus(job, snapshot), min(job.gpus, max(
             gpu_counts(job, snapshot), default=job.gpus)))
-        return wait + [_Option(g, EPSILON * g, job.batch_size)], {"measured": False}
+        return wait + [Option(g, EPSILON * g, job.batch_size)], {"measured": False}
     remaining = _remaining(job, model, p)
     age = 1.0 + _waited(job, snapshot) / p.aging
     weight = age * p.rank.get(job.job_id, 1.0) * _tempered(counts, rates, remaining, p)
     x_now = _goodput_now(job, model, counts, rates, snapshot)
     allowed = set(_allowed_now(job, snapshot, counts))   # the weight is over every count
     now = job.gpus if running else None
-    out = wait + [_Option(g, weight / (remaining / x + _change_cost(now, g, p, x_now, x)),
+    out = wait + [Option(g, weight / (remaining / x + _change_cost(now, g, p, x_now, x)),
                           cfg.global_batch_size)
                   for g, (x, cfg) in zip(counts, rates)
                   if cfg is not None and x > 0 and g in allowed]
     if not out:   # no size within its limits: held where it is
-        out = [_Option(job.gpus if running else 0, 0.0, job.batch_size)]
+        out = [Option(job.gpus if running else 0, 0.0, job.batch_size)]
     return out, {"measured": True, "age": age, "weight": weight, "remaining": remaining,
                  "model": model, "goodput": {g: x for g, (x, _) in zip(counts, rates)}}
 
@@ -453,7 +463,7 @@ def _change_cost(now: int | None, gpus: int, p: _Params, x_now: float = 0.0, x_t
     return p.shrink_cost if gpus < now else p.grow_cost(x_now, x_to)
 
 
-def _target(job: JobView, pick: _Option, meta: dict, snapshot: ClusterSnapshot) -> JobTarget:
+def _target(job: JobView, pick: Option, meta: dict, snapshot: ClusterSnapshot) -> JobTarget:
     g = pick.gpus
     if not meta.get("measured"):
         reason = "jct: not measured yet: kept at its size" if g else "jct: waits: not measured yet"

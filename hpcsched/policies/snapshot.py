@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from hpcsched.perf.shared import StepCorrections
@@ -106,9 +106,10 @@ class NodeView:
         return max(0, self.gpus - self.gpus_allocated) if self.usable else 0
 
 
-@dataclass(frozen=True)
-class ProfilePoint:
-    """Measured throughput of a job at one configuration (mean over recent steps)."""
+class ProfilePoint(NamedTuple):
+    """Measured throughput of a job at one configuration (mean over recent steps). A named
+    tuple: every round builds one per configuration of every job, and the throughput models
+    are cached on them (hashed in C)."""
 
     world_size: int
     nodes: int
