@@ -74,6 +74,7 @@ def _install(variant: str) -> None:
     import hpcsched.sim.state as state
     from hpcsched.perf import pollux, priors
     from hpcsched.perf.pollux import PolluxModel
+    from hpcsched.policies import jct
     from hpcsched.sim.bound import layouts
     from hpcsched.sim.engine import SimConfig
 
@@ -129,13 +130,28 @@ def _install(variant: str) -> None:
             x = x * pollux.efficiencies(grad_noise[0], grad_noise[1], base, glob)
         return np.where(np.isfinite(x), x, 0.0)
 
+    def goodputs_of(stacked):   # best_at_each_of's one pass, job by job through goodputs
+        out = []
+        for job, m, key in stacked:
+            _, world, local, accum, glob, nodes = model._stacked(*key)
+            out.append(goodputs(m, nodes, world, local, accum, glob, job.base_batch_size,
+                                job.grad_noise, model._stacked_throughputs(m, key)))
+        return np.concatenate(out)
+
     model._goodputs = goodputs
+    model._goodputs_of = goodputs_of
     report = state.SimJob.report
+
+    # jct plans on the reported noise scale times its noise_growth (jct.planning_view): the
+    # physics is looked up by either
+    growth = jct.decide.__kwdefaults__["noise_growth"]
 
     def reporting(job):   # the true-* variants look the job's physics up by what it reported
         r = report(job)
         if r.grad_noise is not None and job.app is not None:
-            truth[tuple(r.grad_noise)] = (job.app, job.epoch_at(job.progress))
+            sqr, var = r.grad_noise
+            for key in ((sqr, var), (sqr, var * growth)):
+                truth[key] = (job.app, job.epoch_at(job.progress))
         return r
 
     state.SimJob.report = reporting
