@@ -70,9 +70,28 @@ def model_for(job: JobView) -> JobModel | None:
 @lru_cache(maxsize=8192)
 def _model_for(profile: tuple[ProfilePoint, ...], app: str,
                corrections: StepCorrections | None = None) -> PolluxModel:
-    key = tuple(PerfSample(a.nodes, a.replicas, a.local_bsz, a.accum, _sig(a.step_time),
-                           _sig(a.compute_time)) for a in pollux.aggregate(profile))
+    samples = [s for s in map(_rounded, profile) if s is not None]
+    if len({s[:4] for s in samples}) == len(samples):   # one point per configuration
+        key = tuple(sorted(samples))
+    else:
+        key = tuple(map(_rounded_sample, pollux.aggregate(profile)))
     return _pollux_model(key, app, corrections)
+
+
+@lru_cache(maxsize=65536)
+def _rounded(point: ProfilePoint) -> PerfSample | None:
+    """The point alone, aggregated (:func:`~hpcsched.perf.pollux.aggregate`: ``None`` when
+    unusable) with its times rounded (:func:`_rounded_sample`). Cached per point: a job's
+    profile changes one point a round (the configuration it runs), and the fit's key is built
+    from every point."""
+    alone = pollux.aggregate((point,))
+    return _rounded_sample(alone[0]) if alone else None
+
+
+def _rounded_sample(s: PerfSample) -> PerfSample:
+    """``s`` with its step and compute times to 3 significant digits (:func:`_sig`)."""
+    return PerfSample(s.nodes, s.replicas, s.local_bsz, s.accum, _sig(s.step_time),
+                      _sig(s.compute_time))
 
 
 @lru_cache(maxsize=8192)
@@ -405,7 +424,7 @@ def _stacked_factors(corrections: StepCorrections, key: tuple) -> np.ndarray:
 
 def clear_caches() -> None:
     """Forget every cached fit and decision (benchmarks measure a cold start with it)."""
-    for f in (linear.fit, _model_for, _pollux_model, _best_at, _candidates, _fit_batch, _wanted,
+    for f in (linear.fit, _model_for, _rounded, _pollux_model, _best_at, _candidates, _fit_batch, _wanted,
               pollux.fit_samples, _arrays, _stacked, _segments, _stacked_factors,
               _stacked_throughputs):
         f.cache_clear()
