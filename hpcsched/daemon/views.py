@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from hpcsched import slurm
 from hpcsched.daemon.actuator import current_from
+from hpcsched.perf.priors import application_key
 from hpcsched.perf.shared import StepCorrections, step_corrections
 from hpcsched.policies.snapshot import ClusterSnapshot, GPUView, JobView, ProfilePoint
 from hpcsched.protocol import files as ctl
@@ -164,11 +165,11 @@ def application_tables(applications: Iterable[str],
                        corrections: Callable[[str], StepCorrections | None]
                        ) -> dict[str, StepCorrections | None]:
     """``corrections(application)`` (what its jobs measured here, :mod:`hpcsched.perf.shared`)
-    once per application, keyed by the name stripped and lower-cased; no entry for an empty
-    name (a job without an application has no table)."""
+    once per application, keyed by :func:`~hpcsched.perf.priors.application_key`; no entry for
+    an empty name (a job without an application has no table)."""
     tables: dict[str, StepCorrections | None] = {}
     for a in applications:
-        app = a.strip().lower()
+        app = application_key(a)
         if app and app not in tables:
             tables[app] = corrections(app)
     return tables
@@ -182,7 +183,7 @@ def with_step_corrections(views: Sequence[JobView],
     table, keeps ``None``."""
     tables = application_tables((v.app_class for v in views), corrections)
     return tuple(dataclasses.replace(v, step_corrections=t)
-                 if (t := tables.get(v.app_class.strip().lower())) is not None else v
+                 if (t := tables.get(application_key(v.app_class))) is not None else v
                  for v in views)
 
 

@@ -64,7 +64,7 @@ def model_for(job: JobView) -> JobModel | None:
     no prior and it has no usable profile point yet. Pure and cached."""
     if priors.prior_for(job.app_class) is None:
         return linear.fit(job.profile)
-    return _model_for(job.profile, job.app_class.strip().lower(), job.step_corrections)
+    return _model_for(job.profile, priors.application_key(job.app_class), job.step_corrections)
 
 
 @lru_cache(maxsize=8192)

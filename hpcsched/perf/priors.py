@@ -34,10 +34,18 @@ def prior_apps() -> tuple[str, ...]:
     return tuple(sorted(_priors()))
 
 
+def application_key(application: str | None) -> str:
+    """The name ``application`` is known by in the priors, the applications' shared tables
+    (:mod:`hpcsched.perf.shared`) and the store: without surrounding spaces, lower case (``""``
+    for ``None``). One rule, so that ``CIFAR10 `` and ``cifar10`` are one application
+    everywhere."""
+    return (application or "").strip().lower()
+
+
 def prior_for(application: str) -> PerfParams | None:
-    """The shipped step-time parameters fitted to the Pollux traces of ``application`` (case and
-    surrounding spaces ignored), or ``None`` for an application without traces."""
-    return _priors().get((application or "").strip().lower())
+    """The shipped step-time parameters fitted to the Pollux traces of ``application``
+    (:func:`application_key`), or ``None`` for an application without traces."""
+    return _priors().get(application_key(application))
 
 
 def clear_cache() -> None:

@@ -185,8 +185,7 @@ def step_corrections(application: str, measured: Iterable[Measured]) -> StepCorr
             acc = table.setdefault(key, [0.0, 0.0])
             acc[0] += err * m.steps
             acc[1] += m.steps
-    name = application.strip().lower()
-    return StepCorrections(name, _means(fine), _means(coarse))
+    return StepCorrections(priors.application_key(application), _means(fine), _means(coarse))
 
 
 def _fine_key(nodes: int, world_size: int, local_batch_size: float) -> tuple[int, int, int]:
@@ -231,7 +230,7 @@ class StepLedger:
     def add(self, application: str, nodes: int, world_size: int, local_batch_size: int,
             accumulation_steps: int, seconds: float, steps: float) -> None:
         """``steps`` optimizer steps that took ``seconds`` in all at this configuration."""
-        app = application.strip().lower()
+        app = priors.application_key(application)
         totals = self._apps.get(app)
         if totals is None:
             totals = self._apps[app] = _AppTotals(priors.prior_for(app))
@@ -239,7 +238,7 @@ class StepLedger:
 
     def corrections(self, application: str) -> StepCorrections | None:
         """:func:`step_corrections` of everything recorded for ``application``."""
-        name = application.strip().lower()
+        name = priors.application_key(application)
         totals = self._apps.get(name)
         if totals is None:
             return step_corrections(application, ())

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from hpcsched.perf.priors import application_key
 from hpcsched.policies.snapshot import GPUView
 
 Profiles = Mapping[str, Mapping]  # app class -> {gpu key -> slowdown multiplier}
@@ -42,7 +43,7 @@ APP_CLASSES = {"imagenet": "A", "cifar10": "A", "yolov3": "A", "bert": "B", "dee
 def class_key(app_class: str) -> str:
     """PAL's ``classA`` and our ``A`` name the same class: strip a leading ``class``; a Pollux
     application name (``cifar10``) stands for its class (:data:`APP_CLASSES`)."""
-    mapped = APP_CLASSES.get(app_class.strip().lower())
+    mapped = APP_CLASSES.get(application_key(app_class))
     if mapped is not None:
         return mapped
     return app_class[5:] if app_class.startswith("class") and len(app_class) > 5 else app_class

@@ -59,6 +59,7 @@ from hpcsched.daemon.views import (
     cluster_snapshot,
     job_view,
 )
+from hpcsched.perf.priors import application_key
 from hpcsched.perf.shared import StepLedger
 from hpcsched.policies import make_policy
 from hpcsched.policies.base import rounds_on_events
@@ -221,7 +222,7 @@ class Simulator:
             requested_nodes=j.req_nodes, start_time=j.start_time,
             layout=j.view_layout(self.cfg.gpus_per_node),
             resized_at=j.resized_at if j.state == "RUNNING" else None,
-            last_resize=j.last_resize, step_corrections=tables.get(j.application_name.strip().lower())))
+            last_resize=j.last_resize, step_corrections=tables.get(application_key(j.application_name))))
 
     def snapshot(self) -> ClusterSnapshot:
         """What the daemon would see now (the observation plus the jobs' own reports)."""

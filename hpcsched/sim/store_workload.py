@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hpcsched.perf.priors import application_key
 from hpcsched.sim import WorkloadJob
 from hpcsched.sim.workload import (
     MAX_COUNT,
@@ -54,7 +55,7 @@ def load_store(url: str | None = None) -> list[WorkloadJob]:
     t0 = min(times)
     jobs = []
     for row, t in zip(rows, times):
-        app = (row.app_class or "").strip().lower()
+        app = application_key(row.app_class)
         if app not in POLLUX_APP_CLASS:
             app = "cifar10"
         gpus = _stored_nodes(row) * row.workers_per_node

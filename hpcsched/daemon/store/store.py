@@ -64,6 +64,7 @@ from hpcsched.daemon.store.schema import (
     make_engine,
     safe_url,
 )
+from hpcsched.perf.priors import application_key
 from hpcsched.perf.shared import Measured
 
 _JOB_REQUIRED = ("job_uid", "workers_per_node", "min_nodes", "max_nodes", "min_batch_size",
@@ -237,7 +238,7 @@ class Store(JournalMixin):
         and configuration ``(nodes, world_size, local_batch_size, accumulation_steps)``, the
         steps-weighted mean step time (s) over all its jobs' steps there, and how many steps.
         The input of :func:`hpcsched.perf.shared.step_corrections`."""
-        names = {a.strip().lower() for a in applications if a and a.strip()}
+        names = {application_key(a) for a in applications} - {""}
         if not names:
             return {}
         P, app = ProfileSample, func.lower(func.trim(Job.app_class))
