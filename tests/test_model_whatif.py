@@ -20,8 +20,8 @@ def test_fitted_and_shared_are_the_committed_models_and_the_others_change_the_ru
 
     out = tmp_path / "w.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "model_whatif.py"), "--variants",
-                    "fitted,shared,prior,true-step,true-efficiency", "--loads", "0.5", "--workloads", "5", "--jobs", "2",
-                    "--out", str(out)], check=True, capture_output=True, timeout=600)
+                    "fitted,shared,prior,true-step,true-efficiency", "--loads", "0.5",
+                    "--workloads", "5", "--jobs", "2", "--out", str(out)], check=True, capture_output=True, timeout=600)
     rows = {r["variant"]: r["mean_avg_jct"] for r in json.loads(out.read_text())["rows"]}
     name, jobs = load_workload("pollux:5@0.5")
     direct = {model: report.summarize(Simulator(
