@@ -70,7 +70,7 @@ from hpcsched.protocol.batching import BatchConfig, BatchSizeError
 from hpcsched.protocol.kinds import ChangeKind
 from hpcsched.sim import SimResult, WorkloadJob, resize
 from hpcsched.sim.cluster import CLASSES, PARTITION, SimBackend, SimCluster, job_info
-from hpcsched.sim.state import Extension, SimConfig, SimJob, SimulationError, job_limits, job_shape
+from hpcsched.sim.state import Extension, SimConfig, SimJob, SimulationError, job_shape, make_job
 
 
 class Simulator:
@@ -91,7 +91,7 @@ class Simulator:
         self.now = 0.0
         self.cluster = SimCluster(config.nodes, config.gpus_per_node, config.variability,
                                   config.seed)
-        self.jobs = [self._make_job(i, wj) for i, wj in
+        self.jobs = [make_job(str(i + 1), wj, config) for i, wj in
                      enumerate(sorted(jobs, key=lambda j: (j.submit_time, j.name)))]
         self.backend = SimBackend(self)
         self.rounds = 0
@@ -108,48 +108,16 @@ class Simulator:
                              extension_startup=config.extension_startup,
                              extension_stall=config.extension_stall)
 
-    def _make_job(self, i: int, wj: WorkloadJob) -> SimJob:
-        app, fixed, nodes, limits, batch = job_limits(wj, self.cfg)
-        try:
-            cfg = limits.fit_batch(batch, nodes)
-        except BatchSizeError as exc:
-            raise SimulationError(f"job {wj.name}: {exc}") from None
-        return SimJob(wj=wj, job_id=str(i + 1), app=app, fixed=fixed, limits=limits, nodes=nodes,
-                    cfg=cfg, size=nodes * limits.workers_per_node,
-                    granular=self.cfg.granularity == "gpu" and fixed is None,
-                    work_scale=self.cfg.work_scale)
-
     # ----------------------------------------------------------------------- physics
     def _slowdown(self, j: SimJob) -> float:
         """The slowdown of running job ``j``'s slowest GPU, looked up only while its step time
         is not known yet (``j.st``, which includes it, is reset at every change)."""
         return self.cluster.slowdown(j.wj.app_class, j.gpus) if j.st is None else 1.0
 
-    def _rate(self, j: SimJob, progress: float) -> tuple[float, float]:
-        """``(progress per second, seconds per step)`` of running job ``j`` at ``progress``."""
-        return j.rate(progress, self._slowdown(j), self.cfg.locality_penalty)
-
     def _advance(self, j: SimJob, t: float) -> None:
-        """Run ``j`` from ``j.updated`` to ``t`` (no further than the end of its work)."""
-        if j.state != "RUNNING" or t <= j.updated:
-            return
-        j.gpu_seconds += (t - j.updated) * (j.n_gpus + (len(j.ext.gpus) if j.ext else 0))
-        cur = max(j.updated, j.blocked_until)
-        j.updated = t
-        while cur < t and j.progress < j.total:
-            rate, st = self._rate(j, j.progress)
-            end = j.segment_end(j.progress)
-            dt = min(t - cur, (end - j.progress) / rate)
-            key = (j.n_gpus, j.nodes, j.cfg.local_batch_size, j.cfg.accumulation_steps)
-            acc = j.steps.setdefault(key, [0.0, 0.0])
-            acc[0] += dt
-            acc[1] += dt / st
-            if self.ledger is not None and j.fixed is None:
-                self.ledger.add(j.wj.application, j.nodes, j.n_gpus, j.cfg.local_batch_size,
-                                j.cfg.accumulation_steps, dt, dt / st)
-            j.last_step_time = st
-            j.progress = end if cur + dt < t else min(end, j.progress + rate * dt)
-            cur += dt
+        """Run ``j`` from ``j.updated`` to ``t`` (:meth:`SimJob.advance`), if it runs."""
+        if j.state == "RUNNING" and t > j.updated:
+            j.advance(t, self._slowdown(j), self.cfg.locality_penalty, self.ledger)
 
     def _eta(self, j: SimJob) -> float:
         """When running job ``j`` finishes if nothing changes; cached until its configuration

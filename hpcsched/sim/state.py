@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from hpcsched.daemon.views import JobReport
-from hpcsched.perf.shared import THROUGHPUT_MODELS
+from hpcsched.perf.shared import THROUGHPUT_MODELS, StepLedger
 from hpcsched.policies.reconcile import Costs
 from hpcsched.policies.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GROW_MODES, ProfilePoint
-from hpcsched.protocol.batching import BatchConfig, fit_batch
+from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch
 from hpcsched.protocol.kinds import ChangeKind
 from hpcsched.protocol.limits import JobLimits
 from hpcsched.sim import JobResult, WorkloadJob
@@ -303,6 +303,33 @@ class SimJob:
         gain = self.app.gain(self.cfg.global_batch_size, self.epoch_at(progress))
         return gain / st, st
 
+    def advance(self, t: float, slowdown: float, locality_penalty: float,
+                ledger: StepLedger | None = None) -> None:
+        """Train from ``updated`` to ``t`` (s; no further than the end of its work, nothing
+        while it is blocked restarting): its progress, GPU-seconds and measured steps per
+        configuration, and, with ``ledger`` (the daemon's store of every job's steps), its
+        application's. ``slowdown``: its slowest GPU's, used while its step time is not known
+        (:meth:`rate`)."""
+        self.gpu_seconds += (t - self.updated) * (self.n_gpus + (len(self.ext.gpus) if self.ext
+                                                                 else 0))
+        cur = max(self.updated, self.blocked_until)
+        self.updated = t
+        cfg = self.cfg
+        while cur < t and self.progress < self.total:
+            rate, st = self.rate(self.progress, slowdown, locality_penalty)
+            end = self.segment_end(self.progress)
+            dt = min(t - cur, (end - self.progress) / rate)
+            key = (self.n_gpus, self.nodes, cfg.local_batch_size, cfg.accumulation_steps)
+            acc = self.steps.setdefault(key, [0.0, 0.0])
+            acc[0] += dt
+            acc[1] += dt / st
+            if ledger is not None and self.fixed is None:
+                ledger.add(self.wj.application, self.nodes, self.n_gpus, cfg.local_batch_size,
+                           cfg.accumulation_steps, dt, dt / st)
+            self.last_step_time = st
+            self.progress = end if cur + dt < t else min(end, self.progress + rate * dt)
+            cur += dt
+
     def end_time(self, start: float, slowdown: float, locality_penalty: float) -> float:
         """When the job ends if it trains from ``start`` (s) at its configuration, from its
         progress: :meth:`rate` summed over the :meth:`segment_end` segments, one epoch at a
@@ -378,6 +405,22 @@ class SimJob:
                          gpu_seconds=self.gpu_seconds, restarts=self.restarts,
                          resizes=self.resizes, requested_gpus=wj.gpus, max_gpus=self.max_gpus,
                          resize_log=tuple(self.resize_log))
+
+
+def make_job(job_id: str, wj: WorkloadJob, cfg: SimConfig) -> SimJob:
+    """The simulator's state of workload job ``wj`` as submitted (:func:`job_limits`).
+
+    Raises:
+        SimulationError: its batch size cannot be cut over its GPUs within its limits.
+    """
+    app, fixed, nodes, limits, batch = job_limits(wj, cfg)
+    try:
+        batch_cfg = limits.fit_batch(batch, nodes)
+    except BatchSizeError as exc:
+        raise SimulationError(f"job {wj.name}: {exc}") from None
+    return SimJob(wj=wj, job_id=job_id, app=app, fixed=fixed, limits=limits, nodes=nodes,
+                  cfg=batch_cfg, size=nodes * limits.workers_per_node,
+                  granular=cfg.granularity == "gpu" and fixed is None, work_scale=cfg.work_scale)
 
 
 def job_limits(wj: WorkloadJob, cfg: SimConfig) -> tuple[Application | None, FixedWork | None,
