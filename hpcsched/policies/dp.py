@@ -41,6 +41,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from hpcsched.perf.model import JobModel, best_at, model_for
 from hpcsched.policies.common import admit_fifo, capacity, min_gpus, pending_fifo, running
@@ -92,16 +93,20 @@ def solve(options: list[list[Option]], k: int) -> tuple[float, list[int]] | None
     best[0] = 0.0
     choice = np.full((len(options), k + 1), -1, dtype=np.int32)
     kk_all = np.arange(k + 1)
+    # padded[k + 1 + m] = best[m], -inf before: its window at k + 1 - g is best shifted by g
+    padded = np.full(2 * (k + 1), -np.inf)
+    shifts = sliding_window_view(padded, k + 1)
     for j, opts in enumerate(options):
         if not opts:
             best = np.full(k + 1, -np.inf)
             continue
         # cand[i, kk]: option i on top of the best of the jobs before it at kk - g_i GPUs
+        # (-inf below g_i), its rows copied whole from the shifted windows
         gpus, values, _ = zip(*opts)
-        src = kk_all - np.array(gpus)[:, None]
+        padded[k + 1:] = best
+        cand = shifts[k + 1 - np.minimum(np.array(gpus), k + 1)]
         value = np.array(values, dtype=float)
-        cand = np.where(src >= 0, best[np.maximum(src, 0)], -np.inf) \
-            + np.where(np.isnan(value), -np.inf, value)[:, None]
+        cand += np.where(np.isnan(value), -np.inf, value)[:, None]
         arg = np.argmax(cand, axis=0)            # ties: the earlier option
         best = cand[arg, kk_all]
         choice[j] = np.where(np.isfinite(best), arg, -1)
