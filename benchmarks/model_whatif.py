@@ -132,8 +132,7 @@ def _install(variant: str) -> None:
 
     def goodputs_of(stacked):   # best_at_each_of's one pass, job by job through goodputs
         out = []
-        for job, m, key in stacked:
-            _, world, local, accum, glob, nodes = model._stacked(*key)
+        for job, m, key, (_, world, local, accum, glob, nodes) in stacked:
             out.append(goodputs(m, nodes, world, local, accum, glob, job.base_batch_size,
                                 job.grad_noise, model._stacked_throughputs(m, key)))
         return np.concatenate(out)

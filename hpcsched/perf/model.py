@@ -258,15 +258,16 @@ def best_at_each_of(requests: Sequence[tuple[JobView, JobModel | None,
     in one numpy pass: a policy asks for every size of every job each round, and per-job numpy
     calls were most of that cost."""
     out: list = [None] * len(requests)
-    stacked, where = [], []     # (job, model, key of _stacked) for the one numpy pass; indices
+    stacked, where = [], []     # (job, model, key, _stacked(*key)) for the one pass; indices
     for i, (job, model, sizes) in enumerate(requests):
         if not isinstance(model, PolluxModel) or len(sizes) < 2:
             out[i] = [best_at(job, model, g, n) for g, n in sizes]
             continue
         key = (tuple(sizes), job.min_batch_size, job.max_batch_size, job.batch_size,
                job.max_local_batch_size)
-        if _stacked(*key)[4].size:
-            stacked.append((job, model, key))
+        part = _stacked(*key)
+        if part[4].size:
+            stacked.append((job, model, key, part))
             where.append(i)
         else:
             out[i] = [(0.0, None)] * len(sizes)
@@ -276,12 +277,13 @@ def best_at_each_of(requests: Sequence[tuple[JobView, JobModel | None,
     return out
 
 
-def _best_of_stacked(stacked: list[tuple[JobView, PolluxModel, tuple]]
+def _best_of_stacked(stacked: list[tuple[JobView, PolluxModel, tuple, tuple]]
                      ) -> list[list[tuple[float, BatchConfig | None]]]:
-    """:func:`best_at_each_of` for jobs with Pollux's model and candidates (``_stacked(*key)``),
-    in one pass: every job's goodputs (:func:`_goodputs_of`), then per size the best, ties to
-    the batch nearest the job's current one, then the first."""
-    parts = [_stacked(*key) for _, _, key in stacked]
+    """:func:`best_at_each_of` for jobs with Pollux's model and candidates (each
+    ``(job, model, key, _stacked(*key))``), in one pass: every job's goodputs
+    (:func:`_goodputs_of`), then per size the best, ties to the batch nearest the job's current
+    one, then the first."""
+    parts = [part for *_, part in stacked]
     x = _goodputs_of(stacked)
     seg, starts, filled = _segments(tuple(len(c) for part in parts for c in part[0]))
     # reduceat: an empty segment's entry is junk no element reads (trailing ones dropped)
@@ -291,7 +293,7 @@ def _best_of_stacked(stacked: list[tuple[JobView, PolluxModel, tuple]]
         pick[seg[top]] = top
     else:
         glob = np.concatenate([part[4] for part in parts])
-        cur = np.repeat([float(job.batch_size) for job, _, _ in stacked],
+        cur = np.repeat([float(job.batch_size) for job, *_ in stacked],
                         [part[4].size for part in parts])
         near = np.full(x.size, np.inf)
         near[top] = np.abs(glob[top] - cur[top])
@@ -310,17 +312,16 @@ def _best_of_stacked(stacked: list[tuple[JobView, PolluxModel, tuple]]
     return out
 
 
-def _goodputs_of(stacked: list[tuple[JobView, PolluxModel, tuple]]) -> np.ndarray:
-    """:func:`_goodputs` at the candidates of each ``(job, model, key)`` (``_stacked(*key)``),
-    laid end to end in one array: each job's throughputs (samples/s, cached per model,
+def _goodputs_of(stacked: list[tuple[JobView, PolluxModel, tuple, tuple]]) -> np.ndarray:
+    """:func:`_goodputs` at the candidates of each ``(job, model, key, _stacked(*key))``, laid
+    end to end in one array: each job's throughputs (samples/s, cached per model,
     :func:`_stacked_throughputs`) times its statistical efficiency at each candidate's global
     batch (1 for a job without finite gradient noise); 0 where not finite."""
-    jobs = [job for job, _, _ in stacked]
-    globs = [_stacked(*key)[4] for _, _, key in stacked]
+    jobs = [job for job, *_ in stacked]
+    globs = [part[4] for *_, part in stacked]
     sizes, glob = [g.size for g in globs], np.concatenate(globs)
-    x = np.concatenate([_stacked_throughputs(model, key) for _, model, key in stacked])
-    noisy = [job.grad_noise is not None and all(v is not None and math.isfinite(v)
-                                                for v in job.grad_noise) for job in jobs]
+    x = np.concatenate([_stacked_throughputs(model, key) for _, model, key, _ in stacked])
+    noisy = [pollux.noise_known(job.grad_noise) for job in jobs]
     if any(noisy):
         sqr, var = (np.repeat([job.grad_noise[f] if ok else 0.0
                                for job, ok in zip(jobs, noisy)], sizes) for f in (0, 1))
@@ -382,7 +383,7 @@ def _goodputs(model: PolluxModel, nodes, world: np.ndarray, local: np.ndarray,
     (:func:`_stacked_throughputs`), else computed here."""
     x = _throughputs(model, nodes, world, local, accum, glob) if throughputs is None \
         else throughputs
-    if grad_noise is not None and all(v is not None and math.isfinite(v) for v in grad_noise):
+    if pollux.noise_known(grad_noise):
         x = x * pollux.efficiencies(grad_noise[0], grad_noise[1], base, glob)
     return np.where(np.isfinite(x), x, 0.0)
 

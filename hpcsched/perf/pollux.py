@@ -244,6 +244,12 @@ def gain(grad_sqr: float, grad_var: float, scale: float) -> float:
     return (var + sqr) / denom if denom > 0 else 1.0
 
 
+def noise_known(grad_noise: tuple[float | None, float | None] | None) -> bool:
+    """Whether ``grad_noise`` = ``(grad_sqr, grad_var)`` gives an efficiency: both statistics
+    known and finite (else the efficiency is taken as 1)."""
+    return grad_noise is not None and all(v is not None and math.isfinite(v) for v in grad_noise)
+
+
 def efficiency(grad_sqr: float | None, grad_var: float | None, init_batch_size: float,
                batch_size: float) -> float:
     """Statistical efficiency E(M) of batch size ``batch_size`` relative to ``init_batch_size``:
@@ -255,8 +261,7 @@ def efficiency(grad_sqr: float | None, grad_var: float | None, init_batch_size: 
     """
     if init_batch_size <= 0 or batch_size <= 0:
         raise ValueError(f"batch sizes must be positive, got {init_batch_size}, {batch_size}")
-    if grad_sqr is None or grad_var is None or not (math.isfinite(grad_sqr)
-                                                    and math.isfinite(grad_var)):
+    if not noise_known((grad_sqr, grad_var)):
         return 1.0
     scale = batch_size / init_batch_size
     return min(1.0, gain(float(grad_sqr), float(grad_var), scale) / scale)

@@ -125,25 +125,17 @@ class _Params:
     tempering: float
     rank: dict          # job id -> heSRPT rank weight (empty: 1 for every job)
     share: int = 0      # speedups over the goodput at this many GPUs (0: at the smallest size)
-    #: job id -> its curve this decision (:func:`_curve`), computed once for the rank weights
+    #: job id -> its curve this decision (:func:`_curves`), computed once for the rank weights
     #: and the options
     curves: dict = field(default_factory=dict)
 
 
-def _curve(job: JobView, snapshot: ClusterSnapshot, p: _Params) -> tuple:
-    """``(model, counts, rates)``: the job's throughput model, its allowed GPU counts
-    (:func:`_counts`) and :func:`~hpcsched.perf.model.best_at_each` at each; ``rates`` is
-    ``None`` without a model. Once per job and decision (``p.curves``, :func:`_curves`)."""
-    got = p.curves.get(job.job_id)
-    if got is None:
-        _curves([job], snapshot, p)
-        got = p.curves[job.job_id]
-    return got
-
-
 def _curves(jobs: list[JobView], snapshot: ClusterSnapshot, p: _Params) -> None:
-    """:func:`_curve` of each of ``jobs`` into ``p.curves``, their goodputs in one pass
-    (:func:`~hpcsched.perf.model.best_at_each_of`)."""
+    """Each job's curve into ``p.curves`` (``job id -> (model, counts, rates)``: its throughput
+    model, its allowed GPU counts, :func:`_counts`, and the best goodput and configuration at
+    each, ``None`` without a model), their goodputs in one pass
+    (:func:`~hpcsched.perf.model.best_at_each_of`). :func:`decide` fills them for every job
+    it may move, before anything reads them."""
     models = [model_for(j) for j in jobs]
     counts = [_counts(j, snapshot, p.max_options) for j in jobs]
     asked = [(j, m, [(g, nodes_spanned(j, g, snapshot)) for g in c])
@@ -320,7 +312,7 @@ def _t_min(job: JobView, snapshot: ClusterSnapshot, p: _Params) -> float | None:
     """The job's remaining time at its smallest allowed size (s); ``None`` unmeasured."""
     if job.busy:
         return None
-    model, _, rates = _curve(job, snapshot, p)
+    model, _, rates = p.curves[job.job_id]
     if model is None or not rates:
         return None
     x, cfg = rates[0]                       # at its smallest allowed count
@@ -405,7 +397,7 @@ def _job_options(job: JobView, snapshot: ClusterSnapshot, forced: set[str], p: _
     running = job.state == "RUNNING"
     if job.busy:   # held exactly where it is
         return [Option(job.gpus if running else 0, 0.0, job.batch_size)], {}
-    model, counts, rates = _curve(job, snapshot, p)
+    model, counts, rates = p.curves[job.job_id]
     wait = [] if running or job.job_id in forced else [Option(0, 0.0, job.batch_size)]
     if model is None:
         g = job.gpus if running else max(min_gpus(job, snapshot), min(job.gpus, max(
