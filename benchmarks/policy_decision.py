@@ -69,6 +69,7 @@ from hpcsched.perf.priors import APPLICATIONS, prior_for  # noqa: E402
 from hpcsched.perf.shared import THROUGHPUT_MODELS, Measured, step_corrections  # noqa: E402
 from hpcsched.policies import POLICIES, make_policy  # noqa: E402
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint  # noqa: E402
+from hpcsched.protocol.limits import JobLimits
 
 SCALES = ((64, 160), (1024, 500), (4096, 1000))
 GPUS_PER_NODE = 4
@@ -149,15 +150,15 @@ def snapshot(gpus: int, jobs: int, seed: int = 0, model: str = "linear",
             alpha, beta = extra.uniform(0.005, 0.05), extra.uniform(1e-4, 2e-3)
             scale = extra.uniform(0.5, 2.0)
         rate = batch / _step(model, app, scale, alpha, beta, batch, wpn, n)
-        views.append(JobView(
-            job_id=str(1000 + i), state="RUNNING" if running else "PENDING", nodes=n,
-            node_names=names, workers_per_node=wpn, min_nodes=1, max_nodes=max_nodes,
-            batch_size=batch, min_batch_size=batch // 2 if batch >= 2 * n * wpn else batch,
-            max_batch_size=batch * 4, max_local_batch_size=256, base_batch_size=batch,
-            lr_scaling="sqrt", submit_time=float(i), profile=profile,
-            attained_gpu_seconds=float(rng.uniform(0, 20000)) if running else 0.0,
-            app_class=app if model == "pollux" else "",
-            remaining_samples=_remaining_samples(extra, running, rate)))
+        views.append(JobView(job_id=str(1000 + i), state="RUNNING" if running else "PENDING",
+                             nodes=n, node_names=names,
+                             limits=JobLimits(wpn, 1, max_nodes,
+                                              batch // 2 if batch >= 2 * n * wpn else batch,
+                                              batch * 4, 256, batch, "sqrt"),
+                             batch_size=batch, submit_time=float(i), profile=profile,
+                             attained_gpu_seconds=float(rng.uniform(0, 20000)) if running else 0.0,
+                             app_class=app if model == "pollux" else "",
+                             remaining_samples=_remaining_samples(extra, running, rate)))
     if throughput_model == "shared":
         views = list(with_step_corrections(views, lambda app: step_corrections(app, [
             Measured(p.nodes, p.world_size, p.local_batch_size, p.accumulation_steps,

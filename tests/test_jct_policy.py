@@ -11,6 +11,7 @@ from hpcsched.policies import make_policy
 from hpcsched.policies.jct import decide
 from hpcsched.policies.reconcile import Costs, reconcile
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint
+from hpcsched.protocol.limits import JobLimits
 
 
 def _pt(world, local, step_time, nodes=None):
@@ -28,11 +29,9 @@ def _job(job_id, gpus=4, *, state="RUNNING", profile=LINEAR, remaining=1e5, subm
          min_nodes=1, max_nodes=4, wpn=4, busy=False, held=False, resized_at=None, batch=256,
          bmin=None):
     return JobView(job_id=job_id, state=state, nodes=max(1, gpus // wpn), node_names=(),
-                   workers_per_node=wpn, min_nodes=min_nodes, max_nodes=max_nodes,
-                   batch_size=batch, min_batch_size=bmin or batch, max_batch_size=batch,
-                   max_local_batch_size=None, base_batch_size=batch, lr_scaling="linear",
-                   submit_time=submit, profile=tuple(profile), remaining_samples=remaining,
-                   busy=busy, held=held, resized_at=resized_at)
+                   limits=JobLimits(wpn, min_nodes, max_nodes, bmin or batch, batch, None, batch, "linear"),
+                   batch_size=batch, submit_time=submit, profile=tuple(profile),
+                   remaining_samples=remaining, busy=busy, held=held, resized_at=resized_at)
 
 
 def _snap(jobs, nodes=2, gpus=4, now=0.0, granularity="node"):
@@ -259,8 +258,9 @@ def test_a_job_inside_the_no_thrash_hold_is_planned_the_way_the_hold_lets_it_go(
 def _noisy(phi):
     from dataclasses import replace as _replace
 
-    return _replace(_job("A", 4, profile=SUBLINEAR, remaining=1e6, batch=256, bmin=64),
-                    max_batch_size=4096, base_batch_size=64, grad_noise=(1.0, phi))
+    job = _job("A", 4, profile=SUBLINEAR, remaining=1e6, batch=256, bmin=64)
+    return _replace(job, limits=_replace(job.limits, max_batch_size=4096, base_batch_size=64),
+                    grad_noise=(1.0, phi))
 
 
 def test_the_plan_predicts_efficiency_with_the_grown_noise_scale():

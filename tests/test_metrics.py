@@ -30,15 +30,14 @@ from hpcsched.policies.reconcile import Change
 from hpcsched.policies.round import RoundDecision
 from hpcsched.policies.snapshot import ClusterSnapshot, GPUView, JobView, NodeView, ProfilePoint
 from hpcsched.protocol import files as ctl
+from hpcsched.protocol.limits import JobLimits
 from tests.test_daemon_round_nonblocking import FakeCluster, answer, info, make_job
 
 
 def job(job_id, state="RUNNING", nodes=1, wpn=2, throughput=0.0, app="cifar10", profile=()):
-    return JobView(job_id=job_id, state=state, nodes=nodes, node_names=(), workers_per_node=wpn,
-                   min_nodes=1, max_nodes=4, batch_size=128, min_batch_size=64,
-                   max_batch_size=1024, max_local_batch_size=None, base_batch_size=128,
-                   lr_scaling="linear", submit_time=0.0, throughput=throughput, app_class=app,
-                   profile=profile)
+    return JobView(job_id=job_id, state=state, nodes=nodes, node_names=(),
+                   limits=JobLimits(wpn, 1, 4, 64, 1024, None, 128, "linear"), batch_size=128,
+                   submit_time=0.0, throughput=throughput, app_class=app, profile=profile)
 
 
 def snapshot(*jobs, gpus=()):

@@ -35,6 +35,7 @@ from hpcsched.perf.pollux import (
 from hpcsched.perf.priors import APPLICATIONS, prior_for
 from hpcsched.policies.snapshot import JobView, ProfilePoint
 from hpcsched.protocol.batching import BatchConfig
+from hpcsched.protocol.limits import JobLimits
 
 TRUE = PerfParams(alpha_c=0.02, beta_c=0.001, alpha_n=0.12, beta_n=0.004, alpha_r=0.03,
                   beta_r=0.002, gamma=2.0)
@@ -42,11 +43,10 @@ TRUE = PerfParams(alpha_c=0.02, beta_c=0.001, alpha_n=0.12, beta_n=0.004, alpha_
 
 def _job(*, profile=(), app="", batch=128, bmin=None, bmax=None, max_local=None, base=None,
          noise=None, nodes=1, wpn=4):
-    return JobView(job_id="J", state="RUNNING", nodes=nodes, node_names=(), workers_per_node=wpn,
-                   min_nodes=1, max_nodes=4, batch_size=batch, min_batch_size=bmin or batch,
-                   max_batch_size=bmax or batch, max_local_batch_size=max_local,
-                   base_batch_size=base or batch, lr_scaling="linear", submit_time=0.0,
-                   profile=tuple(profile), app_class=app, grad_noise=noise)
+    return JobView(job_id="J", state="RUNNING", nodes=nodes, node_names=(),
+                   limits=JobLimits(wpn, 1, 4, bmin or batch, bmax or batch, max_local, base or batch, "linear"),
+                   batch_size=batch, submit_time=0.0, profile=tuple(profile), app_class=app,
+                   grad_noise=noise)
 
 
 def _point(params, nodes, world, local, accum=1, samples=20):
@@ -367,10 +367,9 @@ def test_best_at_each_is_best_at_at_each_size(noise, ties, monkeypatch):
 
 
 def _cifar_job() -> JobView:
-    return JobView(job_id="1", state="RUNNING", nodes=1, node_names=(), workers_per_node=4,
-                   min_nodes=1, max_nodes=4, batch_size=512, min_batch_size=64,
-                   max_batch_size=8192, max_local_batch_size=32, base_batch_size=128,
-                   lr_scaling="sqrt", submit_time=0.0, app_class="cifar10")
+    return JobView(job_id="1", state="RUNNING", nodes=1, node_names=(),
+                   limits=JobLimits(4, 1, 4, 64, 8192, 32, 128, "sqrt"), batch_size=512,
+                   submit_time=0.0, app_class="cifar10")
 
 
 @settings(max_examples=40, deadline=None)
@@ -392,8 +391,10 @@ def test_best_at_each_of_is_best_at_for_every_job(asks, ties):
             _coarsened(mp)
         requests = []
         for i, (noise, batch, max_local, base, sizes, kind) in enumerate(asks):
-            job = replace(_cifar_job(), job_id=str(i), grad_noise=noise, batch_size=batch,
-                          max_local_batch_size=max_local, base_batch_size=base)
+            job = _cifar_job()
+            job = replace(job, job_id=str(i), grad_noise=noise, batch_size=batch,
+                          limits=replace(job.limits, min_batch_size=32, max_local_batch_size=max_local,
+                                         base_batch_size=base))
             model = {"prior": PolluxModel(prior_for("cifar10"), "prior"),
                      "scaled": PolluxModel(prior_for("cifar10").scaled(1.7), "x1.7"),
                      "linear": ThroughputModel(0.01, 0.002, ((1, 1.0), (4, 0.9)), True),

@@ -31,6 +31,7 @@ from hpcsched.policies.snapshot import (
     Plan,
 )
 from hpcsched.policies.variability import profiles_from_views, sensitivity
+from hpcsched.protocol.limits import JobLimits
 from hpcsched.sim.physics import draw_gpu_slowdowns
 
 DATA_DIR = Path(hpcsched.__file__).resolve().parent / "data" / "pal"
@@ -50,10 +51,8 @@ def _pal_profiles():
 
 def _job(job_id, nodes=1, *, wpn=4, cls="", state="PENDING", names=(), busy=False, partition=""):
     return JobView(job_id=job_id, state=state, nodes=nodes, node_names=tuple(names),
-                   workers_per_node=wpn, min_nodes=1, max_nodes=8, batch_size=64,
-                   min_batch_size=64, max_batch_size=64, max_local_batch_size=None,
-                   base_batch_size=64, lr_scaling="linear", submit_time=0.0, app_class=cls,
-                   busy=busy, partition=partition)
+                   limits=JobLimits(wpn, 1, 8, 64, 64, None, 64, "linear"), batch_size=64,
+                   submit_time=0.0, app_class=cls, busy=busy, partition=partition)
 
 
 def _gpus(speeds: dict[str, dict[str, float]], per_node=4):

@@ -17,15 +17,14 @@ from hpcsched.policies.common import admit_fifo, capacity
 from hpcsched.policies.dp import Option, solve
 from hpcsched.policies.ones import ONES
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint
+from hpcsched.protocol.limits import JobLimits
 
 
 def _job(job_id, nodes, *, wpn=2, min_nodes=1, max_nodes=3, batch=64, bmin=None, bmax=None,
          state="RUNNING", profile=(), submit=0.0, busy=False):
-    return JobView(job_id=job_id, state=state, nodes=nodes, node_names=(), workers_per_node=wpn,
-                   min_nodes=min_nodes, max_nodes=max_nodes, batch_size=batch,
-                   min_batch_size=bmin or batch, max_batch_size=bmax or batch,
-                   max_local_batch_size=None, base_batch_size=batch, lr_scaling="linear",
-                   submit_time=submit, profile=tuple(profile), busy=busy)
+    return JobView(job_id=job_id, state=state, nodes=nodes, node_names=(),
+                   limits=JobLimits(wpn, min_nodes, max_nodes, bmin or batch, bmax or batch, None, batch, "linear"),
+                   batch_size=batch, submit_time=submit, profile=tuple(profile), busy=busy)
 
 
 def _cluster(n_nodes=4, gpus=4, jobs=(), other=()):

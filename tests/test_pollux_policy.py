@@ -15,6 +15,7 @@ from hpcsched.policies import PolicyError, make_policy
 from hpcsched.policies.pollux import Pollux
 from hpcsched.policies.pollux_search import EPS, Problem, fitness, power_mean, repair
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint
+from hpcsched.protocol.limits import JobLimits
 
 # local batch 48 at 2 GPUs and 24 at 4 GPUs, global batch 96 (see test_policies)
 SCALES = ((2, 48, 0.096), (4, 24, 0.048))       # step time halves with the GPUs: linear
@@ -29,11 +30,9 @@ def _job(job_id, gpus=0, *, state="RUNNING", nodes=(), layout=(), points=SCALES,
          max_nodes=16, min_nodes=1, batch=96, submit=-3600.0, busy=False, attained=0.0):
     n = len(nodes) if nodes else max(1, gpus // wpn)
     return JobView(job_id=job_id, state=state, nodes=n, node_names=tuple(nodes),
-                   workers_per_node=wpn, min_nodes=min_nodes, max_nodes=max_nodes,
-                   batch_size=batch, min_batch_size=batch, max_batch_size=batch,
-                   max_local_batch_size=None, base_batch_size=batch, lr_scaling="linear",
-                   submit_time=submit, profile=tuple(_pt(*p) for p in points), busy=busy,
-                   layout=tuple(layout), attained_gpu_seconds=attained)
+                   limits=JobLimits(wpn, min_nodes, max_nodes, batch, batch, None, batch, "linear"),
+                   batch_size=batch, submit_time=submit, profile=tuple(_pt(*p) for p in points),
+                   busy=busy, layout=tuple(layout), attained_gpu_seconds=attained)
 
 
 def _snap(jobs, n_nodes=4, gpus=4, granularity="gpu", other=()):

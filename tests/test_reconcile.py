@@ -26,17 +26,16 @@ from hpcsched.policies.reconcile import (
 )
 from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, NodeView, Plan, ProfilePoint
 from hpcsched.protocol.kinds import ChangeKind
+from hpcsched.protocol.limits import JobLimits
 
 
 def _job(job_id, nodes, *, wpn=2, min_nodes=1, max_nodes=3, batch=64, bmin=None, bmax=None,
          state="RUNNING", profile=(), submit=0.0, busy=False, names=(), held=False,
          remaining=None):
     return JobView(job_id=job_id, state=state, nodes=nodes, node_names=tuple(names),
-                   workers_per_node=wpn, min_nodes=min_nodes, max_nodes=max_nodes,
-                   batch_size=batch, min_batch_size=bmin or batch, max_batch_size=bmax or batch,
-                   max_local_batch_size=None, base_batch_size=batch, lr_scaling="linear",
-                   submit_time=submit, profile=tuple(profile), busy=busy, held=held,
-                   remaining_samples=remaining)
+                   limits=JobLimits(wpn, min_nodes, max_nodes, bmin or batch, bmax or batch, None, batch, "linear"),
+                   batch_size=batch, submit_time=submit, profile=tuple(profile), busy=busy,
+                   held=held, remaining_samples=remaining)
 
 
 def _pt(world, local, step_time, accum=1):
@@ -313,9 +312,9 @@ def test_reconcile_judges_a_plan_by_the_goodput_the_policy_maximised():
     """Little gradient noise: a batch above the base buys no progress (efficiency M0 / M), so the
     DP takes the base batch although raw throughput is higher at the current, larger one.
     Reconcile must make that change: it predicts the same goodput the policy did."""
-    job = replace(_job("C", 1, min_nodes=1, max_nodes=1, batch=128, bmin=32, bmax=128,
-                       profile=[_pt(2, 16, 0.05), _pt(2, 32, 0.06)]),   # step time grows slowly
-                  base_batch_size=32, grad_noise=(1.0, 1e-6))
+    job = _job("C", 1, min_nodes=1, max_nodes=1, batch=128, bmin=32, bmax=128,
+               profile=[_pt(2, 16, 0.05), _pt(2, 32, 0.06)])   # step time grows slowly
+    job = replace(job, limits=replace(job.limits, base_batch_size=32), grad_noise=(1.0, 1e-6))
     snap = _cluster(1, 4, [job])
     plan = make_policy("dp").decide(snap)
     t = plan.target("C")
@@ -422,13 +421,14 @@ def test_a_gpu_granular_grow_fits_when_the_free_gpus_add_up(free, own, to_gpus, 
 
 def test_a_policy_that_prices_restarts_itself_may_loosen_the_gate():
     """decide_round applies a policy's ``reconcile_gate``: Pollux's plans are not held."""
+    from hpcsched.policies.base import PolicyBase
     from hpcsched.policies.round import decide_round
 
     job = replace(_job("B", 1, batch=96, profile=SCALES, names=("n1",)), resized_at=-60.0,
                   last_resize=ChangeKind.SHRINK)
     snap = _cluster(jobs=[job])
 
-    class Grow:
+    class Grow(PolicyBase):
         name = "grow"
 
         def decide(self, snapshot, seed=0):
@@ -462,11 +462,12 @@ def test_held_reversal_names_the_resize_the_hold_forbids(resized_at, last, hold,
 def test_the_policy_sees_the_hold_reconcile_applies_after_its_gate():
     """decide_round tells the policy the hold its plans are judged with: Costs.hold, or 0 for
     a policy whose gate turns it off (the policy can then plan around it: ``jct``)."""
+    from hpcsched.policies.base import PolicyBase
     from hpcsched.policies.round import decide_round
 
     seen = {}
 
-    class Spy:
+    class Spy(PolicyBase):
         name = "spy"
 
         def decide(self, snapshot, seed=0):

@@ -42,10 +42,9 @@ def measured(nodes, world, local, ratio, steps=10.0, accum=1):
 
 
 def view(profile=(), corrections=None, app="cifar10"):
-    return JobView(job_id="J", state="RUNNING", nodes=1, node_names=(), workers_per_node=4,
-                   min_nodes=1, max_nodes=4, batch_size=128, min_batch_size=64,
-                   max_batch_size=1024, max_local_batch_size=64, base_batch_size=128,
-                   lr_scaling="sqrt", submit_time=0.0, profile=tuple(profile), app_class=app,
+    return JobView(job_id="J", state="RUNNING", nodes=1, node_names=(),
+                   limits=JobLimits(4, 1, 4, 64, 1024, 64, 128, "sqrt"), batch_size=128,
+                   submit_time=0.0, profile=tuple(profile), app_class=app,
                    step_corrections=corrections)
 
 

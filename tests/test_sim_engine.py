@@ -19,6 +19,7 @@ import pytest
 from hpcsched.policies import POLICIES
 from hpcsched.policies.reconcile import Costs, reconcile
 from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, NodeView, Plan
+from hpcsched.protocol.limits import JobLimits
 from hpcsched.sim import SimResult, WorkloadJob
 from hpcsched.sim.engine import (
     CLASSES,
@@ -440,10 +441,8 @@ def test_without_preemption_tiresias_lets_the_big_job_run():
 def view(job_id, state, nodes, *, held=False, batch=64, busy=False):
     return JobView(job_id=job_id, state=state, nodes=nodes,
                    node_names=("n1", "n2")[:nodes] if state == "RUNNING" else (),
-                   workers_per_node=2, min_nodes=1, max_nodes=2, batch_size=batch,
-                   min_batch_size=batch, max_batch_size=batch, max_local_batch_size=None,
-                   base_batch_size=batch, lr_scaling="sqrt", submit_time=0.0, held=held,
-                   busy=busy)
+                   limits=JobLimits(2, 1, 2, batch, batch, None, batch, "sqrt"), batch_size=batch,
+                   submit_time=0.0, held=held, busy=busy)
 
 
 def snapshot(*jobs):

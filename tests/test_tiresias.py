@@ -10,15 +10,14 @@ from hpcsched.policies import PolicyError
 from hpcsched.policies.common import capacity
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView
 from hpcsched.policies.tiresias import DEFAULT_QUEUE_THRESHOLDS, Tiresias
+from hpcsched.protocol.limits import JobLimits
 
 
 def _job(job_id, nodes, *, wpn=4, min_nodes=1, max_nodes=4, state="PENDING", attained=0.0,
          submit=0.0, busy=False, batch=64):
-    return JobView(job_id=job_id, state=state, nodes=nodes, node_names=(), workers_per_node=wpn,
-                   min_nodes=min_nodes, max_nodes=max_nodes, batch_size=batch,
-                   min_batch_size=batch, max_batch_size=batch, max_local_batch_size=None,
-                   base_batch_size=batch, lr_scaling="linear", submit_time=submit, busy=busy,
-                   attained_gpu_seconds=attained)
+    return JobView(job_id=job_id, state=state, nodes=nodes, node_names=(),
+                   limits=JobLimits(wpn, min_nodes, max_nodes, batch, batch, None, batch, "linear"),
+                   batch_size=batch, submit_time=submit, busy=busy, attained_gpu_seconds=attained)
 
 
 def _cluster(n_nodes, jobs, *, gpus=4, time=10_000.0, other=()):

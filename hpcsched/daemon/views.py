@@ -141,16 +141,12 @@ def attained_gpu_seconds(profile: Iterable[ProfilePoint]) -> float:
 
 def job_view(f: JobFacts) -> JobView:
     """The policy's view of one job (see :class:`JobFacts`)."""
-    lim = f.limits
     running = f.info.state == "RUNNING"
     return JobView(
         job_id=f.info.job_id, state=f.info.state, nodes=f.nodes,
         node_names=tuple(slurm.expand_hostlist(f.info.nodes)) if running else f.requested_nodes,
-        workers_per_node=lim.workers_per_node, min_nodes=lim.min_nodes, max_nodes=lim.max_nodes,
-        batch_size=f.batch_size, min_batch_size=lim.min_batch_size,
-        max_batch_size=lim.max_batch_size, max_local_batch_size=lim.max_local_batch_size,
-        base_batch_size=lim.base_batch_size, lr_scaling=lim.lr_scaling,
-        submit_time=f.submit_time, start_time=f.start_time, restarts=f.info.restarts,
+        limits=f.limits, batch_size=f.batch_size, submit_time=f.submit_time,
+        start_time=f.start_time, restarts=f.info.restarts,
         generation=f.generation, samples_processed=int(f.report.samples_processed),
         throughput=f.report.throughput, profile=f.profile, app_class=f.application,
         busy=f.busy, user=f.info.user, partition=f.info.partition,

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, NamedTuple
 
+from hpcsched.protocol.limits import JobLimits
+
 if TYPE_CHECKING:
     from hpcsched.perf.shared import StepCorrections
 
@@ -124,27 +126,23 @@ class ProfilePoint(NamedTuple):
 class JobView:
     """One hpcsched job as a policy sees it.
 
-    Sizes: ``nodes`` is the current (or, when pending, requested) node count; the job runs
-    ``workers_per_node`` workers (GPUs) per node and may be resized within ``[min_nodes,
-    max_nodes]``. Batch sizes are global (samples per optimizer step) within
-    ``[min_batch_size, max_batch_size]``; ``max_local_batch_size`` is the per-GPU limit
-    (``None`` = no limit). ``busy`` is True while a resize is in flight or the job is starting:
-    policies must leave such a job as it is.
+    Sizes: ``nodes`` is the current (or, when pending, requested) node count. The job's resize
+    limits are its :class:`~hpcsched.protocol.limits.JobLimits` (``limits``, the one type hpcsub,
+    the spec, the daemon and the store use; its fields read as attributes of the view too:
+    ``workers_per_node``, ``min_nodes``, ``max_batch_size``, ...): it runs ``workers_per_node``
+    workers (GPUs) per node and may be resized within ``[min_gpus, max_gpus]`` GPUs
+    (``[min_nodes, max_nodes]`` whole nodes). Batch sizes are global (samples per optimizer
+    step) within ``[min_batch_size, max_batch_size]``; ``max_local_batch_size`` is the per-GPU
+    limit (``None`` = no limit). ``busy`` is True while a resize is in flight or the job is
+    starting: policies must leave such a job as it is.
     """
 
     job_id: str
     state: str                      # PENDING or RUNNING
     nodes: int
     node_names: tuple[str, ...]
-    workers_per_node: int
-    min_nodes: int
-    max_nodes: int
+    limits: JobLimits
     batch_size: int
-    min_batch_size: int
-    max_batch_size: int
-    max_local_batch_size: int | None
-    base_batch_size: int
-    lr_scaling: str
     submit_time: float
     start_time: float | None = None
     restarts: int = 0
@@ -179,6 +177,18 @@ class JobView:
     def gpus(self) -> int:
         """GPUs the job holds (running) or asks for (pending)."""
         return sum(self.layout) if self.layout else self.nodes * self.workers_per_node
+
+    # the limits' fields, read through the view (one definition: JobLimits)
+    workers_per_node = property(lambda self: self.limits.workers_per_node)
+    min_nodes = property(lambda self: self.limits.min_nodes)
+    max_nodes = property(lambda self: self.limits.max_nodes)
+    min_batch_size = property(lambda self: self.limits.min_batch_size)
+    max_batch_size = property(lambda self: self.limits.max_batch_size)
+    max_local_batch_size = property(lambda self: self.limits.max_local_batch_size)
+    base_batch_size = property(lambda self: self.limits.base_batch_size)
+    lr_scaling = property(lambda self: self.limits.lr_scaling)
+    min_gpus = property(lambda self: self.limits.min_gpus)
+    max_gpus = property(lambda self: self.limits.max_gpus)
 
 
 @dataclass(frozen=True)
