@@ -17,6 +17,7 @@ from hpcsched.daemon import round as daemon_round
 from hpcsched.daemon.config import ConfigError, DaemonSettings, load
 from hpcsched.daemon.round import Daemon, round_event
 from hpcsched.daemon.store import Store
+from hpcsched.policies.base import PolicyBase
 from tests.test_daemon_round_nonblocking import FakeCluster, info, make_job
 
 
@@ -44,12 +45,12 @@ def test_round_event(before, after, reason):
 
 
 # ------------------------------------------------------------------ the wait between rounds
-class EventPolicy:
+class EventPolicy(PolicyBase):
     name = "events"
     round_on_events = True
 
 
-class PeriodicPolicy:
+class PeriodicPolicy(PolicyBase):
     name = "periodic"
 
 

@@ -19,6 +19,7 @@ from hpcsched.daemon.config import load
 from hpcsched.daemon.phases import PATHS, Timeouts
 from hpcsched.daemon.round import Daemon
 from hpcsched.daemon.store import Store
+from hpcsched.policies.base import PolicyBase
 from hpcsched.policies.reconcile import Change
 from hpcsched.policies.round import RoundDecision
 from hpcsched.policies.snapshot import JobTarget, Plan
@@ -208,7 +209,7 @@ def test_actuate_between_rounds_advances_open_resizes_and_decides_nothing(daemon
     assert len(observed) == 1 + len(phases)
 
 
-class Scripted:
+class Scripted(PolicyBase):
     """A policy that gives job 7 the node counts of ``script``, one per round (the last one
     after that), at batch 64; it records what it saw."""
 

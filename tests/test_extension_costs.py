@@ -10,6 +10,7 @@ import pytest
 
 from hpcsched.daemon import config as cfg
 from hpcsched.policies import jct
+from hpcsched.policies.base import PolicyBase
 from hpcsched.policies.reconcile import (
     Change,
     Costs,
@@ -106,7 +107,7 @@ def test_reconcile_through_the_round_admits_the_grow_only_by_extension():
     700 s: 700,000 samples lost by requeue against 600,000 won over the 600 s horizon; by
     extension (8 x 0.5 + 1.5) s x 1,000 lost."""
 
-    class Grow:
+    class Grow(PolicyBase):
         name = "grow"
 
         def decide(self, snapshot, seed=0):

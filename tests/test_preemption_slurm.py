@@ -26,6 +26,7 @@ from hpcsched.daemon.config import load
 from hpcsched.daemon.phases import PATHS
 from hpcsched.daemon.round import Daemon
 from hpcsched.daemon.store import Store
+from hpcsched.policies.base import PolicyBase
 from hpcsched.policies.snapshot import JobTarget, Plan
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir
@@ -40,7 +41,7 @@ EPOCHS = 40
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
 
 
-class Scripted:
+class Scripted(PolicyBase):
     """A policy giving job ``job_id`` ``nodes`` nodes at batch 64 (the test sets ``nodes``);
     every snapshot it is shown is kept."""
 

@@ -183,7 +183,8 @@ def test_parallel_runs_give_the_same_summaries(workload, tmp_path):
     (["-w", "{csv}", "-p", "static", "--nodes", "1"], HEADER + "big,0,bert,8,96\n",
      "error: job big asks for 8 GPUs; the cluster has 4"),
     (["-w", "{csv}", "-p", "tiresias", "--param", "tiresias.foo=1"], HEADER + ROWS,
-     "unexpected keyword argument 'foo'"),
+     "policy 'tiresias': unknown parameter(s) foo; valid keys: queue_thresholds, "
+     "promote_knob, preempt_within_queue, placement, locality_penalty"),
 ])
 def test_user_errors_exit_2_with_one_line(tmp_path, args, csv_text, fragment):
     path = tmp_path / "small.csv"
@@ -208,7 +209,7 @@ def test_an_error_message_keeps_its_brackets(workload):
     r = simulate("-w", workload, "-p", "tiresias", "--param", "tiresias.queue_thresholds=[a]",
                  "-q", env={"COLUMNS": "200"})
     assert r.exit_code == 2, r.output
-    assert "queue_thresholds must be numbers, got '[a]'" in error_line(r.output), r.output
+    assert "queue_thresholds must be a list, got '[a]'" in error_line(r.output), r.output
 
 
 def test_an_error_about_a_bracketed_job_name_is_reported(tmp_path):

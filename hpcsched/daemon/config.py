@@ -33,7 +33,7 @@ from types import MappingProxyType
 from typing import Any
 
 from hpcsched.perf.shared import THROUGHPUT_MODELS
-from hpcsched.policies import DEFAULT_POLICY, POLICIES
+from hpcsched.policies import DEFAULT_POLICY, POLICIES, PolicyError, make_policy
 from hpcsched.policies.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GROW_MODES
 
 DEFAULT_PATH = Path("/etc/hpcsched/hpcsched.toml")
@@ -338,8 +338,9 @@ def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
     """Read the daemon's settings (see the module docstring for the lookup order).
 
     ``env`` replaces ``os.environ`` for ``HPCSCHED_CONFIG`` and ``HPCSCHED_DATABASE_URL``
-    (tests). When ``policy_names`` is given, ``[policy] name`` must be one of them.
-    Raises :class:`ConfigError`.
+    (tests). When ``policy_names`` is given, ``[policy] name`` must be one of them, and a
+    registered policy is made once with ``[policy.params]`` (a bad key or value is a one-line
+    error listing the policy's keys). Raises :class:`ConfigError`.
     """
     env = os.environ if env is None else env
     file, required = find_path(path, env=env)
@@ -377,6 +378,11 @@ def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
     if policy_names is not None and policy.name not in policy_names:
         raise ConfigError(f"{where}: [policy] name: unknown policy {policy.name!r}; "
                           f"known policies: {', '.join(sorted(policy_names)) or '(none)'}")
+    if policy_names is not None and policy.name in POLICIES:
+        try:
+            make_policy(policy.name, policy.params)
+        except PolicyError as exc:
+            raise ConfigError(f"{where}: [policy.params]: {exc}") from None
     return Settings(daemon=daemon, policy=policy, probe=parts["probe"], path=file)
 
 

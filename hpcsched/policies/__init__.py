@@ -4,28 +4,36 @@
 Policies are chosen by name (:data:`POLICIES`); :func:`make_policy` builds one from its name and
 the ``[policy.params]`` table of the configuration.
 
-Adding a policy: write ``decide(snapshot, seed, *, <parameters>) -> Plan`` in a module of this
-package (pure: no I/O, no clock, randomness only from ``seed``) and add one line to
-:data:`REGISTRY`. A policy that keeps state between rounds is a class instead (its constructor
-takes the parameters, its instances ``decide``), as :class:`~hpcsched.policies.ones.ONES`.
+The contract every policy meets is :mod:`hpcsched.policies.base`: a :class:`PolicyBase` with
+frozen parameters (a :class:`~hpcsched.policies.base.Params` dataclass that checks them) and
+the hooks reconcile and the round loop read (``reconcile_gate``, ``judged_view``,
+``round_on_events``), each with a default.
+
+Adding a policy: a :class:`PolicyBase` subclass with its ``Params`` and ``decide`` (pure: no
+I/O, no clock, randomness only from ``seed``), or, for a policy without state between rounds,
+a function ``decide(snapshot, seed, *, <parameters>) -> Plan`` made a policy by
+:func:`~hpcsched.policies.base.stateless` with its ``Params``; then one line in
+:data:`REGISTRY`. ``tests/test_policy_contract.py`` checks every registered policy against the
+contract.
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hpcsched.policies.base import Policy, PolicyError, stateless
+from hpcsched.policies.base import Params, Policy, PolicyBase, PolicyError
 
-#: policy name -> ``"module:attribute"``: a pure ``decide`` function, or a class for a policy
-#: with state. Imported when the policy is made, so that importing this package (as the Slurm
-#: glue and the configuration do, for the snapshot types and the names) stays cheap.
+#: policy name -> ``"module:attribute"``: the policy's factory (a :class:`PolicyBase` subclass,
+#: or a :func:`~hpcsched.policies.base.stateless` factory), called with the parameters; its
+#: ``Params`` attribute is the parameters' class. Imported when the policy is made, so that
+#: importing this package (as the Slurm glue and the configuration do, for the snapshot types
+#: and the names) stays cheap.
 REGISTRY: dict[str, str] = {
-    "static": "hpcsched.policies.static:decide",
+    "static": "hpcsched.policies.static:Static",
     "tiresias": "hpcsched.policies.tiresias:Tiresias",
-    "dp": "hpcsched.policies.dp:decide",
+    "dp": "hpcsched.policies.dp:DP",
     "ones": "hpcsched.policies.ones:ONES",
     "ones-pal": "hpcsched.policies.composite:OnesPal",
     "pollux": "hpcsched.policies.pollux:Pollux",
@@ -35,36 +43,40 @@ POLICIES = tuple(REGISTRY)
 DEFAULT_POLICY = "jct"
 
 
-def _factory(name: str) -> Callable[..., Policy]:
-    module, attribute = REGISTRY[name].split(":")
-    obj = getattr(importlib.import_module(module), attribute)
-    return obj if inspect.isclass(obj) else stateless(name, obj)
-
-
-def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
-    """The policy ``name`` configured with ``params``.
-
-    A ``placement`` parameter (``packed``, ``pm-first``, ``pal``) adds that placement stage to
-    any allocation policy (with ``locality_penalty`` for it); the rest go to the policy.
+def policy_factory(name: str) -> Callable[..., Policy]:
+    """The factory of the registered policy ``name``: called with its parameters (keywords),
+    it makes the policy; its ``Params`` attribute is their :class:`Params` class.
 
     Raises:
-        PolicyError: unknown name, or parameters the policy does not take or accept.
+        PolicyError: unknown name.
     """
     if name not in REGISTRY:
         raise PolicyError(f"unknown policy {name!r} (choose from {', '.join(sorted(REGISTRY))})")
-    params = dict(params or {})
-    placement = params.pop("placement", None)
-    penalty = params.pop("locality_penalty", 1.5) if placement else None
-    factory = _factory(name)
-    try:
-        policy = factory(**params)
-        if placement:
-            from hpcsched.policies.composite import Placed
-
-            policy = Placed(policy, placement, penalty)
-        return policy
-    except TypeError as exc:
-        raise PolicyError(f"policy {name!r}: {exc}") from None
+    module, attribute = REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
-__all__ = ["DEFAULT_POLICY", "POLICIES", "REGISTRY", "Policy", "PolicyError", "make_policy"]
+def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
+    """The policy ``name`` configured with ``params`` (the ``[policy.params]`` table).
+
+    A ``placement`` parameter (``packed``, ``pm-first``, ``pal``) adds that placement stage to
+    any allocation policy (with ``locality_penalty`` for it: :class:`~hpcsched.policies.
+    composite.PlacementParams`); the rest are the policy's own (its ``Params``).
+
+    Raises:
+        PolicyError: unknown name, or a parameter the policy does not take or a value it
+            refuses; one line, naming the policy and listing its valid keys.
+    """
+    from hpcsched.policies.composite import PLACEMENT_KEYS, Placed
+
+    factory = policy_factory(name)
+    own: dict[str, Any] = dict(params or {})
+    placement = own.pop("placement", None)
+    stage = {k: own.pop(k) for k in PLACEMENT_KEYS[1:] if k in own} if placement else {}
+    factory.Params.parse(name, own, extra=PLACEMENT_KEYS)      # every error lists every key
+    policy = factory(**own)
+    return Placed(policy, placement, **stage) if placement else policy
+
+
+__all__ = ["DEFAULT_POLICY", "POLICIES", "REGISTRY", "Params", "Policy", "PolicyBase",
+           "PolicyError", "make_policy", "policy_factory"]

@@ -1,65 +1,193 @@
-"""What a policy is, and the one error a policy's configuration raises.
+"""The policy contract: what a policy is, every hook it may have, its parameters, and the one
+error a policy's configuration raises.
 
-A policy is an object with a ``name`` and a pure ``decide(snapshot, seed) -> Plan``. A policy
-that keeps no state between rounds is just a function ``decide(snapshot, seed, **params) ->
-Plan``; :func:`stateless` makes it a policy, with its parameters bound and checked.
+A policy is a :class:`PolicyBase` (the :class:`Policy` protocol spells the same contract for
+type checkers): a ``name``, frozen ``params`` (a :class:`Params` dataclass), a pure
+``decide(snapshot, seed) -> Plan``, and three hooks with defaults that a policy overrides when
+it needs to:
+
+* ``reconcile_gate``: fields of :class:`~hpcsched.policies.reconcile.Costs` that replace the
+  configured ones when reconcile judges this policy's plans (default: none);
+* ``judged_view(snapshot)``: the snapshot reconcile judges the plan on (default: the one given);
+* ``round_on_events``: whether the daemon and the simulator also run a round when a job ends or
+  a submitted job finds no room (default: no).
+
+A wrapper (:class:`hpcsched.policies.composite.Placed`) delegates every hook to the policy it
+wraps. A policy that keeps no state between rounds is just a function ``decide(snapshot, seed,
+**params) -> Plan`` with a :class:`Params` class; :func:`stateless` makes it a policy.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
-from typing import Any, Protocol
+import dataclasses
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 
 from hpcsched.policies.snapshot import ClusterSnapshot, Plan
-
-
-class Policy(Protocol):
-    """What every policy is: a name and a pure ``decide``."""
-
-    name: str
-
-    def decide(self, snapshot: ClusterSnapshot, seed: int = 0) -> Plan: ...
-
-
-def rounds_on_events(policy: object, enabled: bool = True) -> bool:
-    """Whether rounds run also at job ends and at submissions that find no room: ``enabled``
-    (the daemon's ``daemon.event_rounds``, the simulator's ``SimConfig.event_rounds``) and the
-    policy asks for them (its ``round_on_events`` attribute: ``jct``)."""
-    return bool(enabled and getattr(policy, "round_on_events", False))
 
 
 class PolicyError(ValueError):
     """Unknown policy name or invalid policy parameters."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Params:
+    """Base of every policy's parameters: a frozen dataclass whose fields are the keys a policy
+    takes. Field types are checked when it is made (``int``, ``float``, ``bool``, ``str``,
+    ``X | None``, ``tuple[float, ...]``: a float field takes an int, a tuple field any list),
+    then :meth:`check` checks the values.
+
+    Raises (when made):
+        ValueError: a value of the wrong type, or one :meth:`check` refuses.
+    """
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = _typed(f.name, getattr(self, f.name), hints[f.name])
+            object.__setattr__(self, f.name, value)
+        self.check()
+
+    def check(self) -> None:
+        """Refuse values out of range (override). Raises ValueError saying which and why."""
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The parameter names, in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def parse(cls, policy: str, values: Mapping[str, Any], extra: tuple[str, ...] = ()) -> Self:
+        """``values`` as this class, for the policy named ``policy``.
+
+        ``extra``: keys taken elsewhere (a placement stage's), listed among the valid keys.
+
+        Raises:
+            PolicyError: an unknown key or a bad value; the message names the policy and lists
+                every valid key.
+        """
+        keys = cls.keys() + tuple(k for k in extra if k not in cls.keys())
+        valid = f"valid keys: {', '.join(keys) or '(none)'}"
+        unknown = sorted(set(values) - set(cls.keys()))
+        if unknown:
+            raise PolicyError(f"policy {policy!r}: unknown parameter(s) {', '.join(unknown)}; "
+                              f"{valid}")
+        try:
+            return cls(**values)
+        except (TypeError, ValueError) as exc:
+            raise PolicyError(f"policy {policy!r}: {exc}; {valid}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class NoParams(Params):
+    """The parameters of a policy that takes none."""
+
+
+def _typed(name: str, value: Any, hint: Any) -> Any:
+    """``value`` checked against the field type ``hint`` (ints widened to float, sequences to
+    tuples). Raises ValueError naming the field."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _typed(name, value, inner[0]) if len(inner) == 1 else value
+    if origin is tuple:
+        if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+            raise ValueError(f"{name} must be a list, got {value!r}")
+        return tuple(_typed(name, v, args[0]) for v in value)
+    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, bool, str) and isinstance(value, hint) and (
+            hint is bool or not isinstance(value, bool)):
+        return value
+    if hint in (int, float, bool, str):
+        kind = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+        raise ValueError(f"{name} must be {kind[hint]}, got {value!r}")
+    return value
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """What every policy is (:class:`PolicyBase` implements it with defaults)."""
+
+    name: str
+    params: Params
+    reconcile_gate: Mapping[str, float]
+    round_on_events: bool
+
+    def decide(self, snapshot: ClusterSnapshot, seed: int = 0) -> Plan: ...
+
+    def judged_view(self, snapshot: ClusterSnapshot) -> ClusterSnapshot: ...
+
+
+class PolicyBase:
+    """A policy with every hook at its default (module docstring); subclasses set ``name``,
+    ``Params`` and ``decide``, and override the hooks they need.
+
+    ``PolicyBase(**values)`` checks ``values`` against ``Params`` into ``self.params``; a
+    subclass whose constructor does more calls it first, or sets ``params`` itself.
+
+    Raises (constructor):
+        PolicyError: an unknown key or bad value (the message lists the valid keys).
+    """
+
+    name: str = "policy"
+    Params: ClassVar[type[Params]] = NoParams
+    params: Params = NoParams()
+    #: fields of reconcile's :class:`~hpcsched.policies.reconcile.Costs` replaced for this
+    #: policy's plans (:func:`hpcsched.policies.round.decide_round`); default: none
+    reconcile_gate: Mapping[str, float] = types.MappingProxyType({})
+    #: also round when a job ends or a submitted job finds no room (:func:`rounds_on_events`)
+    round_on_events: bool = False
+
+    def __init__(self, **values: Any):
+        self.params = self.Params.parse(self.name, values)
+
+    def decide(self, snapshot: ClusterSnapshot, seed: int = 0) -> Plan:
+        """The plan for ``snapshot`` (pure; randomness only from ``seed``)."""
+        raise NotImplementedError
+
+    def judged_view(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
+        """The snapshot reconcile judges this policy's plan for ``snapshot`` on: the one the
+        plan was made on (default: ``snapshot`` itself)."""
+        return snapshot
+
+
+def rounds_on_events(policy: Policy | None, enabled: bool = True) -> bool:
+    """Whether rounds run also at job ends and at submissions that find no room: ``enabled``
+    (the daemon's ``daemon.event_rounds``, the simulator's ``SimConfig.event_rounds``) and the
+    policy asks for them (its ``round_on_events``: ``jct``). ``None``: no policy, no."""
+    return bool(enabled and policy is not None and policy.round_on_events)
+
+
 DecideFunction = Callable[..., Plan]    # decide(snapshot, seed, **params) -> Plan
 
 
-class FunctionPolicy:
+class FunctionPolicy(PolicyBase):
     """A stateless policy: ``decide(snapshot, seed, **params)`` with ``params`` bound."""
 
-    def __init__(self, name: str, decide: DecideFunction, params: dict[str, Any]):
-        self.name, self._decide, self.params = name, decide, dict(params)
+    def __init__(self, name: str, decide: DecideFunction, params: Params):
+        self.name, self._decide, self.params = name, decide, params
+        self.Params = type(params)
 
     def decide(self, snapshot: ClusterSnapshot, seed: int = 0) -> Plan:
-        return self._decide(snapshot, seed, **self.params)
+        return self._decide(snapshot, seed, **dataclasses.asdict(self.params))
 
 
-def stateless(name: str, decide: DecideFunction) -> Callable[..., Policy]:
-    """A factory of :class:`FunctionPolicy`: ``factory(**params)`` checks ``params`` against
-    ``decide``'s keyword parameters, then their values by deciding once on an empty cluster (a
-    bad value is refused when the policy is made, not at the daemon's first round).
+def stateless(name: str, decide: DecideFunction, params: type[Params] = NoParams
+              ) -> Callable[..., PolicyBase]:
+    """A factory of :class:`FunctionPolicy`: ``factory(**values)`` checks ``values`` against
+    ``params`` (the policy's :class:`Params`; its fields are ``decide``'s keywords).
 
     Raises (from the factory):
-        TypeError: a parameter ``decide`` does not take, or a value it refuses
-            (:func:`hpcsched.policies.make_policy` reports it as :class:`PolicyError`).
+        PolicyError: an unknown key or a bad value (the message lists the valid keys).
     """
-    signature = inspect.signature(decide)
 
-    def factory(**params: Any) -> Policy:
-        signature.bind(None, 0, **params)
-        decide(ClusterSnapshot(0.0, (), ()), 0, **params)
-        return FunctionPolicy(name, decide, params)
+    def factory(**values: Any) -> PolicyBase:
+        return FunctionPolicy(name, decide, params.parse(name, values))
 
+    factory.Params = params     # type: ignore[attr-defined]
     return factory

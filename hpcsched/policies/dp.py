@@ -44,6 +44,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from hpcsched.perf.model import JobModel, best_at, model_for
+from hpcsched.policies.base import NoParams, stateless
 from hpcsched.policies.common import admit_fifo, capacity, min_gpus, pending_fifo, running
 from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 
@@ -172,3 +173,7 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0) -> Plan:
                 for j, o, i in zip(jobs, opts, picks) if j.job_id not in fixed]
     return Plan("dp", tuple(targets), float(total),
                 (f"dp: {len(jobs)} job(s) on {k} GPU(s), predicted goodput {total:.0f} samples/s",))
+
+
+#: the ``dp`` policy's factory: ``DP()``; the DP takes no parameters (:class:`NoParams`)
+DP = stateless("dp", decide, NoParams)

@@ -103,15 +103,51 @@ Objective reported: the plan's value of the objective above (weighted speedups).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
+from types import MappingProxyType
 
 import numpy as np
 
 from hpcsched.perf.model import best_at, best_at_each_of, model_for
+from hpcsched.policies.base import Params, PolicyBase
 from hpcsched.policies.common import capacity, gpu_counts, min_gpus, nodes_spanned, target
 from hpcsched.policies.dp import EPSILON, Option, solve
 from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan, held_reversal
+
+
+@dataclass(frozen=True)
+class JCTParams(Params):
+    """``jct``'s parameters (:func:`decide`'s keywords; their meaning is documented there).
+
+    Raises (when made):
+        ValueError: ``hesrpt`` outside ``(0, 1)``, ``tempering`` outside ``[0, 1]``,
+            ``speedup_at`` not ``"fair"`` or ``"min"``, ``noise_growth`` below 1, a negative
+            cost or ``max_wait``, ``aging`` or ``unknown_remaining`` not positive,
+            ``max_options`` below 1, or a value of the wrong type.
+    """
+
+    restart_cost: float | None = None     # s; None: the snapshot's
+    shrink_cost: float | None = None      # s; None: the snapshot's
+    aging: float = 3600.0                 # s of waiting that double a pending job's weight
+    max_wait: float = 4 * 3600.0          # s after which a pending job is admitted ahead
+    unknown_remaining: float = 3600.0     # s of work assumed for a job that reports none
+    max_options: int = 24                 # GPU counts per job at most
+    tempering: float = 0.0
+    hesrpt: float | None = 0.5
+    speedup_at: str = "fair"
+    noise_growth: float = 2.0
+
+    def check(self) -> None:
+        if self.hesrpt is not None and not 0 < self.hesrpt < 1 or not 0 <= self.tempering <= 1 \
+                or self.speedup_at not in ("min", "fair") or not self.noise_growth >= 1:
+            raise ValueError("hesrpt must be in (0, 1) or None, tempering in [0, 1], "
+                             "speedup_at 'min' or 'fair', noise_growth >= 1")
+        if any(c is not None and not c >= 0 for c in (self.restart_cost, self.shrink_cost)) \
+                or not self.max_wait >= 0:
+            raise ValueError("restart_cost, shrink_cost and max_wait must be >= 0")
+        if not (self.aging > 0 and self.unknown_remaining > 0 and self.max_options >= 1):
+            raise ValueError("aging and unknown_remaining must be > 0, max_options >= 1")
 
 
 @dataclass(frozen=True)
@@ -174,14 +210,13 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
             measured.
 
     Raises:
-        TypeError: ``hesrpt`` outside ``(0, 1)`` or ``tempering`` outside ``[0, 1]``
-            or ``speedup_at`` not ``"fair"`` or ``"min"`` or ``noise_growth`` below 1
-            (:func:`hpcsched.policies.make_policy` reports it as a policy error).
+        ValueError: a value :class:`JCTParams` refuses (the :class:`JCT` policy checks them
+            once, when it is made).
     """
     if hesrpt is not None and not 0 < hesrpt < 1 or not 0 <= tempering <= 1 \
             or speedup_at not in ("min", "fair") or not noise_growth >= 1:
-        raise TypeError("hesrpt must be in (0, 1) or None, tempering in [0, 1], "
-                        "speedup_at 'min' or 'fair', noise_growth >= 1")
+        JCTParams(hesrpt=hesrpt, tempering=tempering, speedup_at=speedup_at,
+                  noise_growth=noise_growth)       # raises, saying which
     snapshot = planning_view(snapshot, noise_growth)
     k = capacity(snapshot)
     jobs = [j for j in snapshot.jobs if j.state in ("RUNNING", "PENDING")]
@@ -222,16 +257,15 @@ def _search(jobs: list[JobView], snapshot: ClusterSnapshot, forced: set[str], p:
     return solve(opts, k), opts, info, [note]
 
 
-class JCT:
-    """The ``jct`` policy with its parameters bound (:func:`decide`'s keywords), checked when it
-    is made.
+class JCT(PolicyBase):
+    """The ``jct`` policy (module docstring) with its parameters (:class:`JCTParams`) bound.
 
-    Raises:
-        TypeError: a parameter :func:`decide` does not take, or a value it refuses
-            (:func:`hpcsched.policies.make_policy` reports it as a policy error).
+    Raises (constructor):
+        PolicyError: an unknown key or a bad value (the message lists the valid keys).
     """
 
     name = "jct"
+    Params = JCTParams
     #: reconcile's gate for this policy's plans (:func:`hpcsched.policies.round.decide_round`):
     #: no minimum gain. ``jct`` prices each change itself (a target's value counts its start,
     #: shrink or grow cost, so the search keeps a job where it is unless the change pays), and
@@ -239,7 +273,7 @@ class JCT:
     #: costs; the no-thrash hold stays. Measured (Pollux workloads 1-8, GPU-granular, loads
     #: 0.5 / 1.0, with the hold on reversals only): ``min_gain`` 0.05, 1,415 / 2,434 s mean
     #: average JCT; 0, 1,369 / 2,412 s; no flip-flop either way (2026-11-26, one-off runs).
-    reconcile_gate = {"min_gain": 0.0}
+    reconcile_gate = MappingProxyType({"min_gain": 0.0})
     #: run a round the moment a job ends or a submitted job finds no room, besides the
     #: periodic ones (the daemon's ``daemon.event_rounds``, the simulator's
     #: ``SimConfig.event_rounds``): freed GPUs go to the jobs that gain most instead of idling
@@ -249,13 +283,15 @@ class JCT:
     #: from 1,471 to 1,506 s (at job ends) and 1,497 s (at submissions), its flip-flops to 17%.
     round_on_events = True
 
-    def __init__(self, **params):
-        decide(ClusterSnapshot(0.0, (), ()), 0, **params)      # checks names and values
-        self.params = params
+    def __init__(self, **values):
+        super().__init__(**values)
+        # the plan is made on the judged view, which has the noise growth already
+        self._kwargs = {**asdict(self.params), "noise_growth": 1.0}
         self._view: tuple[ClusterSnapshot, ClusterSnapshot] | None = None
 
     def decide(self, snapshot: ClusterSnapshot, seed: int = 0) -> Plan:
-        return decide(self.judged_view(snapshot), seed, **{**self.params, "noise_growth": 1.0})
+        """The ``jct`` plan for ``snapshot`` (:func:`decide`), made on :meth:`judged_view`."""
+        return decide(self.judged_view(snapshot), seed, **self._kwargs)
 
     def judged_view(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
         """The snapshot reconcile judges this policy's plans on: the one the plan was made on
@@ -263,7 +299,7 @@ class JCT:
         (:func:`hpcsched.policies.round.decide_round`). Built once per snapshot: the plan and
         reconcile of a round ask for the same one (the last is remembered)."""
         if self._view is None or self._view[0] is not snapshot:
-            self._view = (snapshot, planning_view(snapshot, self.params.get("noise_growth", 2.0)))
+            self._view = (snapshot, planning_view(snapshot, self.params.noise_growth))
         return self._view[1]
 
 

@@ -38,6 +38,7 @@ import numpy as np
 
 from hpcsched.perf.model import best_at, model_for
 from hpcsched.policies import dp
+from hpcsched.policies.base import Params, PolicyBase
 from hpcsched.policies.common import capacity
 from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 
@@ -54,26 +55,52 @@ class _Table:
     current: np.ndarray      # (J,) current nodes (clipped to [lo, hi])
 
 
-class ONES:
+@dataclass(frozen=True)
+class ONESParams(Params):
+    """``ones``'s parameters.
+
+    Attributes:
+        population: schedules kept (>= 2). generations: per round (>= 0). mutation: per-gene
+        probability in ``[0, 1]``. elite: best schedules copied unchanged (>= 0; at most
+        ``population``). horizon: seconds of work assumed for a job that does not report its
+        remaining work (> 0). seed_with_dp: add the DP's plan each round. seed_with_jct: add
+        the ``jct`` policy's plan each round.
+    """
+
+    population: int = 24
+    generations: int = 20
+    mutation: float = 0.1
+    elite: int = 2
+    horizon: float = 3600.0
+    seed_with_dp: bool = False
+    seed_with_jct: bool = False
+
+    def check(self) -> None:
+        if self.population < 2 or self.generations < 0 or not 0 <= self.mutation <= 1 \
+                or self.elite < 0 or not self.horizon > 0:
+            raise ValueError("population >= 2, generations >= 0, 0 <= mutation <= 1, "
+                             "elite >= 0, horizon > 0")
+
+
+class ONES(PolicyBase):
     """ONES (see module docstring). Keeps its population between :meth:`decide` calls.
 
-    Args:
-        population: schedules kept. generations: per round. mutation: per-gene probability.
-        elite: best schedules copied unchanged. horizon: seconds of work assumed for a job that
-        does not report its remaining work. seed_with_dp: add the DP's plan each round.
-        seed_with_jct: add the ``jct`` policy's plan each round.
+    Parameters: :class:`ONESParams`.
+
+    Raises (constructor):
+        PolicyError: an unknown key or a bad value (the message lists the valid keys).
     """
 
     name = "ones"
+    Params = ONESParams
 
-    def __init__(self, population: int = 24, generations: int = 20, mutation: float = 0.1,
-                 elite: int = 2, horizon: float = 3600.0, seed_with_dp: bool = False,
-                 seed_with_jct: bool = False):
-        if population < 2 or generations < 0 or not 0 <= mutation <= 1 or elite < 0:
-            raise TypeError("population >= 2, generations >= 0, 0 <= mutation <= 1, elite >= 0")
-        self.population, self.generations, self.mutation = population, generations, mutation
-        self.elite, self.horizon, self.seed_with_dp = min(elite, population), horizon, seed_with_dp
-        self.seed_with_jct = seed_with_jct
+    def __init__(self, **values):
+        super().__init__(**values)
+        p = self.params
+        self.population, self.generations, self.mutation = p.population, p.generations, p.mutation
+        self.elite, self.horizon, self.seed_with_dp = min(p.elite, p.population), p.horizon, \
+            p.seed_with_dp
+        self.seed_with_jct = p.seed_with_jct
         self._carried: dict[str, np.ndarray] = {}   # job id -> genes (nodes) per individual
         self.history: list[float] = []              # best fitness per generation, last round
 

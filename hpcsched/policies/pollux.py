@@ -48,10 +48,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 import numpy as np
 
 from hpcsched.perf.model import JobModel, best_at, model_for
+from hpcsched.policies.base import Params, PolicyBase
 from hpcsched.policies.common import capacity, gpu_counts, max_gpus, min_gpus, nodes_spanned, target
 from hpcsched.policies.pollux_search import Problem, evolve, fitness
 from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
@@ -91,10 +93,11 @@ class _Round:
         return x / self.fair[None, :]
 
 
-class Pollux:
-    """Pollux's allocation policy (module docstring). Keeps its population between rounds.
+@dataclass(frozen=True)
+class PolluxParams(Params):
+    """``pollux``'s parameters.
 
-    Args:
+    Attributes:
         population: states kept and children per generation (the artifact: 100).
         generations: per round (the artifact: 100). Measured in the simulator on pollux:1-2 at
             GPU granularity (mean average JCT): 32 x 24, 3,115 s; 64 x 40, 2,929 s; 64 x 80,
@@ -111,29 +114,52 @@ class Pollux:
             that a focused raise gives some).
         max_work: bound on ``population x generations x jobs x nodes`` (matrix cells searched).
 
-    Raises:
-        TypeError: a parameter out of range (reported as a policy error).
+    Raises (when made):
+        ValueError: a parameter out of range or of the wrong type.
+    """
+
+    population: int = 64
+    generations: int = 40
+    p: float = -1.0
+    restart_penalty: float = 30.0
+    interval: float = 60.0
+    explore: bool = True
+    mutation: str = "focused"
+    max_work: float = 4e6
+
+    def check(self) -> None:
+        if (self.population < 2 or self.generations < 0 or self.restart_penalty < 0
+                or self.interval < 0 or self.max_work <= 0
+                or self.mutation not in ("focused", "artifact")):
+            raise ValueError("population >= 2, generations >= 0, restart_penalty >= 0, "
+                             "interval >= 0, max_work > 0, mutation 'focused' or 'artifact'")
+
+
+class Pollux(PolicyBase):
+    """Pollux's allocation policy (module docstring). Keeps its population between rounds.
+
+    Parameters: :class:`PolluxParams`.
+
+    Raises (constructor):
+        PolicyError: an unknown key or a bad value (the message lists the valid keys).
     """
 
     name = "pollux"
+    Params = PolluxParams
     #: reconcile's gate for this policy's plans (:func:`hpcsched.policies.round.decide_round`):
     #: Pollux prices restarts itself (the restart factor in every job's speedup) and has no
     #: minimum gain nor hold, so reconcile only checks its plans against what Slurm can place
     #: now. Measured (pollux:1-2, GPU-granular, 32 x 24 search): with the daemon's gate
     #: (``min_gain`` 0.05, 3-round hold) 3,115 s mean average JCT, without it 2,951 s.
-    reconcile_gate = {"min_gain": 0.0, "hold": 0.0}
+    reconcile_gate = MappingProxyType({"min_gain": 0.0, "hold": 0.0})
 
-    def __init__(self, population: int = 64, generations: int = 40, p: float = -1.0,
-                 restart_penalty: float = 30.0, interval: float = 60.0, explore: bool = True,
-                 mutation: str = "focused", max_work: float = 4e6):
-        if (population < 2 or generations < 0 or restart_penalty < 0 or interval < 0
-                or max_work <= 0 or mutation not in ("focused", "artifact")):
-            raise TypeError("population >= 2, generations >= 0, restart_penalty >= 0, "
-                            "interval >= 0, max_work > 0, mutation 'focused' or 'artifact'")
-        self.mutation = mutation
-        self.population, self.generations, self.p = int(population), int(generations), float(p)
-        self.restart_penalty, self.interval = float(restart_penalty), float(interval)
-        self.explore, self.max_work = bool(explore), float(max_work)
+    def __init__(self, **values):
+        super().__init__(**values)
+        p = self.params
+        self.mutation = p.mutation
+        self.population, self.generations, self.p = p.population, p.generations, p.p
+        self.restart_penalty, self.interval = p.restart_penalty, p.interval
+        self.explore, self.max_work = p.explore, p.max_work
         self._kept: tuple[list[str], list[str], np.ndarray] | None = None  # jobs, nodes, states
         self._last: float | None = None
 

@@ -45,10 +45,11 @@ def decide_round(snapshot: ClusterSnapshot, policy: Policy, costs: Costs, seed: 
         policy: a policy from :func:`hpcsched.policies.make_policy`.
         costs: reconcile's parameters (restart and shrink costs in seconds, how grows are made
             and what an extension costs, ``min_gain``, ``horizon``, ``hold``; see
-            :class:`~hpcsched.policies.reconcile.Costs`); a policy's
-            ``reconcile_gate`` mapping, if it has one, overrides some of them for its plans,
-            and its ``judged_view(snapshot)``, if it has one, gives the snapshot reconcile
-            judges its plan on (the view the policy planned on: ``jct``'s noise growth).
+            :class:`~hpcsched.policies.reconcile.Costs`); the policy's ``reconcile_gate``
+            overrides some of them for its plans, and its ``judged_view(snapshot)`` gives the
+            snapshot reconcile judges its plan on (the view the policy planned on: ``jct``'s
+            noise growth). Both are hooks of the policy contract
+            (:class:`~hpcsched.policies.base.PolicyBase`), delegated by wrappers.
         seed: the policy's seed for this round.
 
     Raises:
@@ -58,15 +59,14 @@ def decide_round(snapshot: ClusterSnapshot, policy: Policy, costs: Costs, seed: 
         return RoundDecision(None, (), ())
     # a policy that prices restarts itself may loosen reconcile's gate (Pollux: no minimum gain,
     # no hold): its ``reconcile_gate`` replaces those fields of ``costs``
-    costs = replace(costs, **getattr(policy, "reconcile_gate", {}))
+    costs = replace(costs, **policy.reconcile_gate)
     # the policy prices changes with the costs reconcile judges them by, and sees its hold
     snapshot = replace(snapshot, restart_cost=costs.restart_cost, shrink_cost=costs.shrink_cost,
                        grow=costs.grow, extension_startup=costs.extension_startup,
                        extension_stall=costs.extension_stall, hold=costs.hold)
     plan = policy.decide(snapshot, seed=seed)
     # a policy that plans on its own view of the jobs (``jct``'s noise growth) is judged on it
-    judged = getattr(policy, "judged_view", None)
-    changes, notes = reconcile(plan, judged(snapshot) if judged else snapshot, costs)
+    changes, notes = reconcile(plan, policy.judged_view(snapshot), costs)
     return RoundDecision(plan, tuple(changes), tuple(plan.notes) + tuple(notes))
 
 

@@ -15,8 +15,23 @@ start anyway, i.e. jobs held until a round places them (``--hold-new-jobs``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from hpcsched.policies.base import Params, stateless
 from hpcsched.policies.common import admit_fifo, capacity, pending_fifo, running
 from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, Plan
+
+
+@dataclass(frozen=True)
+class StaticParams(Params):
+    """``static``'s parameters (:func:`decide`'s keywords).
+
+    Attributes:
+        backfill: a job that does not fit lets later jobs that fit start (``True``, Slurm's
+            way) or stops the walk (``False``: strict FIFO, PAL's).
+    """
+
+    backfill: bool = True
 
 
 def decide(snapshot: ClusterSnapshot, seed: int = 0, *, backfill: bool = True) -> Plan:
@@ -24,18 +39,15 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, backfill: bool = True) -
     docstring). Objective: the GPUs hpcsched jobs hold or are about to. ``seed`` is unused.
 
     Args:
-        backfill: a job that does not fit lets later jobs that fit start (``True``, Slurm's
-            way) or stops the walk (``False``: strict FIFO, PAL's).
-
-    Raises:
-        TypeError: ``backfill`` not a bool (:func:`hpcsched.policies.make_policy` reports it
-            as a policy error).
+        backfill: see :class:`StaticParams` (which checks it when the policy is made).
     """
-    if not isinstance(backfill, bool):
-        raise TypeError(f"backfill must be true or false, got {backfill!r}")
     held = sum(j.gpus for j in running(snapshot))
     waiting = [j for j in pending_fifo(snapshot) if not j.busy]
     admitted, _ = admit_fifo(waiting, capacity(snapshot) - held, lambda j: j.gpus, backfill)
     targets = tuple(JobTarget(j.job_id, j.nodes, j.batch_size,
                               "static: starts at its submitted size (FIFO)") for j in admitted)
     return Plan("static", targets, objective=float(held + sum(j.gpus for j in admitted)))
+
+
+#: the ``static`` policy's factory: ``Static(**params)`` (:class:`StaticParams`)
+Static = stateless("static", decide, StaticParams)

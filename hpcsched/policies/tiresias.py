@@ -52,10 +52,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hpcsched.policies.base import PolicyError
+from hpcsched.policies.base import Params, PolicyBase
 from hpcsched.policies.common import capacity
 from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 
@@ -73,38 +72,51 @@ class _Entry:
     running: bool
 
 
-class Tiresias:
-    """Discretized 2D-LAS (module docstring).
+@dataclass(frozen=True)
+class TiresiasParams(Params):
+    """``tiresias``'s parameters.
 
-    Args:
+    Attributes:
         queue_thresholds: attained-service limits of queues ``0..K-2`` in GPU-seconds, strictly
-            increasing and positive (``K - 1`` numbers for ``K`` queues).
+            increasing, positive and finite (``K - 1`` numbers for ``K`` queues).
         promote_knob: ``PROMOTEKNOB``: a waiting job returns to queue 0 once it has waited this
-            many times longer than it has run; ``None`` disables it.
+            many times longer than it has run (> 0); ``None`` disables it.
         preempt_within_queue: order each queue strictly by submit time, so an earlier job of the
             same queue may preempt a later one (default: running jobs first).
+
+    Raises (when made):
+        ValueError: a value out of range or of the wrong type.
+    """
+
+    queue_thresholds: tuple[float, ...] = DEFAULT_QUEUE_THRESHOLDS
+    promote_knob: float | None = None
+    preempt_within_queue: bool = False
+
+    def check(self) -> None:
+        th = self.queue_thresholds
+        if any(not math.isfinite(t) or t <= 0 for t in th) or any(
+                a >= b for a, b in itertools.pairwise(th)):
+            raise ValueError(f"queue_thresholds must be positive, finite and strictly "
+                             f"increasing, got {list(th)}")
+        if self.promote_knob is not None and not self.promote_knob > 0:
+            raise ValueError(f"promote_knob must be > 0 or None, got {self.promote_knob}")
+
+
+class Tiresias(PolicyBase):
+    """Discretized 2D-LAS (module docstring). Parameters: :class:`TiresiasParams`.
+
+    Raises (constructor):
+        PolicyError: an unknown key or a bad value (the message lists the valid keys).
     """
 
     name = "tiresias"
+    Params = TiresiasParams
 
-    def __init__(self, queue_thresholds: Sequence[float] = DEFAULT_QUEUE_THRESHOLDS,
-                 promote_knob: float | None = None, preempt_within_queue: bool = False):
-        try:
-            th = tuple(float(t) for t in queue_thresholds)
-        except (TypeError, ValueError):
-            raise PolicyError(f"tiresias: queue_thresholds must be numbers, got "
-                              f"{queue_thresholds!r}") from None
-        if any(not math.isfinite(t) or t <= 0 for t in th) or any(
-                a >= b for a, b in itertools.pairwise(th)):
-            raise PolicyError(f"tiresias: queue_thresholds must be positive, finite and strictly "
-                              f"increasing, got {list(th)}")
-        if promote_knob is not None:
-            promote_knob = float(promote_knob)
-            if not promote_knob > 0:
-                raise PolicyError(f"tiresias: promote_knob must be > 0 or None, got {promote_knob}")
-        self.queue_thresholds = th
-        self.promote_knob = promote_knob
-        self.preempt_within_queue = bool(preempt_within_queue)
+    def __init__(self, **values):
+        super().__init__(**values)
+        self.queue_thresholds = self.params.queue_thresholds
+        self.promote_knob = self.params.promote_knob
+        self.preempt_within_queue = self.params.preempt_within_queue
 
     @property
     def num_queues(self) -> int:

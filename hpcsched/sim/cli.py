@@ -262,6 +262,7 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
     params = _params(raw_params)
     if pollux_tiresias and "queue_thresholds" not in params.get("tiresias", {}):
         params.setdefault("tiresias", {}).update(POLLUX_TIRESIAS)
+    _check_params(policies, placements, params)
     costs = _restart_costs(restart_cost)
     if variability and variability_draws == "pal":
         variability = "pal"
@@ -283,6 +284,22 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
         click.echo(f"hpcsched simulate: error: {exc}", err=True)
         sys.exit(2)
     _report(results, json_path, out_dir, quiet)
+
+
+def _check_params(policies: tuple[str, ...], placements: tuple[str, ...],
+                  params: dict[str, dict[str, object]]) -> None:
+    """Fail fast, before any simulation: make every policy with its parameters and each
+    placement stage; a bad key or value exits 2 with the policy's one-line error (it lists the
+    valid keys)."""
+    from hpcsched.policies import make_policy
+
+    for p in policies:
+        for pl in placements or (None,):
+            try:
+                make_policy(p, {**params.get(p, {}), **({"placement": pl} if pl else {})})
+            except PolicyError as exc:
+                click.echo(f"hpcsched simulate: error: {exc}", err=True)
+                sys.exit(2)
 
 
 def _run_all(runs: list[Run], n_procs: int, quiet: bool) -> list:
