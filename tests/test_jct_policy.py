@@ -27,9 +27,12 @@ FLAT = (_pt(4, 64, 0.1), _pt(8, 32, 0.1, nodes=2))
 
 def _job(job_id, gpus=4, *, state="RUNNING", profile=LINEAR, remaining=1e5, submit=0.0,
          min_nodes=1, max_nodes=4, wpn=4, busy=False, held=False, resized_at=None, batch=256,
-         bmin=None):
+         bmin=None, min_gpus=1):
+    """A job that may run on ``min_gpus`` GPUs and up (``--hpcsched-min-gpus``; whole nodes at
+    node granularity)."""
     return JobView(job_id=job_id, state=state, nodes=max(1, gpus // wpn), node_names=(),
-                   limits=JobLimits(wpn, min_nodes, max_nodes, bmin or batch, batch, None, batch, "linear"),
+                   limits=JobLimits(wpn, min_nodes, max_nodes, bmin or batch, batch, None, batch,
+                                    "linear", min_gpus),
                    batch_size=batch, submit_time=submit, profile=tuple(profile),
                    remaining_samples=remaining, busy=busy, held=held, resized_at=resized_at)
 
@@ -185,6 +188,17 @@ def test_gpu_granular_targets_speak_gpus_and_pack():
     ta, tb = plan.target("A"), plan.target("B")
     assert (ta.gpus, tb.gpus) == (7, 1)                 # FLAT gains nothing from GPUs
     assert (ta.nodes, tb.nodes) == (2, 1)               # 7 GPUs packed: 4 + 3
+
+
+@pytest.mark.parametrize("fewest", [None, 2, 1])
+def test_gpu_granular_plans_keep_the_users_fewest_gpus(fewest):
+    """At GPU granularity a plan never gives a job fewer GPUs than its limits allow: its
+    ``--hpcsched-min-gpus`` (``JobLimits.min_gpu_count``), else its minimum nodes' GPUs. B
+    gains nothing from GPUs (FLAT): the plan would leave it 1 GPU if it could."""
+    a = _job("A", 4, remaining=1e5, bmin=224)
+    b = _job("B", 4, remaining=1e6, profile=FLAT, min_gpus=fewest)
+    plan = decide(_snap([a, b], nodes=2, granularity="gpu"), restart_cost=0.0, shrink_cost=0.0)
+    assert plan.target("B").gpus == (fewest or 4)   # the limit holds it, not the policy
 
 
 def test_unmeasured_and_busy_jobs_keep_their_size():

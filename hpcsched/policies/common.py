@@ -50,11 +50,18 @@ def admit_fifo(jobs: Iterable[JobView], free: int, size: Callable[[JobView], int
     return admitted, waiting
 
 
+def resizable_by_gpu(job: JobView, snapshot: ClusterSnapshot | None) -> bool:
+    """``snapshot`` is GPU-granular and ``job`` may run on more than one GPU count
+    (``min_gpus < max_gpus``)."""
+    return snapshot is not None and snapshot.granularity == "gpu" and job.min_gpus < job.max_gpus
+
+
 def min_gpus(job: JobView, snapshot: ClusterSnapshot | None = None) -> int:
-    """The fewest GPUs ``job`` may run on: its minimum nodes, whole; 1 GPU when ``snapshot``
-    is GPU-granular and the job is resizable (``min_nodes < max_nodes``)."""
-    if snapshot is not None and snapshot.granularity == "gpu" and job.min_nodes < job.max_nodes:
-        return 1
+    """The fewest GPUs ``job`` may run on: its minimum nodes, whole; its limits' fewest GPUs
+    (:attr:`~hpcsched.protocol.limits.JobLimits.min_gpus`: ``--hpcsched-min-gpus``, else its
+    minimum nodes' GPUs) when ``snapshot`` is GPU-granular and the job is resizable."""
+    if resizable_by_gpu(job, snapshot):
+        return job.min_gpus
     return job.min_nodes * job.workers_per_node
 
 
@@ -66,10 +73,11 @@ def max_gpus(job: JobView) -> int:
 
 def gpu_counts(job: JobView, snapshot: ClusterSnapshot) -> range:
     """The GPU counts a plan may give ``job``, smallest first: multiples of its workers per
-    node within its node limits at ``"node"`` granularity; every count from 1 to its maximum
-    at ``"gpu"`` granularity (a job whose node limits fix its size keeps it at either)."""
-    if snapshot.granularity == "gpu" and job.min_nodes < job.max_nodes:
-        return range(1, max_gpus(job) + 1)
+    node within its node limits at ``"node"`` granularity; every count from its fewest GPUs
+    (:func:`min_gpus`) to its maximum at ``"gpu"`` granularity (a job whose limits fix its size
+    keeps it at either)."""
+    if resizable_by_gpu(job, snapshot):
+        return range(job.min_gpus, max_gpus(job) + 1)
     wpn = job.workers_per_node
     return range(job.min_nodes * wpn, job.max_nodes * wpn + 1, wpn)
 

@@ -455,8 +455,11 @@ def job_limits(wj: WorkloadJob, cfg: SimConfig) -> tuple[Application | None, Fix
         # bounds nodes x workers per node, the GPUs
         most = min(cfg.nodes * cfg.gpus_per_node, hi // max(1, app.min_local_bsz))
         max_nodes = max(nodes, most // per_node)
+    # GPU-granular: any GPU count down to 1 (hpcsub --hpcsched-min-gpus 1), where the job may
+    # change size at all
+    fewest = 1 if cfg.granularity == "gpu" and max_nodes > 1 else None
     try:
-        limits = JobLimits(per_node, 1, max_nodes, lo, hi, app.max_local_bsz, base, "sqrt")
+        limits = JobLimits(per_node, 1, max_nodes, lo, hi, app.max_local_bsz, base, "sqrt", fewest)
     except ValueError as exc:
         raise SimulationError(f"job {wj.name}: {exc}") from None
     return app, None, nodes, limits, wj.batch_size
