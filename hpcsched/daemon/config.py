@@ -34,7 +34,7 @@ from typing import Any
 
 from hpcsched.perf.shared import THROUGHPUT_MODELS
 from hpcsched.policies import DEFAULT_POLICY, POLICIES, PolicyError, make_policy
-from hpcsched.policies.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GROW_MODES
+from hpcsched.policies.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GRANULARITIES, GROW_MODES
 
 DEFAULT_PATH = Path("/etc/hpcsched/hpcsched.toml")
 ENV_CONFIG = "HPCSCHED_CONFIG"
@@ -190,6 +190,12 @@ class DaemonSettings:
         "how a running job grows: " + "|".join(GROW_MODES) + "; extension: extension Slurm "
         "jobs whose workers join it, no restart (docs/extensions.md); requeue: checkpoint, "
         "requeue, restart at the new size (priced at restart_cost)")
+    granularity: str = _opt(
+        "auto", _choice("auto", *GRANULARITIES),
+        "what the policy's plans may ask for: auto|" + "|".join(GRANULARITIES) + "; gpu: any "
+        "number of GPUs on any GPUs per node (4 + 2), realised with extension jobs, so it needs "
+        "grow = extension; node: whole nodes x the job's GPUs per node (for sites that forbid "
+        "extension jobs); auto: gpu with grow = extension, else node")
     extension_startup: float = _opt(
         EXTENSION_STARTUP, _number(ge=0),
         "with grow = extension: seconds the new workers take to start while the job trains on "
@@ -249,6 +255,15 @@ class DaemonSettings:
         "address the metrics endpoint listens on; the default keeps it to this host (it has no "
         "authentication and names jobs and nodes): set the host's address for a remote "
         "Prometheus, behind a firewall")
+
+
+    @property
+    def plan_granularity(self) -> str:
+        """What plans may ask for here (``granularity``, its ``auto`` resolved): ``"gpu"``
+        with ``grow = extension``, else ``"node"``."""
+        if self.granularity != "auto":
+            return self.granularity
+        return "gpu" if self.grow == "extension" else "node"
 
 
 @dataclass(frozen=True)
@@ -374,6 +389,10 @@ def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
                               f"got {_show(url)}") from None
         daemon = replace(daemon, database_url=url)
 
+    if daemon.granularity == "gpu" and daemon.grow != "extension":
+        raise ConfigError(f"{where}: [daemon] granularity = \"gpu\" needs grow = \"extension\" "
+                          "(a plan of any GPUs per node is realised with extension jobs); "
+                          "set granularity = \"node\" or \"auto\"")
     policy: PolicySettings = parts["policy"]
     if policy_names is not None and policy.name not in policy_names:
         raise ConfigError(f"{where}: [policy] name: unknown policy {policy.name!r}; "

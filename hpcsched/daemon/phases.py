@@ -410,8 +410,9 @@ def _request(a: Action, obs: Observed) -> Step:
     job = obs.job
     effects: list[Effect] = []
     placed = a.nodes_placed and held_by_begin_time(job)   # released where the plan puts it
+    per_node = a.gpus_per_node and a.gpus_per_node != job.gpus_per_node
     if a.kind == ChangeKind.PENDING and job.state == "PENDING" and (job.node_count != a.nodes
-                                                                     or placed):
+                                                                     or placed or per_node):
         effects.append(ResizePendingJob(a.nodes, a.nodes_placed, job.cpus_per_task, required=True,
                                         workers_per_node=a.gpus_per_node))
     effects.append(WriteControl(a.generation, ACTION_FOR_KIND[a.kind], a.nodes, a.batch_size,

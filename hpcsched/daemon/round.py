@@ -76,6 +76,7 @@ from hpcsched.daemon.store import Store
 from hpcsched.daemon.views import application_of
 from hpcsched.policies import POLICIES, PolicyError, make_policy
 from hpcsched.policies.base import rounds_on_events
+from hpcsched.policies.realise import Mechanism
 from hpcsched.policies.reconcile import Change, Costs
 from hpcsched.policies.round import decide_round
 from hpcsched.policies.snapshot import ClusterSnapshot
@@ -155,7 +156,7 @@ class Daemon:
                            min_gain=d.min_gain, horizon=d.horizon, preemption=True,
                            hold=max(0, d.hold_rounds) * d.round_interval, grow=d.grow,
                            extension_startup=d.extension_startup,
-                           extension_stall=d.extension_stall)
+                           extension_stall=d.extension_stall, by_mechanism=True)
         self.managed = views.ManagedJobs(self.control_dir, d.partitions)
         self.reaper = Reaper(self.control_dir, d.partitions, dry_run=d.dry_run)
         # the GPU probe prolog's measurements (slurm-plugins/prolog-gpu-probe): ingested each round
@@ -259,7 +260,8 @@ class Daemon:
         busy = self._resume(managed, rep)
         snapshot = views.daemon_snapshot(obs, managed, self.store, busy,
                                          self.settings.daemon.partitions,
-                                         self.settings.daemon.throughput_model)
+                                         self.settings.daemon.throughput_model,
+                                         self.settings.daemon.plan_granularity)
         rep.jobs, rep.snapshot = len(snapshot.jobs), snapshot
         t = time.perf_counter()
         costs, said = measured_costs(self.store.actions(limit=200), self.costs)
@@ -293,19 +295,22 @@ class Daemon:
         kind = ChangeKind(c.kind)
         nodes = c.from_nodes if kind == ChangeKind.PREEMPT else c.to_nodes
         placement = tuple(c.placement)
-        layout = self._by_extension(c, jd, spec, info)
-        if layout is not None:
+        reason = c.reason
+        if c.mechanism is not None:   # GPU-granular: the mechanism reconcile priced it by
+            kind, nodes, placement = realised_action(c, spec.workers_per_node)
+            reason = f"by {c.mechanism}: {c.reason}"
+        elif (layout := self._by_extension(c, jd, spec, info)) is not None:
             kind, placement = ChangeKind.REFORM, tuple(f"{n}:{g}" for n, g in layout.items())
         rid = rep.round_id
         rep.kinds[c.job_id] = str(kind)   # the journal's kind (a grow by extension: reform)
         action = Action(c.job_id, kind, cur.generation + 1, nodes,
-                        c.to_batch_size, info.restarts, c.reason, f"hpcsched daemon (round {rid})",
+                        c.to_batch_size, info.restarts, reason, f"hpcsched daemon (round {rid})",
                         placement)
         created = time.time()
         aid = self.store.plan_action(
             round_id=rid, job_id=c.job_id, kind=action.kind, generation=action.generation,
             from_nodes=c.from_nodes, to_nodes=c.to_nodes, from_batch_size=c.from_batch_size,
-            to_batch_size=c.to_batch_size, reason=c.reason, restarts_at_plan=info.restarts,
+            to_batch_size=c.to_batch_size, reason=reason, restarts_at_plan=info.restarts,
             placement=action.placement, created_at=created)
         self._stepped.add(aid)
         return self._drive(aid, action, History.begin(created), jd, spec, info)
@@ -366,6 +371,27 @@ class Daemon:
             action, history = journaled(a)
             rep.outcomes[a.job_id] = self._drive(a.id, action, history, jd, spec, info)
         return touched
+
+
+def realised_action(c: Change, workers_per_node: int) -> tuple[ChangeKind, int, tuple[str, ...]]:
+    """``(kind, nodes, placement)`` of the journal's action carrying out GPU-granular change
+    ``c`` by its mechanism (:mod:`hpcsched.policies.realise`; pure): a start sets the pending
+    primary's nodes and, when they differ from the job's ``workers_per_node``, its GPUs per node
+    (``node:GPUs`` pairs; else the nodes alone, as a node-granular start); an extension
+    grow or a release is a ``reform`` onto the layout; a shrink of primary nodes is a
+    ``shrink`` in place to its node count; a requeue is the ``grow`` path (checkpoint, requeue)
+    onto the layout's GPUs per node."""
+    pairs = tuple(f"{n}:{g}" for n, g in c.layout)
+    nodes = len(c.layout) or c.to_nodes
+    if c.mechanism == Mechanism.START:
+        if all(g == workers_per_node for _, g in c.layout):
+            return ChangeKind.PENDING, nodes, tuple(n for n, _ in c.layout)
+        return ChangeKind.PENDING, nodes, pairs
+    if c.mechanism in (Mechanism.EXTEND, Mechanism.RELEASE):
+        return ChangeKind.REFORM, nodes, pairs
+    if c.mechanism == Mechanism.SHRINK_PRIMARY:
+        return ChangeKind.SHRINK, nodes, ()
+    return ChangeKind.GROW, nodes, pairs
 
 
 # ---------------------------------------------------------------- service

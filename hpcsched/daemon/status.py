@@ -99,7 +99,8 @@ def _decisions(store, job_id: str, limit: int) -> list[dict]:
     return [{"time": a.created_at, "round": a.round_id, "kind": a.kind,
              "from_nodes": a.from_nodes, "to_nodes": a.to_nodes,
              "from_batch_size": a.from_batch_size, "to_batch_size": a.to_batch_size,
-             "status": a.status, "reason": a.reason, "error": a.error}
+             "status": a.status, "reason": a.reason, "error": a.error,
+             "layout": ",".join(a.placement) if any(":" in p for p in a.placement) else ""}
             for a in store.actions(job_id, limit=limit)]
 
 
@@ -473,8 +474,9 @@ def _print_detail(console, r: JobStatus) -> None:
             t.add_column(col)
         for d in r.decisions:
             t.add_row(time.strftime("%H:%M:%S", time.localtime(d["time"])), str(d["round"] or "-"),
-                      f"{d['kind']}: {d['from_nodes']}->{d['to_nodes']} node(s), batch "
-                      f"{d['from_batch_size']}->{d['to_batch_size']}",
+                      f"{d['kind']}: {d['from_nodes']}->{d['to_nodes']} node(s)"
+                      + (f" ({d['layout']})" if d.get("layout") else "")
+                      + f", batch {d['from_batch_size']}->{d['to_batch_size']}",
                       d["status"] + (f" ({d['error']})" if d["error"] else ""), d["reason"])
         console.print(t)
     if r.profile:

@@ -104,6 +104,8 @@ class JobFacts:
         requested_nodes: a pending job's required node list (``ReqNodeList``), where known.
         start_time: when the job (last) started, where known (seconds).
         layout: GPUs on each of its nodes when they differ (GPU-granular; empty: uniform).
+        primary: GPUs its primary Slurm job holds on each of its first nodes, when it runs on
+            extension jobs too (GPU-granular; empty: the whole allocation is the primary's).
         resized_at: when it last changed size or (re)started (seconds); ``None``: its
             ``start_time`` (on Slurm a grow requeues the job, so its start time is when it
             last grew; a shrink in place is not seen there).
@@ -127,6 +129,7 @@ class JobFacts:
     requested_nodes: tuple[str, ...] = ()
     start_time: float | None = None
     layout: tuple[int, ...] = ()
+    primary: tuple[int, ...] = ()
     resized_at: float | None = None
     last_resize: str | None = None
     step_corrections: StepCorrections | None = None
@@ -152,7 +155,7 @@ def job_view(f: JobFacts) -> JobView:
         busy=f.busy, user=f.info.user, partition=f.info.partition,
         attained_gpu_seconds=attained_gpu_seconds(f.profile),
         remaining_samples=f.report.remaining_samples, grad_noise=f.report.grad_noise,
-        held=f.held, layout=f.layout,
+        held=f.held, layout=f.layout, primary=f.primary,
         resized_at=f.resized_at if f.resized_at is not None else (f.start_time if running else None),
         last_resize=f.last_resize, step_corrections=f.step_corrections)
 
@@ -441,34 +444,65 @@ def with_extensions(info: slurm.JobInfo, extensions: Sequence[slurm.JobInfo],
     ``node_count`` of the whole allocation, primary's nodes first, as the simulator reports a job
     grown by extension (:meth:`hpcsched.sim.engine.Simulator.job_infos`); None when a node
     would then hold other than ``workers_per_node`` of its GPUs (4 + 2): a node-granular view
-    (whole nodes x workers per node) cannot describe that allocation."""
-    per = {n: info.gpus_per_node or workers_per_node for n in slurm.expand_hostlist(info.nodes)}
-    for e in extensions:
-        for n in slurm.expand_hostlist(e.nodes):
-            per[n] = per.get(n, 0) + e.gpus_per_node
+    (whole nodes x workers per node) cannot describe that allocation (a GPU-granular one does:
+    :func:`allocation_of`)."""
+    per, _ = allocation_of(info, extensions, workers_per_node)
     if any(g != workers_per_node for g in per.values()):
         return None
     return dataclasses.replace(info, nodes=",".join(per), node_count=len(per))
 
 
+def allocation_of(info: slurm.JobInfo, extensions: Sequence[slurm.JobInfo],
+                  workers_per_node: int) -> tuple[dict[str, int], dict[str, int]]:
+    """``(allocation, primary)``: GPUs per node of a running job's whole allocation (its primary
+    Slurm job's nodes first, then its extension jobs' nodes in their order) and of its primary
+    job alone, from Slurm's records (pure). A record without a GPU count per node counts
+    ``workers_per_node`` (the primary) or 0 (an extension)."""
+    primary = {n: info.gpus_per_node or workers_per_node for n in slurm.expand_hostlist(info.nodes)}
+    per = dict(primary)
+    for e in extensions:
+        for n in slurm.expand_hostlist(e.nodes):
+            per[n] = per.get(n, 0) + e.gpus_per_node
+    return per, primary
+
+
+def gpu_granular_facts(facts: JobFacts, extensions: Sequence[slurm.JobInfo],
+                       workers_per_node: int) -> JobFacts:
+    """``facts`` of a running job at GPU granularity: its allocation from Slurm's records
+    (:func:`allocation_of`: the primary's GPUs and every extension job's, per node) as its
+    nodes, ``layout`` and ``primary``. A pending job's facts are returned as they are."""
+    if facts.info.state != "RUNNING":
+        return facts
+    per, primary = allocation_of(facts.info, extensions, workers_per_node)
+    info = dataclasses.replace(facts.info, nodes=",".join(per), node_count=len(per))
+    return dataclasses.replace(facts, info=info, nodes=len(per), layout=tuple(per.values()),
+                               primary=tuple(primary.values()) if extensions else ())
+
+
 def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: Store,
-                    busy: set[str], partitions: Sequence[str], throughput_model: str = "shared"
-                    ) -> ClusterSnapshot:
+                    busy: set[str], partitions: Sequence[str], throughput_model: str = "shared",
+                    granularity: str = "node") -> ClusterSnapshot:
     """The daemon's snapshot: every eligible managed job's view (a job hpcsched preempted and
     holds, or one job_submit.lua holds for placement: ``held``), and the measured GPUs. With
     ``throughput_model`` ``"shared"`` each view carries what its application's jobs measured
     here (:func:`with_step_corrections`, from :meth:`Store.application_profile`).
 
     A running job's extension jobs (:func:`extension_jobs`) count as its own GPUs, not other
-    jobs', when its whole allocation is whole nodes of its workers per node
-    (:func:`with_extensions`); otherwise (4 + 2) they stay counted as GPUs other jobs hold and
-    the job's view is its primary allocation, as before extensions."""
+    jobs'. At ``granularity`` ``"gpu"`` its view is its whole allocation, GPUs per node, with its
+    primary's part (:func:`gpu_granular_facts`), whatever the shape (4 + 2); at ``"node"`` only
+    when its whole allocation is whole nodes of its workers per node (:func:`with_extensions`),
+    otherwise they stay counted as GPUs other jobs hold and the job's view is its primary
+    allocation."""
     held = {job_id for job_id, (_, _, info) in managed.items() if job_id not in busy
             and (held_for_placement(info) or held_after_preemption(info, store))}
+    exts = extension_jobs(obs, managed)
     widened: dict[str, slurm.JobInfo] = {}
     counted: list[str] = []
-    for job_id, found in extension_jobs(obs, managed).items():
+    for job_id, found in exts.items():
         _, spec, info = managed[job_id]
+        if granularity == "gpu":
+            counted.extend(e.job_id for e in found)
+            continue
         whole = with_extensions(info, found, spec.limits.workers_per_node)
         if whole is None:
             log.debug("job %s: extension job(s) %s left as other jobs' GPUs: not whole nodes",
@@ -476,20 +510,27 @@ def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: 
             continue
         widened[job_id] = whole
         counted.extend(e.job_id for e in found)
-    views = tuple(job_view(dataclasses.replace(
-                      daemon_job_facts(jd, spec, widened.get(job_id, info), store, job_id in busy),
-                      held=job_id in held))
+
+    def facts(job_id: str, jd: JobDir, spec: JobSpec, info: slurm.JobInfo) -> JobFacts:
+        f = daemon_job_facts(jd, spec, widened.get(job_id, info), store, job_id in busy)
+        if granularity == "gpu":
+            f = gpu_granular_facts(f, exts.get(job_id, ()), spec.limits.workers_per_node)
+        return dataclasses.replace(f, held=job_id in held)
+
+    views = tuple(job_view(facts(job_id, jd, spec, info))
                   for job_id, (jd, spec, info) in managed.items()
                   if eligible(info, job_id in held))
     if throughput_model == "shared":
         measured = store.application_profile({v.app_class for v in views})
         views = with_step_corrections(views, lambda app: step_corrections(
             app, measured.get(app, ())))
-    return cluster_snapshot(obs, views, partitions,
+    snap = cluster_snapshot(obs, views, partitions,
                             measured_gpu_views(store, {j.app_class for j in views}), counted)
+    return dataclasses.replace(snap, granularity=granularity)
 
 
 __all__ = ["JobFacts", "JobReport", "ManagedJobs", "application_tables", "attained_gpu_seconds", "cluster_snapshot",
            "daemon_job_facts", "daemon_snapshot", "eligible", "extension_jobs",
-           "held_after_preemption", "held_for_placement", "job_view", "measured_gpu_views", "with_extensions",
+           "allocation_of", "gpu_granular_facts", "held_after_preemption", "held_for_placement",
+           "job_view", "measured_gpu_views", "with_extensions",
            "with_step_corrections"]

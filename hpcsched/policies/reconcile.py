@@ -60,6 +60,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hpcsched.perf.model import job_goodput
+from hpcsched.policies import realise
+from hpcsched.policies.realise import Layout, Mechanism
 from hpcsched.policies.snapshot import (
     EXTENSION_STALL,
     EXTENSION_STARTUP,
@@ -104,6 +106,10 @@ class Costs:
     grow: str = "requeue"
     extension_startup: float = EXTENSION_STARTUP
     extension_stall: float = EXTENSION_STALL
+    #: GPU-granular changes carry the mechanism that realises them and are priced by it
+    #: (:mod:`hpcsched.policies.realise`; the daemon). Off: every shrink costs ``shrink_cost``
+    #: and GPUs go back where the job holds fewest (the simulator, until it follows the rules)
+    by_mechanism: bool = False
 
     def __post_init__(self):
         if self.grow not in GROW_MODES:
@@ -118,9 +124,16 @@ class Costs:
                          self.extension_stall, x_from, x_to)
 
     def resize_cost(self, c: Candidate) -> float:
-        """Seconds candidate resize ``c`` costs its job: :meth:`grow_cost` for a grow,
-        ``shrink_cost`` for a shrink."""
-        return self.grow_cost(c.x_from, c.x_to) if c.kind == ChangeKind.GROW else self.shrink_cost
+        """Seconds candidate resize ``c`` costs its job: by the mechanism that carries it out
+        when GPU-granular (:func:`hpcsched.policies.realise.cost`: a release costs the
+        ``extension_stall``, a shrink of primary nodes ``shrink_cost``, a requeue
+        ``restart_cost``); else :meth:`grow_cost` for a grow, ``shrink_cost`` for a shrink."""
+        grow = self.grow_cost(c.x_from, c.x_to)
+        if c.change.mechanism is not None:
+            return realise.cost(c.change.mechanism, restart_cost=self.restart_cost,
+                                shrink_cost=self.shrink_cost, stall=self.extension_stall,
+                                grow_cost=grow)
+        return grow if c.kind == ChangeKind.GROW else self.shrink_cost
 
 
 @dataclass(frozen=True)
@@ -138,6 +151,11 @@ class Change:
     #: GPUs before (held, or asked for when pending) and after; 0: ``nodes`` x workers per node
     from_gpus: int = 0
     to_gpus: int = 0
+    #: GPU-granular: how Slurm carries it out (:class:`~hpcsched.policies.realise.Mechanism`;
+    #: ``None``: node-granular, by ``kind``) and the job's whole allocation after it,
+    #: ``((node, GPUs), ...)``, primary's nodes first (empty: Slurm chooses)
+    mechanism: Mechanism | None = None
+    layout: Layout = ()
 
 
 @dataclass(frozen=True)
@@ -205,7 +223,7 @@ def classify(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()
             continue
         t = on_grid(t, job, snapshot)
         if job.state == "PENDING":
-            out = _classify_pending(job, t, costs)
+            out = _classify_pending(job, t, costs, snapshot)
         elif job.state == "RUNNING" and (t.gpus_for(job), t.batch_size) != (job.gpus, job.batch_size):
             out = _classify_running(job, t, costs, snapshot)
         else:
@@ -235,16 +253,22 @@ def _change(job: JobView, t: JobTarget, kind: ChangeKind, reason: str | None = N
                   t.reason if reason is None else reason, placement, job.gpus, t.gpus_for(job))
 
 
-def _classify_pending(job: JobView, t: JobTarget, costs: Costs) -> Candidate | str | None:
-    if job.held and t.nodes > 0:
-        # preempted earlier and held by us: the plan gives it GPUs again -> release
-        return Candidate(_change(job, t, ChangeKind.PENDING, placement=t.placement))
-    if t.nodes == 0:
+def _classify_pending(job: JobView, t: JobTarget, costs: Costs,
+                      snapshot: ClusterSnapshot | None = None) -> Candidate | str | None:
+    if t.nodes == 0 and not job.held:
         return f"job {job.job_id}: {t.reason}"
     moved = costs.place_pending and t.placement and tuple(t.placement) != tuple(job.node_names)
-    if (t.gpus_for(job), t.batch_size) != (job.gpus, job.batch_size) or moved:
-        return Candidate(_change(job, t, ChangeKind.PENDING, placement=t.placement))
-    return None
+    if not job.held and (t.gpus_for(job), t.batch_size) == (job.gpus, job.batch_size) and not moved:
+        return None
+    if t.nodes == 0:
+        return f"job {job.job_id}: {t.reason}"
+    # a change: its size set (and, for a job held after a preemption, its release)
+    change = _change(job, t, ChangeKind.PENDING, placement=t.placement)
+    if _realised(snapshot, costs):
+        free = {n.name: n.gpus_free for n in snapshot.nodes if n.usable}
+        r = realise.start(job, snapshot.node_size, tuple(t.placement), free)
+        change = replace(change, mechanism=r.mechanism, layout=r.layout)
+    return Candidate(change)
 
 
 def _classify_running(job: JobView, t: JobTarget, costs: Costs, snapshot: ClusterSnapshot | None = None
@@ -258,16 +282,34 @@ def _classify_running(job: JobView, t: JobTarget, costs: Costs, snapshot: Cluste
     want = t.gpus_for(job)
     kind = ChangeKind.between(job.gpus, want)
     x_from = predict(job, job.nodes, job.batch_size, job.gpus)
-    spans = t.nodes
+    spans, how = t.nodes, None
     if kind == ChangeKind.GROW and costs.grow == "extension" and snapshot is not None \
             and snapshot.granularity == "gpu":
         spans = extension_spans(job, want, snapshot)
+    if _realised(snapshot, costs):
+        if kind == ChangeKind.GROW:
+            how = realise.Realisation(Mechanism.EXTEND)
+        elif kind == ChangeKind.SHRINK:
+            how = realise.shrink(job, want, snapshot.node_size)
+            if not how.layout:
+                return (f"job {job.job_id}: shrink to {want} GPU(s) not made: only a requeue "
+                        "onto more nodes than it holds could give that many")
+            spans = len(how.layout)
     x_to = predict(job, spans, t.batch_size, want)
     if x_from is None or x_to is None:
         return f"job {job.job_id}: no throughput model yet; {kind} not made"
     reason = f"{t.reason}; goodput {x_from:.0f} -> {x_to:.0f} samples/s predicted"
     placement = t.placement if kind == ChangeKind.GROW else ()
-    return Candidate(_change(job, t, kind, reason, placement), x_from, x_to, t.weight)
+    change = _change(job, t, kind, reason, placement)
+    if how is not None:
+        change = replace(change, mechanism=how.mechanism, layout=how.layout)
+    return Candidate(change, x_from, x_to, t.weight)
+
+
+def _realised(snapshot: ClusterSnapshot | None, costs: Costs) -> bool:
+    """Changes are GPU-granular and carry their mechanism (:attr:`Costs.by_mechanism`)."""
+    return (costs.by_mechanism and costs.grow == "extension" and snapshot is not None
+            and snapshot.granularity == "gpu")
 
 
 def extension_spans(job: JobView, gpus: int, snapshot: ClusterSnapshot) -> int:
@@ -437,8 +479,12 @@ def feasible_now(chosen: list[Candidate], snapshot: ClusterSnapshot, grow: str =
     for cand in sorted(chosen, key=lambda c: (ORDER[c.kind], -c.gain)):
         c = cand.change
         if c.kind in (ChangeKind.SHRINK, ChangeKind.PREEMPT):
-            for n, g in released(snapshot.job(c.job_id), c.to_gpus if c.kind == ChangeKind.SHRINK
-                                 else 0, snapshot.granularity).items():
+            job = snapshot.job(c.job_id)
+            gone = (_given_back(job, c.layout) if c.mechanism in (Mechanism.RELEASE,
+                                                                  Mechanism.SHRINK_PRIMARY)
+                    else released(job, c.to_gpus if c.kind == ChangeKind.SHRINK else 0,
+                                  snapshot.granularity))
+            for n, g in gone.items():
                 if n in free:
                     free[n] += g
         elif c.kind == ChangeKind.GROW:
@@ -454,6 +500,12 @@ def feasible_now(chosen: list[Candidate], snapshot: ClusterSnapshot, grow: str =
                 continue
         changes.append(c)
     return changes, notes
+
+
+def _given_back(job: JobView, layout: Layout) -> dict[str, int]:
+    """GPUs per node ``job`` gives back by reaching ``layout`` in place."""
+    after = dict(layout)
+    return {n: g - after.get(n, 0) for n, g in job.allocation().items() if g > after.get(n, 0)}
 
 
 def released(job: JobView, to_gpus: int, granularity: str) -> dict[str, int]:
@@ -555,8 +607,13 @@ def _place_extension_gpus(c: Change, job: JobView, free: dict[str, int]
                     "extension now; Slurm chooses the nodes")
             c = replace(c, placement=())
         order = sorted(free, key=lambda n: (n not in own, -free[n], n))
+    after = job.allocation()
     for n in order:
         take = min(extra, free.get(n, 0))
         free[n] = free.get(n, 0) - take
         extra -= take
+        if take:
+            after[n] = after.get(n, 0) + take
+    if c.mechanism is not None:    # the nodes it takes, for the job's extension jobs
+        c = replace(c, layout=tuple(after.items()))
     return c, note

@@ -31,6 +31,10 @@ GROW_MODES = ("extension", "requeue")
 #: (``hpcsched simulate --extension-startup/--extension-stall``, ``daemon.extension_*``). The
 #: one definition: the simulator, the daemon's configuration and reconcile's ``Costs`` take
 #: their defaults from here.
+#: what a plan may ask for: ``"node"``, whole nodes x the job's workers per node; ``"gpu"``, any
+#: GPU count on any GPUs per node (4 + 2), which the daemon realises with extension jobs
+#: (:mod:`hpcsched.policies.realise`)
+GRANULARITIES = ("node", "gpu")
 EXTENSION_STARTUP = 2.25
 EXTENSION_STALL = 0.09
 
@@ -161,6 +165,10 @@ class JobView:
     #: GPUs on each node of its allocation, when they differ from node to node (GPU-granular
     #: plans: ``(4, 2)``); empty: ``workers_per_node`` on each of ``nodes``
     layout: tuple[int, ...] = ()
+    #: GPUs its primary Slurm job (what hpcsub submitted) holds on each of its first nodes
+    #: (``node_names`` lists them first); the rest of ``layout`` is extension jobs', which are
+    #: released without a restart. Empty: the whole allocation is the primary's
+    primary: tuple[int, ...] = ()
     #: when the job last changed size or (re)started, Unix seconds; ``None``: unknown
     resized_at: float | None = None
     #: the direction of hpcsched's last resize of the job: ``"grow"`` (a release after a
@@ -177,6 +185,19 @@ class JobView:
     def gpus(self) -> int:
         """GPUs the job holds (running) or asks for (pending)."""
         return sum(self.layout) if self.layout else self.nodes * self.workers_per_node
+
+    def allocation(self) -> dict[str, int]:
+        """GPUs per node of its allocation (running; pending: of the nodes it asks for, if
+        named), primary's nodes first."""
+        per = self.layout or (self.workers_per_node,) * len(self.node_names)
+        return dict(zip(self.node_names, per))
+
+    def primary_allocation(self) -> dict[str, int]:
+        """GPUs per node of its primary Slurm job (:attr:`primary`; all of :meth:`allocation`
+        when it runs on no extension)."""
+        if not self.primary:
+            return self.allocation()
+        return dict(zip(self.node_names, self.primary))
 
     # the limits' fields, read through the view (one definition: JobLimits)
     workers_per_node = property(lambda self: self.limits.workers_per_node)

@@ -1,0 +1,158 @@
+"""How a GPU-granular plan becomes real on Slurm: the mechanism of each change, decided once.
+
+A plan gives a job GPUs per node. Slurm (22.05 to 26.05) cannot grow a running GPU job nor
+release part of its GRES, so a job is its **primary** Slurm job (what ``hpcsub`` submitted, the
+same GPUs on each of its nodes) plus **extension** jobs, each some GPUs on one node
+(``docs/extensions.md``). Which mechanism reaches a target, and what it costs the job, is
+decided here, for reconcile (which prices a change by it), the daemon (which carries it out)
+and the simulator (which follows the same rules):
+
+======================  ==============================================  ==================
+mechanism               when                                            seconds it costs
+======================  ==============================================  ==================
+``start``               a pending job starts: its primary at the        ``restart_cost``
+                        job's fewest GPUs (:func:`primary_shape`), the
+                        rest by ``extend`` once it runs
+``extend``              a running job grows: extension jobs on the      ``grow_cost``
+                        nodes the plan names, no worker restarts        (start-up x lost
+                                                                        rate + stall)
+``release``             a running job shrinks within its extensions:    ``extension_stall``
+                        the released ranks leave at a step boundary
+``shrink-primary``      a shrink below its extensions, by whole         ``shrink_cost``
+                        primary nodes: released in place (Slurm keeps
+                        the first nodes)
+``requeue``             any other shrink into the primary: checkpoint,  ``restart_cost``
+                        requeue onto the same GPUs on every node
+======================  ==============================================  ==================
+
+The rule for the primary's shape: **a job the daemon starts has its fewest GPUs as its primary
+and all its growth as extensions**, so every later shrink within its limits is a ``release``
+(no checkpoint, no restart: 0.15 s to the new size on the dev cluster, ``docs/extensions.md``),
+and a requeue is only ever needed for a job Slurm started at its own request. Units: GPUs,
+seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from hpcsched.policies.snapshot import JobView
+
+
+class Mechanism(str, Enum):
+    """How a change of a job's GPUs is carried out on Slurm (module docstring)."""
+
+    START = "start"
+    EXTEND = "extend"
+    RELEASE = "release"
+    SHRINK_PRIMARY = "shrink-primary"
+    REQUEUE = "requeue"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+Layout = tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class Realisation:
+    """What a change makes real: its mechanism and the job's allocation after it.
+
+    Attributes:
+        mechanism: how (:class:`Mechanism`).
+        layout: ``((node, GPUs), ...)``, the whole allocation after the change, the primary's
+            nodes first; empty when Slurm picks the nodes (a start with no placement).
+    """
+
+    mechanism: Mechanism
+    layout: Layout = ()
+
+    @property
+    def gpus(self) -> int:
+        return sum(g for _, g in self.layout)
+
+
+def primary_shape(fewest: int, node_size: int) -> tuple[int, int]:
+    """``(nodes, GPUs per node)`` of a primary Slurm job holding at least ``fewest`` GPUs with
+    the same GPUs on every node (``NumNodes`` x ``TresPerNode``), on nodes of ``node_size``
+    GPUs: the fewest nodes, then the fewest GPUs per node (``fewest`` 2 -> 1 x 2; 8 -> 2 x 4;
+    6 -> 2 x 3; 5 -> 2 x 3)."""
+    fewest, node_size = max(1, fewest), max(1, node_size)
+    nodes = -(-fewest // node_size)
+    return nodes, -(-fewest // nodes)
+
+
+def start(job: JobView, node_size: int, placement: tuple[str, ...] = (),
+          free: dict[str, int] | None = None) -> Realisation:
+    """A pending ``job`` started by the plan: its primary at its fewest GPUs
+    (:func:`primary_shape`), on the first nodes of ``placement`` when it names enough, else on
+    the nodes of ``free`` (free GPUs per node) with the fewest free GPUs that hold its GPUs per
+    node (Slurm's best fit); no layout (Slurm chooses) when neither does."""
+    nodes, per = primary_shape(job.min_gpus, node_size)
+    if len(placement) < nodes:
+        fits = sorted((n for n, f in (free or {}).items() if f >= per), key=lambda n: (free[n], n))
+        placement = tuple(fits)
+    if len(placement) < nodes:
+        return Realisation(Mechanism.START)
+    return Realisation(Mechanism.START, tuple((n, per) for n in placement[:nodes]))
+
+
+def shrink(job: JobView, to_gpus: int, node_size: int) -> Realisation:
+    """Running ``job`` shrunk to ``to_gpus`` GPUs (fewer than it holds), by the cheapest
+    mechanism (module docstring): extension GPUs first, on the nodes where the job holds fewest
+    (the last such node first, so it stays packed); then whole primary nodes, its last first;
+    otherwise a requeue onto :func:`requeue_layout`."""
+    held = job.allocation()
+    primary = job.primary_allocation()
+    extra = {n: g - primary.get(n, 0) for n, g in held.items() if g > primary.get(n, 0)}
+    drop = sum(held.values()) - to_gpus
+    if drop <= sum(extra.values()):
+        return Realisation(Mechanism.RELEASE, _release(held, extra, drop))
+    per = set(primary.values())
+    if len(per) == 1 and to_gpus % next(iter(per)) == 0 and to_gpus >= next(iter(per)):
+        keep = list(primary)[: to_gpus // next(iter(per))]
+        return Realisation(Mechanism.SHRINK_PRIMARY, tuple((n, primary[n]) for n in keep))
+    return Realisation(Mechanism.REQUEUE, requeue_layout(held, to_gpus, node_size))
+
+
+def _release(held: dict[str, int], extra: dict[str, int], drop: int) -> Layout:
+    """``held`` less ``drop`` of its ``extra`` (extension) GPUs: whole extension-only nodes
+    first, the largest that fits first (the job spans fewer nodes), then GPUs on the nodes where
+    it holds fewest, the last such node first."""
+    after = dict(held)
+    whole = sorted((n for n in extra if extra[n] == held[n]), key=lambda n: -held[n])
+    for n in whole:
+        if extra[n] <= drop:
+            after[n], drop = 0, drop - extra[n]
+    for n in sorted(extra, key=lambda n: (held[n], -list(held).index(n))):
+        take = min(drop, extra[n], after[n])
+        after[n] -= take
+        drop -= take
+    return tuple((n, g) for n, g in after.items() if g > 0)
+
+
+def requeue_layout(held: dict[str, int], gpus: int, node_size: int) -> Layout:
+    """The layout a job requeued onto ``gpus`` GPUs asks for: the same GPUs on every node
+    (:func:`primary_shape`), on the nodes it held most GPUs on (they are free again when it
+    pends)."""
+    nodes, per = primary_shape(gpus, node_size)
+    while nodes * per != gpus and per > 1:       # exactly ``gpus``: fewer GPUs per node
+        per -= 1
+        nodes = -(-gpus // per)
+    order = sorted(held, key=lambda n: (-held[n], list(held).index(n)))
+    return tuple((n, per) for n in order[:nodes]) if len(order) >= nodes else ()
+
+
+def cost(mechanism: Mechanism, *, restart_cost: float, shrink_cost: float, stall: float,
+         grow_cost: float) -> float:
+    """Seconds ``mechanism`` costs the job (module docstring's table); ``grow_cost`` is the
+    extension grow's (:func:`hpcsched.policies.snapshot.grow_cost`)."""
+    return {Mechanism.START: restart_cost, Mechanism.EXTEND: grow_cost,
+            Mechanism.RELEASE: stall, Mechanism.SHRINK_PRIMARY: shrink_cost,
+            Mechanism.REQUEUE: restart_cost}[mechanism]
+
+
+__all__ = ["Layout", "Mechanism", "Realisation", "cost", "primary_shape", "requeue_layout",
+           "shrink", "start"]
