@@ -74,7 +74,13 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
     # jct weighs each job's goodput by 1 / its remaining work, and A, measured at one size
     # only, is predicted to slow down on fewer nodes, so it may keep them: B grows when room
     # appears
-    assert (grow, 1, 2, 96, 96, "running") in acts[b], (acts, log[-4000:])
+    if policy == "dp":
+        assert (grow, 1, 2, 96, 96, "running") in acts[b], (acts, log[-4000:])
+    else:   # GPU-granular: B's extension takes the free GPUs of its own node first
+        grown = [x for x in store.actions(b) if x.kind == grow and x.status == "running"]
+        assert grown and sum(int(p.split(":")[1]) for p in grown[0].placement) > 2, \
+            (acts, log[-4000:])
+        assert grown[0].reason.endswith("[by extend]"), grown[0].reason
     assert ("batch", 1, 1, 32, 128, "running") in acts[c], (acts, log[-4000:])
     for x in store.actions():
         assert x.reason.startswith(prefix) and "samples/s" in x.reason, x.reason
@@ -125,7 +131,9 @@ def test_dry_run_decides_and_logs_but_never_acts(daemon_env, blocker, slurm_jobs
     wait_for(measured, 120, "the job to report some steps")
     for _ in range(2):
         r = cli("hpcsched", "-v", "daemon", "--once", "--dry-run")
-    assert f"job {job} would grow: 1 -> 2 node(s)" in r.stderr, r.stderr[-3000:]
+    # GPU-granular (the default): 2 -> 4 GPUs, packed on its node or beside it
+    assert f"job {job} would grow: 1 -> " in r.stderr and "2 -> 4 GPU(s)" in r.stderr, \
+        r.stderr[-3000:]
     store = Store(f"sqlite:///{db}")
     assert store.actions(job) == [] and all(x.dry_run for x in store.rounds())
     info = slurm.job_info(job)

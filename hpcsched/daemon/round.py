@@ -277,9 +277,12 @@ class Daemon:
             log.info("round %d: %s", rep.round_id, n)
         for c in decision.changes:
             verb = "would" if self.settings.daemon.dry_run else "will"
-            log.info("round %d: job %s %s %s: %d -> %d node(s), batch %d -> %d: %s",
+            gpus = (f" ({c.from_gpus} -> {c.to_gpus} GPU(s)"
+                    + (f" on {','.join(f'{n}:{g}' for n, g in c.layout)}" if c.layout else "")
+                    + f", by {c.mechanism})") if c.mechanism is not None else ""
+            log.info("round %d: job %s %s %s: %d -> %d node(s)%s, batch %d -> %d: %s",
                      rep.round_id, c.job_id, verb, "start" if c.kind == "pending" else c.kind,
-                     c.from_nodes, c.to_nodes, c.from_batch_size, c.to_batch_size, c.reason)
+                     c.from_nodes, c.to_nodes, gpus, c.from_batch_size, c.to_batch_size, c.reason)
         rep.changes = list(decision.changes)
         if self.settings.daemon.dry_run:
             return
@@ -298,7 +301,7 @@ class Daemon:
         reason = c.reason
         if c.mechanism is not None:   # GPU-granular: the mechanism reconcile priced it by
             kind, nodes, placement = realised_action(c, spec.workers_per_node)
-            reason = f"by {c.mechanism}: {c.reason}"
+            reason = f"{c.reason} [by {c.mechanism}]"
         elif (layout := self._by_extension(c, jd, spec, info)) is not None:
             kind, placement = ChangeKind.REFORM, tuple(f"{n}:{g}" for n, g in layout.items())
         rid = rep.round_id
