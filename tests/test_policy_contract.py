@@ -192,3 +192,58 @@ def test_the_factory_takes_the_same_keys_as_make_policy(name):
     assert factory().params == make_policy(name).params == factory.Params()
     with pytest.raises(PolicyError, match="valid keys"):
         factory(nosuch=1)
+
+
+# ------------------------------------------------- a GPU-granular plan placed (jct + pal)
+
+def _gpu_snap(nodes, jobs, speeds, allocated=(), grow="requeue"):
+    """Nodes of 4 GPUs (``allocated``: GPUs in use per node), GPU-granular, class A's slowdown
+    per node."""
+    from hpcsched.policies.snapshot import NodeView
+    from tests.test_placement import _gpus
+
+    used = dict(allocated)
+    return ClusterSnapshot(0.0, tuple(NodeView(n, 4, used.get(n, 0), "mixed" if used.get(n) else "idle")
+                                      for n in nodes), tuple(jobs),
+                           gpus=_gpus({n: {"A": s} for n, s in speeds.items()}),
+                           granularity="gpu", grow=grow)
+
+
+def _gpu_target(job_id, gpus):
+    from hpcsched.policies.snapshot import JobTarget
+
+    return JobTarget(job_id, -(-gpus // 4), 64, "sized", gpus=gpus)
+
+
+def test_a_pending_job_of_a_gpu_plan_takes_free_gpus_of_the_fastest_bin():
+    """2 GPUs: packed takes the tightest node (n1, slow for A), PAL the fast bin (n2)."""
+    from hpcsched.policies.placement import place
+    from tests.test_placement import _job
+
+    snap = _gpu_snap(["n1", "n2"], [_job("a", 1, wpn=4, cls="A")], {"n1": 1.3, "n2": 1.0},
+                     allocated=[("n1", 2)])
+    plan = Plan("t", (_gpu_target("a", 2),))
+    assert place(plan, snap, "packed").target("a").placement == ("n1",)
+    assert place(plan, snap, "pal").target("a").placement == ("n2",)
+    # 6 GPUs: the fast bin alone has 4 free, both bins 2 + 4; 7 fit nowhere now: Slurm chooses
+    assert place(Plan("t", (_gpu_target("a", 6),)), snap, "pal").target("a").placement == \
+        ("n1", "n2")
+    out = place(Plan("t", (_gpu_target("a", 7),)), snap, "pal")
+    assert out.target("a").placement == () and any("left to Slurm" in n for n in out.notes)
+
+
+def test_a_running_job_of_a_gpu_plan_keeps_its_gpus_and_grows_by_extension_onto_fast_nodes():
+    from hpcsched.policies.placement import place
+    from tests.test_placement import _job
+
+    run = _job("r", 1, wpn=4, cls="A", state="RUNNING", names=("n1",))
+    snap = _gpu_snap(["n1", "n2", "n3"], [run, _job("p", 1, wpn=4, cls="A")],
+                     {"n1": 1.0, "n2": 1.0, "n3": 1.3}, allocated=[("n1", 4), ("n3", 2)],
+                     grow="extension")
+    # the same size: no placement, and its node is no one else's
+    kept = place(Plan("t", (_gpu_target("r", 4), _gpu_target("p", 4))), snap, "pal")
+    assert kept.target("r").placement == () and kept.target("p").placement == ("n2",)
+    # grown to 6 by extension: its own node and 2 GPUs of the fast bin (packed: the tightest)
+    grown = Plan("t", (_gpu_target("r", 6),))
+    assert place(grown, snap, "pal").target("r").placement == ("n1", "n2")
+    assert place(grown, snap, "packed").target("r").placement == ("n1", "n3")

@@ -86,9 +86,12 @@ class Placed(PolicyBase):
         return self.policy.judged_view(snapshot)
 
     def decide(self, snapshot: ClusterSnapshot, seed: int = 0) -> Plan:
-        """The wrapped policy's plan with placements filled by the stage; sizes unchanged."""
+        """The wrapped policy's plan with placements filled by the stage; sizes unchanged.
+        The stage bins the GPUs with a fixed seed, not the round's: the same measurements give
+        the same bins every round (and are binned once, :func:`~.placement.binning.
+        bin_gpus_cached`)."""
         plan = self.policy.decide(snapshot, seed)
-        placed = place(plan, snapshot, self.strategy, self.locality_penalty, seed)
+        placed = place(plan, snapshot, self.strategy, self.locality_penalty, seed=0)
         return Plan(self.name, placed.targets, plan.objective, tuple(placed.notes))
 
 

@@ -62,11 +62,19 @@ with running jobs keeping their nodes first, and the better of the two (fewer ru
 then fewer GPUs, left out) is returned. The placements of one plan are consistent only as a
 whole: applying a move without the moves it makes room for can overfill a node.
 
-Pure: no I/O, no clock; the only randomness is K-Means seeding, from ``seed``.
+**GPU-granular plans** (``snapshot.granularity == "gpu"``: targets that speak GPUs, as
+``jct``'s) are placed by :mod:`.gpus` instead: each job is placed on the GPUs free now (what
+Slurm can give it), running jobs that do not grow keep their GPUs (reconcile never moves a
+running job), a grow by extension adds nodes to the job's own, and each strategy ranks the
+nodes as above (PAL: bins, fastest first; the first bin whose nodes hold the job, packed on
+at most ``target.nodes`` nodes, wins).
+
+Pure: no I/O, no clock; the only randomness is K-Means seeding, from ``seed`` (the binning of
+one set of measurements and seed is computed once: :func:`.binning.bin_gpus_cached`).
 
 Modules: :mod:`.capacity` (what each node has left), :mod:`.strategies` (one chooser per
-strategy), :mod:`.binning` (PAL's K-Means), :mod:`.scores` (``L x V``, node speeds, name order);
-this one drives them (:func:`place`).
+strategy), :mod:`.gpus` (GPU-granular plans), :mod:`.binning` (PAL's K-Means), :mod:`.scores`
+(``L x V``, node speeds, name order); this one drives them (:func:`place`).
 """
 
 from __future__ import annotations
@@ -74,6 +82,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hpcsched.policies.placement.capacity import capacity_left
+from hpcsched.policies.placement.gpus import assign_gpus
 from hpcsched.policies.placement.scores import (
     class_in,
     job_slowdown,
@@ -111,19 +120,35 @@ def place(plan: Plan, snapshot: ClusterSnapshot, strategy: str, locality_penalty
         return plan
     cluster = Cluster(snapshot, locality_penalty, seed)
     todo, notes = _to_place(plan, snapshot, strategy)
-    free0 = capacity_left(plan, snapshot, {x.job.job_id for x in todo}, cluster.usable)
-    got, failed, retry_notes = _assign_with_retry(todo, free0, cluster, strategy)
-    notes += retry_notes
+    if snapshot.granularity == "gpu":
+        got, failed, kept = assign_gpus(todo, snapshot, cluster, strategy)
+        todo = [x for x in todo if x.job.job_id in got or x in failed]
+        notes += [f"placement {strategy}: job {x.job.job_id} needs {x.target.gpus_for(x.job)} "
+                  f"GPU(s) on at most {x.target.nodes} node(s) of those free now; placement "
+                  "left to Slurm" for x in sorted(failed, key=lambda x: x.pos)]
+        if kept:
+            notes.append(f"placement {strategy}: {kept} running job(s) keep their GPUs")
+    else:
+        free0 = capacity_left(plan, snapshot, {x.job.job_id for x in todo}, cluster.usable)
+        got, failed, retry_notes = _assign_with_retry(todo, free0, cluster, strategy)
+        notes += retry_notes + _failed_notes(failed, free0, cluster, strategy)
+    notes.insert(0, f"placement: {strategy} (locality penalty {locality_penalty:g}), "
+                    f"{len(todo) - len(failed)}/{len(todo)} jobs placed")
+    targets = _rewrite(plan.targets, todo, got, {x.pos for x in failed}, strategy)
+    return replace(plan, targets=targets, notes=tuple(plan.notes) + tuple(notes))
+
+
+def _failed_notes(failed: list[PlacedJob], free0: dict[str, int], cluster: Cluster,
+                  strategy: str) -> list[str]:
+    """A note per job of a whole-node plan that did not fit, in plan order."""
+    notes = []
     for x in sorted(failed, key=lambda x: x.pos):
         wpn = x.job.workers_per_node
         have = len(cluster.eligible(x.job, free0))
         notes.append(f"placement {strategy}: job {x.job.job_id} needs {x.target.nodes} node(s) with "
                      f">= {wpn} free GPUs; {have} had them before other jobs were placed; "
                      "placement left to Slurm")
-    notes.insert(0, f"placement: {strategy} (locality penalty {locality_penalty:g}), "
-                    f"{len(todo) - len(failed)}/{len(todo)} jobs placed")
-    targets = _rewrite(plan.targets, todo, got, {x.pos for x in failed}, strategy)
-    return replace(plan, targets=targets, notes=tuple(plan.notes) + tuple(notes))
+    return notes
 
 
 def _to_place(plan: Plan, snapshot: ClusterSnapshot, strategy: str

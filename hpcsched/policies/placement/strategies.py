@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hpcsched.policies.placement.binning import Binning, bin_gpus
+from hpcsched.policies.placement.binning import Binning, bin_gpus_cached
 from hpcsched.policies.placement.scores import gpus_by_node, locality_factor, node_sort_key, placement_score
 from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, NodeView
 
@@ -76,7 +76,8 @@ class Cluster:
         """Per-node speed for ``cls``; with ``binned``, K-Means bins of all measured GPUs."""
         if (cls, binned) not in self._speeds:
             vals = [g.slowdown_for(cls) for g in self._gpus]
-            b = bin_gpus(vals, seed=self.seed) if binned else Binning((0,) * len(vals), (), 0)
+            b = (bin_gpus_cached(tuple(vals), seed=self.seed) if binned
+                 else Binning((0,) * len(vals), (), 0))
             raw: dict[str, float] = {}
             nb: dict[str, int] = {}
             for g, v, lab in zip(self._gpus, vals, b.labels):
