@@ -28,6 +28,7 @@ run; the document says so). ``--policies a,b``: only those policies in section 2
 
     .venv/bin/python benchmarks/evaluation.py --grow-modes --jobs 2    # section 5 only
     .venv/bin/python benchmarks/evaluation.py --pal --jobs 2           # section 4 only
+    .venv/bin/python benchmarks/evaluation.py --grow-costs --jobs 2    # section 8 only
 
     .venv/bin/python benchmarks/evaluation.py --timings                # section 7 only, from the
                                                                        # timing benchmarks' JSON
@@ -64,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _evaluation_render as render  # noqa: E402
 import pal_artifact  # noqa: E402
+from _evaluation_costs import costs_main  # noqa: E402
 from _evaluation_runs import _cache, _params, _ran, execute_all, make_run  # noqa: E402
 from _evaluation_timing import TIMING_SECTION, timing_section  # noqa: E402
 from _run_cache import describe  # noqa: E402
@@ -462,11 +464,15 @@ def main() -> None:
                     help="only section 5: jct (gpu) with grows by extension and by requeue")
     ap.add_argument("--pal", action="store_true",
                     help="only section 4: PAL's experiment, every way of running it")
+    ap.add_argument("--grow-costs", action="store_true",
+                    help="only section 8: jct / pollux (gpu, load 1.0) at extension start-ups "
+                         "2-60 s x stalls 0.1-15 s")
     ap.add_argument("--timings", action="store_true",
                     help="only section 7: decision and simulation times, from the latest results "
                          "of benchmarks/policy_decision.py and benchmarks/sim_walltime.py")
     ap.add_argument("--render-only", action="store_true",
-                    help="with --grow-modes: rewrite section 5 from the summaries of the last run")
+                    help="with --grow-modes or --grow-costs: rewrite that section from the "
+                         "summaries of the last run")
     ap.add_argument("--no-cache", action="store_true",
                     help="simulate every run again, even those the cache holds for this code")
     ap.add_argument("--docs", default=str(ROOT / "docs"))
@@ -485,6 +491,9 @@ def main() -> None:
         return
     if args.pal:
         pal_main(args, wls)
+        return
+    if args.grow_costs:
+        costs_main(args, wls)
         return
     policies, skipped = select_policies(args.policies)
     has_gran = "granularity" in {f.name for f in dataclasses.fields(Run)}

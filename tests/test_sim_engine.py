@@ -83,7 +83,14 @@ class Checked(Simulator):
                         per_node[n] for n in sorted(per_node)), (j.wj.name, j.gpus)
                 else:
                     assert sorted(per_node.values()) == [j.per_node] * j.nodes, (j.wj.name, j.gpus)
-                assert j.node_names == tuple(self.cluster.node_names[n] for n in sorted(per_node))
+                # the primary's nodes first (as the daemon's view lists them), then the others
+                primary = {n for n, _ in j.primary}
+                assert j.node_names == tuple(self.cluster.node_names[n] for n in sorted(
+                    per_node, key=lambda n: (n not in primary, n)))
+                assert set(j.primary) <= set(j.gpus) and j.primary, (j.wj.name, j.primary)
+                if self.costs.by_mechanism:   # a primary Slurm job: the same GPUs per node
+                    own = [n for n, _ in j.primary]
+                    assert len({own.count(n) for n in own}) == 1, (j.wj.name, j.primary)
                 for n, g in j.ext.gpus if j.ext else ():   # a grow by extension, starting
                     held[n, g] += 1
             else:

@@ -202,9 +202,12 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
                    "Slurm.")
 @click.option("--granularity", type=click.Choice(("node", "gpu")), default="node",
               show_default=True,
-              help="node: a job is whole nodes x the GPUs per node it was submitted with (what "
-                   "the actuator does on Slurm today); gpu: plans may give a job any GPUs per "
-                   "node (4 + 2).")
+              help="gpu: plans may give a job any GPUs per node (4 + 2), made real by the "
+                   "daemon's rules (a start at the job's fewest GPUs, grows by extension, shrinks "
+                   "by release; docs/daemon.md): what the daemon does by default; node: whole "
+                   "nodes x the GPUs per node it was submitted with (the daemon's granularity = "
+                   "node). gpu with --grow requeue is a what-if: the daemon needs extension jobs "
+                   "for GPU-granular plans.")
 @click.option("--grow", type=click.Choice(GROW_MODES), default="extension", show_default=True,
               help="How a running job grows: extension, a second Slurm job whose workers start "
                    "while the job trains on, then join it after a short stall; requeue, the job "
@@ -253,7 +256,7 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
       hpcsched simulate -w pal:1 -p static --placement packed --placement pal --variability
       hpcsched simulate -w pollux:3@2.0 -p dp --json dp.json --out results/
       hpcsched simulate -w pollux:1 -p dp --granularity gpu
-      hpcsched simulate -w pollux:1 -p jct --granularity gpu --grow requeue
+      hpcsched simulate -w pollux:1 -p jct --grow requeue
       hpcsched simulate -w pollux:1 -p jct --scale 0.05
     """
     from hpcsched.sim.engine import SimulationError

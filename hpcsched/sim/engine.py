@@ -63,6 +63,7 @@ from hpcsched.perf.priors import application_key
 from hpcsched.perf.shared import StepLedger
 from hpcsched.policies import make_policy
 from hpcsched.policies.base import rounds_on_events
+from hpcsched.policies.realise import Mechanism, primary_shape
 from hpcsched.policies.reconcile import Change
 from hpcsched.policies.round import decide_round
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView
@@ -106,7 +107,8 @@ class Simulator:
                              shrink_cost=config.shrink_cost,
                              hold=config.hold_rounds * config.interval, grow=config.grow,
                              extension_startup=config.extension_startup,
-                             extension_stall=config.extension_stall)
+                             extension_stall=config.extension_stall,
+                             by_mechanism=config.granularity == "gpu" and config.grow == "extension")
 
     # ----------------------------------------------------------------------- physics
     def _slowdown(self, j: SimJob) -> float:
@@ -137,7 +139,12 @@ class Simulator:
                 for j in self.jobs if j.state in ("PENDING", "RUNNING")}
 
     def _try_start(self, j: SimJob) -> bool:
-        if j.granular:
+        if j.granular and self.costs.by_mechanism:
+            # a primary Slurm job: the same GPUs on every node (the daemon's rules)
+            nodes, per = j.shape or job_shape(j.size, self.cfg.gpus_per_node)
+            req = j.req_nodes if len(j.req_nodes) == nodes else ()
+            got = self.cluster.allocate(nodes, per, req)
+        elif j.granular:
             got = self.cluster.allocate_gpus(j.size, j.req_nodes)
         else:
             got = self.cluster.allocate(j.nodes, j.per_node, j.req_nodes,
@@ -148,7 +155,8 @@ class Simulator:
         if got is None:
             return False
         j.node_names, j.gpus = got
-        j.nodes = len(j.node_names)
+        j.primary, j.shape = j.gpus, None
+        j.nodes, j.size = len(j.node_names), len(j.gpus)
         j.resized_at = self.now
         j.req_nodes = ()
         j.state = "RUNNING"
@@ -162,7 +170,7 @@ class Simulator:
 
     def _release(self, j: SimJob) -> None:
         self.cluster.release(j.held_gpus)
-        j.gpus, j.node_names, j.ext = (), (), None
+        j.gpus, j.node_names, j.ext, j.primary = (), (), None, ()
 
     def _schedule(self) -> None:
         """Slurm's scheduling pass: pending jobs in priority order, each started if it fits."""
@@ -188,7 +196,7 @@ class Simulator:
             busy=j.state == "RUNNING" and (j.blocked_until > self.now or j.ext is not None),
             held=j.held,
             requested_nodes=j.req_nodes, start_time=j.start_time,
-            layout=j.view_layout(self.cfg.gpus_per_node),
+            layout=j.view_layout(self.cfg.gpus_per_node), primary=j.view_primary(),
             resized_at=j.resized_at if j.state == "RUNNING" else None,
             last_resize=j.last_resize, step_corrections=tables.get(application_key(j.application_name))))
 
@@ -215,10 +223,22 @@ class Simulator:
             return
         j.eta = j.st = None
         if c.kind == ChangeKind.PENDING and j.state == "PENDING":
+            if c.mechanism == Mechanism.START:   # its primary at its fewest GPUs
+                nodes, per = (len(c.layout), c.layout[0][1]) if c.layout else \
+                    primary_shape(j.limits.min_gpus, self.cfg.gpus_per_node)
+                want, placement = nodes * per, tuple(n for n, _ in c.layout)
+                j.shape = (nodes, per)
+                try:
+                    cfg = j.fit(c.to_batch_size, want)
+                except BatchSizeError as exc:
+                    self.notes.append(f"t={self.now:.0f} job {j.wj.name}: start not applied: {exc}")
+                    return
+            else:
+                nodes, placement = c.to_nodes, tuple(c.placement)
             if j.held and j.start_time is not None:   # a preempted job released
                 self._log(j, 0, want)
-            j.size, j.nodes, j.cfg = want, c.to_nodes, cfg
-            j.req_nodes = tuple(c.placement)
+            j.size, j.nodes, j.cfg = want, nodes, cfg
+            j.req_nodes = placement
             j.held = False
         elif j.state != "RUNNING":
             return
@@ -229,6 +249,13 @@ class Simulator:
             j.restarts += 1
         elif c.kind == ChangeKind.BATCH:
             j.cfg = cfg
+        elif c.kind == ChangeKind.SHRINK and c.mechanism == Mechanism.REQUEUE:
+            self._requeue(j, c, cfg)
+        elif c.kind == ChangeKind.SHRINK and c.mechanism is not None:
+            self._log(j, j.size, want)
+            cost = self.cfg.extension_stall if c.mechanism == Mechanism.RELEASE \
+                else self.cfg.shrink_cost
+            resize.reach_layout(self.cluster, j, c.layout, cfg, self.now, cost)
         elif c.kind == ChangeKind.SHRINK:
             self._shrink(j, want, cfg)
         elif c.kind == ChangeKind.GROW and self.cfg.grow == "extension":
@@ -246,13 +273,27 @@ class Simulator:
         """Grow ``j`` to ``gpus`` GPUs by extension: the extension job takes the new GPUs now
         (:func:`hpcsched.sim.resize.extension_gpus`); the job trains on at its size until
         :meth:`_join`. Not made, with a note, when Slurm cannot place the extension now."""
-        got = resize.extension_gpus(self.cluster, j, gpus, c.to_nodes, c.placement)
+        got = (resize.extension_on(self.cluster, j, c.layout) if c.layout
+               else resize.extension_gpus(self.cluster, j, gpus, c.to_nodes, c.placement))
         if got is None:
             self.notes.append(f"t={self.now:.0f} job {j.wj.name}: grow to {gpus} GPU(s) by "
                               "extension not applied: its GPUs are not free")
             return
         self._log(j, j.size, gpus)
         j.ext = Extension(self.now + self.cfg.extension_startup, got[1], gpus, cfg)
+        j.resizes += 1
+
+    def _requeue(self, j: SimJob, c: Change, cfg: BatchConfig) -> None:
+        """Shrink ``j`` by requeue onto ``c.layout``'s same GPUs on every node
+        (:data:`~hpcsched.policies.realise.Mechanism.REQUEUE`): it gives its GPUs back, pends at
+        that shape on those nodes, and pays the restart cost when it starts again."""
+        self._log(j, j.size, sum(g for _, g in c.layout))
+        self._release(j)
+        j.state = "PENDING"
+        j.shape = (len(c.layout), c.layout[0][1])
+        j.size, j.nodes, j.cfg = j.shape[0] * j.shape[1], j.shape[0], cfg
+        j.req_nodes = tuple(n for n, _ in c.layout)
+        j.restarts += 1
         j.resizes += 1
 
     def _join(self, j: SimJob) -> None:

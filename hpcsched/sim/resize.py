@@ -65,13 +65,64 @@ def extension_nodes(cluster: SimCluster, count: int, per_node: int, mine: Sequen
     return cluster.allocate(count, per_node, tuple(names[i] for i in sorted(fits)))
 
 
+def extension_on(cluster: SimCluster, j: SimJob, layout: Sequence[tuple[str, int]]
+                 ) -> Allocation | None:
+    """Take the GPUs of an extension that brings running ``j`` to ``layout`` (``((node,
+    GPUs), ...)``, its whole allocation after the grow, as reconcile claimed it): on each node,
+    what the layout has beyond what the job holds there. ``None`` (nothing taken) when they
+    are not free now."""
+    names = cluster.node_names
+    held: dict[str, int] = {}
+    for n, _ in j.gpus:
+        held[names[n]] = held.get(names[n], 0) + 1
+    taken: list[tuple[int, int]] = []
+    for node, want in layout:
+        extra = want - held.get(node, 0)
+        got = cluster.allocate_gpus(extra, (node,)) if extra > 0 else ((), ())
+        if got is None:
+            cluster.release(taken)
+            return None
+        taken.extend(got[1])
+    gpus = tuple(sorted(taken))
+    return tuple(names[i] for i in sorted({n for n, _ in gpus})), gpus
+
+
+def reach_layout(cluster: SimCluster, j: SimJob, layout: Sequence[tuple[str, int]],
+                 cfg: BatchConfig, now: float, cost: float) -> None:
+    """Shrink running ``j`` in place to ``layout`` (``((node, GPUs), ...)``) at batch
+    configuration ``cfg``, costing ``cost`` seconds: on each node its primary's GPUs are kept
+    first, the rest given back (a ``release`` of extension GPUs or a ``shrink-primary`` of whole
+    primary nodes, :mod:`hpcsched.policies.realise`)."""
+    names = cluster.node_names
+    want = dict(layout)
+    primary = set(j.primary)
+    keep: list[tuple[int, int]] = []
+    drop: list[tuple[int, int]] = []
+    count: dict[str, int] = {}
+    for ng in sorted(j.gpus, key=lambda ng: (ng not in primary, ng)):
+        node = names[ng[0]]
+        if count.get(node, 0) < want.get(node, 0):
+            keep.append(ng)
+            count[node] = count.get(node, 0) + 1
+        else:
+            drop.append(ng)
+    cluster.release(drop)
+    j.gpus = tuple(sorted(keep))
+    j.primary = tuple(ng for ng in j.primary if ng in set(keep))
+    j.node_names = j.held_nodes(names)
+    j.nodes, j.size, j.cfg = len(j.node_names), len(keep), cfg
+    j.blocked_until = max(j.blocked_until, now) + cost
+    j.resized_at = now
+    j.resizes += 1
+
+
 def join(j: SimJob, names: Sequence[str], now: float, stall: float) -> None:
     """At ``now`` the extension's workers of ``j`` (advanced to ``now``) have started: the group
     re-forms at the new size on the job's and the extension's GPUs (``names``: the cluster's
     node names), every rank stalled ``stall`` seconds while the newcomers receive the state."""
     ext, j.ext = j.ext, None
     j.gpus = tuple(sorted(j.gpus + ext.gpus))
-    j.node_names = tuple(names[n] for n in sorted({n for n, _ in j.gpus}))
+    j.node_names = j.held_nodes(names)
     j.nodes, j.size, j.cfg = len(j.node_names), ext.size, ext.cfg
     j.blocked_until = max(j.blocked_until, now) + stall
     j.resized_at = now
@@ -98,10 +149,12 @@ def shrink_in_place(cluster: SimCluster, j: SimJob, gpus: int, cfg: BatchConfig,
         cluster.release((n, g) for n, g in j.gpus if names[n] not in keep)
         j.gpus = tuple((n, g) for n, g in j.gpus if names[n] in keep)
         j.node_names = keep
+    j.primary = tuple(ng for ng in j.primary if ng in set(j.gpus))
     j.nodes, j.size, j.cfg = len(j.node_names), gpus, cfg
     j.blocked_until = max(j.blocked_until, now) + cost
     j.resized_at = now
     j.resizes += 1
 
 
-__all__ = ["extension_gpus", "extension_nodes", "join", "shrink_in_place"]
+__all__ = ["extension_gpus", "extension_nodes", "extension_on", "join", "reach_layout",
+           "shrink_in_place"]

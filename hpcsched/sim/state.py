@@ -224,6 +224,11 @@ class SimJob:
     st: float | None = None          # cached seconds per step at the current configuration
     ext: Extension | None = None     # a grow by extension whose new workers are starting
     work_scale: float = 1.0          # SimConfig.work_scale
+    #: the GPUs of its primary Slurm job (running; the rest of ``gpus`` are extension jobs')
+    primary: tuple[tuple[int, int], ...] = ()
+    #: ``(nodes, GPUs per node)`` its primary starts with when the daemon's rules set it (a
+    #: start or a requeue, :mod:`hpcsched.policies.realise`); ``None``: as submitted
+    shape: tuple[int, int] | None = None
 
     @property
     def total(self) -> float:
@@ -245,24 +250,43 @@ class SimJob:
         """The GPUs the job holds, its extension's (starting) included."""
         return self.gpus + self.ext.gpus if self.ext else self.gpus
 
+    def _node_order(self, gpus: Sequence[tuple[int, int]]) -> list[int]:
+        """Node indices of ``gpus``: its primary's nodes first, then the others, each in node
+        order (the daemon's view lists a job's allocation so: primary job, then extensions)."""
+        mine = {n for n, _ in self.primary}
+        return sorted({n for n, _ in gpus}, key=lambda n: (n not in mine, n))
+
     def view_layout(self, gpus_per_node: int) -> tuple[int, ...]:
-        """A GPU-granular job's GPUs per node as the daemon's view shows them: held (running;
-        an extension's starting GPUs included) or, packed on ``gpus_per_node``-GPU nodes,
-        asked for; ``()`` for a node-granular job."""
+        """A GPU-granular job's GPUs per node as the daemon's view shows them, in
+        :meth:`held_nodes` order: held (running; an extension's starting GPUs included) or,
+        packed on ``gpus_per_node``-GPU nodes, asked for; ``()`` for a node-granular job."""
         if not self.granular:
             return ()
         if self.state == "RUNNING":
             held = [n for n, _ in self.held_gpus]
-            return tuple(held.count(n) for n in sorted(set(held)))
+            return tuple(held.count(n) for n in self._node_order(self.held_gpus))
+        if self.shape is not None:
+            return (self.shape[1],) * self.shape[0]
         per = gpus_per_node
         return (per,) * (self.size // per) + ((self.size % per,) if self.size % per else ())
 
+    def view_primary(self) -> tuple[int, ...]:
+        """GPUs of its primary job on each of its first nodes, as the daemon's view shows a
+        running job that holds extension GPUs too; ``()`` otherwise."""
+        if self.state != "RUNNING" or len(self.primary) == len(self.held_gpus):
+            return ()
+        held = [n for n, _ in self.primary]
+        return tuple(held.count(n) for n in self._node_order(self.primary))
+
     def held_nodes(self, names: Sequence[str]) -> tuple[str, ...]:
-        """The nodes the job holds GPUs on, its extension's included, in node order
-        (``names``: the cluster's node names)."""
-        if not self.ext:
+        """The nodes the job holds GPUs on, its extension's included: its primary's first,
+        each in node order (``names``: the cluster's node names)."""
+        held = self.held_gpus
+        if not held:
             return self.node_names
-        return tuple(names[n] for n in sorted({n for n, _ in self.held_gpus}))
+        if not self.ext and len(self.primary) == len(self.gpus):
+            return tuple(names[n] for n in sorted({n for n, _ in held}))
+        return tuple(names[n] for n in self._node_order(held))
 
     @property
     def layout(self) -> tuple[int, ...]:
