@@ -114,3 +114,12 @@ def test_the_daemon_sees_a_primary_plus_extensions_gpu_by_gpu():
                              restarts=0, batch_host=nodes, priority=1)
     per, primary = allocation_of(info("10", "n1", 4), [info("11", "n2", 2), info("12", "n1", 0)], 4)
     assert per == {"n1": 4, "n2": 2} and primary == {"n1": 4}
+
+
+@pytest.mark.parametrize(("reason", "shown"), [
+    ("jct: 4 GPU(s); goodput 3014 -> 2022 samples/s predicted [by release]", " by release"),
+    ("jct: 6 GPU(s) [by shrink-primary]", " by shrink-primary"),
+    ("dp: predicted 2 -> 3 samples/s", ""), ("odd [bracket]", "")])
+def test_status_names_the_mechanism_of_a_change(reason, shown):
+    from hpcsched.daemon.status import _by
+    assert _by(reason) == shown

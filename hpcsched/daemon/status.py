@@ -465,6 +465,14 @@ def _last_decision(r: JobStatus) -> str:
     return r.last_reason or "-"
 
 
+def _by(reason: str) -> str:
+    """`` by <mechanism>`` of a GPU-granular change, from its journaled reason's ``[by ...]``
+    suffix (``hpcsched.daemon.round``; ``hpcsched.policies.realise``), else ``""``."""
+    if reason.endswith("]") and " [by " in reason:
+        return " " + reason[reason.rindex(" [by ") + 2:-1]
+    return ""
+
+
 def _print_detail(console, r: JobStatus) -> None:
     from rich.table import Table
 
@@ -474,7 +482,7 @@ def _print_detail(console, r: JobStatus) -> None:
             t.add_column(col)
         for d in r.decisions:
             t.add_row(time.strftime("%H:%M:%S", time.localtime(d["time"])), str(d["round"] or "-"),
-                      f"{d['kind']}: {d['from_nodes']}->{d['to_nodes']} node(s)"
+                      f"{d['kind']}{_by(d['reason'])}: {d['from_nodes']}->{d['to_nodes']} node(s)"
                       + (f" ({d['layout']})" if d.get("layout") else "")
                       + f", batch {d['from_batch_size']}->{d['to_batch_size']}",
                       d["status"] + (f" ({d['error']})" if d["error"] else ""), d["reason"])

@@ -22,8 +22,9 @@ real cluster):
   cost; a shrink in place, keeping the first nodes of the allocation (Slurm's rule), costing
   ``shrink_cost`` seconds (GPU-granular, by the mechanism reconcile chose,
   :mod:`hpcsched.policies.realise`: a release of extension GPUs at ``extension_stall``, whole
-  primary nodes at ``shrink_cost``, a requeue onto the same GPUs on every node); a grow (``SimConfig.grow``) by extension (issue 10; the default) --
-  an extension Slurm job takes the new GPUs at once, the job trains on at its old size for
+  primary nodes at ``shrink_cost``, a requeue onto the same GPUs on every node); a grow
+  (``SimConfig.grow``) by extension (issue 10; the default) -- an extension Slurm job takes the
+  new GPUs at once, the job trains on at its old size for
   ``extension_startup`` seconds while the new workers start, then every rank stalls
   ``extension_stall`` seconds while the group re-forms, then it runs at its new size -- or by
   requeue -- the job gives its GPUs back, waits as a pending job with its new size and node list,
