@@ -27,7 +27,7 @@ from hpcsched import slurm
 from hpcsched.daemon.actuator import current_from
 from hpcsched.perf.priors import application_key
 from hpcsched.perf.shared import StepCorrections, step_corrections
-from hpcsched.policies.snapshot import ClusterSnapshot, GPUView, JobView, ProfilePoint
+from hpcsched.policies.snapshot import ClusterSnapshot, ForeignJob, GPUView, JobView, ProfilePoint
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.extensions import parse_extension_comment
 from hpcsched.protocol.jobdir import JobDir, JobSpec
@@ -200,7 +200,23 @@ def cluster_snapshot(obs: Observation, jobs: Sequence[JobView], partitions: Sequ
                 other[n] = other.get(n, 0) + info.gpus_per_node
     return ClusterSnapshot(time=obs.time, nodes=obs.nodes, jobs=tuple(jobs),
                            other_gpus_allocated=tuple(sorted(other.items())),
-                           partitions=tuple(partitions), gpus=tuple(gpus))
+                           partitions=tuple(partitions), gpus=tuple(gpus),
+                           foreign_pending=foreign_pending(obs, mine, partitions))
+
+
+def foreign_pending(obs: Observation, mine: Iterable[str], partitions: Sequence[str] = ()
+                    ) -> tuple[ForeignJob, ...]:
+    """The pending GPU jobs of ``obs`` that hpcsched does not manage (not in ``mine``, not an
+    extension job) and Slurm could start (:func:`eligible`), in ``partitions`` (all when empty):
+    other users' plain jobs, whose GPUs hpcsched's grows yield to
+    (:mod:`hpcsched.policies.neighbours`). Pure."""
+    mine, parts = set(mine), set(partitions)
+    return tuple(ForeignJob(i.job_id, i.user, max(1, i.node_count), i.gpus_per_node, i.priority,
+                            i.submit_time or 0.0, i.start_time)
+                 for i in obs.jobs.values()
+                 if i.state == "PENDING" and i.gpus_per_node > 0 and i.job_id not in mine
+                 and (not parts or i.partition in parts) and eligible(i)
+                 and parse_extension_comment(i.comment) is None)
 
 
 def eligible(info: slurm.JobInfo, held: bool = False) -> bool:
@@ -530,6 +546,7 @@ def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: 
 
 
 __all__ = ["JobFacts", "JobReport", "ManagedJobs", "application_tables", "attained_gpu_seconds", "cluster_snapshot",
+           "foreign_pending",
            "daemon_job_facts", "daemon_snapshot", "eligible", "extension_jobs",
            "allocation_of", "gpu_granular_facts", "held_after_preemption", "held_for_placement",
            "job_view", "measured_gpu_views", "with_extensions",

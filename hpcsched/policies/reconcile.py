@@ -267,7 +267,8 @@ def _classify_pending(job: JobView, t: JobTarget, costs: Costs,
     if _realised(snapshot, costs):
         free = {n.name: n.gpus_free for n in snapshot.nodes if n.usable}
         r = realise.start(job, snapshot.node_size, tuple(t.placement), free)
-        change = replace(change, mechanism=r.mechanism, layout=r.layout)
+        change = replace(change, mechanism=r.mechanism, layout=r.layout,
+                         to_nodes=len(r.layout) or change.to_nodes)
     return Candidate(change)
 
 
@@ -302,7 +303,8 @@ def _classify_running(job: JobView, t: JobTarget, costs: Costs, snapshot: Cluste
     placement = t.placement if kind == ChangeKind.GROW else ()
     change = _change(job, t, kind, reason, placement)
     if how is not None:
-        change = replace(change, mechanism=how.mechanism, layout=how.layout)
+        change = replace(change, mechanism=how.mechanism, layout=how.layout,
+                         to_nodes=len(how.layout) or change.to_nodes)
     return Candidate(change, x_from, x_to, t.weight)
 
 
@@ -615,5 +617,5 @@ def _place_extension_gpus(c: Change, job: JobView, free: dict[str, int]
         if take:
             after[n] = after.get(n, 0) + take
     if c.mechanism is not None:    # the nodes it takes, for the job's extension jobs
-        c = replace(c, layout=tuple(after.items()))
+        c = replace(c, layout=tuple(after.items()), to_nodes=len(after))
     return c, note

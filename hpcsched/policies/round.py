@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from hpcsched.policies import Policy
+from hpcsched.policies.neighbours import yield_to_foreign
 from hpcsched.policies.reconcile import Change, Costs, reconcile
 from hpcsched.policies.snapshot import ClusterSnapshot, Plan
 
@@ -64,10 +65,14 @@ def decide_round(snapshot: ClusterSnapshot, policy: Policy, costs: Costs, seed: 
     snapshot = replace(snapshot, restart_cost=costs.restart_cost, shrink_cost=costs.shrink_cost,
                        grow=costs.grow, extension_startup=costs.extension_startup,
                        extension_stall=costs.extension_stall, hold=costs.hold)
+    # a good neighbour: other users' pending jobs keep the free GPUs they need, and extension
+    # GPUs they need are released first (hpcsched.policies.neighbours)
+    snapshot, releases, yielded = yield_to_foreign(snapshot)
     plan = policy.decide(snapshot, seed=seed)
     # a policy that plans on its own view of the jobs (``jct``'s noise growth) is judged on it
     changes, notes = reconcile(plan, policy.judged_view(snapshot), costs)
-    return RoundDecision(plan, tuple(changes), tuple(plan.notes) + tuple(notes))
+    return RoundDecision(plan, tuple(releases + changes),
+                         tuple(yielded) + tuple(plan.notes) + tuple(notes))
 
 
 __all__ = ["RoundDecision", "decide_round"]

@@ -228,11 +228,39 @@ class GPUView:
         return dict(self.slowdown).get(app_class, 1.0)
 
 
+class ForeignJob(NamedTuple):
+    """A pending job hpcsched does not manage (another user's plain ``sbatch`` job) that Slurm
+    could start: what it asks for and where it stands in Slurm's queue
+    (:mod:`hpcsched.policies.neighbours`).
+
+    Attributes:
+        job_id, user: Slurm's.
+        nodes: nodes it asks for; gpus_per_node: GPUs on each (``TresPerNode``).
+        priority: Slurm's priority (higher starts first: ``squeue -o %Q``).
+        submit_time: Unix seconds. start_time: Slurm's planned start (backfill's estimate,
+            ``squeue --start``), Unix seconds; ``None``: none planned.
+    """
+
+    job_id: str
+    user: str
+    nodes: int
+    gpus_per_node: int
+    priority: int
+    submit_time: float = 0.0
+    start_time: float | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
 @dataclass(frozen=True)
 class ClusterSnapshot:
     """Everything a policy may look at, at one instant.
 
-    ``other_gpus_allocated`` counts GPUs held by jobs hpcsched does not manage, per node name.
+    ``other_gpus_allocated`` counts GPUs held by jobs hpcsched does not manage, per node name;
+    ``foreign_pending``, the pending jobs hpcsched does not manage that Slurm could start, whose
+    GPUs hpcsched's grows yield to (:mod:`hpcsched.policies.neighbours`).
     """
 
     time: float
@@ -241,6 +269,7 @@ class ClusterSnapshot:
     other_gpus_allocated: tuple[tuple[str, int], ...] = ()
     partitions: tuple[str, ...] = ()
     gpus: tuple[GPUView, ...] = ()    # per-GPU variability, where measured
+    foreign_pending: tuple[ForeignJob, ...] = ()
     #: what a plan may ask for: ``"node"``, whole nodes x the job's ``workers_per_node`` (what
     #: the actuator does on Slurm today); ``"gpu"``, any GPU count, packed onto as few nodes as
     #: it fits (4 + 2): the simulator's ``--granularity gpu``

@@ -1,0 +1,162 @@
+"""A good neighbour: hpcsched's jobs never hold GPUs that other users' pending jobs need.
+
+Most jobs on a shared cluster are other users' plain ``sbatch`` jobs, ordered by Slurm's
+priority and fairshare. Before a policy plans, :func:`yield_to_foreign` takes the snapshot's
+pending foreign jobs (:attr:`~hpcsched.policies.snapshot.ClusterSnapshot.foreign_pending`, the
+jobs hpcsched does not manage that Slurm could start: not held, not waiting for a dependency or
+a begin time), highest Slurm priority first, and gives each the GPUs Slurm would start it on:
+
+1. **free GPUs** first, on the nodes with the fewest free GPUs that hold its GPUs per node
+   (Slurm's best fit): these are *claimed*, counted as held by other users' jobs in the
+   snapshot the policy plans on, so no plan grows into them (neither by extension nor by a
+   requeue), however long the foreign job has waited;
+2. where free GPUs are not enough, **extension GPUs** of running hpcsched jobs (GPUs they hold
+   beyond their primary Slurm job, :mod:`hpcsched.policies.realise`): each such job is made to
+   **release** them this round (a ``release``: the ranks on them leave at the next step
+   boundary, no checkpoint, no restart; 0.15 s on the dev cluster), before anything else, without
+   the gain test or the no-thrash hold. The job is busy for the policy this round.
+
+A foreign job that does not fit even then (it needs GPUs of primary Slurm jobs, or of other
+users' running jobs) claims nothing yet: Slurm starts it when they end, and grows wait meanwhile
+only if it claimed the free GPUs (step 1 claims whatever part of it fits, node by node). GPUs of
+a primary job are never taken back for a foreign job: that would be preemption, which Slurm's
+own QOS and partition rules decide.
+
+Pure: ``(ClusterSnapshot) -> (ClusterSnapshot, changes, notes)``. Units: GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hpcsched.policies.realise import Mechanism
+from hpcsched.policies.reconcile import Change
+from hpcsched.policies.snapshot import ClusterSnapshot, ForeignJob, JobView
+from hpcsched.protocol.kinds import ChangeKind
+
+
+def yield_to_foreign(snapshot: ClusterSnapshot) -> tuple[ClusterSnapshot, list[Change], list[str]]:
+    """The snapshot to plan on, the releases to make first, and notes (module docstring).
+
+    Returns:
+        ``(snapshot, releases, notes)``: ``snapshot`` with the claimed free GPUs counted as
+        other users' (``NodeView.gpus_allocated`` and ``other_gpus_allocated``) and the jobs that
+        release marked busy; ``releases``, one ``shrink`` by ``release`` per such job, its
+        layout without the claimed GPUs; a note per foreign job served or waiting.
+    """
+    if not snapshot.foreign_pending:
+        return snapshot, [], []
+    free = {n.name: n.gpus_free for n in snapshot.nodes if n.usable}
+    spare = _extension_gpus(snapshot)          # node -> [(job id, GPUs it can release there)]
+    claimed: dict[str, int] = {}
+    taken: dict[str, dict[str, int]] = {}      # job id -> node -> GPUs to release
+    served: list[str] = []
+    waiting = 0
+    for f in sorted(snapshot.foreign_pending, key=lambda f: (-f.priority, f.submit_time, f.job_id)):
+        nodes = _place(f, free, spare)
+        if nodes is None:
+            waiting += 1
+            _claim_what_fits(f, free, claimed)
+            continue
+        for n in nodes:
+            use = min(free[n], f.gpus_per_node)
+            free[n] -= use
+            claimed[n] = claimed.get(n, 0) + use
+            for job_id, g in _take(spare, n, f.gpus_per_node - use):
+                taken.setdefault(job_id, {})[n] = taken.get(job_id, {}).get(n, 0) + g
+        served.append(f"{f.job_id} ({f.user}, priority {f.priority}) on {','.join(nodes)}")
+    releases = [_release(snapshot.job(job_id), per) for job_id, per in taken.items()]
+    note = (f"other users' pending jobs: {sum(claimed.values())} free GPU(s) kept for them"
+            + (f", {sum(sum(p.values()) for p in taken.values())} extension GPU(s) released"
+               if taken else "")
+            + (f"; can start now: {'; '.join(served[:5])}" + (" ..." if len(served) > 5 else "")
+               if served else "")
+            + (f"; {waiting} wait for running jobs to end" if waiting else ""))
+    return _planned_on(snapshot, claimed, set(taken)), releases, [note]
+
+
+def _extension_gpus(snapshot: ClusterSnapshot) -> dict[str, list[tuple[str, int]]]:
+    """Per node, the running managed jobs (not busy) with GPUs there beyond their primary's,
+    and how many."""
+    out: dict[str, list[tuple[str, int]]] = {}
+    for j in snapshot.jobs:
+        if j.state != "RUNNING" or j.busy or not j.primary:
+            continue
+        primary = j.primary_allocation()
+        for n, g in j.allocation().items():
+            if g > primary.get(n, 0):
+                out.setdefault(n, []).append((j.job_id, g - primary.get(n, 0)))
+    return out
+
+
+def _place(f: ForeignJob, free: dict[str, int], spare: dict[str, list[tuple[str, int]]]
+           ) -> list[str] | None:
+    """The nodes foreign job ``f`` starts on when free GPUs and released extension GPUs are
+    counted: ``f.nodes`` nodes with ``f.gpus_per_node`` of them, those that need the fewest
+    releases first, then the fewest free GPUs (best fit); ``None`` when they are not enough."""
+    room = {n: free[n] + sum(g for _, g in spare.get(n, ())) for n in free}
+    fits = [n for n in free if room[n] >= f.gpus_per_node]
+    if len(fits) < f.nodes:
+        return None
+    fits.sort(key=lambda n: (max(0, f.gpus_per_node - free[n]), free[n], n))
+    return fits[:f.nodes]
+
+
+def _claim_what_fits(f: ForeignJob, free: dict[str, int], claimed: dict[str, int]) -> None:
+    """A foreign job that cannot start now keeps the free GPUs it will start on: on each node
+    that has its GPUs per node free, fullest first, up to its node count."""
+    fits = sorted((n for n in free if free[n] >= f.gpus_per_node), key=lambda n: (free[n], n))
+    for n in fits[:f.nodes]:
+        free[n] -= f.gpus_per_node
+        claimed[n] = claimed.get(n, 0) + f.gpus_per_node
+
+
+def _take(spare: dict[str, list[tuple[str, int]]], node: str, need: int) -> list[tuple[str, int]]:
+    """``need`` extension GPUs of ``node``, the jobs with the most there first; removed from
+    ``spare``."""
+    out = []
+    jobs = sorted(spare.get(node, ()), key=lambda x: (-x[1], x[0]))
+    kept = []
+    for job_id, g in jobs:
+        use = min(need, g)
+        if use:
+            out.append((job_id, use))
+            need -= use
+        if g > use:
+            kept.append((job_id, g - use))
+    spare[node] = kept
+    return out
+
+
+def _release(job: JobView, per_node: dict[str, int]) -> Change:
+    """``job``'s release of ``per_node`` extension GPUs (a ``shrink`` by ``release``)."""
+    after = {n: g - per_node.get(n, 0) for n, g in job.allocation().items()}
+    layout = tuple((n, g) for n, g in after.items() if g > 0)
+    gpus = sum(g for _, g in layout)
+    gone = ", ".join(f"{g} on {n}" for n, g in per_node.items())
+    return Change(job.job_id, ChangeKind.SHRINK, job.nodes, len(layout), job.batch_size,
+                  _batch(job, gpus), f"yields GPU(s) to other users' pending jobs: {gone}",
+                  (), job.gpus, gpus, Mechanism.RELEASE, layout)
+
+
+def _batch(job: JobView, gpus: int) -> int:
+    """The job's global batch size kept where ``gpus`` GPUs can run it, else refitted."""
+    try:
+        return job.limits.fit_batch_gpus(job.batch_size, gpus).global_batch_size
+    except ValueError:
+        return job.batch_size
+
+
+def _planned_on(snapshot: ClusterSnapshot, claimed: dict[str, int], releasing: set[str]
+                ) -> ClusterSnapshot:
+    """``snapshot`` with ``claimed`` GPUs counted as other users' and ``releasing`` jobs busy."""
+    nodes = tuple(replace(n, gpus_allocated=n.gpus_allocated + claimed[n.name])
+                  if claimed.get(n.name) else n for n in snapshot.nodes)
+    other = dict(snapshot.other_gpus_allocated)
+    for n, g in claimed.items():
+        other[n] = other.get(n, 0) + g
+    jobs = tuple(replace(j, busy=True) if j.job_id in releasing else j for j in snapshot.jobs)
+    return replace(snapshot, nodes=nodes, jobs=jobs, other_gpus_allocated=tuple(sorted(other.items())))
+
+
+__all__ = ["yield_to_foreign"]

@@ -1,0 +1,109 @@
+"""A good neighbour (hpcsched.policies.neighbours): other users' pending jobs keep the free GPUs
+they need, extension GPUs they need are released first, and the daemon's snapshot lists them
+(hpcsched.daemon.views.foreign_pending)."""
+
+from __future__ import annotations
+
+import time
+from types import MappingProxyType
+
+from hpcsched import slurm
+from hpcsched.daemon.views import foreign_pending
+from hpcsched.policies import make_policy
+from hpcsched.policies.neighbours import yield_to_foreign
+from hpcsched.policies.realise import Mechanism
+from hpcsched.policies.reconcile import Costs
+from hpcsched.policies.round import decide_round
+from hpcsched.policies.snapshot import ClusterSnapshot, ForeignJob, JobView, NodeView, ProfilePoint
+from hpcsched.protocol.extensions import extension_comment
+from hpcsched.protocol.kinds import ChangeKind
+from hpcsched.protocol.limits import JobLimits
+from hpcsched.slurm.observe import Observation
+
+DAEMON = Costs(grow="extension", by_mechanism=True, hold=0, min_gain=0.0)
+
+
+def _job(job_id="J", names=("n1",), layout=(4,), primary=()) -> JobView:
+    """A running job that gains from every GPU (step time flat in the world size)."""
+    prof = tuple(ProfilePoint(w, 1, 32, 1, 0.1, w * 320.0, 50) for w in (1, 2, 4))
+    return JobView(job_id=job_id, state="RUNNING", nodes=len(names), node_names=tuple(names),
+                   limits=JobLimits(4, 1, 4, 32, 4096, 64, 128, "linear", 1), batch_size=128,
+                   submit_time=0.0, profile=prof, layout=tuple(layout), primary=tuple(primary),
+                   remaining_samples=1e7)
+
+
+def _snap(jobs, used, foreign=(), other=()) -> ClusterSnapshot:
+    return ClusterSnapshot(0.0, tuple(NodeView(n, 4, u, "mixed") for n, u in used), tuple(jobs),
+                           other_gpus_allocated=tuple(other), granularity="gpu",
+                           foreign_pending=tuple(foreign))
+
+
+def test_free_gpus_a_foreign_job_needs_are_kept_for_it():
+    snap = _snap([_job()], (("n1", 4), ("n2", 0), ("n3", 2)), [ForeignJob("90", "bob", 1, 4, 100)],
+                 other=(("n3", 2),))
+    planned, releases, notes = yield_to_foreign(snap)
+    assert releases == [] and notes == ["other users' pending jobs: 4 free GPU(s) kept for them; "
+                                        "can start now: 90 (bob, priority 100) on n2"]
+    assert {n.name: n.gpus_free for n in planned.nodes} == {"n1": 0, "n2": 0, "n3": 2}
+    assert dict(planned.other_gpus_allocated) == {"n2": 4, "n3": 2}
+
+
+def test_the_plan_does_not_grow_into_them():
+    """J gains from every GPU: alone it grows onto n2; beside bob's pending 4-GPU job it grows
+    only onto n3's 2 free GPUs, which bob's job cannot use."""
+    used = (("n1", 4), ("n2", 0), ("n3", 2))
+    alone = decide_round(_snap([_job()], used, other=(("n3", 2),)), make_policy("jct"), DAEMON, 0)
+    assert any(c.kind == ChangeKind.GROW and ("n2", 4) in c.layout for c in alone.changes), alone
+    beside = decide_round(_snap([_job()], used, [ForeignJob("90", "bob", 1, 4, 100)],
+                                other=(("n3", 2),)), make_policy("jct"), DAEMON, 0)
+    assert all(dict(c.layout).get("n2", 0) == 0 for c in beside.changes), beside.changes
+
+
+def test_extension_gpus_a_foreign_job_needs_are_released_first():
+    """J runs on n1:4 (primary) + n2:2 (extension); bob's job on n2's other 2 GPUs ended and
+    alice's 1 x 4 job pends: n2's 2 free GPUs and J's 2 extension GPUs start it."""
+    j = _job(names=("n1", "n2"), layout=(4, 2), primary=(4,))
+    snap = _snap([j], (("n1", 4), ("n2", 2)), [ForeignJob("91", "alice", 1, 4, 50)])
+    decision = decide_round(snap, make_policy("jct"), DAEMON, 0)
+    first = decision.changes[0]
+    assert (first.job_id, first.kind, first.mechanism, first.layout) == (
+        "J", ChangeKind.SHRINK, Mechanism.RELEASE, (("n1", 4),))
+    assert "yields GPU(s) to other users' pending jobs: 2 on n2" in first.reason
+    assert [c for c in decision.changes if c.job_id == "J"] == [first]   # nothing else of J's
+
+
+def test_higher_priority_first_and_primaries_are_never_taken():
+    """Two foreign jobs want n2; the higher priority gets it. A job that needs a primary's GPUs
+    (1 x 4 on n1, J's primary) is not served by taking them."""
+    j = _job(names=("n1", "n2"), layout=(4, 2), primary=(4,))
+    low, high = ForeignJob("92", "carol", 1, 4, 10), ForeignJob("93", "dave", 1, 4, 99)
+    snap = _snap([j], (("n1", 4), ("n2", 2)), [low, high])
+    planned, releases, notes = yield_to_foreign(snap)
+    assert [r.job_id for r in releases] == ["J"]
+    assert notes == ["other users' pending jobs: 2 free GPU(s) kept for them, 2 extension GPU(s) "
+                     "released; can start now: 93 (dave, priority 99) on n2; 1 wait for running "
+                     "jobs to end"]
+    assert planned.job("J").busy
+
+
+def test_no_foreign_job_changes_nothing():
+    snap = _snap([_job()], (("n1", 4), ("n2", 0)))
+    assert yield_to_foreign(snap) == (snap, [], [])
+
+
+def _info(job_id, state="PENDING", reason="Resources", gpus=4, comment="", partition="gpu"):
+    return slurm.JobInfo(job_id=job_id, name="", user="bob", state=state, state_reason=reason,
+                         partition=partition, nodes="", node_count=2, gpus_per_node=gpus,
+                         restarts=0, batch_host="", priority=7, comment=comment, submit_time=5.0)
+
+
+def test_the_daemon_lists_other_users_pending_gpu_jobs_slurm_could_start():
+    jobs = [_info("1"), _info("2", reason="JobHeldUser"), _info("3", reason="Dependency"),
+            _info("4", gpus=0), _info("5", comment=extension_comment("10", "u-10", 1)),
+            _info("6", state="RUNNING"), _info("7", partition="cpu"), _info("10"),
+            _info("8", reason="Priority")]
+    obs = Observation(time.time(), (), MappingProxyType({i.job_id: i for i in jobs}), 2)
+    got = foreign_pending(obs, mine={"10"}, partitions=("gpu",))
+    assert [(f.job_id, f.nodes, f.gpus_per_node, f.priority) for f in got] == [
+        ("1", 2, 4, 7), ("8", 2, 4, 7)]
+    assert got[0].gpus == 8
