@@ -151,6 +151,16 @@ def start_daemon(tmp_path: Path, log_name: str = "daemon.log") -> subprocess.Pop
     return subprocess.Popen([str(exe), "-v", "daemon"], stdout=log, stderr=subprocess.STDOUT)
 
 
+def daemon_store(tmp_path: Path, db: Path):
+    """The store of the daemon started in ``tmp_path`` (``start_daemon``), once its first round
+    has made it (its migrations run at start)."""
+    from hpcsched.daemon.store import Store
+
+    wait_for(lambda: "round 1:" in (tmp_path / "daemon.log").read_text(), 60,
+             "the daemon's first round (its store made)")
+    return Store(f"sqlite:///{db}")
+
+
 def stop_daemon(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)

@@ -13,9 +13,17 @@ from pathlib import Path
 import pytest
 
 from hpcsched import slurm
-from hpcsched.daemon.store import Store
 from hpcsched.protocol.jobdir import JobDir
-from tests.conftest import EXAMPLE, cli, finished, start_daemon, stop_daemon, submit, wait_for
+from tests.conftest import (
+    EXAMPLE,
+    cli,
+    daemon_store,
+    finished,
+    start_daemon,
+    stop_daemon,
+    submit,
+    wait_for,
+)
 from tests.jobrecords import check_exactly_once, load_records
 
 DIGITS = 1797
@@ -23,7 +31,7 @@ EMULATED = Path(__file__).resolve().parent.parent / "jobscripts" / "examples" / 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-def _layouts(store: Store, job: str) -> list[tuple[str, str, str]]:
+def _layouts(store, job: str) -> list[tuple[str, str, str]]:
     """The job's journal: ``(kind, layout, status)``, oldest first."""
     return [(a.kind, ",".join(a.placement), a.status) for a in reversed(store.actions(job))]
 
@@ -48,9 +56,7 @@ def test_4_plus_2_gpus_beside_a_foreign_job_then_a_release(daemon_env, blocker, 
     slurm_jobs.append(a)
     proc = start_daemon(tmp_path)
     try:
-        wait_for(lambda: "round 1:" in (tmp_path / "daemon.log").read_text(), 60,
-                 "the daemon's first round (its store made)")
-        store = Store(f"sqlite:///{db}")
+        store = daemon_store(tmp_path, db)
         wait_for(lambda: ("reform", "n1:4,n2:2", "running") in _layouts(store, a), 240,
                  "A to run on n1:4,n2:2")
         # B trains an application with a prior (ncf, emulated): the plan knows its rate before

@@ -1,0 +1,81 @@
+"""A good neighbour on the real dev cluster (issue 37's scenario): two hpcsub jobs grow by
+extension over the whole cluster; another user's plain ``sbatch -N 2 --gres=gpu:4`` job then
+waits at most a round and the extensions' release, not until an elastic job ends; the elastic
+jobs keep running, smaller, and lose no sample."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcsched import slurm
+from hpcsched.protocol.extensions import parse_extension_comment
+from hpcsched.protocol.jobdir import JobDir
+from tests.conftest import (
+    EXAMPLE,
+    daemon_store,
+    finished,
+    start_daemon,
+    stop_daemon,
+    submit,
+    wait_for,
+)
+from tests.jobrecords import check_exactly_once, load_records
+
+DIGITS = 1797
+ROUND = 5.0
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def _nodes_held(infos, primaries) -> set[str]:
+    """Nodes where the elastic jobs or their extension jobs hold GPUs."""
+    held = set()
+    for i in infos.values():
+        tag = parse_extension_comment(i.comment)
+        if i.state == "RUNNING" and (i.job_id in primaries or (tag and tag[0] in primaries)):
+            held |= set(slurm.expand_hostlist(i.nodes))
+    return held
+
+
+def test_a_plain_job_waits_a_round_not_an_elastic_job(daemon_env, devcluster, slurm_jobs,
+                                                      monkeypatch):
+    monkeypatch.setenv("HPCSCHED_GRAD_NOISE", "0")
+    tmp_path, db = daemon_env
+    cfg = Path(os.environ["HPCSCHED_CONFIG"])
+    cfg.write_text(cfg.read_text().replace('[policy]\nname = "dp"\n', "")
+                   .replace("round_interval = 2.0", f"round_interval = {ROUND}"))
+    elastic = [submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-max-gpus", "16",
+                      "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", "300",
+                      "--sample-time", "0.002") for _ in range(2)]
+    slurm_jobs.extend(elastic)
+    proc = start_daemon(tmp_path)
+    try:
+        store = daemon_store(tmp_path, db)
+        # grown over all 4 nodes, and no resize in flight (the issue's scenario: they had grown)
+        wait_for(lambda: len(_nodes_held(slurm.squeue(), set(elastic))) == 4
+                 and not store.open_actions(), 240, "the elastic jobs to grow over all 4 nodes")
+        plain = subprocess.run(["sbatch", "--parsable", "-N", "2", "--gres=gpu:4",
+                                f"--output={tmp_path}/plain.out", "--wrap", "sleep 30"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        slurm_jobs.append(plain)
+        submitted = time.time()
+        wait_for(lambda: (i := slurm.job_info(plain)) and i.state in ("RUNNING", "COMPLETED"),
+                 120, "the plain job to start")
+        waited = time.time() - submitted
+        running = slurm.squeue()
+        infos = wait_for(lambda: finished(elastic + [plain]), 600, "every job to finish",
+                         interval=2)
+    finally:
+        stop_daemon(proc)
+    log = (tmp_path / "daemon.log").read_text()
+    assert waited <= 15.0, (waited, log[-4000:])
+    assert all(running[j].state == "RUNNING" for j in elastic), running   # smaller, running
+    assert "yields GPU(s) to other users' pending jobs" in log, log[-4000:]
+    for j in elastic + [plain]:
+        assert infos[j].state == "COMPLETED", j
+    for j in elastic:
+        check_exactly_once(load_records(JobDir.for_job(j).path), DIGITS, 300)
