@@ -104,6 +104,16 @@ def test_the_daemon_lists_other_users_pending_gpu_jobs_slurm_could_start():
             _info("8", reason="Priority")]
     obs = Observation(time.time(), (), MappingProxyType({i.job_id: i for i in jobs}), 2)
     got = foreign_pending(obs, mine={"10"}, partitions=("gpu",))
-    assert [(f.job_id, f.nodes, f.gpus_per_node, f.priority) for f in got] == [
-        ("1", 2, 4, 7), ("8", 2, 4, 7)]
+    assert [(f.job_id, f.nodes, f.gpus_per_node, f.priority, f.partition) for f in got] == [
+        ("1", 2, 4, 7, "gpu"), ("8", 2, 4, 7, "gpu")]
     assert got[0].gpus == 8
+
+
+def test_a_foreign_job_claims_only_nodes_of_its_partition():
+    """bob's job is in partition ``long``, which has n3 only: n2's free GPUs stay usable."""
+    nodes = (NodeView("n1", 4, 4, "mixed", ("gpu",)), NodeView("n2", 4, 0, "idle", ("gpu",)),
+             NodeView("n3", 4, 0, "idle", ("gpu", "long")))
+    snap = ClusterSnapshot(0.0, nodes, (_job(),), granularity="gpu",
+                           foreign_pending=(ForeignJob("90", "bob", 1, 4, 100, partition="long"),))
+    planned, _, notes = yield_to_foreign(snap)
+    assert {n.name: n.gpus_free for n in planned.nodes} == {"n1": 0, "n2": 4, "n3": 0}, notes

@@ -212,7 +212,7 @@ def foreign_pending(obs: Observation, mine: Iterable[str], partitions: Sequence[
     (:mod:`hpcsched.policies.neighbours`). Pure."""
     mine, parts = set(mine), set(partitions)
     return tuple(ForeignJob(i.job_id, i.user, max(1, i.node_count), i.gpus_per_node, i.priority,
-                            i.submit_time or 0.0, i.start_time)
+                            i.submit_time or 0.0, i.start_time, i.partition)
                  for i in obs.jobs.values()
                  if i.state == "PENDING" and i.gpus_per_node > 0 and i.job_id not in mine
                  and (not parts or i.partition in parts) and eligible(i)

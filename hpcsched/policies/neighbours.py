@@ -6,8 +6,8 @@ pending foreign jobs (:attr:`~hpcsched.policies.snapshot.ClusterSnapshot.foreign
 jobs hpcsched does not manage that Slurm could start: not held, not waiting for a dependency or
 a begin time), highest Slurm priority first, and gives each the GPUs Slurm would start it on:
 
-1. **free GPUs** first, on the nodes with the fewest free GPUs that hold its GPUs per node
-   (Slurm's best fit): these are *claimed*, counted as held by other users' jobs in the
+1. **free GPUs** first, on the nodes of its partition with the fewest free GPUs that hold its
+   GPUs per node (Slurm's best fit): these are *claimed*, counted as held by other users' jobs in the
    snapshot the policy plans on, so no plan grows into them (neither by extension nor by a
    requeue), however long the foreign job has waited;
 2. where free GPUs are not enough, **extension GPUs** of running hpcsched jobs (GPUs they hold
@@ -53,10 +53,11 @@ def yield_to_foreign(snapshot: ClusterSnapshot) -> tuple[ClusterSnapshot, list[C
     served: list[str] = []
     waiting = 0
     for f in sorted(snapshot.foreign_pending, key=lambda f: (-f.priority, f.submit_time, f.job_id)):
-        nodes = _place(f, free, spare)
+        usable = {n.name for n in snapshot.nodes if n.name in free and f.may_use(n)}
+        nodes = _place(f, {n: g for n, g in free.items() if n in usable}, spare)
         if nodes is None:
             waiting += 1
-            _claim_what_fits(f, free, claimed)
+            _claim_what_fits(f, free, claimed, usable)
             continue
         for n in nodes:
             use = min(free[n], f.gpus_per_node)
@@ -102,10 +103,12 @@ def _place(f: ForeignJob, free: dict[str, int], spare: dict[str, list[tuple[str,
     return fits[:f.nodes]
 
 
-def _claim_what_fits(f: ForeignJob, free: dict[str, int], claimed: dict[str, int]) -> None:
+def _claim_what_fits(f: ForeignJob, free: dict[str, int], claimed: dict[str, int],
+                     usable: set[str]) -> None:
     """A foreign job that cannot start now keeps the free GPUs it will start on: on each node
-    that has its GPUs per node free, fullest first, up to its node count."""
-    fits = sorted((n for n in free if free[n] >= f.gpus_per_node), key=lambda n: (free[n], n))
+    of its partition (``usable``) that has its GPUs per node free, fullest first, up to its node
+    count."""
+    fits = sorted((n for n in usable if free[n] >= f.gpus_per_node), key=lambda n: (free[n], n))
     for n in fits[:f.nodes]:
         free[n] -= f.gpus_per_node
         claimed[n] = claimed.get(n, 0) + f.gpus_per_node

@@ -234,7 +234,7 @@ class ForeignJob(NamedTuple):
     (:mod:`hpcsched.policies.neighbours`).
 
     Attributes:
-        job_id, user: Slurm's.
+        job_id, user, partition: Slurm's.
         nodes: nodes it asks for; gpus_per_node: GPUs on each (``TresPerNode``).
         priority: Slurm's priority (higher starts first: ``squeue -o %Q``).
         submit_time: Unix seconds. start_time: Slurm's planned start (backfill's estimate,
@@ -248,10 +248,16 @@ class ForeignJob(NamedTuple):
     priority: int
     submit_time: float = 0.0
     start_time: float | None = None
+    partition: str = ""
 
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    def may_use(self, node: NodeView) -> bool:
+        """``node`` is in its partition (a node that lists no partitions, or a job that names
+        none: any)."""
+        return not self.partition or not node.partitions or self.partition in node.partitions
 
 
 @dataclass(frozen=True)
