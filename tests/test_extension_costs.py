@@ -11,10 +11,10 @@ import pytest
 from hpcsched.daemon import config as cfg
 from hpcsched.policies import jct
 from hpcsched.policies.base import PolicyBase
+from hpcsched.policies.feasible import _place_extension_gpus
 from hpcsched.policies.reconcile import (
     Change,
     Costs,
-    _place_extension_gpus,
     classify,
     extension_spans,
     feasible_now,

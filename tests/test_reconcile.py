@@ -8,12 +8,12 @@ from dataclasses import replace
 import pytest
 
 from hpcsched.policies import make_policy
+from hpcsched.policies.feasible import _place_grow_gpus
 from hpcsched.policies.reconcile import (
     ORDER,
     Candidate,
     Change,
     Costs,
-    _place_grow_gpus,
     admission_room,
     classify,
     feasible_now,

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hpcsched.policies.changes import Change
 from hpcsched.policies.realise import Mechanism
-from hpcsched.policies.reconcile import Change
 from hpcsched.policies.snapshot import ClusterSnapshot, ForeignJob, JobView
 from hpcsched.protocol.kinds import ChangeKind
 
