@@ -146,6 +146,8 @@ def test_daemon_settings_use_measured_costs_once_there_are_enough():
     s = compare.daemon_settings(config, [])
     assert (s.policy, s.params, s.seed, s.interval, s.grow, s.restart_cost, s.hold_rounds) == (
         "dp", {"x": 1}, 3, 2.0, "requeue", 7.0, 1)
+    assert s.granularity == "node"     # auto, with grow = requeue
+    assert compare.daemon_settings(DaemonConfig(), []).granularity == "gpu"   # the defaults
     assert "configured; 0 measured" in s.costs_note
     other = compare.daemon_settings(config, [], policy="static")
     assert (other.policy, other.params) == ("static", {})

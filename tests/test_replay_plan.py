@@ -95,3 +95,19 @@ def test_jobs_that_cannot_be_replayed(jobs, scale, message):
 
 def test_check_emulatable_accepts_pollux_jobs():
     check_emulatable(JOBS)
+
+
+@pytest.mark.parametrize("shape", [ClusterShape(4, 4, "gpu"), ClusterShape(16, 4, "batch")])
+def test_a_gpu_granular_plan_gives_the_simulators_gpu_limits(shape, tmp_path):
+    """At the daemon's GPU granularity each resizable job may go down to 1 GPU, as the simulator
+    lets it: ``--hpcsched-min-gpus 1`` on its command line."""
+    cfg = SimConfig(nodes=shape.nodes, gpus_per_node=shape.gpus_per_node, granularity="gpu")
+    plan = make_plan(JOBS, shape, 0.1, script="e.py", seed=7, granularity="gpu")
+    for p, wj in zip(plan, JOBS):
+        _, _, _, limits, _ = job_limits(wj, cfg)
+        assert p.limits == limits
+        argv = list(p.argv)
+        assert (limits.min_gpu_count == 1) == ("--hpcsched-min-gpus" in argv)
+        if limits.min_gpu_count:
+            assert argv[argv.index("--hpcsched-min-gpus") + 1] == "1"
+    assert any(p.limits.min_gpu_count == 1 for p in plan)

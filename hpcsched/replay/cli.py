@@ -38,6 +38,18 @@ def _default_partition() -> str | None:
     return parts[0] if parts else None
 
 
+def _daemon_granularity() -> str:
+    """What the daemon's plans may ask for (``daemon.plan_granularity``; ``"node"`` when its
+    configuration cannot be read): the replay's jobs get the limits the simulator gives them
+    there, so the simulated replay and the daemon plan alike."""
+    from hpcsched.daemon.config import ConfigError, load
+
+    try:
+        return load().daemon.plan_granularity
+    except ConfigError:
+        return "node"
+
+
 def _safe(s: str) -> str:
     return "".join(c if c.isalnum() or c in "-_.@" else "_" for c in s)
 
@@ -152,7 +164,7 @@ def _plan(workload: str, scale: float, seed: int, partition: str | None, script:
     check_emulatable(jobs)   # before Slurm is asked anything
     shape = read_cluster_shape(partition)
     plan = make_plan(jobs, shape, scale, script=script, seed=seed,
-                     output_dir=str(out) if out else None)
+                     output_dir=str(out) if out else None, granularity=_daemon_granularity())
     return name, jobs, shape, plan
 
 

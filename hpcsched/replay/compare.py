@@ -51,6 +51,7 @@ class Settings:
     seed: int = 0
     interval: float = 60.0
     grow: str = "extension"
+    granularity: str = "node"      # the daemon's plan_granularity
     restart_cost: float = 30.0
     shrink_cost: float = 2.0
     extension_startup: float = 2.25
@@ -80,7 +81,8 @@ def daemon_settings(config, actions: Sequence, policy: str | None = None) -> Set
     same = policy is None or policy == config.policy.name
     return Settings(policy=config.policy.name if same else policy,
                     params=dict(config.policy.params) if same else {}, seed=config.policy.seed,
-                    interval=d.round_interval, grow=d.grow, restart_cost=costs.restart_cost,
+                    interval=d.round_interval, grow=d.grow, granularity=d.plan_granularity,
+                    restart_cost=costs.restart_cost,
                     shrink_cost=costs.shrink_cost, extension_startup=costs.extension_startup,
                     extension_stall=costs.extension_stall, hold_rounds=d.hold_rounds,
                     event_rounds=d.event_rounds, min_gain=d.min_gain, horizon=d.horizon, costs_note=note,
@@ -153,7 +155,8 @@ def simulate(meta: dict, s: Settings) -> SimResult:
         cfg = SimConfig(nodes=int(meta["nodes"]), gpus_per_node=int(meta["gpus_per_node"]),
                         interval=s.interval, restart_cost={"*": s.restart_cost},
                         shrink_cost=s.shrink_cost, seed=s.seed, hold_rounds=s.hold_rounds,
-                        grow=s.grow, extension_startup=s.extension_startup,
+                        grow=s.grow, granularity=s.granularity,
+                        extension_startup=s.extension_startup,
                         extension_stall=s.extension_stall, work_scale=scale, early_reports=False,
                         event_rounds=s.event_rounds,
                         costs=replace(base.costs, min_gain=s.min_gain, horizon=s.horizon))

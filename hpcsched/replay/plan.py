@@ -155,8 +155,11 @@ def hpcsub_argv(pj_limits: JobLimits, nodes: int, batch_size: int, *, job_name: 
 
 
 def make_plan(jobs: Sequence[WorkloadJob], shape: ClusterShape, scale: float, *, script: str,
-              seed: int = 0, output_dir: str | None = None) -> list[PlannedJob]:
-    """One :class:`PlannedJob` per workload job, in submit order.
+              seed: int = 0, output_dir: str | None = None,
+              granularity: str = "node") -> list[PlannedJob]:
+    """One :class:`PlannedJob` per workload job, in submit order, with the shapes and limits the
+    simulator gives it at ``granularity`` (the daemon's: at ``"gpu"`` a resizable job may go
+    down to 1 GPU, ``--hpcsched-min-gpus 1``).
 
     Raises:
         ReplayError: ``scale`` not in (0, 1]; a job that cannot be emulated
@@ -167,7 +170,7 @@ def make_plan(jobs: Sequence[WorkloadJob], shape: ClusterShape, scale: float, *,
     if not 0.0 < scale <= 1.0:
         raise ReplayError(f"--scale {scale}: must be in (0, 1]")
     check_emulatable(jobs)
-    cfg = SimConfig(nodes=shape.nodes, gpus_per_node=shape.gpus_per_node)
+    cfg = SimConfig(nodes=shape.nodes, gpus_per_node=shape.gpus_per_node, granularity=granularity)
     plan = []
     for i, wj in enumerate(jobs):
         try:
