@@ -98,16 +98,21 @@ def test_check_emulatable_accepts_pollux_jobs():
 
 
 @pytest.mark.parametrize("shape", [ClusterShape(4, 4, "gpu"), ClusterShape(16, 4, "batch")])
-def test_a_gpu_granular_plan_gives_the_simulators_gpu_limits(shape, tmp_path):
+def test_a_gpu_granular_plan_gives_the_simulators_gpu_limits(shape, tmp_path, monkeypatch):
     """At the daemon's GPU granularity each resizable job may go down to 1 GPU, as the simulator
-    lets it: ``--hpcsched-min-gpus 1`` on its command line."""
+    lets it: ``--hpcsched-min-gpus 1`` on its command line, which hpcsub's own parser takes."""
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "emulated.py"
+    script.write_text("print('hi')\n")
     cfg = SimConfig(nodes=shape.nodes, gpus_per_node=shape.gpus_per_node, granularity="gpu")
-    plan = make_plan(JOBS, shape, 0.1, script="e.py", seed=7, granularity="gpu")
+    plan = make_plan(JOBS, shape, 0.1, script=str(script), seed=7, granularity="gpu")
     for p, wj in zip(plan, JOBS):
-        _, _, _, limits, _ = job_limits(wj, cfg)
+        _, _, _, limits, batch = job_limits(wj, cfg)
         assert p.limits == limits
-        argv = list(p.argv)
-        assert (limits.min_gpu_count == 1) == ("--hpcsched-min-gpus" in argv)
-        if limits.min_gpu_count:
-            assert argv[argv.index("--hpcsched-min-gpus") + 1] == "1"
+        spec, _, _ = build_spec(list(p.argv), "uid", tmp_path / "job")
+        # hpcsub keeps a fewest-GPU count only where it is not whole nodes (1 GPU of 1 per node
+        # is 1 node): the same fewest GPUs either way
+        assert spec.limits.min_gpus == limits.min_gpus
+        assert replace(spec.limits, min_gpu_count=None) == replace(
+            limits, base_batch_size=batch, min_gpu_count=None)
     assert any(p.limits.min_gpu_count == 1 for p in plan)

@@ -141,14 +141,13 @@ def hpcsub_argv(pj_limits: JobLimits, nodes: int, batch_size: int, *, job_name: 
     argv += ["--hpcsched-batch-size", str(batch_size),
              "--hpcsched-min-batch-size", str(lim.min_batch_size),
              "--hpcsched-max-batch-size", str(lim.max_batch_size),
-             "--hpcsched-lr-scaling", lim.lr_scaling,
-             "--hpcsched-min-nodes", str(lim.min_nodes),
-             "--hpcsched-max-nodes", str(lim.max_nodes),
-             "--hpcsched-application", application]
+             "--hpcsched-lr-scaling", lim.lr_scaling]
+    # the fewest GPUs: as GPUs where they are not whole nodes (hpcsub takes one or the other)
+    argv += (["--hpcsched-min-gpus", str(lim.min_gpu_count)] if lim.min_gpu_count is not None
+             else ["--hpcsched-min-nodes", str(lim.min_nodes)])
+    argv += ["--hpcsched-max-nodes", str(lim.max_nodes), "--hpcsched-application", application]
     if lim.max_local_batch_size is not None:
         argv += ["--hpcsched-max-local-batch-size", str(lim.max_local_batch_size)]
-    if lim.min_gpu_count is not None:
-        argv += ["--hpcsched-min-gpus", str(lim.min_gpu_count)]
     argv += [script, "--application", application, "--scale", repr(float(scale)),
              "--seed", str(seed)]
     return tuple(argv)
