@@ -52,7 +52,7 @@ def test_4_plus_2_gpus_beside_a_foreign_job_then_a_release(daemon_env, blocker, 
     slurm_jobs.append(foreign)
     wait_for(lambda: (i := slurm.job_info(foreign)) and i.state == "RUNNING", 60, "the foreign job")
     a = submit(tmp_path, "-N", "1", "--gres=gpu:4", "--hpcsched-max-nodes", "2",
-               "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", "200", "--sample-time", "0.002")
+               "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", "120", "--sample-time", "0.002")
     slurm_jobs.append(a)
     proc = start_daemon(tmp_path)
     try:
@@ -84,7 +84,7 @@ def test_4_plus_2_gpus_beside_a_foreign_job_then_a_release(daemon_env, blocker, 
     for f in jd.metrics_dir.glob("launch-1-rank-*.jsonl"):
         assert len({json.loads(line)["pid"] for line in f.read_text().splitlines()}) == 1, f
     assert not list(jd.metrics_dir.glob("launch-2-*"))
-    check_exactly_once(load_records(jd.path), DIGITS, 200)
+    check_exactly_once(load_records(jd.path), DIGITS, 120)
     # status shows the layouts the plan gave, with their mechanism
     detail = cli("hpcsched", "status", a).stdout
     assert "reform by extend: 1->2 node(s) (n1:4,n2:2)" in detail, detail

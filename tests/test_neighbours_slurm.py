@@ -49,7 +49,7 @@ def test_a_plain_job_waits_a_round_not_an_elastic_job(daemon_env, devcluster, sl
     cfg.write_text(cfg.read_text().replace('[policy]\nname = "dp"\n', "")
                    .replace("round_interval = 2.0", f"round_interval = {ROUND}"))
     elastic = [submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-max-gpus", "16",
-                      "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", "300",
+                      "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", "200",
                       "--sample-time", "0.002") for _ in range(2)]
     slurm_jobs.extend(elastic)
     proc = start_daemon(tmp_path)
@@ -59,7 +59,7 @@ def test_a_plain_job_waits_a_round_not_an_elastic_job(daemon_env, devcluster, sl
         wait_for(lambda: len(_nodes_held(slurm.squeue(), set(elastic))) == 4
                  and not store.open_actions(), 240, "the elastic jobs to grow over all 4 nodes")
         plain = subprocess.run(["sbatch", "--parsable", "-N", "2", "--gres=gpu:4",
-                                f"--output={tmp_path}/plain.out", "--wrap", "sleep 30"],
+                                f"--output={tmp_path}/plain.out", "--wrap", "sleep 10"],
                                capture_output=True, text=True, check=True).stdout.strip()
         slurm_jobs.append(plain)
         submitted = time.time()
@@ -78,4 +78,4 @@ def test_a_plain_job_waits_a_round_not_an_elastic_job(daemon_env, devcluster, sl
     for j in elastic + [plain]:
         assert infos[j].state == "COMPLETED", j
     for j in elastic:
-        check_exactly_once(load_records(JobDir.for_job(j).path), DIGITS, 300)
+        check_exactly_once(load_records(JobDir.for_job(j).path), DIGITS, 200)
