@@ -84,6 +84,18 @@ def primary_shape(fewest: int, node_size: int) -> tuple[int, int]:
     return nodes, -(-fewest // nodes)
 
 
+def exact_shape(gpus: int, node_size: int) -> tuple[int, int]:
+    """``(nodes, GPUs per node)`` giving exactly ``gpus`` GPUs with the same GPUs on every node
+    of ``node_size`` GPUs, as a user asks Slurm for them: one node when they fit on one, else the
+    largest GPUs per node that divides ``gpus`` (6 on 4-GPU nodes: 2 x 3; 5: 5 x 1)."""
+    if gpus <= node_size:
+        return 1, gpus
+    for per_node in range(node_size, 0, -1):
+        if gpus % per_node == 0:
+            return gpus // per_node, per_node
+    return gpus, 1  # pragma: no cover - 1 always divides
+
+
 def start(job: JobView, node_size: int, placement: tuple[str, ...] = (),
           free: dict[str, int] | None = None) -> Realisation:
     """A pending ``job`` started by the plan: its primary at its fewest GPUs
@@ -134,13 +146,10 @@ def _release(held: dict[str, int], extra: dict[str, int], drop: int) -> Layout:
 
 
 def requeue_layout(held: dict[str, int], gpus: int, node_size: int) -> Layout:
-    """The layout a job requeued onto ``gpus`` GPUs asks for: the same GPUs on every node
-    (:func:`primary_shape`), on the nodes it held most GPUs on (they are free again when it
-    pends)."""
-    nodes, per = primary_shape(gpus, node_size)
-    while nodes * per != gpus and per > 1:       # exactly ``gpus``: fewer GPUs per node
-        per -= 1
-        nodes = -(-gpus // per)
+    """The layout a job requeued onto ``gpus`` GPUs asks for: exactly that many, the same on
+    every node (:func:`exact_shape`), on the nodes it held most GPUs on (they are free again
+    when it pends)."""
+    nodes, per = exact_shape(gpus, node_size)
     order = sorted(held, key=lambda n: (-held[n], list(held).index(n)))
     return tuple((n, per) for n in order[:nodes]) if len(order) >= nodes else ()
 
@@ -154,5 +163,5 @@ def cost(mechanism: Mechanism, *, restart_cost: float, shrink_cost: float, stall
             Mechanism.REQUEUE: restart_cost}[mechanism]
 
 
-__all__ = ["Layout", "Mechanism", "Realisation", "cost", "primary_shape", "requeue_layout",
-           "shrink", "start"]
+__all__ = ["Layout", "Mechanism", "Realisation", "cost", "exact_shape", "primary_shape",
+           "requeue_layout", "shrink", "start"]

@@ -17,6 +17,7 @@ from types import MappingProxyType
 
 from hpcsched.daemon.views import JobReport
 from hpcsched.perf.shared import THROUGHPUT_MODELS, StepLedger
+from hpcsched.policies.realise import exact_shape
 from hpcsched.policies.reconcile import Costs
 from hpcsched.policies.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GROW_MODES, ProfilePoint
 from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch
@@ -160,15 +161,10 @@ class SimConfig:
 
 
 def job_shape(gpus: int, gpus_per_node: int) -> tuple[int, int]:
-    """``(nodes, gpus per node)`` a user asks Slurm for to get ``gpus`` GPUs: one node when they
-    fit on one, else whole nodes when ``gpus`` divides evenly, else the largest GPUs-per-node
-    that divides it (6 GPUs on 4-GPU nodes: 2 nodes x 3)."""
-    if gpus <= gpus_per_node:
-        return 1, gpus
-    for per_node in range(gpus_per_node, 0, -1):
-        if gpus % per_node == 0:
-            return gpus // per_node, per_node
-    return gpus, 1  # pragma: no cover - 1 always divides
+    """``(nodes, gpus per node)`` a user asks Slurm for to get ``gpus`` GPUs
+    (:func:`hpcsched.policies.realise.exact_shape`, the daemon's rule for a requeue's shape:
+    one node when they fit on one, else the largest GPUs-per-node that divides them)."""
+    return exact_shape(gpus, gpus_per_node)
 
 
 @dataclass(frozen=True)
@@ -284,8 +280,6 @@ class SimJob:
         held = self.held_gpus
         if not held:
             return self.node_names
-        if not self.ext and len(self.primary) == len(self.gpus):
-            return tuple(names[n] for n in sorted({n for n, _ in held}))
         return tuple(names[n] for n in self._node_order(held))
 
     @property
