@@ -23,7 +23,7 @@ def extension_spans(job: JobView, gpus: int, snapshot: ClusterSnapshot) -> int:
     nodes that hold them (fullest first), as :func:`_place_extension_gpus` claims them. An
     extension keeps the job's GPUs, so it may leave the job spread where a requeue would pack
     it; its goodput is predicted on the nodes it will span."""
-    free = {n.name: n.gpus_free for n in snapshot.nodes if n.usable}
+    free = snapshot.free_gpus
     own = set(job.node_names)
     rest = gpus - job.gpus - sum(free.get(n, 0) for n in own)
     spans = len(own)
@@ -47,7 +47,7 @@ def feasible_now(chosen: list[Candidate], snapshot: ClusterSnapshot, grow: str =
     come first: a shrink in place releases its GPUs within seconds, and a grow's extension job
     or requeued job waits in Slurm's queue until they are free), so a plan that moves GPUs from
     one job to another is made in one round, not over two."""
-    free = {n.name: n.gpus_free for n in snapshot.nodes if n.usable}
+    free = dict(snapshot.free_gpus)     # claimed change by change
     changes: list[Change] = []
     notes: list[str] = []
     keep_own = grow == "extension"

@@ -46,7 +46,7 @@ def yield_to_foreign(snapshot: ClusterSnapshot) -> tuple[ClusterSnapshot, list[C
     """
     if not snapshot.foreign_pending:
         return snapshot, [], []
-    free = {n.name: n.gpus_free for n in snapshot.nodes if n.usable}
+    free = dict(snapshot.free_gpus)     # claimed job by job
     spare = _extension_gpus(snapshot)          # node -> [(job id, GPUs it can release there)]
     claimed: dict[str, int] = {}
     taken: dict[str, dict[str, int]] = {}      # job id -> node -> GPUs to release

@@ -34,6 +34,7 @@ seconds.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -97,7 +98,7 @@ def exact_shape(gpus: int, node_size: int) -> tuple[int, int]:
 
 
 def start(job: JobView, node_size: int, placement: tuple[str, ...] = (),
-          free: dict[str, int] | None = None) -> Realisation:
+          free: Mapping[str, int] | None = None) -> Realisation:
     """A pending ``job`` started by the plan: its primary at its fewest GPUs
     (:func:`primary_shape`), on the first nodes of ``placement`` when it names enough, else on
     the nodes of ``free`` (free GPUs per node) with the fewest free GPUs that hold its GPUs per

@@ -219,8 +219,7 @@ def _classify_pending(job: JobView, t: JobTarget, costs: Costs,
     # a change: its size set (and, for a job held after a preemption, its release)
     change = _change(job, t, ChangeKind.PENDING, placement=t.placement)
     if _realised(snapshot, costs):
-        free = {n.name: n.gpus_free for n in snapshot.nodes if n.usable}
-        r = realise.start(job, snapshot.node_size, tuple(t.placement), free)
+        r = realise.start(job, snapshot.node_size, tuple(t.placement), snapshot.free_gpus)
         change = replace(change, mechanism=r.mechanism, layout=r.layout,
                          to_nodes=len(r.layout) or change.to_nodes)
     return Candidate(change)
@@ -288,7 +287,7 @@ def admission_room(chosen: list[Candidate], resizes: list[Candidate], snapshot: 
                      for c in chosen if c.kind == ChangeKind.PENDING and c.change.to_nodes > 0)
     start_need += sum(_kept_request(t, snapshot, {c.change.job_id for c in chosen})
                       for t in (plan.targets if plan is not None else ()))
-    free_now = sum(n.gpus_free for n in snapshot.nodes if n.usable)
+    free_now = sum(snapshot.free_gpus.values())
     room = [c for c in resizes if c.kind == ChangeKind.SHRINK] if start_need > free_now else []
     if not room:
         return [], ""

@@ -8,8 +8,10 @@ Unix seconds, throughput in samples/s, batch sizes in samples, sizes in nodes an
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
 from hpcsched.protocol.limits import JobLimits
@@ -304,6 +306,12 @@ class ClusterSnapshot:
         it here (:func:`grow_cost`); a start or a restart costs ``restart_cost``."""
         return grow_cost(self.grow, self.restart_cost, self.extension_startup,
                          self.extension_stall, x_from, x_to)
+
+    @cached_property
+    def free_gpus(self) -> Mapping[str, int]:
+        """Free GPUs per usable node, read-only (copy it to claim GPUs from it); computed once
+        per snapshot (reconcile, the placement of grows and the good-neighbour rule all ask)."""
+        return MappingProxyType({n.name: n.gpus_free for n in self.nodes if n.usable})
 
     @cached_property
     def node_size(self) -> int:
