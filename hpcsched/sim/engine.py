@@ -253,7 +253,8 @@ class Simulator:
         elif c.kind == ChangeKind.BATCH:
             j.cfg = cfg
         elif c.kind == ChangeKind.SHRINK and c.mechanism == Mechanism.REQUEUE:
-            self._requeue(j, c, cfg)
+            nodes, per = len(c.layout), c.layout[0][1]    # the same GPUs on every node
+            self._requeue(j, nodes * per, nodes, cfg, tuple(n for n, _ in c.layout), (nodes, per))
         elif c.kind == ChangeKind.SHRINK and c.mechanism is not None:
             self._log(j, j.size, want)
             cost = self.cfg.extension_stall if c.mechanism == Mechanism.RELEASE \
@@ -264,13 +265,7 @@ class Simulator:
         elif c.kind == ChangeKind.GROW and self.cfg.grow == "extension":
             self._extend(j, c, want, cfg)
         elif c.kind == ChangeKind.GROW:
-            self._log(j, j.size, want)
-            self._release(j)
-            j.state = "PENDING"
-            j.size, j.nodes, j.cfg = want, c.to_nodes, cfg
-            j.req_nodes = tuple(c.placement)
-            j.restarts += 1
-            j.resizes += 1
+            self._requeue(j, want, c.to_nodes, cfg, tuple(c.placement))
 
     def _extend(self, j: SimJob, c: Change, gpus: int, cfg: BatchConfig) -> None:
         """Grow ``j`` to ``gpus`` GPUs by extension: the extension job takes the new GPUs now
@@ -286,16 +281,17 @@ class Simulator:
         j.ext = Extension(self.now + self.cfg.extension_startup, got[1], gpus, cfg)
         j.resizes += 1
 
-    def _requeue(self, j: SimJob, c: Change, cfg: BatchConfig) -> None:
-        """Shrink ``j`` by requeue onto ``c.layout``'s same GPUs on every node
-        (:data:`~hpcsched.policies.realise.Mechanism.REQUEUE`): it gives its GPUs back, pends at
-        that shape on those nodes, and pays the restart cost when it starts again."""
-        self._log(j, j.size, sum(g for _, g in c.layout))
+    def _requeue(self, j: SimJob, gpus: int, nodes: int, cfg: BatchConfig,
+                 req_nodes: tuple[str, ...], shape: tuple[int, int] | None = None) -> None:
+        """Requeue running ``j`` onto ``gpus`` GPUs over ``nodes`` nodes (a grow by requeue, or
+        a shrink into its primary: :data:`~hpcsched.policies.realise.Mechanism.REQUEUE`, with
+        its ``shape``): it gives its GPUs back, pends at that size on ``req_nodes``, and pays the
+        restart cost when it starts again."""
+        self._log(j, j.size, gpus)
         self._release(j)
         j.state = "PENDING"
-        j.shape = (len(c.layout), c.layout[0][1])
-        j.size, j.nodes, j.cfg = j.shape[0] * j.shape[1], j.shape[0], cfg
-        j.req_nodes = tuple(n for n, _ in c.layout)
+        j.size, j.nodes, j.cfg, j.shape = gpus, nodes, cfg, shape
+        j.req_nodes = req_nodes
         j.restarts += 1
         j.resizes += 1
 
