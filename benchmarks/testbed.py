@@ -113,10 +113,11 @@ class Watcher(threading.Thread):
         return {"pending_with_free_gpus": long, "held": sorted(self.held)}
 
 
-def _daemon_config(run_dir: Path, interval: float) -> Path:
+def _daemon_config(run_dir: Path, interval: float, granularity: str) -> Path:
     cfg = run_dir / "hpcsched.toml"
     cfg.write_text(f'[daemon]\nround_interval = {interval}\nlock_file = "{run_dir}/daemon.lock"\n'
-                   f'database_url = "sqlite:///{run_dir}/hpcsched.db"\n')
+                   f'database_url = "sqlite:///{run_dir}/hpcsched.db"\n'
+                   f'granularity = "{granularity}"\n')
     return cfg
 
 
@@ -204,6 +205,10 @@ def main() -> None:
     p.add_argument("--scale", type=float, default=None, help="time scale (default: chosen)")
     p.add_argument("--interval", type=float, default=10.0, help="daemon round (s)")
     p.add_argument("--runs", default="on,off", help="which runs, in order")
+    p.add_argument("--granularity", choices=("auto", "gpu", "node"), default="auto",
+                   help="the daemon's [daemon] granularity (auto, the default: gpu, as the "
+                        "daemon's own default with grows by extension); replay plans and the "
+                        "simulations follow it")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "testbed")
     args = p.parse_args()
 
@@ -216,7 +221,10 @@ def main() -> None:
                                                                           args.minutes)
     print(f"{len(jobs)} jobs from pollux:{args.workload} (offset {args.offset}); scale {scale:.4g}"
           + (f" (unscaled static makespan {makespan:.0f} s)" if makespan else ""), flush=True)
-    on_cfg = _daemon_config(args.out.resolve(), args.interval)
+    args.out.mkdir(parents=True, exist_ok=True)
+    on_cfg = _daemon_config(args.out.resolve(), args.interval, args.granularity)
+    granularity = load_config(on_cfg).daemon.plan_granularity
+    print(f"daemon plans at {granularity} granularity", flush=True)
     env_on = dict(env, HPCSCHED_CONFIG=str(on_cfg))
     env_on.pop("HPCSCHED_DATABASE_URL", None)
     runs: dict = {}
@@ -232,7 +240,7 @@ def main() -> None:
     fig = figures(runs)
     _print(fig, judge(fig))
     write_report(args.out / "testbed.json", "testbed", workload=f"pollux:{args.workload}",
-                 offset=args.offset, jobs=len(jobs), scale=scale, interval=args.interval,
+                 offset=args.offset, granularity=granularity, jobs=len(jobs), scale=scale, interval=args.interval,
                  figures=fig, targets=[{"target": t, "pass": ok, "measured": m}
                                        for t, ok, m in judge(fig)])
 
