@@ -15,9 +15,10 @@ import pytest
 from hpcsched import slurm
 from hpcsched.daemon import round as daemon_round
 from hpcsched.daemon.config import ConfigError, DaemonSettings, load
-from hpcsched.daemon.round import Daemon, round_event
+from hpcsched.daemon.round import Daemon, foreign_event, round_event
 from hpcsched.daemon.store import Store
 from hpcsched.policies.base import PolicyBase
+from hpcsched.policies.snapshot import ForeignJob
 from tests.test_daemon_round_nonblocking import FakeCluster, info, make_job
 
 
@@ -42,6 +43,23 @@ from tests.test_daemon_round_nonblocking import FakeCluster, info, make_job
 ])
 def test_round_event(before, after, reason):
     assert round_event(before, after) == reason
+
+
+def _foreign(job_id: str, user: str = "bob") -> ForeignJob:
+    return ForeignJob(job_id, user, nodes=2, gpus_per_node=4, priority=10, partition="gpu")
+
+
+@pytest.mark.parametrize("before, pending, managed, reason", [
+    (frozenset(), [_foreign("30")], {"1": "RUNNING"}, "job 30 of user bob pends"),
+    (frozenset({"30"}), [_foreign("30"), _foreign("31", "eve")], {"1": "RUNNING"},
+     "job 31 of user eve pends"),
+    (frozenset({"30"}), [_foreign("30")], {"1": "RUNNING"}, None),   # seen at the last round
+    (frozenset({"30"}), [], {"1": "RUNNING"}, None),                 # it started or left
+    (frozenset(), [_foreign("30")], {"1": "PENDING"}, None),   # nothing of ours runs to yield
+    (frozenset(), [_foreign("30")], {}, None),
+])
+def test_foreign_event(before, pending, managed, reason):
+    assert foreign_event(before, pending, managed) == reason
 
 
 # ------------------------------------------------------------------ the wait between rounds
@@ -186,6 +204,19 @@ def test_the_daemon_sees_a_job_end_and_a_submission(daemon, control_dir):
     cluster.jobs["10"] = info("10", "PENDING")   # not hpcsched's: no job directory
     assert d.round().error is None
     assert d.event_since_round() is None, "the round took them in"
+
+
+def test_the_daemon_sees_another_users_job_pend(daemon):
+    d, cluster = daemon
+    cluster.jobs["20"] = replace(info("20", "PENDING"), user="bob", state_reason="Resources")
+    assert d.round().error is None
+    assert d.event_since_round() is None, "pending at the last round: already yielded to"
+    cluster.jobs["21"] = replace(info("21", "PENDING"), user="eve", state_reason="Priority")
+    assert d.event_since_round() == "job 21 of user eve pends"
+    cluster.jobs["22"] = replace(info("22", "PENDING"), user="eve",
+                                 state_reason="BeginTime")   # not Slurm's to start yet
+    assert d.round().error is None
+    assert d.event_since_round() is None
 
 
 def test_the_daemon_check_never_raises_for_slurm(daemon, monkeypatch, caplog):

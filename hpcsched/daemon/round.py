@@ -24,9 +24,10 @@
 
 Rounds run every ``daemon.round_interval`` seconds. For a policy that asks for them
 (``round_on_events``: ``jct``) and with ``daemon.event_rounds`` on, a round also runs as soon as
-a managed job ends or a newly submitted one pends, checked every ``daemon.event_poll`` seconds
-between rounds (:func:`round_event`), as the simulator does (``SimConfig.event_rounds``); the
-periodic rounds keep their times.
+a managed job ends or a newly submitted one pends, or another user's GPU job pends while a
+managed job runs (:func:`foreign_event`: the round yields extension GPUs to it), checked every
+``daemon.event_poll`` seconds between rounds (:func:`round_event`), as the simulator does
+(``SimConfig.event_rounds``); the periodic rounds keep their times.
 
 Jobs are hpcsched's when their Slurm id has a job directory (``by-id/<id>``) under the
 control directory, and they are in a managed partition. A pending job that cannot start now
@@ -47,7 +48,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,7 +80,7 @@ from hpcsched.policies.base import rounds_on_events
 from hpcsched.policies.realise import Mechanism
 from hpcsched.policies.reconcile import Change, Costs
 from hpcsched.policies.round import decide_round
-from hpcsched.policies.snapshot import ClusterSnapshot
+from hpcsched.policies.snapshot import ClusterSnapshot, ForeignJob
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir, JobSpec
 from hpcsched.protocol.kinds import ChangeKind
@@ -134,6 +135,20 @@ def round_event(before: Mapping[str, str], after: Mapping[str, str]) -> str | No
     return ", ".join(reasons) or None
 
 
+def foreign_event(before: frozenset[str], pending: Sequence[ForeignJob],
+                  managed: Mapping[str, str]) -> str | None:
+    """Why a round is wanted now for other users' jobs, or None: a pending GPU job hpcsched does
+    not manage (:func:`~hpcsched.daemon.views.foreign_pending`) that was not pending at the last
+    round (``before``: their job ids), while some managed job runs (its extension GPUs may be
+    what the newcomer needs: :mod:`hpcsched.policies.neighbours`). So another user's job waits
+    for at most ``daemon.event_poll`` seconds, not a whole round, before hpcsched yields to it.
+    Returns e.g. ``"job 130 of user bob pends"``."""
+    if not any(s == "RUNNING" for s in managed.values()):
+        return None
+    new = [f"job {f.job_id} of user {f.user} pends" for f in pending if f.job_id not in before]
+    return ", ".join(new) or None
+
+
 class Daemon:
     """The round loop (see module docstring). Collaborators can be injected for tests."""
 
@@ -166,6 +181,8 @@ class Daemon:
         # the last round's managed jobs (job id -> Slurm state) that event checks compare with;
         # None until a round has observed Slurm
         self._round_states: dict[str, str] | None = None
+        # other users' pending GPU jobs at the last round (job ids): a new one is an event
+        self._round_foreign: frozenset[str] = frozenset()
 
     # ----------------------------------------------------------------- jobs
     def _record_job(self, jd: JobDir, spec: JobSpec, info: slurm.JobInfo, now: float) -> None:
@@ -194,6 +211,8 @@ class Daemon:
             log.warning("round %d: %s; no decision on stale state", rid, rep.error)
         if rep.error is None:
             self._round_states = dict(rep.slurm_states)
+            if rep.snapshot is not None:
+                self._round_foreign = frozenset(f.job_id for f in rep.snapshot.foreign_pending)
         rep.duration = time.time() - started
         rep.slurm_calls = slurm.calls() - calls0  # observe, actuator, everything
         self.store.end_round(rid, duration=rep.duration, jobs=rep.jobs, actions=len(rep.changes),
@@ -230,22 +249,27 @@ class Daemon:
         return rep.outcomes
 
     def event_since_round(self) -> str | None:
-        """Between rounds: did a managed job end, or a new one pend, since the last round?
+        """Between rounds: did a managed job end, or a new one pend, or another user's GPU job
+        pend, since the last round?
 
-        Observes Slurm once (``squeue`` + ``sinfo``) and compares its managed jobs with the last
-        good round's (:func:`round_event`). Returns the reason for a round now, or None: also
+        Observes Slurm once (``squeue`` + ``sinfo``) and compares its jobs with the last good
+        round's (:func:`round_event`, :func:`foreign_event`). Returns the reason for a round now, or None: also
         before any round has observed Slurm, and when Slurm does not answer (logged; never
         raises for Slurm trouble, the next check or round tries again).
         """
         if self._round_states is None:
             return None
         try:
-            managed = self.managed.find(self.backend.observe())
+            obs = self.backend.observe()
+            managed = self.managed.find(obs)
         except slurm.SlurmError as exc:
             log.warning("job ends and submissions not checked: Slurm: %s; next check retries", exc)
             return None
-        return round_event(self._round_states,
-                           {job_id: info.state for job_id, (_, _, info) in managed.items()})
+        states = {job_id: info.state for job_id, (_, _, info) in managed.items()}
+        foreign = views.foreign_pending(obs, managed, self.settings.daemon.partitions)
+        reasons = [r for r in (round_event(self._round_states, states),
+                               foreign_event(self._round_foreign, foreign, states)) if r]
+        return ", ".join(reasons) or None
 
     def _round(self, rep: RoundReport) -> None:
         obs = self.backend.observe()

@@ -34,6 +34,12 @@ class WorkloadJob:
 
     ``gpus`` and ``batch_size`` are what the user asked for: the fixed size non-elastic policies
     run the job at (Pollux's "TunedJobs"). ``app_class`` is PAL's variability class (``A``..``D``).
+
+    ``rigid``: another user's plain ``sbatch`` job, not hpcsched's: it runs at its submitted
+    GPUs and batch size from start to end, Slurm alone decides when (priority, then backfill),
+    and the daemon sees it only as Slurm shows it (a foreign job: its GPUs held, or its request
+    pending, :mod:`hpcsched.policies.neighbours`). :func:`hpcsched.sim.workload.make_rigid`
+    marks a fraction of a trace's jobs so.
     """
 
     name: str
@@ -44,6 +50,7 @@ class WorkloadJob:
     app_class: str
     iterations: float | None = None
     iteration_time: float | None = None
+    rigid: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,7 @@ class JobResult:
 
     ``finish_time`` is ``None`` when the simulation ended (time limit) before the job finished;
     ``jct`` is then ``None`` too. ``gpu_seconds`` counts GPUs held (running or restarting).
+    ``rigid``: a plain job of another user (:attr:`WorkloadJob.rigid`).
     """
 
     name: str
@@ -67,10 +75,16 @@ class JobResult:
     #: every resize, in order: ``(time s, round number, GPUs before, GPUs after)``; a
     #: preemption is ``(t, r, gpus, 0)`` and its release ``(t, r, 0, gpus)``
     resize_log: tuple[tuple[float, int, int, int], ...] = ()
+    rigid: bool = False
 
     @property
     def jct(self) -> float | None:
         return None if self.finish_time is None else self.finish_time - self.submit_time
+
+    @property
+    def wait(self) -> float | None:
+        """Seconds from submission to the first start (``None``: it never started)."""
+        return None if self.start_time is None else self.start_time - self.submit_time
 
 
 @dataclass(frozen=True)

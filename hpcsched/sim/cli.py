@@ -60,6 +60,7 @@ class Run:
     fastest_gpus: bool = False              # SimConfig.fastest_gpus
     throughput_model: str = "shared"        # SimConfig.throughput_model
     event_rounds: bool = True               # SimConfig.event_rounds
+    rigid_fraction: float = 0.0             # workload.make_rigid: other users' plain jobs
 
     @property
     def label(self) -> str:
@@ -102,10 +103,13 @@ def execute(run: Run):
     from dataclasses import replace
 
     from hpcsched.sim.engine import SimConfig, Simulator
-    from hpcsched.sim.workload import load_workload, scale_workload
+    from hpcsched.sim.workload import load_workload, make_rigid, scale_workload
 
     name, jobs = load_workload(run.workload, seed=run.seed)
     jobs = scale_workload(jobs, run.scale)
+    if run.rigid_fraction:
+        jobs = make_rigid(jobs, run.rigid_fraction)
+        name += f" ({run.rigid_fraction:g} plain)"
     params = dict(run.params)
     if run.placement:
         params["placement"] = run.placement
@@ -232,6 +236,13 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
               show_default=True,
               help="Time scale in (0, 1]: every submit time and every job's work x SCALE (what "
                    "'hpcsched replay --scale' and the emulated application's --scale run).")
+@click.option("--rigid-fraction", type=click.FloatRange(min=0, max=1), default=0.0,
+              show_default=True,
+              help="Make this fraction of each workload's jobs other users' plain sbatch jobs "
+                   "(every 1/F-th in submission order): they run at their submitted size, are "
+                   "never resized, and the policy sees them only as Slurm shows them (GPUs "
+                   "held, or a pending request its grows yield to). The summary adds their "
+                   "wait and the elastic jobs' JCT.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--max-days", type=click.FloatRange(min=0.01), default=60.0, show_default=True,
               help="Stop a simulation after this many simulated days.")
@@ -247,7 +258,8 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
                      variability_draws, locality_penalty, hold_new_jobs, soft_consolidate,
                      fastest_gpus, granularity, grow, throughput_model, event_rounds,
                      extension_startup,
-                     extension_stall, scale, seed, max_days, json_path, out_dir, n_procs, quiet):
+                     extension_stall, scale, rigid_fraction, seed, max_days, json_path, out_dir,
+                     n_procs, quiet):
     """Replay WORKLOADs on a simulated Slurm cluster with the daemon's own POLICYs.
 
     \b
@@ -258,6 +270,7 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
       hpcsched simulate -w pollux:1 -p dp --granularity gpu
       hpcsched simulate -w pollux:1 -p jct --grow requeue
       hpcsched simulate -w pollux:1 -p jct --scale 0.05
+      hpcsched simulate -w pollux:1 -p jct -p static --granularity gpu --rigid-fraction 0.3
     """
     from hpcsched.sim.engine import SimulationError
     from hpcsched.sim.workload import WorkloadError, load_workload
@@ -278,7 +291,7 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
                 nodes, gpus_per_node, interval, costs, shrink_cost, variability,
                 locality_penalty, seed, max_days * 86400.0, hold_new_jobs, granularity, grow,
                 extension_startup, extension_stall, scale, soft_consolidate, fastest_gpus,
-                throughput_model, event_rounds)
+                throughput_model, event_rounds, rigid_fraction)
             for w in workloads for p in policies for pl in (placements or (None,))]
     try:
         with single_threaded_blas():

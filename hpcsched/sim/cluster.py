@@ -30,6 +30,9 @@ CLASSES = ("A", "B", "C", "D")
 #: the simulated cluster's one partition
 PARTITION = "sim"
 
+#: the user of other users' plain jobs (:attr:`hpcsched.sim.WorkloadJob.rigid`) in ``squeue``
+FOREIGN_USER = "other"
+
 
 class SimCluster:
     """``nodes`` x ``gpus_per_node`` GPUs named ``n1..nN``; a boolean matrix of free GPUs and a
@@ -154,13 +157,13 @@ class SimBackend:
 
 
 def job_info(job_id: str, name: str, state: str, nodes: Sequence[str], node_count: int,
-             gpus_per_node: int, restarts: int, priority: int) -> JobInfo:
+             gpus_per_node: int, restarts: int, priority: int, user: str = "sim") -> JobInfo:
     """A simulated job as ``squeue`` reports it."""
-    return JobInfo(job_id=job_id, name=name, user="sim", state=state,
+    return JobInfo(job_id=job_id, name=name, user=user, state=state,
                    state_reason="None" if state == "RUNNING" else "Resources",
                    partition=PARTITION, nodes=",".join(nodes), node_count=node_count,
                    gpus_per_node=gpus_per_node, restarts=restarts,
                    batch_host=(tuple(nodes) or ("",))[0], priority=priority)
 
 
-__all__ = ["CLASSES", "PARTITION", "SimBackend", "SimCluster", "job_info"]
+__all__ = ["CLASSES", "FOREIGN_USER", "PARTITION", "SimBackend", "SimCluster", "job_info"]

@@ -38,7 +38,11 @@ The simulated Slurm (what Slurm does without hpcsched): pending jobs are conside
 order (submission order; a requeued job keeps its place) whenever something changes -- a job is
 submitted or ends, or a round has applied its changes -- and each one that fits now starts (jobs
 behind one that does not fit may start: with unlimited time limits Slurm's backfill can start
-anything that fits), placed by :class:`~hpcsched.sim.cluster.SimCluster`'s rule. Every start pays the application's
+anything that fits), placed by :class:`~hpcsched.sim.cluster.SimCluster`'s rule. Other users'
+plain jobs (:attr:`hpcsched.sim.WorkloadJob.rigid`) queue in the same order, are never held, and
+reach the policy only as Slurm shows them: GPUs that a foreign job holds, or a foreign pending
+job that hpcsched's grows yield to (:mod:`hpcsched.policies.neighbours`); a plain job that
+arrives to no room is an event, as in the daemon. Every start pays the application's
 restart cost (processes, framework import, data loading and checkpoint restore: Pollux's
 simulator charges its 30 s at every allocation, the first included).
 
@@ -73,7 +77,14 @@ from hpcsched.policies.snapshot import ClusterSnapshot, JobView
 from hpcsched.protocol.batching import BatchConfig, BatchSizeError
 from hpcsched.protocol.kinds import ChangeKind
 from hpcsched.sim import SimResult, WorkloadJob, resize
-from hpcsched.sim.cluster import CLASSES, PARTITION, SimBackend, SimCluster, job_info
+from hpcsched.sim.cluster import (
+    CLASSES,
+    FOREIGN_USER,
+    PARTITION,
+    SimBackend,
+    SimCluster,
+    job_info,
+)
 from hpcsched.sim.state import Extension, SimConfig, SimJob, SimulationError, job_shape, make_job
 
 
@@ -122,7 +133,9 @@ class Simulator:
     def _advance(self, j: SimJob, t: float) -> None:
         """Run ``j`` from ``j.updated`` to ``t`` (:meth:`SimJob.advance`), if it runs."""
         if j.state == "RUNNING" and t > j.updated:
-            j.advance(t, self._slowdown(j), self.cfg.locality_penalty, self.ledger)
+            # a plain job's steps are its own: the daemon's store never sees them
+            j.advance(t, self._slowdown(j), self.cfg.locality_penalty,
+                      None if j.wj.rigid else self.ledger)
 
     def _eta(self, j: SimJob) -> float:
         """When running job ``j`` finishes if nothing changes; cached until its configuration
@@ -138,7 +151,8 @@ class Simulator:
         n, names = len(self.jobs), self.cluster.node_names
         return {j.job_id: job_info(j.job_id, j.wj.name, j.state, j.held_nodes(names),
                                    len(j.held_nodes(names)) if j.ext else j.nodes,
-                                   j.per_node, j.restarts, n - int(j.job_id))
+                                   j.per_node, j.restarts, n - int(j.job_id),
+                                   user=FOREIGN_USER if j.wj.rigid else "sim")
                 for j in self.jobs if j.state in ("PENDING", "RUNNING")}
 
     def _try_start(self, j: SimJob) -> bool:
@@ -206,7 +220,8 @@ class Simulator:
     def snapshot(self) -> ClusterSnapshot:
         """What the daemon would see now (the observation plus the jobs' own reports)."""
         obs = self.backend.observe()
-        jobs = [(self.jobs[int(jid) - 1], info) for jid, info in obs.jobs.items()]
+        jobs = [(self.jobs[int(jid) - 1], info) for jid, info in obs.jobs.items()
+                if info.user != FOREIGN_USER]   # other users' plain jobs: only Slurm's view
         tables = {} if self.ledger is None else application_tables(
             (j.application_name for j, _ in jobs), self.ledger.corrections)
         views = tuple(self._view(j, info, tables) for j, info in jobs)
@@ -337,7 +352,7 @@ class Simulator:
         while arrivals and arrivals[0][0] <= self.now:
             _, i = heapq.heappop(arrivals)
             self.jobs[i - 1].state = "PENDING"
-            self.jobs[i - 1].held = self.cfg.hold_new_jobs
+            self.jobs[i - 1].held = self.cfg.hold_new_jobs and not self.jobs[i - 1].wj.rigid
             came.append(self.jobs[i - 1])
         self._schedule()
         if self.event_rounds and any(j.state == "PENDING" for j in came):

@@ -153,6 +153,11 @@ def summarize(result: SimResult) -> dict:
     * ``rounds`` -- how many times the policy ran; ``wall_seconds`` -- the simulator's own run
       time (s); ``params`` -- the run's parameters (numpy values converted, tuples as lists).
 
+    * with other users' plain jobs in the workload (:attr:`hpcsched.sim.WorkloadJob.rigid`):
+      ``plain_jobs`` (count), ``plain_avg_wait`` and ``plain_p99_wait`` (s from submission to
+      start, over those that started), and ``elastic_avg_jct``, ``elastic_p99_jct`` (s, over
+      hpcsched's finished jobs); the JCT figures above stay over all jobs.
+
     Figures that are not defined are ``None``: the JCT figures, ``makespan`` and
     ``gpu_utilization`` when no job finished; the per-job means when there are no jobs.
     """
@@ -176,7 +181,7 @@ def summarize(result: SimResult) -> dict:
         "unfinished": len(jobs) - len(finished),
         "avg_jct": _mean(jcts),
         "median_jct": float(np.median(jcts)) if jcts else None,
-        "p99_jct": float(np.percentile(jcts, 99)) if jcts else None,
+        "p99_jct": _p99(jcts),
         "makespan": makespan,
         "gpu_utilization": utilization,
         "gpu_hours_per_job": _mean([float(j.gpu_seconds) / 3600.0 for j in jobs]),
@@ -185,10 +190,26 @@ def summarize(result: SimResult) -> dict:
         "resizes": resizes,
         "flip_flops": flips,
         "flip_flop_fraction": flips / resizes if resizes else None,
+        **_mixed(jobs),
         "rounds": int(result.rounds),
         "wall_seconds": float(result.wall_seconds),
         "params": _jsonable(dict(result.params)),
     }
+
+
+def _p99(values: Sequence[float]) -> float | None:
+    return float(np.percentile(values, 99)) if values else None
+
+
+def _mixed(jobs: Sequence[JobResult]) -> dict:
+    """:func:`summarize`'s figures of a mixed workload (none when no job is rigid)."""
+    plain = [j for j in jobs if j.rigid]
+    if not plain:
+        return {}
+    waits = [float(j.wait) for j in plain if j.wait is not None]
+    elastic = [float(j.jct) for j in jobs if not j.rigid and j.jct is not None]
+    return {"plain_jobs": len(plain), "plain_avg_wait": _mean(waits), "plain_p99_wait": _p99(waits),
+            "elastic_avg_jct": _mean(elastic), "elastic_p99_jct": _p99(elastic)}
 
 
 # --------------------------------------------------------------------------------------------

@@ -422,7 +422,7 @@ class SimJob:
                          start_time=self.start_time, finish_time=self.finish_time,
                          gpu_seconds=self.gpu_seconds, restarts=self.restarts,
                          resizes=self.resizes, requested_gpus=wj.gpus, max_gpus=self.max_gpus,
-                         resize_log=tuple(self.resize_log))
+                         resize_log=tuple(self.resize_log), rigid=wj.rigid)
 
 
 def make_job(job_id: str, wj: WorkloadJob, cfg: SimConfig) -> SimJob:
@@ -438,7 +438,8 @@ def make_job(job_id: str, wj: WorkloadJob, cfg: SimConfig) -> SimJob:
         raise SimulationError(f"job {wj.name}: {exc}") from None
     return SimJob(wj=wj, job_id=job_id, app=app, fixed=fixed, limits=limits, nodes=nodes,
                   cfg=batch_cfg, size=nodes * limits.workers_per_node,
-                  granular=cfg.granularity == "gpu" and fixed is None, work_scale=cfg.work_scale)
+                  granular=cfg.granularity == "gpu" and fixed is None and not wj.rigid,
+                  work_scale=cfg.work_scale)
 
 
 def job_limits(wj: WorkloadJob, cfg: SimConfig) -> tuple[Application | None, FixedWork | None,
@@ -465,6 +466,8 @@ def job_limits(wj: WorkloadJob, cfg: SimConfig) -> tuple[Application | None, Fix
         limits = JobLimits(per_node, nodes, nodes, gbs, gbs, None, gbs, "sqrt")
         return None, fixed, nodes, limits, gbs
     app = application(wj.application)
+    if wj.rigid:
+        return app, None, nodes, *_rigid_limits(wj, app, nodes, per_node)
     base = app.init_batch_size
     lo, hi = min(base, wj.batch_size), max(app.max_batch_size, wj.batch_size)
     max_nodes = max(nodes, min(cfg.nodes, hi // max(1, app.min_local_bsz * per_node)))
@@ -482,3 +485,21 @@ def job_limits(wj: WorkloadJob, cfg: SimConfig) -> tuple[Application | None, Fix
         raise SimulationError(f"job {wj.name}: {exc}") from None
     return app, None, nodes, limits, wj.batch_size
 
+
+def _rigid_limits(wj: WorkloadJob, app: Application, nodes: int, per_node: int
+                  ) -> tuple[JobLimits, int]:
+    """``(limits, batch size)`` of another user's plain job: its submitted nodes and GPUs, and
+    the batch size ``static`` would run its elastic twin at (the nearest that its GPUs divide),
+    from start to end.
+
+    Raises:
+        SimulationError: no batch size fits its GPUs.
+    """
+    lo, hi = min(app.init_batch_size, wj.batch_size), max(app.max_batch_size, wj.batch_size)
+    try:
+        batch = JobLimits(per_node, nodes, nodes, lo, hi, app.max_local_bsz, wj.batch_size,
+                          "sqrt").fit_batch(wj.batch_size, nodes).global_batch_size
+        return JobLimits(per_node, nodes, nodes, batch, batch, app.max_local_bsz, batch,
+                         "sqrt"), batch
+    except (ValueError, BatchSizeError) as exc:
+        raise SimulationError(f"job {wj.name}: {exc}") from None

@@ -231,6 +231,20 @@ def scale_workload(jobs: Sequence[WorkloadJob], scale: float) -> list[WorkloadJo
     return [replace(j, submit_time=j.submit_time * scale) for j in jobs]
 
 
+def make_rigid(jobs: Sequence[WorkloadJob], fraction: float) -> list[WorkloadJob]:
+    """The same ``jobs`` with a ``fraction`` of them made other users' plain jobs
+    (:attr:`~hpcsched.sim.WorkloadJob.rigid`: they run at their submitted size, unmanaged), spread
+    evenly over the submission order: job ``i`` (0-based) is rigid when ``floor((i + 1) x
+    fraction) > floor(i x fraction)``, so 0.3 marks the 3rd, 6th, 10th, 13th... of every 10. No
+    randomness: a mixed run and its all-elastic twin differ only in those jobs. Pure.
+
+    Raises :class:`WorkloadError` for ``fraction`` outside ``[0, 1]``."""
+    if not 0.0 <= fraction <= 1.0:
+        raise WorkloadError(f"rigid fraction must be in [0, 1], got {fraction!r}")
+    return [replace(j, rigid=math.floor((i + 1) * fraction) > math.floor(i * fraction))
+            for i, j in enumerate(jobs)]
+
+
 def load_csv(path: str | os.PathLike) -> list[WorkloadJob]:
     """Read a Pollux or PAL/Blox CSV file (format from its header); jobs sorted by submit time.
 
