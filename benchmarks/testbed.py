@@ -18,6 +18,13 @@ pending while the free GPUs could start them (for longer than two rounds plus Sl
 backfill pass).
 
     .venv/bin/python benchmarks/testbed.py [--workload 3 --offset 3] [--minutes 40] [--out DIR]
+        [--granularity auto|gpu|node] [--rigid-fraction 0.3 --all-elastic DIR/testbed.json]
+
+With ``--rigid-fraction F`` every 1/F-th job is another user's plain ``sbatch`` job of fixed
+size and duration (``hpcsched replay --rigid-fraction``), in both runs; the figures add those
+jobs' average and p99 wait and hpcsched's own jobs' average JCT, and the targets of issue 37
+(their waits with the daemon on at most 1.05 x off; hpcsched's jobs' gain at least 0.80 x the
+all-elastic run's, given by ``--all-elastic``).
 
 It prints real and simulated average and p99 JCT and makespan for each run, the daemon's gain
 over static (real and simulated) and the targets of issue 11, and writes JSON (default
@@ -47,6 +54,8 @@ from hpcsched.slurm import devcluster  # noqa: E402
 from hpcsched.slurm.parse import gpu_count  # noqa: E402
 
 BIN = Path(sys.executable).parent
+#: a mixed run's figures (other users' plain jobs: ``hpcsched replay --rigid-fraction``)
+MIXED = ("plain_jobs", "plain_avg_wait", "plain_p99_wait", "elastic_avg_jct")
 #: a pending job the free GPUs could start is a fault once it waits longer than this (s):
 #: two daemon rounds plus Slurm's backfill interval (30 s, bf_interval's default)
 PENDING_GRACE = 30.0
@@ -121,7 +130,8 @@ def _daemon_config(run_dir: Path, interval: float, granularity: str) -> Path:
     return cfg
 
 
-def replay(run_dir: Path, csv_path: Path, scale: float, env: dict, daemon: bool) -> dict:
+def replay(run_dir: Path, csv_path: Path, scale: float, env: dict, daemon: bool,
+           rigid_fraction: float = 0.0) -> dict:
     """One replay of the workload (with the daemon when ``daemon``); returns its summary and
     the watcher's faults."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -134,7 +144,8 @@ def replay(run_dir: Path, csv_path: Path, scale: float, env: dict, daemon: bool)
     watcher.start()
     try:
         subprocess.run([str(BIN / "hpcsched"), "replay", str(csv_path), "--scale", f"{scale:.6g}",
-                        "--out", str(run_dir / "replay")], env=env, check=True)
+                        "--rigid-fraction", f"{rigid_fraction:g}", "--out", str(run_dir / "replay")],
+                       env=env, check=True)
     finally:
         watcher.stop.set()
         if proc is not None:
@@ -162,13 +173,39 @@ def figures(runs: dict) -> dict:
     for mode, doc in runs.items():
         real, sim = doc["compare"]["runs"]
         out[mode] = {k: {"real": real.get(k), "simulated": sim.get(k)}
-                     for k in ("avg_jct", "p99_jct", "makespan", "finished", "jobs")}
+                     for k in ("avg_jct", "p99_jct", "makespan", "finished", "jobs", *MIXED)
+                     if k in real}
         out[mode]["faults"] = doc["faults"]
     if {"on", "off"} <= set(runs):
         for who in ("real", "simulated"):
             out.setdefault("gain", {})[who] = _gain(out["off"]["avg_jct"][who],
                                                     out["on"]["avg_jct"][who])
+            if "elastic_avg_jct" in out["on"]:   # mixed: the gain of hpcsched's own jobs
+                out.setdefault("elastic_gain", {})[who] = _gain(
+                    out["off"]["elastic_avg_jct"][who], out["on"]["elastic_avg_jct"][who])
     return out
+
+
+def judge_mixed(fig: dict, all_elastic_gain: float | None) -> list[tuple[str, bool, str]]:
+    """Issue 37's targets for a run with other users' plain jobs: their average and p99 wait
+    with the daemon on at most 1.05 x off (real), and hpcsched's jobs' real gain at least 0.80
+    x the all-elastic run's real gain (``all_elastic_gain``, from its testbed.json)."""
+    if "plain_avg_wait" not in fig.get("on", {}) or "off" not in fig:
+        return []
+    checks = []
+    for key, what in (("plain_avg_wait", "average"), ("plain_p99_wait", "p99")):
+        on, off = fig["on"][key]["real"], fig["off"][key]["real"]
+        ok = on is not None and off is not None and on <= 1.05 * off + 1.0   # 1 s: sacct's grain
+        checks.append((f"other users' jobs' {what} wait, daemon on <= 1.05 x off (+1 s)", ok,
+                       f"{on:.0f} vs {off:.0f} s" if on is not None and off is not None
+                       else "missing"))
+    g = fig.get("elastic_gain", {}).get("real")
+    if g is not None and all_elastic_gain:
+        checks.append(("hpcsched's jobs' gain >= 0.80 x the all-elastic gain",
+                       g >= 0.80 * all_elastic_gain,
+                       f"{100 * g:.1f}% vs {100 * all_elastic_gain:.1f}% "
+                       f"({g / all_elastic_gain:.2f} x)"))
+    return checks
 
 
 def judge(fig: dict) -> list[tuple[str, bool, str]]:
@@ -209,6 +246,12 @@ def main() -> None:
                    help="the daemon's [daemon] granularity (auto, the default: gpu, as the "
                         "daemon's own default with grows by extension); replay plans and the "
                         "simulations follow it")
+    p.add_argument("--rigid-fraction", type=float, default=0.0,
+                   help="replay this fraction of the jobs as other users' plain sbatch jobs "
+                        "(hpcsched replay --rigid-fraction)")
+    p.add_argument("--all-elastic", type=Path, default=None,
+                   help="with --rigid-fraction: the all-elastic run's testbed.json, whose real "
+                        "gain hpcsched's jobs' gain is judged against")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "testbed")
     args = p.parse_args()
 
@@ -231,18 +274,23 @@ def main() -> None:
     for mode in args.runs.split(","):
         t0 = time.time()
         run_dir = args.out / mode
-        doc = replay(run_dir, csv_path, scale, env_on, daemon=mode == "on")
+        doc = replay(run_dir, csv_path, scale, env_on, daemon=mode == "on",
+                     rigid_fraction=args.rigid_fraction)
         doc["compare"] = compare(run_dir, "static" if mode == "off" else load_config(on_cfg).policy.name,
                                  env_on)
         doc["wall_seconds"] = time.time() - t0
         runs[mode] = doc
         print(f"{mode}: done in {doc['wall_seconds'] / 60:.1f} min", flush=True)
     fig = figures(runs)
-    _print(fig, judge(fig))
+    all_elastic = (json.loads(args.all_elastic.read_text())["figures"]["gain"]["real"]
+                   if args.all_elastic else None)
+    checks = judge(fig) + judge_mixed(fig, all_elastic)
+    _print(fig, checks)
     write_report(args.out / "testbed.json", "testbed", workload=f"pollux:{args.workload}",
-                 offset=args.offset, granularity=granularity, jobs=len(jobs), scale=scale, interval=args.interval,
+                 offset=args.offset, granularity=granularity, rigid_fraction=args.rigid_fraction,
+                 jobs=len(jobs), scale=scale, interval=args.interval,
                  figures=fig, targets=[{"target": t, "pass": ok, "measured": m}
-                                       for t, ok, m in judge(fig)])
+                                       for t, ok, m in checks])
 
 
 def _print(fig: dict, checks) -> None:
@@ -254,10 +302,21 @@ def _print(fig: dict, checks) -> None:
             row = [fig[mode][k][who] for k in ("avg_jct", "p99_jct", "makespan")]
             print(f"{mode:<5} {who:<10} " + " ".join(f"{v:>9.0f}" if v else f"{'-':>9}"
                                                        for v in row))
-    if "gain" in fig:
-        g = fig["gain"]
-        print(f"daemon's gain in avg JCT: real {100 * (g['real'] or 0):.1f}%, simulated "
-              f"{100 * (g['simulated'] or 0):.1f}%")
+    if "plain_avg_wait" in fig.get("on", {}):
+        print(f"\n{'run':<5} {'':<10} {'plain jobs: avg wait':>21} {'p99 wait':>9} "
+              f"{'elastic avg JCT':>16}")
+        for mode in ("off", "on"):
+            for who in ("real", "simulated"):
+                row = [fig[mode][k][who] for k in ("plain_avg_wait", "plain_p99_wait",
+                                                   "elastic_avg_jct")]
+                print(f"{mode:<5} {who:<10} {row[0] or 0:>21.0f} {row[1] or 0:>9.0f} "
+                      f"{row[2] or 0:>16.0f}")
+    for key, what in (("gain", "daemon's gain in avg JCT"),
+                      ("elastic_gain", "daemon's gain in hpcsched's jobs' avg JCT")):
+        if key in fig:
+            g = fig[key]
+            print(f"{what}: real {100 * (g['real'] or 0):.1f}%, simulated "
+                  f"{100 * (g['simulated'] or 0):.1f}%")
     for target, ok, measured in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {target}: {measured}")
 

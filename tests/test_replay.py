@@ -326,3 +326,38 @@ def test_a_run_cut_short_keeps_its_partial_results(fake_sinfo, workload, tmp_pat
         ("41", "PENDING"), (None, "NOT_SUBMITTED"), (None, "NOT_SUBMITTED")]
     (summary,) = json.loads((out / "summary.json").read_text())["runs"]
     assert (summary["finished"], summary["unfinished"]) == (0, 3)
+
+
+def test_a_mixed_run_reports_other_users_jobs_apart(tmp_path, workload):
+    """With --rigid-fraction: the kept workload marks the plain jobs, the rows and summary
+    carry them, and the comparison simulates them as rigid and shows their wait."""
+    from hpcsched.sim.workload import make_rigid
+
+    jobs = make_rigid(load_csv(workload), 0.5)        # ncf-b is another user's plain job
+    assert [j.rigid for j in jobs] == [False, True, False]
+    path = report.write_workload(tmp_path / "run", jobs)
+    assert load_csv(path) == jobs, "the rigid column reads back"
+    plan = make_plan(jobs, ClusterShape(4, 4, "gpu"), 0.01, script="e.py")
+    tracked = _tracked(workload)
+    for t, p in zip(tracked, plan):
+        t.planned = p
+    tracked[1].record = JobRecord("11", "COMPLETED", START + 2.4, START + 9.0, START + 30.0, 0)
+    rows = report.job_rows(tracked, START)
+    assert [r["rigid"] for r in rows] == [0, 1, 0]
+    meta = {"workload": str(workload), "workload_name": "tiny.csv (0.5 plain)", "scale": 0.01,
+            "seed": 0, "nodes": 4, "gpus_per_node": 4, "partition": "gpu", "start": START,
+            "wall_seconds": 80.0, "workload_file": "workload.csv"}
+    s = report.summarize_real(report.as_result(rows, "tiny.csv", 16, 80.0, {}))
+    assert s["plain_jobs"] == 1 and s["plain_avg_wait"] == pytest.approx(9.0 - 2.4)
+    assert s["elastic_avg_jct"] == pytest.approx((59.6 + 35.8) / 2)
+    report.write_run(tmp_path / "run", meta, rows, s)
+    assert report.read_run(tmp_path / "run")[1] == rows
+    doc = compare.compare_run(tmp_path / "run", compare.Settings(policy="jct", interval=2.0,
+                                                                 granularity="gpu"))
+    real, sim = doc["runs"]
+    assert sim["plain_jobs"] == 1 and sim["plain_avg_wait"] == 0.0   # an empty cluster
+    from rich.console import Console
+
+    console = Console(width=160, record=True)
+    console.print(compare.render(real, sim, doc["jct_ratio"]))
+    assert "other users' jobs: avg wait (s)" in console.export_text()

@@ -116,3 +116,21 @@ def test_a_gpu_granular_plan_gives_the_simulators_gpu_limits(shape, tmp_path, mo
         assert replace(spec.limits, min_gpu_count=None) == replace(
             limits, base_batch_size=batch, min_gpu_count=None)
     assert any(p.limits.min_gpu_count == 1 for p in plan)
+
+
+def test_another_users_plain_job_is_a_sleep_of_its_run_alone(tmp_path):
+    """A rigid job goes to sbatch itself: its submitted nodes x GPUs, held for its scaled run
+    time alone at that size and batch, which the simulator gives its rigid twin."""
+    plain = _job("ncf-3", "ncf", 8, 1024, 40.0, rigid=True)
+    (p,) = make_plan([plain], ClusterShape(4, 4), 0.05, script="e.py", output_dir="/runs/x",
+                     granularity="gpu")
+    assert p.rigid and p.program == "sbatch" and (p.nodes, p.gpus_per_node) == (2, 4)
+    assert p.limits.min_nodes == p.limits.max_nodes == 2
+    assert p.limits.min_batch_size == p.limits.max_batch_size == p.batch_size
+    alone = run_seconds("ncf", p.limits, p.batch_size, 2) * 0.05
+    assert p.argv[-1] == f"--wrap=sleep {alone:.1f}"
+    assert {"-N", "2", "--gres=gpu:4", "--parsable", "--output=/runs/x/slurm-%j.out",
+            f"--time={p.time_limit}"} <= set(p.argv)
+    assert not any(a.startswith("--hpcsched") for a in p.argv)
+    (q,) = make_plan([replace(plain, rigid=False)], ClusterShape(4, 4), 0.05, script="e.py")
+    assert q.program == "hpcsub" and "e.py" in q.argv

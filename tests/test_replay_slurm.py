@@ -1,7 +1,8 @@
 """hpcsched replay on the real dev cluster with the daemon deciding (issue 11's "must show").
 
 A 3-job Pollux-format workload (bert on 1 GPU at batch 48, cifar10 on 1 GPU at 512, bert on 2
-GPUs at 96; arrivals 0, 1000, 2000 s) at scale 0.004: arrivals 0, 4, 8 s, and 58, 37 and 30 s
+GPUs at 96; arrivals 0, 1000, 2000 s) at scale 0.004: arrivals 0, 4, 8 s, plus another user's
+plain ncf job on 1 GPU at 6 s (the workload's ``rigid`` column: submitted with sbatch itself), and 58, 37 and 30 s
 alone at the submitted size as the simulator counts them (a 3 s start included). These jobs
 scale with more nodes: the simulator's jct policy, with the test daemon's settings (2 s rounds,
 min_gain 0.02), grows each of them once, where it grows none of a cifar10/ncf mix on 1-2 GPUs
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from hpcsched.daemon.store import Store
+from hpcsched.protocol.jobdir import JobDir, JobNotFound
 from tests.conftest import cli, start_daemon, stop_daemon
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -39,10 +41,11 @@ def test_replay_with_the_daemon(devcluster, daemon_env, tmp_path):
                    .replace("[daemon]\n", '[daemon]\ngranularity = "node"\n'))
     tag = f"t{os.getpid()}"
     workload = tmp / "tiny.csv"
-    workload.write_text("name,time,application,num_replicas,batch_size\n"
-                        f"{tag}-bert-a,0,bert,1,48\n"
-                        f"{tag}-cifar10-b,1000,cifar10,1,512\n"
-                        f"{tag}-bert-c,2000,bert,2,96\n")
+    workload.write_text("name,time,application,num_replicas,batch_size,rigid\n"
+                        f"{tag}-bert-a,0,bert,1,48,0\n"
+                        f"{tag}-cifar10-b,1000,cifar10,1,512,0\n"
+                        f"{tag}-ncf-p,1500,ncf,1,256,1\n"      # another user's plain job
+                        f"{tag}-bert-c,2000,bert,2,96,0\n")
     out = tmp / "run"
     proc = start_daemon(tmp)
     try:
@@ -50,7 +53,7 @@ def test_replay_with_the_daemon(devcluster, daemon_env, tmp_path):
                 "--poll", "2", "--compare", check=False, timeout=540, cwd=tmp)
     finally:
         stop_daemon(proc)
-        for name in ("bert-a", "cifar10-b", "bert-c"):   # whatever happened: no job left
+        for name in ("bert-a", "cifar10-b", "ncf-p", "bert-c"):   # whatever happened: none left
             subprocess.run(["scancel", f"--name=replay-{tag}-{name}"], capture_output=True,
                            timeout=30)
     log = (tmp / "daemon.log").read_text()
@@ -59,15 +62,21 @@ def test_replay_with_the_daemon(devcluster, daemon_env, tmp_path):
     with (out / "jobs.csv").open() as f:
         rows = list(csv.DictReader(f))
     outputs = {row["job_id"]: out / f"slurm-{row['job_id']}.out" for row in rows}
-    assert [row["final_state"] for row in rows] == ["COMPLETED"] * 3, (rows, log[-3000:], {
+    assert [row["final_state"] for row in rows] == ["COMPLETED"] * 4, (rows, log[-3000:], {
         j: p.read_text()[-3000:] for j, p in outputs.items() if p.exists()})
     assert all(float(row["jct"]) > 0 and row["job_id"] for row in rows), rows
     (summary,) = json.loads((out / "summary.json").read_text())["runs"]
-    assert (summary["jobs"], summary["finished"], summary["unfinished"]) == (3, 3, 0)
+    assert (summary["jobs"], summary["finished"], summary["unfinished"]) == (4, 4, 0)
     assert summary["avg_jct"] > 0 and summary["makespan"] >= max(float(r["jct"]) for r in rows)
+    # the plain job went to sbatch itself: no hpcsched job directory, never resized
+    plain = next(row for row in rows if row["rigid"] == "1")
+    assert summary["plain_jobs"] == 1 and plain["name"].endswith("ncf-p")
+    with pytest.raises(JobNotFound):
+        JobDir.for_job(plain["job_id"])
 
-    ids = [row["job_id"] for row in rows]
+    ids = [row["job_id"] for row in rows if row["rigid"] == "0"]
     store = Store(f"sqlite:///{db}")
+    assert not store.actions(plain["job_id"]), "another user's job is never touched"
     resized = [a for j in ids for a in store.actions(j)
                if a.status == "running" and a.to_nodes != a.from_nodes]
     assert resized, ([(a.job_id, a.kind, a.from_nodes, a.to_nodes, a.status)

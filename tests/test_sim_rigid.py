@@ -98,3 +98,15 @@ def test_simulate_rigid_fraction(tmp_path):
     r = CliRunner().invoke(simulate_command, ["-w", "pollux:1", "-p", "static",
                                               "--rigid-fraction", "2"])
     assert r.exit_code == 2 and "rigid-fraction" in r.output
+
+
+def test_a_traces_rigid_column(tmp_path):
+    from hpcsched.sim.workload import load_csv
+
+    p = tmp_path / "w.csv"
+    p.write_text("name,time,application,num_replicas,batch_size,rigid\n"
+                 "a,0,cifar10,1,128,0\nb,5,ncf,2,256,1\nc,9,ncf,1,256,true\n")
+    assert [j.rigid for j in load_csv(p)] == [False, True, True]
+    p.write_text("name,time,application,num_replicas,batch_size,rigid\na,0,cifar10,1,128,yes\n")
+    with pytest.raises(WorkloadError, match=r"w.csv:2: rigid must be 0 or 1, got 'yes'"):
+        load_csv(p)

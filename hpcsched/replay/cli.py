@@ -63,7 +63,8 @@ def _plan_table(plan):
         t.add_column(col, justify="left" if col in ("NAME", "APP") else "right", no_wrap=True)
     for p in plan:
         lim = p.limits
-        t.add_row(str(p.index), p.name, p.application, f"{p.submit_at:.1f}",
+        t.add_row(str(p.index), p.name + (" (plain)" if p.rigid else ""), p.application,
+                  f"{p.submit_at:.1f}",
                   f"{p.nodes}x{p.gpus_per_node}",
                   str(p.batch_size), f"{lim.min_batch_size}-{lim.max_batch_size}",
                   str(lim.max_nodes), f"{p.time_limit} min", str(p.seed))
@@ -154,13 +155,16 @@ def _compare(out: Path, policy: str | None, restart_cost: float | None, console)
 
 
 def _plan(workload: str, scale: float, seed: int, partition: str | None, script: str,
-          out: Path | None):
+          out: Path | None, rigid_fraction: float = 0.0):
     """``(workload name, jobs, shape, plan)``; Slurm is asked for the cluster's shape."""
     from hpcsched.replay.plan import check_emulatable, make_plan
     from hpcsched.replay.slurmread import read_cluster_shape
-    from hpcsched.sim.workload import load_workload
+    from hpcsched.sim.workload import load_workload, make_rigid
 
     name, jobs = load_workload(workload, seed=seed)
+    if rigid_fraction:
+        jobs = make_rigid(jobs, rigid_fraction)
+        name += f" ({rigid_fraction:g} plain)"
     check_emulatable(jobs)   # before Slurm is asked anything
     shape = read_cluster_shape(partition)
     plan = make_plan(jobs, shape, scale, script=script, seed=seed,
@@ -193,11 +197,18 @@ def _plan(workload: str, scale: float, seed: int, partition: str | None, script:
               "jobscripts/examples/emulated.py).")
 @click.option("--poll", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
               help="Seconds between polls of squeue.")
+@click.option("--rigid-fraction", type=click.FloatRange(min=0, max=1), default=0.0,
+              show_default=True,
+              help="Submit this fraction of the jobs (every 1/F-th) as other users' plain "
+                   "sbatch jobs: their GPUs for their run time alone at their submitted size "
+                   "(a sleep), hpcsched not involved; the summary adds their wait "
+                   "(as simulate --rigid-fraction).")
 @click.option("--dry-run", is_flag=True, help="Print the plan; submit nothing.")
 def replay_command(workload, scale, out_dir, compare, policy, restart_cost, from_dir, seed,
-                   partition, script, poll, dry_run):
+                   partition, script, poll, rigid_fraction, dry_run):
     """Submit WORKLOAD's jobs to Slurm with hpcsub at their arrival times, as the emulated
-    application, wait for them, and report their JCTs (docs/replay.md).
+    application (other users' plain jobs with sbatch, --rigid-fraction), wait for them, and
+    report their JCTs (docs/replay.md).
 
     \b
     Examples:
@@ -226,7 +237,8 @@ def replay_command(workload, scale, out_dir, compare, policy, restart_cost, from
     partition = partition or _default_partition()
     out = Path(out_dir or f"replay-{_safe(workload)}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     try:
-        name, jobs, shape, plan = _plan(workload, scale, seed, partition, script, out)
+        name, jobs, shape, plan = _plan(workload, scale, seed, partition, script, out,
+                                        rigid_fraction)
         if dry_run:
             Console().print(_plan_table(plan))
             click.echo(f"{len(plan)} jobs on {shape.nodes} x {shape.gpus_per_node} GPUs"

@@ -191,7 +191,8 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 def render(real: dict, sim: dict, ratios: dict) -> Table:
     """A rich table: one row per figure (finished jobs, average, median and p99 JCT, makespan,
-    in seconds), columns real, simulated and real / simulated; then the per-job JCT ratios."""
+    in seconds; with other users' plain jobs, their average and p99 wait and hpcsched's jobs'
+    average JCT), columns real, simulated and real / simulated; then the per-job JCT ratios."""
     from rich.table import Table
 
     t = Table(title=f"real vs {sim.get('policy')}", box=None, header_style="bold")
@@ -199,8 +200,11 @@ def render(real: dict, sim: dict, ratios: dict) -> Table:
         t.add_column(col, justify="right" if col else "left")
     t.add_row("jobs finished", f"{real['finished']}/{real['jobs']}",
               f"{sim['finished']}/{sim['jobs']}", "")
+    mixed = (("plain_avg_wait", "other users' jobs: avg wait (s)"),
+             ("plain_p99_wait", "other users' jobs: p99 wait (s)"),
+             ("elastic_avg_jct", "hpcsched's jobs: avg JCT (s)")) if "plain_jobs" in real else ()
     for key, label in (("avg_jct", "avg JCT (s)"), ("median_jct", "median JCT (s)"),
-                       ("p99_jct", "p99 JCT (s)"), ("makespan", "makespan (s)")):
+                       ("p99_jct", "p99 JCT (s)"), ("makespan", "makespan (s)"), *mixed):
         t.add_row(label, _s(real.get(key)), _s(sim.get(key)), _ratio(real.get(key), sim.get(key)))
     if ratios["jobs"]:
         t.add_row(f"per-job JCT ratio ({ratios['jobs']} jobs)",

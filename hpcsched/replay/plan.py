@@ -18,6 +18,12 @@ GPU-variability class), ``--scale`` (its work x scale, ``SimConfig.work_scale``)
 per-job seed (the replay's seed + the job's index). Its ``--time`` is twice its scaled run time
 alone at the slowest node count its limits allow (at its starting batch), plus 10 minutes.
 
+Another user's plain job (:attr:`~hpcsched.sim.WorkloadJob.rigid`, ``hpcsched replay
+--rigid-fraction``) is submitted with ``sbatch`` itself, hpcsched not involved: its submitted
+nodes x GPUs, held by a ``sleep`` of its scaled run time alone at that size and batch (Pollux's
+physics, as the simulator runs it), so the real run and its simulation give it the same fixed
+size and duration.
+
 Units: seconds, GPUs, samples; ``--time`` in minutes.
 """
 
@@ -63,7 +69,9 @@ class PlannedJob:
         gpus, nodes, gpus_per_node: what the job asks for (``gpus = nodes x gpus_per_node``).
         batch_size: the global batch it starts with (samples); ``limits`` its resize limits.
         seed: the emulated application's seed; ``time_limit`` Slurm's ``--time`` in minutes.
-        argv: the ``hpcsub`` arguments (without ``hpcsub`` itself).
+        argv: the ``hpcsub`` arguments (without ``hpcsub`` itself); for a ``rigid`` job (another
+            user's plain job), ``sbatch``'s: it holds its GPUs for its run time alone at its
+            submitted size and batch (:func:`plain_argv`), as the simulator's rigid job.
     """
 
     index: int
@@ -79,6 +87,12 @@ class PlannedJob:
     seed: int
     time_limit: int
     argv: tuple[str, ...]
+    rigid: bool = False
+
+    @property
+    def program(self) -> str:
+        """What submits it: ``hpcsub``, or ``sbatch`` for another user's plain job."""
+        return "sbatch" if self.rigid else "hpcsub"
 
 
 def check_emulatable(jobs: Sequence[WorkloadJob]) -> None:
@@ -153,6 +167,20 @@ def hpcsub_argv(pj_limits: JobLimits, nodes: int, batch_size: int, *, job_name: 
     return tuple(argv)
 
 
+def plain_argv(nodes: int, gpus_per_node: int, seconds: float, *, job_name: str,
+               time_limit: int, partition: str | None = None,
+               output_dir: str | None = None) -> tuple[str, ...]:
+    """The ``sbatch`` arguments of another user's plain job: ``nodes`` x ``gpus_per_node`` GPUs
+    held for ``seconds`` (a ``sleep``: its fixed duration), ``--parsable``."""
+    argv = ["--parsable", f"--job-name={job_name}", "-N", str(nodes),
+            f"--gres=gpu:{gpus_per_node}", f"--time={time_limit}"]
+    if partition:
+        argv.append(f"--partition={partition}")
+    if output_dir:
+        argv.append(f"--output={Path(output_dir) / 'slurm-%j.out'}")
+    return (*argv, f"--wrap=sleep {seconds:.1f}")
+
+
 def make_plan(jobs: Sequence[WorkloadJob], shape: ClusterShape, scale: float, *, script: str,
               seed: int = 0, output_dir: str | None = None,
               granularity: str = "node") -> list[PlannedJob]:
@@ -180,12 +208,17 @@ def make_plan(jobs: Sequence[WorkloadJob], shape: ClusterShape, scale: float, *,
                       for n in range(limits.min_nodes, limits.max_nodes + 1))
         minutes = time_limit_minutes(slowest, scale)
         name = slurm_job_name(wj.name)
-        argv = hpcsub_argv(limits, nodes, batch, job_name=name, time_limit=minutes,
-                           script=script, application=wj.application, scale=scale,
-                           seed=seed + i, partition=shape.partition, output_dir=output_dir)
+        if wj.rigid:
+            argv = plain_argv(nodes, limits.workers_per_node, slowest * scale, job_name=name,
+                              time_limit=minutes, partition=shape.partition,
+                              output_dir=output_dir)
+        else:
+            argv = hpcsub_argv(limits, nodes, batch, job_name=name, time_limit=minutes,
+                               script=script, application=wj.application, scale=scale,
+                               seed=seed + i, partition=shape.partition, output_dir=output_dir)
         plan.append(PlannedJob(
             index=i, name=wj.name, job_name=name, application=wj.application,
             submit_at=wj.submit_time * scale, gpus=nodes * limits.workers_per_node, nodes=nodes,
             gpus_per_node=limits.workers_per_node, batch_size=batch, limits=limits,
-            seed=seed + i, time_limit=minutes, argv=argv))
+            seed=seed + i, time_limit=minutes, argv=argv, rigid=wj.rigid))
     return plan

@@ -29,7 +29,7 @@ from hpcsched.sim import JobResult, SimResult
 
 #: the per-job CSV's columns, in order
 CSV_COLUMNS = ("name", "application", "job_id", "planned_submit", "submit_time", "start_time",
-               "end_time", "jct", "gpus", "final_state", "requeues", "startup")
+               "end_time", "jct", "gpus", "final_state", "requeues", "startup", "rigid")
 #: summary keys a replay does not measure (None in its summary)
 NOT_MEASURED = ("gpu_utilization", "gpu_hours_per_job", "resizes_per_job", "resizes",
                 "flip_flops", "flip_flop_fraction", "rounds")
@@ -81,7 +81,7 @@ def job_rows(tracked: Sequence[Tracked], start: float,
                      "start_time": _rel(rec.start, start) if rec else None, "end_time": end,
                      "jct": end - submit if done else None, "gpus": p.gpus,
                      "final_state": t.state, "requeues": rec.requeues if rec else 0,
-                     "startup": startups.get(t.job_id)})
+                     "startup": startups.get(t.job_id), "rigid": int(p.rigid)})
     return rows
 
 
@@ -96,7 +96,8 @@ def as_result(rows: Sequence[dict[str, Any]], workload: str, total_gpus: int,
         jobs.append(JobResult(name=r["name"], application=r["application"], submit_time=submit,
                               start_time=r["start_time"], finish_time=finish, gpu_seconds=0.0,
                               restarts=int(r["requeues"] or 0), resizes=0,
-                              requested_gpus=int(r["gpus"]), max_gpus=int(r["gpus"])))
+                              requested_gpus=int(r["gpus"]), max_gpus=int(r["gpus"]),
+                              rigid=bool(r.get("rigid"))))
     return SimResult(policy=REAL, workload=workload, jobs=tuple(jobs), utilization=(),
                      total_gpus=total_gpus, rounds=0, wall_seconds=wall_seconds, params=params)
 
@@ -137,16 +138,17 @@ def write_workload(out: Path, jobs: Sequence) -> Path:
     """The workload jobs (:class:`~hpcsched.sim.WorkloadJob`, Pollux applications' convergence
     jobs) as a Pollux-format CSV ``out/workload.csv``, unscaled, so that a comparison
     simulates exactly what was replayed (a ``store`` or ``philly`` spec read later could give
-    other jobs). Returns the path."""
+    other jobs); its ``rigid`` column marks other users' plain jobs. Returns the path."""
     from hpcsched.sim.workload import POLLUX_COLUMNS
 
     out.mkdir(parents=True, exist_ok=True)
     path = out / WORKLOAD_FILE
     with path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(POLLUX_COLUMNS)
+        w.writerow((*POLLUX_COLUMNS, "rigid"))
         for j in jobs:
-            w.writerow([j.name, repr(float(j.submit_time)), j.application, j.gpus, j.batch_size])
+            w.writerow([j.name, repr(float(j.submit_time)), j.application, j.gpus, j.batch_size,
+                        int(j.rigid)])
     return path
 
 
@@ -177,7 +179,8 @@ def read_run(out: Path) -> tuple[dict, list[dict[str, Any]]]:
                                                     "jct")},
                          "gpus": int(r["gpus"]), "final_state": r["final_state"],
                          "requeues": _num(r["requeues"], int) or 0,
-                         "startup": _num(r.get("startup") or "")})
+                         "startup": _num(r.get("startup") or ""),
+                         "rigid": _num(r.get("rigid") or "0", int)})
         except (KeyError, ValueError) as exc:
             raise ReplayError(f"{out / 'jobs.csv'}: bad row {r!r:.120} ({exc})") from None
     return meta, rows

@@ -37,7 +37,8 @@ class Refused(Exception):
 
 def submit(hpcsub: str, argv: Sequence[str], cwd: str | None = None,
            timeout: float = SUBMIT_TIMEOUT) -> str:
-    """Run ``hpcsub ARGV`` (whose sbatch options include ``--parsable``); returns the job id.
+    """Run ``hpcsub ARGV`` (whose sbatch options include ``--parsable``; or ``sbatch ARGV``, a
+    plain job's); returns the job id.
 
     Raises:
         Refused: non-zero exit, a timeout, or an answer that is not a job id (the message says
@@ -47,7 +48,7 @@ def submit(hpcsub: str, argv: Sequence[str], cwd: str | None = None,
         proc = subprocess.run([hpcsub, *argv], capture_output=True, text=True, timeout=timeout,
                               cwd=cwd, check=False)
     except subprocess.TimeoutExpired:
-        raise Refused(f"hpcsub did not answer within {timeout:g} s") from None
+        raise Refused(f"{Path(hpcsub).name} did not answer within {timeout:g} s") from None
     except OSError as exc:
         raise Refused(f"cannot run {hpcsub}: {exc.strerror}") from None
     out = proc.stdout.strip().split(";")[0]

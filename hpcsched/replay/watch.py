@@ -94,7 +94,8 @@ def counts(tracked: Sequence[Tracked]) -> dict[str, int]:
 
 @dataclass
 class Replay:
-    """Submit ``plan`` with ``hpcsub`` and follow it to the end (:meth:`run`).
+    """Submit ``plan`` with ``hpcsub`` (other users' plain jobs with ``sbatch``) and follow it to
+    the end (:meth:`run`).
 
     ``submit_fn``, ``poll_fn``, ``sacct_fn``, ``clock`` and ``sleep`` are Slurm and time (fakes
     in unit tests); ``on_update(tracked)`` is called after every poll, ``on_refused(tracked)``
@@ -103,6 +104,7 @@ class Replay:
 
     plan: Sequence[PlannedJob]
     hpcsub: str
+    sbatch: str = "sbatch"   # other users' plain jobs (PlannedJob.rigid)
     cwd: str | None = None
     poll_interval: float = POLL_INTERVAL
     max_outage: float = MAX_OUTAGE
@@ -162,7 +164,8 @@ class Replay:
 
     def _submit(self, t: Tracked) -> None:
         try:
-            t.job_id = self.submit_fn(self.hpcsub, t.planned.argv, cwd=self.cwd)
+            t.job_id = self.submit_fn(self.hpcsub if not t.planned.rigid else self.sbatch,
+                                      t.planned.argv, cwd=self.cwd)
             t.submitted_at = self.clock()
         except Refused as exc:
             t.refused = str(exc)

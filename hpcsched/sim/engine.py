@@ -178,7 +178,9 @@ class Simulator:
         j.req_nodes = ()
         j.state = "RUNNING"
         j.updated = self.now
-        j.blocked_until = self.now + self.cfg.restart_cost_for(j.wj.application)
+        # a plain job's duration is its run alone: no start cost of hpcsched's model on top
+        j.blocked_until = self.now + (0.0 if j.wj.rigid else
+                                      self.cfg.restart_cost_for(j.wj.application))
         if j.start_time is None:
             j.start_time = self.now
         j.max_gpus = max(j.max_gpus, j.n_gpus)

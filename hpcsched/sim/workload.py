@@ -34,6 +34,8 @@ branch ``osdi21-artifact``, ``simulator/workloads*/``): ``time`` is the submit t
 ``num_replicas`` and ``batch_size`` the hand-tuned fixed size ("TunedJobs"). Each row becomes
 ``WorkloadJob(name, submit_time=time, application, gpus=num_replicas, batch_size,
 app_class=POLLUX_APP_CLASS[application])``: a convergence job (``iterations`` is ``None``).
+An optional ``rigid`` column (0 or 1) marks other users' plain jobs
+(:attr:`~hpcsched.sim.WorkloadJob.rigid`; what ``hpcsched replay --rigid-fraction`` writes).
 
 PAL/Blox format
 ---------------
@@ -391,8 +393,16 @@ def _pollux_rows(where: str, names: Sequence[str], rows) -> list[WorkloadJob]:
             name=name, submit_time=_time(at, "time", r["time"]), application=app,
             gpus=_positive_int(at, "num_replicas", r["num_replicas"]),
             batch_size=_positive_int(at, "batch_size", r["batch_size"], *_batch_limit(app)),
-            app_class=POLLUX_APP_CLASS[app]))
+            app_class=POLLUX_APP_CLASS[app], rigid=_flag(at, "rigid", r.get("rigid") or "0")))
     return jobs
+
+
+def _flag(at: str, column: str, text: str) -> bool:
+    """A 0/1 column (``true``/``false`` also)."""
+    value = text.strip().lower()
+    if value not in ("0", "1", "true", "false"):
+        raise WorkloadError(f"{at}: {column} must be 0 or 1, got {text!r}")
+    return value in ("1", "true")
 
 
 _PAL_BY_LOWER = {k.lower(): k for k in PAL_MODELS}
