@@ -80,7 +80,7 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
         grown = [x for x in store.actions(b) if x.kind == grow and x.status == "running"]
         assert grown and sum(int(p.split(":")[1]) for p in grown[0].placement) > 2, \
             (acts, log[-4000:])
-        assert grown[0].reason.endswith("[by extend]"), grown[0].reason
+        assert grown[0].mechanism == "extend", (grown[0].mechanism, grown[0].reason)
     assert ("batch", 1, 1, 32, 128, "running") in acts[c], (acts, log[-4000:])
     for x in store.actions():
         assert x.reason.startswith(prefix) and "samples/s" in x.reason, x.reason

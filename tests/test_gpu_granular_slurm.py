@@ -75,8 +75,8 @@ def test_4_plus_2_gpus_beside_a_foreign_job_then_a_release(daemon_env, blocker, 
     for j in (a, b):
         assert infos[j].state == "COMPLETED", (tmp_path / f"slurm-{j}.out").read_text()[-2000:]
     acts = [x for x in store.actions(a) if x.kind == "reform" and x.status == "running"]
-    assert [x.reason.rsplit("[", 1)[-1] for x in reversed(acts)][:2] == ["by extend]", "by release]"], \
-        [x.reason for x in acts]
+    assert [x.mechanism for x in reversed(acts)][:2] == ["extend", "release"], \
+        [(x.mechanism, x.reason) for x in acts]
     assert not [x for x in store.actions(a) if x.kind in ("grow", "shrink", "preempt")], \
         _layouts(store, a)
     # the primary's workers ran throughout: one process per rank file, no second launch

@@ -117,9 +117,9 @@ def test_the_daemon_sees_a_primary_plus_extensions_gpu_by_gpu():
 
 
 @pytest.mark.parametrize(("reason", "shown"), [
-    ("jct: 4 GPU(s); goodput 3014 -> 2022 samples/s predicted [by release]", " by release"),
-    ("jct: 6 GPU(s) [by shrink-primary]", " by shrink-primary"),
-    ("dp: predicted 2 -> 3 samples/s", ""), ("odd [bracket]", "")])
-def test_status_names_the_mechanism_of_a_change(reason, shown):
-    from hpcsched.daemon.status import _by
-    assert _by(reason) == shown
+    ("jct: 4 GPU(s); goodput 3014 -> 2022 samples/s predicted [by release]", "release"),
+    ("jct: 6 GPU(s) [by shrink-primary]", "shrink-primary"),
+    ("dp: predicted 2 -> 3 samples/s", None), ("odd [bracket]", None)])
+def test_status_reads_the_mechanism_of_a_change_journaled_before_its_column(reason, shown):
+    from hpcsched.daemon.status import _suffix_mechanism
+    assert _suffix_mechanism(reason) == shown

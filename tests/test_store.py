@@ -25,7 +25,7 @@ TABLES = {
                "slurm_calls", "policy_seconds", "error", "dry_run"},
     "actions": {"id", "round_id", "job_id", "kind", "generation", "from_nodes", "to_nodes",
                 "from_batch_size", "to_batch_size", "reason", "phase", "error", "created_at",
-                "updated_at", "restarts_at_plan", "history", "placement"},
+                "updated_at", "restarts_at_plan", "history", "placement", "mechanism"},
     "ingest_offsets": {"path", "offset", "updated_at"},
     "gpu_probes": {"id", "time", "node", "gpu_index", "gpu_uuid", "model", "kind", "score", "unit",
                    "seconds", "job_id"},
@@ -36,7 +36,7 @@ JOB = dict(job_uid="uid-1", user="alice", script="train.py", workers_per_node=4,
            lr_scaling="linear", spec_json='{"x": 1}', state="RUNNING")
 
 
-HEAD = "0005"
+HEAD = "0006"
 
 
 def _url(path) -> str:
@@ -452,6 +452,17 @@ def test_planned_action_is_durable_before_plan_returns(db, tmp_path):
         assert [x.id for x in other.open_actions()] == [a]
     finally:
         other.close()
+
+
+def test_a_gpu_granular_change_keeps_its_mechanism_and_layout(db):
+    from hpcsched.policies.realise import Mechanism
+
+    _job(db)
+    a = _plan(db, kind="reform", placement=("n1:4", "n2:2"), mechanism=Mechanism.EXTEND)
+    b = _plan(db, kind="batch", generation=2)
+    rows = {x.id: x for x in db.actions("1")}
+    assert (rows[a].mechanism, rows[a].placement) == ("extend", ("n1:4", "n2:2"))
+    assert rows[b].mechanism is None, "node granularity: none"
 
 
 # -- ingest ------------------------------------------------------------------------------------

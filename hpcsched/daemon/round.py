@@ -322,23 +322,22 @@ class Daemon:
         kind = ChangeKind(c.kind)
         nodes = c.from_nodes if kind == ChangeKind.PREEMPT else c.to_nodes
         placement = tuple(c.placement)
-        reason = c.reason
         if c.mechanism is not None:   # GPU-granular: the mechanism reconcile priced it by
             kind, nodes, placement = realised_action(c, spec.workers_per_node)
-            reason = f"{c.reason} [by {c.mechanism}]"
         elif (layout := self._by_extension(c, jd, spec, info)) is not None:
             kind, placement = ChangeKind.REFORM, tuple(f"{n}:{g}" for n, g in layout.items())
         rid = rep.round_id
         rep.kinds[c.job_id] = str(kind)   # the journal's kind (a grow by extension: reform)
         action = Action(c.job_id, kind, cur.generation + 1, nodes,
-                        c.to_batch_size, info.restarts, reason, f"hpcsched daemon (round {rid})",
+                        c.to_batch_size, info.restarts, c.reason, f"hpcsched daemon (round {rid})",
                         placement)
         created = time.time()
         aid = self.store.plan_action(
             round_id=rid, job_id=c.job_id, kind=action.kind, generation=action.generation,
             from_nodes=c.from_nodes, to_nodes=c.to_nodes, from_batch_size=c.from_batch_size,
-            to_batch_size=c.to_batch_size, reason=reason, restarts_at_plan=info.restarts,
-            placement=action.placement, created_at=created)
+            to_batch_size=c.to_batch_size, reason=c.reason, restarts_at_plan=info.restarts,
+            placement=action.placement, created_at=created,
+            mechanism=str(c.mechanism) if c.mechanism is not None else None)
         self._stepped.add(aid)
         return self._drive(aid, action, History.begin(created), jd, spec, info)
 

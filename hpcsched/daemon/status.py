@@ -100,7 +100,8 @@ def _decisions(store, job_id: str, limit: int) -> list[dict]:
              "from_nodes": a.from_nodes, "to_nodes": a.to_nodes,
              "from_batch_size": a.from_batch_size, "to_batch_size": a.to_batch_size,
              "status": a.status, "reason": a.reason, "error": a.error,
-             "layout": ",".join(a.placement) if any(":" in p for p in a.placement) else ""}
+             "layout": ",".join(a.placement) if any(":" in p for p in a.placement) else "",
+             "mechanism": a.mechanism or _suffix_mechanism(a.reason)}
             for a in store.actions(job_id, limit=limit)]
 
 
@@ -465,12 +466,12 @@ def _last_decision(r: JobStatus) -> str:
     return r.last_reason or "-"
 
 
-def _by(reason: str) -> str:
-    """`` by <mechanism>`` of a GPU-granular change, from its journaled reason's ``[by ...]``
-    suffix (``hpcsched.daemon.round``; ``hpcsched.policies.realise``), else ``""``."""
+def _suffix_mechanism(reason: str) -> str | None:
+    """The mechanism of a change journaled before ``actions.mechanism`` existed (migration
+    0006), from its reason's ``[by <mechanism>]`` suffix; else None."""
     if reason.endswith("]") and " [by " in reason:
-        return " " + reason[reason.rindex(" [by ") + 2:-1]
-    return ""
+        return reason[reason.rindex(" [by ") + 5:-1]
+    return None
 
 
 def _print_detail(console, r: JobStatus) -> None:
@@ -482,7 +483,8 @@ def _print_detail(console, r: JobStatus) -> None:
             t.add_column(col)
         for d in r.decisions:
             t.add_row(time.strftime("%H:%M:%S", time.localtime(d["time"])), str(d["round"] or "-"),
-                      f"{d['kind']}{_by(d['reason'])}: {d['from_nodes']}->{d['to_nodes']} node(s)"
+                      f"{d['kind']}{' by ' + d['mechanism'] if d['mechanism'] else ''}: "
+                      f"{d['from_nodes']}->{d['to_nodes']} node(s)"
                       + (f" ({d['layout']})" if d.get("layout") else "")
                       + f", batch {d['from_batch_size']}->{d['to_batch_size']}",
                       d["status"] + (f" ({d['error']})" if d["error"] else ""), d["reason"])

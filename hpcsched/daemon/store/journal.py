@@ -41,7 +41,9 @@ class JournalMixin:
         control generation the action writes), ``from_nodes``, ``to_nodes``,
         ``from_batch_size``, ``to_batch_size`` (samples); optional ``round_id``, ``reason``,
         ``restarts_at_plan`` (the job's Slurm restart count now, default 0), ``placement``
-        (node names to start on), ``created_at`` (Unix s, default now).
+        (node names to start on, or a layout's ``node:gpus``), ``mechanism`` (a GPU-granular
+        change's, :class:`hpcsched.policies.realise.Mechanism`), ``created_at`` (Unix s,
+        default now).
         The row is committed when this returns: act only after that.
 
         Raises:
@@ -56,6 +58,8 @@ class JournalMixin:
                              f"got {fields['kind']!r}")
         fields = {"reason": "", "restarts_at_plan": 0, "created_at": time.time(), **fields}
         fields["kind"] = str(fields["kind"])
+        if fields.get("mechanism") is not None:
+            fields["mechanism"] = str(fields["mechanism"])
         fields["placement"] = ",".join(fields.get("placement") or ())
         fields["updated_at"] = fields["created_at"]
         history = [[ResizePhase.REQUESTED.value, fields["created_at"]]]

@@ -103,7 +103,10 @@ class ActionRow:
     """A journal entry. Sizes in nodes, batch sizes in samples, times in Unix seconds.
 
     ``phase``: :class:`~hpcsched.daemon.phases.ResizePhase` value; ``history``: ``((phase,
-    time), ...)`` oldest first; ``placement``: nodes to start on (empty: Slurm chooses).
+    time), ...)`` oldest first; ``placement``: nodes to start on (empty: Slurm chooses), or
+    ``node:gpus`` entries, a GPU-granular change's layout; ``mechanism``: how a GPU-granular
+    change is carried out (:class:`hpcsched.policies.realise.Mechanism`'s value; None at node
+    granularity).
     """
 
     id: int
@@ -123,6 +126,7 @@ class ActionRow:
     restarts_at_plan: int
     placement: tuple[str, ...] = ()
     history: tuple[tuple[str, float], ...] = ()
+    mechanism: str | None = None
 
     @property
     def status(self) -> str:

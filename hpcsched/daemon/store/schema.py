@@ -183,7 +183,9 @@ class Action(Base):
 
     ``phase`` is the resize's :class:`~hpcsched.daemon.phases.ResizePhase`; ``history`` the
     JSON list ``[[phase, unix_time], ...]`` of every phase entered, oldest first;
-    ``placement`` the comma-separated nodes to start on ("" lets Slurm choose).
+    ``placement`` the comma-separated nodes to start on ("" lets Slurm choose), or for a
+    GPU-granular change its layout (``n1:4,n2:2``); ``mechanism`` how a GPU-granular change is
+    carried out (:class:`hpcsched.policies.realise.Mechanism`'s value; null at node granularity).
     """
 
     __tablename__ = "actions"
@@ -210,6 +212,7 @@ class Action(Base):
     restarts_at_plan: Mapped[int] = mapped_column(Integer, default=0)
     history: Mapped[str] = mapped_column(Text, default="[]", server_default="[]")
     placement: Mapped[str] = mapped_column(Text, default="", server_default="")
+    mechanism: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
 
 class IngestOffset(Base):
