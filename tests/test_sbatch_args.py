@@ -162,12 +162,14 @@ class TestSplitArgv:
             split("-J", ":")
 
     @pytest.mark.parametrize("argv, message", [
-        (["--bogus", "train.py"], "unknown sbatch option --bogus"),
-        (["--bogus=1", "train.py"], "unknown sbatch option --bogus"),
         (["-Z", "train.py"], "unknown sbatch option -Z"),
         (["-QZ", "train.py"], "unknown sbatch option -Z"),
-        (["--=x", "train.py"], "unknown sbatch option --"),
-        (["--hpcsched", "train.py"], "unknown sbatch option --hpcsched"),
+        (["--=x", "train.py"], "an option with no name after '--'"),
+        (["--hpcsched", "train.py"], "unknown option --hpcsched (hpcsched's own options are "
+                                     "spelled --hpcsched-NAME; see hpcsub --help)"),
+        (["--hpcsched_max_nodes=2", "train.py"], "unknown option --hpcsched_max_nodes (hpcsched's "
+                                                 "own options are spelled --hpcsched-NAME; see "
+                                                 "hpcsub --help)"),
         (["--parsable=1", "train.py"], "sbatch option --parsable takes no value"),
         (["--pars=1", "train.py"], "sbatch option --parsable takes no value"),
         (["-N"], "sbatch option -N needs a value"),
@@ -178,6 +180,62 @@ class TestSplitArgv:
     def test_errors(self, argv, message):
         with pytest.raises(UsageError, match=f"^{re.escape(message)}$"):
             split(*argv)
+
+
+class TestUnknownOptionsPassThrough:
+    """Long options not in sbatch 22.05's table go to sbatch as written (issue 34): as
+    ``--name=value`` or as a flag; one followed by a word is refused, never guessed."""
+
+    def test_name_equals_value_passes_through(self):
+        args = split("--container-image=nvcr.io/nvidia/pytorch:24.01", "-N", "2",
+                     "--tres-per-task=gres/gpu:1", "--bogus=", "--x==a b", "train.py", "--lr", "1")
+        assert args == HpcsubArgs(
+            sbatch_args=("--container-image=nvcr.io/nvidia/pytorch:24.01", "-N", "2",
+                         "--tres-per-task=gres/gpu:1", "--bogus=", "--x==a b"),
+            hpcsched_opts=(), script="train.py", script_args=("--lr", "1"))
+
+    def test_a_flag_followed_by_an_option_passes_through(self):
+        args = split("--container-mount-home", "-N2", "--container-writable",
+                     "--hpcsched-max-nodes=4", "--no-container-entrypoint", "--", "train.py")
+        assert args == HpcsubArgs(
+            sbatch_args=("--container-mount-home", "-N2", "--container-writable",
+                         "--no-container-entrypoint"),
+            hpcsched_opts=(("max-nodes", "4"),), script="train.py", script_args=())
+
+    def test_a_flag_at_the_end(self):
+        assert split("--container-writable") == HpcsubArgs(("--container-writable",), (), None, ())
+
+    def test_an_unknown_option_never_takes_a_separate_value(self):
+        # The value of an option hpcsub knows is still taken whatever it looks like.
+        assert split("--comment", "--bogus", "train.py").sbatch_args == ("--comment", "--bogus")
+        assert split("--bogus", "--comment", "x", "train.py").sbatch_args == (
+            "--bogus", "--comment", "x")
+
+    @pytest.mark.parametrize("argv, word", [
+        (["--container-image", "img", "train.py"], "img"),
+        (["--container-mount-home", "train.py"], "train.py"),
+        (["-N", "2", "--bogus", "train.py", "a"], "train.py"),
+        (["--bogus", ":", "train.py"], "train.py"),
+    ])
+    def test_an_unknown_option_followed_by_a_word_is_refused(self, argv, word):
+        name = next(a for a in argv if a.startswith("--"))
+        with pytest.raises(UsageError) as exc:
+            split(*argv)
+        assert str(exc.value) == (
+            f"{name} {word!r}: hpcsub does not know {name} (it passes such options to sbatch as "
+            f"written), so it cannot tell whether {word!r} is its value or the script; write "
+            f"{name}=VALUE, or put -- before the script if {name} takes no value")
+        assert "\n" not in str(exc.value)
+
+    def test_a_prefix_of_one_known_option_is_still_that_option(self):
+        # getopt_long's rule, as before: --part is --partition and takes the next argument.
+        assert split("--part", "gpu", "train.py").sbatch_args == ("--part", "gpu")
+        assert geometry(["--part", "gpu"]).partition == "gpu"
+
+    def test_unknown_options_in_geometry_are_skipped(self):
+        geo = geometry(["--container-image=img", "-N", "2", "--tres-per-task=gres/gpu:4",
+                        "--container-writable", "--gres=gpu:4", "--bogus", "7", "-p", "gpu"])
+        assert (geo.nodes_min, geo.gpus_per_node, geo.partition) == (2, 4, "gpu")
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,6 +304,20 @@ def sbatch_option(draw) -> list[str]:
     return draw(st.sampled_from(forms))
 
 
+# Long options sbatch 22.05 does not have: hpcsub passes them on as written (issue 34).
+_unknown_names = st.one_of(
+    st.sampled_from(["container-image", "container-mount-home", "tres-per-task", "x11", "segment"]),
+    st.from_regex(r"zz[a-z0-9-]{0,8}", fullmatch=True))
+
+
+@st.composite
+def unknown_option(draw, flags: bool) -> list[str]:
+    """An unknown long option as ``--name=value`` or, if ``flags``, also as a bare flag."""
+    name = draw(_unknown_names)
+    forms = [[f"--{name}={draw(_values)}"]] + ([[f"--{name}"]] if flags else [])
+    return draw(st.sampled_from(forms))
+
+
 _hpcsched_names = st.from_regex(r"[a-z][a-z0-9-]{0,10}", fullmatch=True)
 
 
@@ -267,6 +339,7 @@ _script_args = st.lists(st.one_of(_values, _values.map(lambda v: "-" + v),
 
 @given(
     parts=st.lists(st.one_of(sbatch_option().map(lambda t: ("sbatch", t)),
+                             unknown_option(flags=False).map(lambda t: ("sbatch", t)),
                              st.just(("sbatch", [":"])),  # heterogeneous-job separator
                              hpcsched_option().map(lambda t: ("hpcsched", t))), max_size=8),
     script=st.one_of(_scripts.map(lambda s: [s]),
@@ -360,6 +433,18 @@ class TestReadDirectives:
         assert read_directives('#!/bin/bash\n#SBATCH --comment "" -N 3\n#SBATCH x\n') == (
             "--comment", "x")
 
+    def test_unknown_options_are_kept_as_written(self):
+        script = ("#!/bin/bash\n#SBATCH --container-image=nvcr.io/x:1 -N 2\n"
+                  "#SBATCH --container-mount-home\n#SBATCH --tres-per-task gres/gpu:4 -p gpu\n"
+                  "#SBATCH --container-mounts\n#SBATCH /data:/data\n#SBATCH --bogus\n")
+        directives = read_directives(script)
+        assert directives == ("--container-image=nvcr.io/x:1", "-N", "2", "--container-mount-home",
+                              "--tres-per-task", "gres/gpu:4", "-p", "gpu", "--container-mounts",
+                              "/data:/data", "--bogus")
+        # the word after an unknown option is its value; what hpcsub reads is read as before
+        geo = geometry(directives)
+        assert (geo.nodes_min, geo.partition, geo.gpus_per_node) == (2, "gpu", None)
+
     def test_hetjob_separator(self):
         script = "#!/bin/bash\n#SBATCH -N 2\n#SBATCH HetJob -n 3\n#SBATCH -N 1\n#SBATCH packjob\n"
         assert read_directives(script) == ("-N", "2", ":", "-N", "1", ":")
@@ -369,7 +454,13 @@ class TestReadDirectives:
         ("#SBATCH -N 2 'open", "script line 2: unmatched ' in #SBATCH line"),
         ("#SBATCH : -N 2", "script line 2: unexpected ':' in #SBATCH line"),
         ("#SBATCH -N 2 hetjob", "script line 2: 'hetjob' must start its #SBATCH line"),
-        ("#SBATCH --bogus", "invalid #SBATCH directive: unknown sbatch option --bogus"),
+        ("#SBATCH --hpcsched-max-nodes=4", "invalid #SBATCH directive: --hpcsched-max-nodes: "
+                                           "hpcsched's options are read from the hpcsub command "
+                                           "line only, not from #SBATCH lines"),
+        ("#SBATCH --hpcsched", "invalid #SBATCH directive: unknown option --hpcsched (hpcsched's "
+                               "own options are spelled --hpcsched-NAME; see hpcsub --help)"),
+        ("#SBATCH --bogus a b", "invalid #SBATCH directive: 'b' is not an sbatch option"),
+        ("#SBATCH -Z", "invalid #SBATCH directive: unknown sbatch option -Z"),
         ("#SBATCH --nod=2", "invalid #SBATCH directive: ambiguous sbatch option --nod "
                             "(could be --nodefile, --nodelist, --nodes)"),
         ("#SBATCHX -N 2", "invalid #SBATCH directive: 'X' is not an sbatch option"),
@@ -394,7 +485,7 @@ def test_a_word_starting_with_a_colon_is_quoted_and_read_back(token, written):
     assert read_directives(f"#!/bin/bash\n#SBATCH --account {written}\n") == ("--account", token)
 
 
-_directive_safe = sbatch_option().filter(
+_directive_safe = st.one_of(sbatch_option(), unknown_option(flags=True)).filter(
     lambda tokens: all(t and "\n" not in t and t.lower() not in ("hetjob", "packjob") for t in tokens))
 
 

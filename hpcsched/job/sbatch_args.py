@@ -23,8 +23,14 @@ parses with (option string starting with ``+``, so parsing stops at the first no
   sbatch drops every ``:`` before it looks for the script, so one is never an option's value:
   in ``-J : x.sh`` the ``x.sh`` is the job name and there is no script.
 
-An option sbatch does not know is an error here too: guessing whether it takes a value could
-silently swallow the script's name.
+A long option that is not in the table (a newer Slurm's ``--tres-per-task``, a SPANK plugin's
+``--container-image``) is passed to sbatch as it is written, and sbatch judges it. Not knowing
+whether it takes a value, hpcsub never guesses (:func:`split_argv`): on the command line it is
+taken as ``--name=value`` or as a flag, and one followed by a word (``--name word``) is an error,
+since the word could be its value or the script; in ``#SBATCH`` lines, where there is no script
+to mistake, such a word is its value (:func:`read_directives`). Names that hpcsub's own options
+could be meant by (``--hpcsched...``) and unknown short options (sbatch's are all in the table;
+plugins cannot add any) are errors.
 
 Everything here is pure except that callers hand :func:`read_directives` the script's text.
 """
@@ -141,39 +147,63 @@ def _skip_separators(argv: Sequence[str], i: int) -> int:
 
 @dataclass(frozen=True)
 class _Option:
-    """One sbatch option as getopt saw it: the canonical long name and its value, if any."""
+    """One sbatch option as getopt saw it: the canonical long name and its value, if any.
+
+    ``known`` is false for an option that is not in the table: ``name`` is then as written.
+    """
 
     name: str
     value: str | None
+    known: bool = True
 
 
-def _resolve_long(name: str) -> str:
-    """The option that ``--name`` means: an exact name, else the one name it is a prefix of.
+def _resolve_long(name: str) -> str | None:
+    """The option that ``--name`` means: an exact name, else the one name it is a prefix of;
+    ``None`` if it is neither (an option hpcsub does not know, for sbatch to judge).
 
     (glibc also lets a prefix through when all its matches are the same option under several
     names; the only aliases here, --tasks-per-node and --ntasks-per-node, share no prefix.)
+
+    Raises:
+        UsageError: a prefix of several options, no name at all, or a name starting with
+            ``hpcsched`` (hpcsched's own options, which :func:`split_argv` takes out first).
     """
     if name in _LONG_OPTIONS:
         return name
     matches = [n for n in _LONG_OPTIONS if name and n.startswith(name)]
     if len(matches) == 1:
         return matches[0]
-    if not matches:
-        raise UsageError(f"unknown sbatch option --{name}")
-    raise UsageError(f"ambiguous sbatch option --{name} (could be "
-                     + ", ".join(f"--{n}" for n in matches) + ")")
+    if matches:
+        raise UsageError(f"ambiguous sbatch option --{name} (could be "
+                         + ", ".join(f"--{n}" for n in matches) + ")")
+    if not name:
+        raise UsageError("an option with no name after '--'")
+    if name.startswith(_HPCSCHED_PREFIX[2:]):
+        raise UsageError(f"--{name}: hpcsched's options are read from the hpcsub command line "
+                         "only, not from #SBATCH lines")
+    if name.startswith("hpcsched"):
+        raise UsageError(f"unknown option --{name} (hpcsched's own options are spelled "
+                         "--hpcsched-NAME; see hpcsub --help)")
+    return None
 
 
-def _parse_option(argv: Sequence[str], i: int) -> tuple[list[_Option], int]:
+def _parse_option(argv: Sequence[str], i: int, unknown_takes_word: bool) -> tuple[list[_Option], int]:
     """Parse the sbatch option at ``argv[i]`` (which starts with ``-``).
 
     Returns the options found (several for combined short flags) and the index of the argument
     after those consumed. A separate value is the next argument that is not a ``:``.
+
+    An unknown long option without ``=`` followed by a word (an argument that is not an
+    option): if ``unknown_takes_word``, the word is its value; if not, it is an error, because
+    the word could be its value or the script.
     """
     arg = argv[i]
     if arg.startswith("--"):
-        name, has_value, value = arg[2:].partition("=")
-        name = _resolve_long(name)
+        written, has_value, value = arg[2:].partition("=")
+        name = _resolve_long(written)
+        if name is None:
+            return _parse_unknown(argv, i, written, value if has_value else None,
+                                  unknown_takes_word)
         rule = _LONG_OPTIONS[name]
         if rule is _Value.NONE:
             if has_value:
@@ -208,6 +238,24 @@ def _parse_option(argv: Sequence[str], i: int) -> tuple[list[_Option], int]:
     return found, i + 1
 
 
+def _parse_unknown(argv: Sequence[str], i: int, name: str, value: str | None,
+                   takes_word: bool) -> tuple[list[_Option], int]:
+    """Parse ``argv[i]``, the unknown long option ``--name`` (``--name=value`` if ``value`` is
+    not ``None``); see :func:`_parse_option`."""
+    if value is not None:
+        return [_Option(name, value, known=False)], i + 1
+    j = _skip_separators(argv, i + 1)
+    if j == len(argv) or _is_option(argv[j]):
+        return [_Option(name, None, known=False)], i + 1
+    if takes_word:
+        return [_Option(name, argv[j], known=False)], j + 1
+    word = argv[j]
+    raise UsageError(
+        f"--{name} {word!r}: hpcsub does not know --{name} (it passes such options to sbatch as "
+        f"written), so it cannot tell whether {word!r} is its value or the script; write "
+        f"--{name}=VALUE, or put -- before the script if --{name} takes no value")
+
+
 def _is_option(arg: str) -> bool:
     """True if getopt would read ``arg`` as an option (``-`` alone is an operand)."""
     return arg.startswith("-") and arg != "-"
@@ -225,7 +273,7 @@ def _iter_options(args: Sequence[str]) -> Iterator[_Option]:
                 raise UsageError(f"{args[i + 1]!r} is not an sbatch option")
             i += 1
         elif _is_option(arg):
-            options, i = _parse_option(args, i)
+            options, i = _parse_option(args, i, unknown_takes_word=True)
             yield from options
         else:
             raise UsageError(f"{arg!r} is not an sbatch option")
@@ -269,9 +317,14 @@ def split_argv(argv: Sequence[str], hpcsched_flags: frozenset[str] = frozenset()
     Returns:
         The split command line; its ``script`` is ``None`` if there is no script.
 
+    Long options that are not sbatch 22.05's pass through into ``sbatch_args`` as written, as
+    ``--name=value`` or as a flag; they never take the next argument.
+
     Raises:
-        UsageError: an unknown or ambiguous sbatch option, an option missing its value or given
-            one it does not take, or the same for an hpcsched option.
+        UsageError: an ambiguous sbatch option, an unknown short option, an option missing its
+            value or given one it does not take, the same for an hpcsched option, or an unknown
+            long option without ``=`` followed by a word that is not an option (its value or
+            the script? write ``--name=value``, or ``--`` before the script).
     """
     sbatch_args: list[str] = []
     hpcsched_opts: list[tuple[str, str | None]] = []
@@ -290,7 +343,7 @@ def split_argv(argv: Sequence[str], hpcsched_flags: frozenset[str] = frozenset()
             sbatch_args.append(arg)
             i += 1
         elif _is_option(arg):
-            _, end = _parse_option(argv, i)
+            _, end = _parse_option(argv, i, unknown_takes_word=False)
             sbatch_args.extend(argv[i:end])
             i = end
         else:
@@ -350,6 +403,9 @@ def read_directives(script_text: str) -> tuple[str, ...]:
       argument list, so an option's value can come from the next line.
     * ``#SBATCH hetjob`` (or ``packjob``) separates heterogeneous-job components; it becomes a
       ``:`` token, which is how the command line separates them.
+    * A long option that is not sbatch 22.05's is kept as it is, for sbatch to judge; a word
+      after it that is not an option is its value (``#SBATCH --container-image img``), since
+      a word that is not an option's value is an error in ``#SBATCH`` lines anyway.
 
     Returns:
         The tokens, in script order.
@@ -357,7 +413,7 @@ def read_directives(script_text: str) -> tuple[str, ...]:
     Raises:
         UsageError: an unmatched quote, a word starting with ``:``, a ``hetjob`` that is not
             the first word of its line, or tokens that are not valid sbatch options (sbatch
-            rejects all of these too).
+            rejects all of these too), or an ``--hpcsched-`` option.
     """
     tokens: list[str] = []
     for lineno, line in enumerate(script_text.split("\n"), start=1):
@@ -462,6 +518,9 @@ class Geometry:
 def geometry(*arg_lists: Sequence[str]) -> Geometry:
     """Interpret sbatch options for the job geometry hpcsched needs.
 
+    Options that are not in sbatch 22.05's table are skipped: a job's shape must be given with
+    the options read here (``--tres-per-task``, for example, is passed on but not read).
+
     Args:
         *arg_lists: lists of sbatch options only (no script), such as the output of
             :func:`read_directives` and :attr:`HpcsubArgs.sbatch_args`. Later lists and later
@@ -480,6 +539,8 @@ def geometry(*arg_lists: Sequence[str]) -> Geometry:
         raise UsageError("heterogeneous jobs (':' or '#SBATCH hetjob') are not supported")
     for args in arg_lists:
         for option in _iter_options(args):
+            if not option.known:
+                continue  # passed to sbatch as it is; hpcsched reads nothing from it
             name, value = option.name, option.value or ""
             if name == "gres":
                 gres_gpus = _parse_gres_gpus(value)

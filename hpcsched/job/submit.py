@@ -8,12 +8,23 @@ batch script from ``jobscripts/hpcsched-job.sbatch`` that runs ``train.py`` unde
 launcher, submits it with sbatch, prints what sbatch prints (``Submitted batch job N``, or
 ``N`` with ``--parsable``) and exits with sbatch's exit status. Bad input: a one-line error,
 exit status 2, nothing submitted.
+
+Long options that hpcsub does not know (a newer Slurm's, or a site plugin's such as
+``--container-image``) also go to sbatch as written, and sbatch accepts or refuses them. Give
+their values with ``=`` (``--container-image=IMAGE``): on the command line an unknown option
+followed by a word is refused, since the word could be its value or the script (after an
+unknown flag, put ``--`` before the script: ``--container-mount-home -- train.py``). In
+``#SBATCH`` lines the word after an unknown option is its value. hpcsub reads the job's shape
+only from options it knows (``-N``, ``--gres``, ``--gpus-per-node``, ``-n``,
+``--ntasks-per-node``, ...), never from those it passes on.
 """
 
 from __future__ import annotations
 
 import getpass
+import math
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -49,29 +60,42 @@ class Option:
     metavar: str = ""
 
 
+# Each parser raises ValueError("expected ..., got '<value>'"); _parse_options puts the
+# option's name in front: "--hpcsched-max-nodes: expected an integer, got 'abc'".
+
 def _positive_int(v: str) -> int:
-    n = int(v)
-    if n < 1:
-        raise ValueError("must be >= 1")
-    return n
+    if not re.fullmatch(r"[0-9]+", v):
+        raise ValueError(f"expected an integer, got {v!r}")
+    if int(v) < 1:
+        raise ValueError(f"expected an integer >= 1, got {v!r}")
+    return int(v)
 
 
 def _nonneg_float(v: str) -> float:
-    x = float(v)
-    if not x >= 0:
-        raise ValueError("must be >= 0")
+    try:
+        x = float(v)
+    except ValueError:
+        raise ValueError(f"expected a number, got {v!r}") from None
+    if not (math.isfinite(x) and x >= 0):
+        raise ValueError(f"expected a number >= 0, got {v!r}")
     return x
+
+
+def _path(v: str) -> str:
+    if not v:
+        raise ValueError("expected a path, got ''")
+    return v
 
 
 def _application(v: str) -> str:
     if not v or len(v) > 64 or not all(c.isalnum() or c in "-_." for c in v):
-        raise ValueError("must be 1-64 letters, digits, '-', '_' or '.'")
+        raise ValueError(f"expected 1-64 letters, digits, '-', '_' or '.', got {v!r}")
     return v
 
 
 def _lr_rule(v: str) -> str:
     if v not in LR_RULES:
-        raise ValueError(f"must be one of {', '.join(LR_RULES)}")
+        raise ValueError(f"expected one of {', '.join(LR_RULES)}, got {v!r}")
     return v
 
 
@@ -97,12 +121,12 @@ OPTIONS = {o.name: o for o in [
            "sqrt (Krizhevsky 2014), none, or adaptive from the job's gradient noise: adascale "
            "(AdaScale, Johnson et al. 2020) or adamscale (its square root, for Adam-family "
            "optimizers, as AdaptDL); default linear (docs/training-api.md)", "RULE"),
-    Option("checkpoint-dir", str,
+    Option("checkpoint-dir", _path,
            "where the job writes checkpoints (default: <job dir>/checkpoints; must be shared by all nodes)",
            "DIR"),
     Option("checkpoint-interval", _nonneg_float,
            "also checkpoint every this many seconds (default 0: only when hpcsched asks)", "SECONDS"),
-    Option("python", str,
+    Option("python", _path,
            "Python interpreter for the launcher and workers (default: the one running hpcsub)", "PATH"),
     Option("application", _application,
            "what the job trains, for the daemon's throughput priors and GPU-variability class, "
@@ -157,7 +181,7 @@ def _parse_options(pairs: Sequence[tuple[str, str | None]]) -> dict[str, object]
         try:
             out[name] = opt.parse(value)
         except ValueError as exc:
-            raise UsageError(f"--hpcsched-{name}={value}: {exc}") from None
+            raise UsageError(f"--hpcsched-{name}: {exc}") from None
     return out
 
 
@@ -367,7 +391,9 @@ def submit(argv: Sequence[str]) -> int:
 
 
 def _run_sbatch(jd: JobDir, sbatch_args: list[str], parsable: bool) -> int:
-    cmd = ["sbatch", "--parsable", *sbatch_args, str(jd.script_path)]
+    # "--": an option hpcsub passed on unread that does take a value (given as a flag by
+    # mistake) takes "--", not the script, so sbatch still finds the script (and can refuse).
+    cmd = ["sbatch", "--parsable", *sbatch_args, "--", str(jd.script_path)]
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     except FileNotFoundError:
