@@ -113,3 +113,51 @@ def test_the_gap_benchmark_splits_a_policy_s_excess_by_application(capsys, monke
     assert all(a["mean_wait_s"] >= 0 and a["mean_gpus_held"] >= 1 for a in apps.values())
     assert 0 < out["gpu_utilization"] <= 1
     assert "mean GPU utilization" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ the capacity bound
+@pytest.mark.parametrize("releases, sizes, mean", [
+    ([0.0], [5.0], 5.0),
+    ([0.0, 0.0], [3.0, 1.0], (1.0 + 4.0) / 2),              # shortest first
+    ([0.0, 1.0], [10.0, 2.0], (12.0 + 2.0) / 2),            # the short one preempts at 1
+    ([0.0, 20.0], [5.0, 5.0], 5.0),                         # idle between
+    ([2.0, 0.0, 2.0], [4.0, 3.0, 1.0], (3.0 + 2.0 + 6.0) / 3),  # 3 to its end at 3, 1, 4
+])
+def test_srpt_mean_flow_time_by_hand(releases, sizes, mean):
+    assert B.srpt_mean_flow_time(releases, sizes) == pytest.approx(mean)
+
+
+def test_srpt_is_no_worse_than_first_come_first_served():
+    rng = np.random.default_rng(1)
+    r, p = sorted(rng.uniform(0, 100, 40)), list(rng.exponential(10, 40))
+    t, fcfs = 0.0, []
+    for ri, pi in zip(r, p, strict=True):
+        t = max(t, ri) + pi
+        fcfs.append(t - ri)
+    assert B.srpt_mean_flow_time(r, p) <= np.mean(fcfs) + 1e-9
+    with pytest.raises(ValueError):
+        B.srpt_mean_flow_time([0.0], [1.0, 2.0])
+    assert np.isnan(B.srpt_mean_flow_time([], []))
+
+
+def test_no_simulated_job_holds_fewer_gpu_seconds_than_its_least():
+    """Whatever the policy, each job's GPU-seconds in a simulation (held while running or
+    restarting) are at least its bound."""
+    jobs = [WorkloadJob(f"{a}-{i}", 60.0 * i, a, g, b, "A") for i, (a, g, b) in enumerate(
+        [("cifar10", 1, 128), ("ncf", 2, 512), ("bert", 4, 96), ("cifar10", 8, 1024)])]
+    cfg = SimConfig(nodes=2, gpus_per_node=4, granularity="gpu", work_scale=0.05)
+    least = {j.name: B.least_gpu_seconds(j, cfg) for j in jobs}
+    for policy in ("static", "jct", "pollux"):
+        res = Simulator(jobs, policy, config=cfg).run()
+        for r in res.jobs:
+            assert r.gpu_seconds >= least[r.name] * (1 - 1e-9), (policy, r.name)
+        assert np.mean([r.jct for r in res.jobs]) >= B.capacity_bound(jobs, cfg) - 1e-9
+        assert np.mean([r.jct for r in res.jobs]) >= B.lower_bound(jobs, cfg) - 1e-9
+
+
+def test_least_gpu_seconds_is_at_most_one_gpu_alone():
+    """One GPU at its best batch is one of the configurations: the bound is at most that."""
+    j = WorkloadJob("c", 0.0, "cifar10", 1, 128, "A")
+    cfg = SimConfig(nodes=1, gpus_per_node=4, granularity="gpu", work_scale=0.05)
+    one = SimConfig(nodes=1, gpus_per_node=1, granularity="gpu", work_scale=0.05)
+    assert B.least_gpu_seconds(j, cfg) <= B.isolated_jct(j, one) + 1e-9

@@ -1,4 +1,5 @@
-"""A lower bound on a Pollux job's completion time in the simulator: the job alone, at its best.
+"""Lower bounds on Pollux jobs' completion times in the simulator: a job alone at its best
+(:func:`isolated_jct`), and a workload on the cluster's capacity (:func:`capacity_bound`).
 
 :func:`isolated_jct` is the JCT of a job that has the whole cluster to itself from its
 submission, starts at once (paying the start cost the simulator charges every start, the first
@@ -100,6 +101,21 @@ def min_step_time(app: Application, max_gpus: int, lo: int, hi: int, max_local: 
     configuration with ``B`` in ``[lo, hi]`` (module docstring); ``inf`` where none exists.
     The batch cut is ``fit_batch``'s with the job's limits (the configurations ``SimJob.fit``
     can reach), the step time :func:`step_times`."""
+    return _least_per_batch(app, max_gpus, lo, hi, max_local, nodes, gpus_per_node, packed, False)
+
+
+@cache
+def min_step_gpu_seconds(app: Application, max_gpus: int, lo: int, hi: int,
+                         max_local: int | None, nodes: int = 16, gpus_per_node: int = 4,
+                         packed: bool = False) -> np.ndarray:
+    """``C[B]``: the least GPU-seconds per optimizer step at global batch ``B`` (GPUs x seconds
+    per step) over the configurations of :func:`min_step_time`; ``inf`` where none exists."""
+    return _least_per_batch(app, max_gpus, lo, hi, max_local, nodes, gpus_per_node, packed, True)
+
+
+def _least_per_batch(app: Application, max_gpus: int, lo: int, hi: int, max_local: int | None,
+                     nodes: int, gpus_per_node: int, packed: bool, per_gpu: bool) -> np.ndarray:
+    """:func:`min_step_time` (``per_gpu`` False) or :func:`min_step_gpu_seconds` (True)."""
     T = np.full(hi + 1, np.inf)
     for w in range(1, max_gpus + 1):
         ks = range(max(1, -(-lo // w)), hi // w + 1)
@@ -114,7 +130,7 @@ def min_step_time(app: Application, max_gpus: int, lo: int, hi: int, max_local: 
         accum = np.array([c.accumulation_steps for c in cfgs])
         b = np.array([c.global_batch_size for c in cfgs])
         for lay in layouts(w, nodes, gpus_per_node, packed):
-            np.minimum.at(T, b, step_times(app, lay, local, accum))
+            np.minimum.at(T, b, step_times(app, lay, local, accum) * (w if per_gpu else 1))
     return T
 
 
@@ -177,3 +193,99 @@ def mean_isolated_jct(jobs: list[WorkloadJob], cfg: SimConfig = SimConfig(granul
                       **kw) -> float:
     """Mean of :func:`isolated_jct` over ``jobs`` (a lower bound on any policy's average JCT)."""
     return float(np.mean([isolated_jct(j, cfg, **kw) for j in jobs])) if jobs else math.nan
+
+
+# --------------------------------------------------------------------------------------------
+# the capacity bound
+
+def least_gpu_seconds(wj: WorkloadJob, cfg: SimConfig = SimConfig(granularity="gpu"), *,
+                      packed: bool = False) -> float:
+    """The fewest GPU-seconds job ``wj`` can be trained in on ``cfg``'s cluster: its start (the
+    start cost on at least one GPU) plus, epoch by epoch, the epoch's work over the most progress
+    per GPU-second any configuration gives there, ``max_B gain(B, e) / C[B]`` with ``C`` =
+    :func:`min_step_gpu_seconds` (the configurations of :func:`isolated_jct`). Whatever a policy
+    does, the job holds GPUs at least that long, counted in GPU-seconds.
+
+    Raises:
+        ValueError: as :func:`isolated_jct`.
+    """
+    if wj.iterations is not None:
+        raise ValueError(f"job {wj.name}: the bound is for Pollux applications only")
+    if cfg.variability:
+        raise ValueError("the bound assumes no GPU variability (SimConfig.variability off)")
+    app, _, _, lim, _ = job_limits(wj, cfg)
+    max_gpus = min(cfg.nodes * cfg.gpus_per_node, lim.max_nodes * lim.workers_per_node)
+    C = min_step_gpu_seconds(app, max_gpus, lim.min_batch_size, lim.max_batch_size,
+                             lim.max_local_batch_size, cfg.nodes, cfg.gpus_per_node, packed)
+    bs = np.flatnonzero(np.isfinite(C))
+    total, start = cfg.restart_cost_for(wj.application) * 1.0, 0.0
+    for e in range(app.max_epochs):
+        end = app.epoch_end(e, cfg.work_scale)
+        best = float(np.max(gains(app, bs.astype(float), e) / C[bs]))   # progress / GPU-s
+        total += (end - start) / best
+        start = end
+    return float(total)
+
+
+def srpt_mean_flow_time(releases: list[float], sizes: list[float]) -> float:
+    """Mean flow time (completion - release, s) of preemptive shortest-remaining-processing-time
+    on one machine: jobs released at ``releases`` (s) needing ``sizes`` (s) of it. SRPT is
+    optimal for the sum of completion times on one machine with release dates and preemption
+    (``1|r_j, pmtn|sum C_j``; Schrage, "A proof of the optimality of the shortest remaining
+    processing time discipline", Operations Research 16(3), 1968), also against any sharing of
+    the machine among jobs (sharing is a limit of preemption). Pure; ``nan`` for no jobs.
+
+    Raises:
+        ValueError: the two lists differ in length, or a size is negative.
+    """
+    import heapq
+
+    if len(releases) != len(sizes):
+        raise ValueError("releases and sizes differ in length")
+    if any(p < 0 for p in sizes):
+        raise ValueError("a size is negative")
+    if not sizes:
+        return math.nan
+    order = sorted(range(len(sizes)), key=lambda i: releases[i])
+    ready: list[tuple[float, int]] = []
+    t, k, flow = 0.0, 0, 0.0
+    while k < len(order) or ready:
+        if not ready:
+            t = max(t, releases[order[k]])
+        while k < len(order) and releases[order[k]] <= t:
+            heapq.heappush(ready, (sizes[order[k]], order[k]))
+            k += 1
+        left, i = heapq.heappop(ready)
+        nxt = releases[order[k]] if k < len(order) else math.inf
+        if t + left <= nxt:
+            t += left
+            flow += t - releases[i]
+        else:
+            heapq.heappush(ready, (left - (nxt - t), i))
+            t = nxt
+    return flow / len(sizes)
+
+
+def capacity_bound(jobs: list[WorkloadJob], cfg: SimConfig = SimConfig(granularity="gpu"), *,
+                   packed: bool = False) -> float:
+    """A lower bound on any policy's average JCT over ``jobs`` (s) from the cluster's capacity:
+    job ``j`` needs at least ``W_j`` GPU-seconds (:func:`least_gpu_seconds`) and the cluster
+    supplies ``nodes x gpus_per_node`` GPU-seconds per second, so any schedule is a preemptive
+    schedule of one machine of that speed, on which SRPT with sizes ``W_j / GPUs`` and the
+    jobs' submit times is optimal (:func:`srpt_mean_flow_time`). It counts queueing the
+    isolated bound cannot; it ignores each job's own speed limit (the isolated bound's),
+    so :func:`lower_bound` takes the larger of the two.
+
+    Raises:
+        ValueError: as :func:`isolated_jct`.
+    """
+    gpus = cfg.nodes * cfg.gpus_per_node
+    return srpt_mean_flow_time([j.submit_time for j in jobs],
+                               [least_gpu_seconds(j, cfg, packed=packed) / gpus for j in jobs])
+
+
+def lower_bound(jobs: list[WorkloadJob], cfg: SimConfig = SimConfig(granularity="gpu"),
+                **kw) -> float:
+    """The larger of :func:`mean_isolated_jct` and :func:`capacity_bound` (s): both bound any
+    policy's average JCT over ``jobs`` from below."""
+    return max(mean_isolated_jct(jobs, cfg, **kw), capacity_bound(jobs, cfg, **kw))
