@@ -155,6 +155,22 @@ def replay(run_dir: Path, csv_path: Path, scale: float, env: dict, daemon: bool,
             "faults": watcher.faults()}
 
 
+#: a finished run's summary, the watcher's faults and its comparison, in its folder
+RUN_FILE = "testbed-run.json"
+
+
+def reused(run_dir: Path) -> dict:
+    """A finished run of the same workload and scale (``--reuse MODE=DIR``): its
+    :data:`RUN_FILE`, else (a run written before that file existed) its replay's summary and
+    compare.json with the faults that the ``testbed.json`` beside ``run_dir`` recorded."""
+    if (run_dir / RUN_FILE).exists():
+        return json.loads((run_dir / RUN_FILE).read_text())
+    report = json.loads((run_dir.parent / "testbed.json").read_text())
+    return {"summary": json.loads((run_dir / "replay" / "summary.json").read_text()),
+            "compare": json.loads((run_dir / "replay" / "compare.json").read_text()),
+            "faults": report["figures"][run_dir.name]["faults"]}
+
+
 def compare(run_dir: Path, policy: str, env: dict) -> dict:
     """Simulate the finished replay in ``run_dir/replay`` with ``policy`` and the costs of the
     daemon-on run's store (``env``); returns compare.json."""
@@ -252,6 +268,9 @@ def main() -> None:
     p.add_argument("--all-elastic", type=Path, default=None,
                    help="with --rigid-fraction: the all-elastic run's testbed.json, whose real "
                         "gain hpcsched's jobs' gain is judged against")
+    p.add_argument("--reuse", action="append", default=[], metavar="MODE=DIR",
+                   help="take run MODE (on or off) from a finished run's folder DIR of the same "
+                        "workload and scale instead of running it again (repeatable)")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "testbed")
     args = p.parse_args()
 
@@ -270,8 +289,11 @@ def main() -> None:
     print(f"daemon plans at {granularity} granularity", flush=True)
     env_on = dict(env, HPCSCHED_CONFIG=str(on_cfg))
     env_on.pop("HPCSCHED_DATABASE_URL", None)
-    runs: dict = {}
+    runs: dict = {mode: reused(Path(d)) for mode, d in (r.split("=", 1) for r in args.reuse)}
     for mode in args.runs.split(","):
+        if mode in runs:
+            print(f"{mode}: the finished run in {dict(r.split('=', 1) for r in args.reuse)[mode]}")
+            continue
         t0 = time.time()
         run_dir = args.out / mode
         doc = replay(run_dir, csv_path, scale, env_on, daemon=mode == "on",
@@ -279,6 +301,7 @@ def main() -> None:
         doc["compare"] = compare(run_dir, "static" if mode == "off" else load_config(on_cfg).policy.name,
                                  env_on)
         doc["wall_seconds"] = time.time() - t0
+        (run_dir / RUN_FILE).write_text(json.dumps(doc, indent=1) + "\n")
         runs[mode] = doc
         print(f"{mode}: done in {doc['wall_seconds'] / 60:.1f} min", flush=True)
     fig = figures(runs)

@@ -222,6 +222,18 @@ def layout_in_force(info: slurm.JobInfo, ack: ctl.Ack | None, workers_per_node: 
     return layout, primary
 
 
+def continue_layout(info: slurm.JobInfo, ack: ctl.Ack | None, workers_per_node: int
+                    ) -> tuple[str, ...]:
+    """The ``node:GPUs`` pairs a batch-only change (``continue``) must name for a running job
+    on extension allocations: its world size is its layout's sum, not nodes x GPUs per node
+    (the job refuses a ``continue`` whose world size is not the one it runs). ``()`` for a job
+    on its primary alone, whose nodes x GPUs per node say it (pure)."""
+    if ack is None or not ack.layout:
+        return ()
+    layout, primary = layout_in_force(info, ack, workers_per_node)
+    return () if layout == primary else tuple(f"{n}:{g}" for n, g in layout.items())
+
+
 def reform_layout(kind: ChangeKind, to_nodes: int, placement: tuple[str, ...],
                   layout: dict[str, int], primary: dict[str, int], workers_per_node: int
                   ) -> dict[str, int] | None:
@@ -454,11 +466,13 @@ class Actuator:
         layout = parse_layout(",".join(e.layout)) if e.layout else {}
         batch = (spec.limits.fit_batch_gpus(e.global_batch_size, sum(layout.values())) if layout
                  else spec.limits.fit_batch(e.global_batch_size, e.nodes))
-        wpn = spec.workers_per_node
-        if layout and e.action != ControlAction.REFORM:   # a requeue onto k GPUs per node
+        wpn, nodes = spec.workers_per_node, e.nodes
+        if layout and e.action == ControlAction.CONTINUE:   # a batch change on extensions
+            nodes = len(layout)
+        elif layout and e.action != ControlAction.REFORM:   # a requeue onto k GPUs per node
             wpn = next(iter(layout.values()))
         ctl.write_control(jd.control_path, ctl.Control(
-            job_uid=jd.uid, generation=e.generation, action=e.action, nodes=e.nodes,
+            job_uid=jd.uid, generation=e.generation, action=e.action, nodes=nodes,
             workers_per_node=wpn, global_batch_size=batch.global_batch_size,
             local_batch_size=batch.local_batch_size, accumulation_steps=batch.accumulation_steps,
             lr_scale=spec.limits.lr_scale(batch.global_batch_size),
@@ -493,6 +507,7 @@ class Actuator:
 __all__ = [
     "ENDED", "NOOP", "REQUEUE_START_DELAY_S", "Action", "Actuator", "Advance", "Current",
     "History", "Journal", "ResizeFailed", "ResizePhase", "ResizePlan", "ResizeRefused",
-    "Timeouts", "current_from", "current_of", "journaled", "next_step", "plan_for",
+    "Timeouts", "continue_layout", "current_from", "current_of", "journaled", "next_step",
+    "plan_for",
     "plan_resize", "read_or_none",
 ]

@@ -59,6 +59,7 @@ from hpcsched.daemon import views
 from hpcsched.daemon.actuator import (
     Action,
     Actuator,
+    continue_layout,
     current_of,
     journaled,
     layout_in_force,
@@ -326,6 +327,10 @@ class Daemon:
             kind, nodes, placement = realised_action(c, spec.workers_per_node)
         elif (layout := self._by_extension(c, jd, spec, info)) is not None:
             kind, placement = ChangeKind.REFORM, tuple(f"{n}:{g}" for n, g in layout.items())
+        elif kind == ChangeKind.BATCH and info.state == "RUNNING":
+            # a job on extensions: the generation names its layout (its world size)
+            ack = read_or_none(ctl.read_ack, jd.ack_path, jd.uid)
+            placement = continue_layout(info, ack, info.gpus_per_node or spec.workers_per_node)
         rid = rep.round_id
         rep.kinds[c.job_id] = str(kind)   # the journal's kind (a grow by extension: reform)
         action = Action(c.job_id, kind, cur.generation + 1, nodes,
