@@ -4,7 +4,9 @@ clear message, before reading any of its files. No Slurm: its answer is given.""
 
 from __future__ import annotations
 
+import grp
 import json
+import logging
 import os
 import pwd
 
@@ -12,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpcsched import slurm
-from hpcsched.daemon import access, resize_cli, status
+from hpcsched.daemon import access, config, resize_cli, status
 from hpcsched.daemon.access import Caller, NotYourJob
 from hpcsched.protocol.jobdir import JobDir, JobSpec
 from hpcsched.protocol.limits import JobLimits
@@ -55,11 +57,119 @@ def test_current_caller_is_the_effective_user(monkeypatch):
     assert not stranger.admin and not stranger.may_act_on("root")
 
 
-def test_admin_group_comes_from_the_environment(monkeypatch):
+@pytest.fixture
+def system_config(tmp_path, monkeypatch):
+    """Writes the system's configuration file (``/etc/hpcsched/hpcsched.toml`` stand-in);
+    ``None``: there is none."""
+    path = tmp_path / "etc-hpcsched.toml"
+    monkeypatch.setattr(config, "DEFAULT_PATH", path)
     monkeypatch.delenv(access.ENV_ADMIN_GROUP, raising=False)
+    monkeypatch.delenv(config.ENV_CONFIG, raising=False)
+
+    def write(text: str | None) -> None:
+        if text is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(text)
+
+    return write
+
+
+def test_admin_group_comes_from_the_systems_configuration(system_config, tmp_path, monkeypatch):
+    system_config(None)
     assert access.admin_group() == "hpcsched-admin"
-    monkeypatch.setenv(access.ENV_ADMIN_GROUP, "hpc-ops")
+    system_config('[daemon]\nadmin_group = "hpc-ops"\n')
     assert access.admin_group() == "hpc-ops"
+    system_config('[daemon]\nadmin_group = ""\n')
+    assert access.admin_group() == ""
+    # a configuration of the caller's own choosing is not read
+    mine = tmp_path / "mine.toml"
+    mine.write_text('[daemon]\nadmin_group = "alice"\n')
+    monkeypatch.setenv(config.ENV_CONFIG, str(mine))
+    system_config('[daemon]\nadmin_group = "hpc-ops"\n')
+    assert access.admin_group() == "hpc-ops"
+    # a file that is there but broken names no admin group: only root sees every job
+    system_config('[daemon]\nadmin_grup = "hpc-ops"\n')
+    assert access.admin_group() == ""
+
+
+class Groups:
+    """The system's user and group databases, as ``pwd``, ``grp`` and ``os`` answer."""
+
+    def __init__(self, monkeypatch, groups: dict[str, int], members: dict[str, list[int]]):
+        self.groups, self.members, self.asked = groups, members, []
+        monkeypatch.setattr(access.grp, "getgrnam", self.getgrnam)
+        monkeypatch.setattr(access.os, "getgrouplist", self.getgrouplist)
+
+    def getgrnam(self, name):
+        if name not in self.groups:
+            raise KeyError(name)
+        return grp.struct_group((name, "x", self.groups[name], []))
+
+    def getgrouplist(self, user, gid):
+        self.asked.append(user)
+        return [gid, *self.members.get(user, [])]
+
+    @staticmethod
+    def run_as(monkeypatch, user: str, uid: int, gid: int, process_groups: list[int]) -> None:
+        """This process is ``user``'s, its credentials ``gid`` and ``process_groups``."""
+        monkeypatch.setattr(access.os, "geteuid", lambda: uid)
+        monkeypatch.setattr(access.os, "getegid", lambda: gid)
+        monkeypatch.setattr(access.os, "getgroups", lambda: list(process_groups))
+        monkeypatch.setattr(access.pwd, "getpwuid", lambda u: pwd.struct_passwd(
+            (user, "x", uid, gid, "", f"/home/{user}", "/bin/sh")))
+
+
+def test_a_forged_admin_group_variable_gives_no_admin_rights(system_config, monkeypatch, caplog):
+    system_config(None)                                     # the default group, hpcsched-admin
+    Groups(monkeypatch, {"hpcsched-admin": 900, "alice": 1234}, {"carol": [900]})
+    Groups.run_as(monkeypatch, "alice", 1234, 1234, [1234])
+    monkeypatch.setenv(access.ENV_ADMIN_GROUP, "alice")     # her own group
+    with caplog.at_level(logging.WARNING, logger="hpcsched.daemon.access"):
+        me = Caller.current()
+    assert me == Caller("alice", admin=False)
+    assert not me.may_act_on("bob")
+    assert any("HPCSCHED_ADMIN_GROUP=alice is ignored" in r.getMessage() for r in caplog.records)
+    with pytest.raises(NotYourJob, match="the 'hpcsched-admin' group"):
+        me.check("5", "bob")
+
+
+def test_admin_membership_is_read_from_the_group_database(system_config, monkeypatch):
+    system_config('[daemon]\nadmin_group = "hpc-ops"\n')
+    groups = Groups(monkeypatch, {"hpc-ops": 900}, {"carol": [900, 50]})
+    Groups.run_as(monkeypatch, "carol", 1000, 1000, [])      # a process without the group
+    assert Caller.current() == Caller("carol", admin=True)
+    assert groups.asked == ["carol"]
+    Groups.run_as(monkeypatch, "bob", 1001, 1001, [900])     # the group's gid, not its member
+    assert Caller.current() == Caller("bob", admin=False)
+    Groups.run_as(monkeypatch, "dave", 1002, 900, [])       # the group is his primary group
+    assert Caller.current() == Caller("dave", admin=True)
+    system_config('[daemon]\nadmin_group = ""\n')          # no admin group: nobody but root
+    Groups.run_as(monkeypatch, "carol", 1000, 1000, [900])
+    assert Caller.current() == Caller("carol", admin=False)
+    with pytest.raises(NotYourJob, match="only its owner and root may"):
+        Caller.current().check("5", "bob")
+    system_config('[daemon]\nadmin_group = "hpc-absent"\n')   # a group that does not exist
+    assert not Caller.current().admin
+
+
+def test_root_is_an_admin_whatever_the_groups(system_config, monkeypatch):
+    system_config('[daemon]\nadmin_group = ""\n')
+    Groups(monkeypatch, {}, {})
+    Groups.run_as(monkeypatch, "root", 0, 0, [0])
+    assert Caller.current() == Caller("root", admin=True)
+
+
+def test_a_group_database_that_does_not_answer_gives_no_admin(system_config, monkeypatch):
+    system_config(None)
+    Groups(monkeypatch, {"hpcsched-admin": 900}, {})
+    Groups.run_as(monkeypatch, "carol", 1000, 1000, [900])
+
+    def down(user, gid):
+        raise OSError("sssd is down")
+
+    monkeypatch.setattr(access.os, "getgrouplist", down)
+    assert not Caller.current().admin
 
 
 def _job(control_dir, job_id, user):

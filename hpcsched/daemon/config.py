@@ -255,6 +255,12 @@ class DaemonSettings:
         "address the metrics endpoint listens on; the default keeps it to this host (it has no "
         "authentication and names jobs and nodes): set the host's address for a remote "
         "Prometheus, behind a firewall")
+    admin_group: str = _opt(
+        "hpcsched-admin", _string(),
+        "Unix group whose members, besides root, see and resize every user's jobs with hpcsched "
+        "status and hpcsched resize (membership from the system's group database); those "
+        f"commands read it from {DEFAULT_PATH} only, never from $HPCSCHED_CONFIG or the "
+        'environment; "" = none (root only)')
 
 
     @property

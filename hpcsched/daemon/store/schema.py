@@ -7,7 +7,10 @@ sizes in samples. The migrations in ``db/versions/`` must describe exactly these
 
 from __future__ import annotations
 
+import logging
+import os
 import sqlite3
+import stat
 import sys
 import time
 from collections.abc import Iterable
@@ -34,7 +37,18 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from hpcsched.daemon.phases import OPEN_PHASES, ResizePhase
 from hpcsched.protocol.kinds import ChangeKind
 
+log = logging.getLogger(__name__)
+
 BUSY_TIMEOUT_MS = 5000
+
+#: a SQLite store file's mode when hpcsched creates it: the daemon's user's alone (it holds every
+#: user's script path and arguments and sbatch arguments); SQLite gives the ``-wal``, ``-shm``
+#: and ``-journal`` files it makes beside it the same mode
+STORE_FILE_MODE = 0o600
+#: the mode of the directory :meth:`hpcsched.daemon.store.Store.upgrade` creates for the file
+STORE_DIR_MODE = 0o700
+#: the files SQLite keeps beside a database file
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 #: the journal's ``kind`` values (every :class:`~hpcsched.protocol.kinds.ChangeKind`)
 ACTION_KINDS = tuple(k.value for k in ChangeKind)
@@ -248,16 +262,83 @@ def _use_wal(cur: Any) -> None:
             time.sleep(0.05)
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a SQLite URL; None for another database, an in-memory one, or a
+    URI filename (``?uri=true``, left as it is written)."""
+    sa_url = make_url(url)
+    if sa_url.get_backend_name() != "sqlite" or sa_url.database in (None, "", ":memory:"):
+        return None
+    if sa_url.database.startswith("file:") or str(sa_url.query.get("uri", "")).lower() in (
+            "true", "1"):
+        return None
+    return Path(sa_url.database).expanduser()
+
+
+def secure_sqlite_file(path: Path) -> None:
+    """Keep a SQLite store file private to its owner, before SQLite opens it.
+
+    A missing file is created empty with :data:`STORE_FILE_MODE` (0600, whatever the umask), so
+    that SQLite, which gives its ``-wal``, ``-shm`` and ``-journal`` files the database file's
+    mode, never makes any of them readable by others. An existing file, and each of those files
+    beside it, that belongs to this process's effective user and grants its group or others any
+    access loses that access (0644 becomes 0600; nothing is ever added), with a warning. Files of
+    another user are left alone (``hpcsched status`` run by a user opening the daemon's store),
+    and so is anything that is not a regular file. Errors are left for SQLite to report.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     STORE_FILE_MODE)
+    except FileExistsError:
+        pass
+    except OSError:
+        return                      # no directory, or not ours to write: SQLite says why
+    else:
+        os.close(fd)
+    for p in [path, *(path.with_name(path.name + s) for s in SQLITE_SIDE_FILES)]:
+        _tighten(p)
+
+
+def _tighten(path: Path) -> None:
+    """Take group and other access off ``path`` if it is a regular file of ours."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return                      # absent, a link, or not readable by us: not ours to mend
+    try:
+        st = os.fstat(fd)
+        mode = stat.S_IMODE(st.st_mode)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or not mode & 0o077:
+            return
+        try:
+            os.fchmod(fd, mode & ~0o077)
+        except OSError as exc:
+            log.warning("%s: mode %04o gives other users access to the store, and it cannot be "
+                        "changed: %s", path, mode, exc)
+            return
+    finally:
+        os.close(fd)
+    log.warning("%s: mode %04o gave other users access to every job's script and sbatch "
+                "arguments; changed to %04o", path, mode, mode & ~0o077)
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine for ``url``; for SQLite, with WAL, foreign keys and a 5 s busy timeout on every
     connection, and ``BEGIN IMMEDIATE`` for connections with execution option
-    ``hpcsched_write=True`` (used by :class:`~hpcsched.daemon.store.Store` for every write)."""
+    ``hpcsched_write=True`` (used by :class:`~hpcsched.daemon.store.Store` for every write).
+    Before each new connection to a SQLite file, :func:`secure_sqlite_file` creates it 0600 or
+    takes other users' access off it."""
     sa_url = make_url(url)
     if sa_url.get_backend_name() != "sqlite":
         return create_engine(sa_url, **kwargs)
     connect_args = dict(kwargs.pop("connect_args", {}))
     connect_args.setdefault("timeout", BUSY_TIMEOUT_MS / 1000)
     engine = create_engine(sa_url, connect_args=connect_args, **kwargs)
+    file = sqlite_file(url)
+
+    @event.listens_for(engine, "do_connect")
+    def _before_connect(*_args: Any) -> None:
+        if file is not None:
+            secure_sqlite_file(file)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:

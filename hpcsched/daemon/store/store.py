@@ -21,6 +21,15 @@ be on a local disk, not NFS or another network file system**: WAL needs shared m
 the processes using the file, and network file systems break SQLite's locking. Put the jobs'
 directories on the shared file system, and the daemon's database next to the daemon.
 
+Permissions: the store holds every user's script path, script arguments and sbatch arguments, so
+it is the daemon's user's alone. A SQLite file is created mode 0600 whatever the umask (before
+SQLite opens it: :func:`~hpcsched.daemon.store.schema.secure_sqlite_file`), and SQLite gives the
+``-wal``, ``-shm`` and ``-journal`` files beside it the same mode; the directory
+:meth:`Store.upgrade` creates for it is 0700. Opening an existing file of the process's own user
+that grants its group or others any access takes that access away (0644 becomes 0600), with a
+warning; no mode is ever loosened. A user who is not the file's owner (``hpcsched status`` run by
+anyone but the daemon's user) cannot open the store, and status then goes without it.
+
 The schema (:mod:`hpcsched.daemon.store.schema`) is created and migrated by Alembic (migrations
 in ``db/``): :meth:`Store.upgrade` or ``hpcsched db upgrade``. ``Store(url)`` itself never
 creates tables.
@@ -35,11 +44,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Self
 
 from sqlalchemy import String, cast, func, insert, select
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from hpcsched.daemon.store.journal import JournalMixin
@@ -54,6 +61,7 @@ from hpcsched.daemon.store.rows import (
     to_row,
 )
 from hpcsched.daemon.store.schema import (
+    STORE_DIR_MODE,
     GpuMeasurement,
     GpuProbe,
     IngestOffset,
@@ -63,6 +71,7 @@ from hpcsched.daemon.store.schema import (
     alembic_config,
     make_engine,
     safe_url,
+    sqlite_file,
 )
 from hpcsched.perf.priors import application_key
 from hpcsched.perf.shared import Measured
@@ -123,14 +132,15 @@ class Store(JournalMixin):
         """Migrate the schema to ``revision`` (default: the newest); returns the revision reached.
 
         Safe to run again (a no-op when already there) and from two processes at once. For a
-        SQLite file, its directory is created when missing.
+        SQLite file, its directory is created when missing, mode 0700 (:data:`STORE_DIR_MODE`;
+        an existing directory is left as it is), and the file itself is created 0600
+        (:func:`~hpcsched.daemon.store.schema.secure_sqlite_file`).
         """
         from alembic import command
 
-        sa_url = make_url(self.url)
-        if sa_url.get_backend_name() == "sqlite" and sa_url.database not in (None, "",
-                                                                             ":memory:"):
-            Path(sa_url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        file = sqlite_file(self.url)
+        if file is not None:
+            file.parent.mkdir(mode=STORE_DIR_MODE, parents=True, exist_ok=True)
         cfg = alembic_config(self.url)
         with self.engine.connect() as conn:
             conn = conn.execution_options(hpcsched_write=True)
