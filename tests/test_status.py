@@ -333,3 +333,17 @@ def test_no_allocations_table_without_extensions(jd, monkeypatch, no_store):
     monkeypatch.setattr(slurm, "squeue", lambda: {JOB_ID: info()})
     r = CliRunner().invoke(status.status_command, [])
     assert r.exit_code == 0 and "allocations" not in r.output
+
+
+def test_a_store_this_user_may_not_reach_is_no_store(tmp_path, monkeypatch):
+    """A store directory of mode 0700 (the daemon's own) makes Path.exists raise for another
+    user: status goes on without the store instead of a traceback."""
+    from hpcsched.daemon import status as st
+
+    monkeypatch.setenv("HPCSCHED_DATABASE_URL", f"sqlite:///{tmp_path / 'private' / 'h.db'}")
+
+    def refused(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(st.Path, "exists", refused)
+    assert st.open_store() is None

@@ -78,7 +78,8 @@ class JobStatus:
 
 
 def open_store():
-    """The daemon's store if one is configured and exists, else None (status works without)."""
+    """The daemon's store if one is configured, exists and this user may read it, else None
+    (status works without: it shows the jobs from Slurm and their directories)."""
     from hpcsched.daemon.config import ConfigError, load
     from hpcsched.daemon.store import Store
 
@@ -86,7 +87,10 @@ def open_store():
         url = load().daemon.database_url
     except ConfigError:
         return None
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+    try:
+        if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+            return None
+    except OSError:   # a store directory this user may not enter (0700: the store's owner's)
         return None
     try:
         store = Store(url)
