@@ -437,3 +437,18 @@ def test_sinfo_group_without_node_names_raises(entry):
     doc = {"meta": {"plugin": {"data_parser": "data_parser/v0.0.42"}}, "errors": [], "sinfo": [entry]}
     with pytest.raises(SlurmError, match="nodes.nodes"):
         parse_sinfo_json(json.dumps(doc))
+
+
+@pytest.mark.parametrize("state, tres, detail, want", [
+    # a pending job asked 3, the daemon set 1 as Slurm started it: it holds 3
+    ("RUNNING", "gres:gpu:1", ["gpu:3(IDX:0-2)"], 3),
+    ("RUNNING", "gres/gpu:2", ["gpu:2(IDX:0-1)", "gpu:2(IDX:2-3)"], 2),
+    ("RUNNING", "gres:gpu:2", [], 2),                 # no detail: the request
+    ("RUNNING", "gres:gpu:2", [None, 7], 2),          # nothing readable: the request
+    ("PENDING", "gres:gpu:1", ["gpu:3(IDX:0-2)"], 1),  # pending: what it asks
+])
+def test_a_running_jobs_gpus_per_node_are_what_it_holds(state, tres, detail, want):
+    doc = {"jobs": [{"job_id": 5, "job_state": state, "name": "x", "user_name": "u",
+                     "partition": "gpu", "nodes": "n1", "node_count": 1, "tres_per_node": tres,
+                     "gres_detail": detail, "restart_cnt": 0, "batch_host": "n1", "priority": 1}]}
+    assert parse_squeue_json(json.dumps(doc))["5"].gpus_per_node == want

@@ -363,6 +363,23 @@ def _cpus_per_task(j: dict) -> int:
     return max(1, _int(j.get("cpus")) // max(1, _int(j.get("tasks")) or 1))
 
 
+def _gpus_per_node(j: dict) -> int:
+    """A job's GPUs per node: for a running job what it was allocated (``gres_detail``, one
+    ``gpu:3(IDX:0-2)`` per node, the most of them), else what it asks (``tres_per_node``). The
+    two differ when the request changed after the allocation: ``scontrol update TresPerNode``
+    on a pending job that Slurm starts in the same instant leaves the running job asking 1 GPU
+    per node and holding 3 (seen on the dev cluster, Slurm 22.05)."""
+    detail = j.get("gres_detail")
+    if _job_state(j) == "RUNNING" and isinstance(detail, list) and detail:
+        try:
+            held = max(gpu_count(d) for d in detail if isinstance(d, str))
+        except (SlurmError, ValueError):   # no string entries, or one that does not parse
+            held = 0
+        if held:
+            return held
+    return gpu_count(j.get("tres_per_node"))
+
+
 def _job_from_json(j: dict) -> JobInfo:
     return JobInfo(
         job_id=str(j["job_id"]),
@@ -373,7 +390,7 @@ def _job_from_json(j: dict) -> JobInfo:
         partition=str(j.get("partition") or ""),
         nodes=str(j.get("nodes") or ""),
         node_count=_int(j.get("node_count")),
-        gpus_per_node=gpu_count(j.get("tres_per_node")),
+        gpus_per_node=_gpus_per_node(j),
         restarts=_int(j.get("restart_cnt")),
         batch_host=str(j.get("batch_host") or ""),
         priority=_int(j.get("priority")),
