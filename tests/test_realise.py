@@ -44,9 +44,12 @@ def test_primary_shape_is_the_fewest_nodes_then_gpus_per_node(fewest, shape):
 
 SHRINKS = {
     "an extension released": ((4, 2), (4,), 4, Mechanism.RELEASE, (("n1", 4),)),
-    "part of an extension": ((4, 2), (4,), 5, Mechanism.RELEASE, (("n1", 4), ("n2", 1))),
-    "extension GPUs on the primary's node first where it holds fewest": (
-        (3, 4), (1,), 2, Mechanism.RELEASE, (("n1", 2),)),
+    # Slurm cannot cut an extension job's GRES: a node's extension GPUs go back whole
+    "never part of a node's extensions": ((4, 2), (4,), 5, Mechanism.RELEASE, (("n1", 4),)),
+    "the node whose extensions come closest above what goes": (
+        (2, 4, 1), (1,), 5, Mechanism.RELEASE, (("n1", 1), ("n2", 4))),
+    "the largest nodes' extensions until enough": (
+        (3, 4), (1,), 2, Mechanism.RELEASE, (("n1", 1),)),
     "whole primary nodes, in place": ((4, 4), (), 4, Mechanism.SHRINK_PRIMARY, (("n1", 4),)),
     "into a primary node: requeue": ((4,), (), 2, Mechanism.REQUEUE, (("n1", 2),)),
     "past the extensions into the primary: requeue onto the same GPUs per node": (
@@ -60,7 +63,18 @@ def test_a_shrink_takes_the_cheapest_mechanism(layout, primary, to, mechanism, a
     names = ("n1", "n2", "n3")[:len(layout)]
     r = realise.shrink(_job(names=names, layout=layout, primary=primary), to, 4)
     assert (r.mechanism, r.layout) == (mechanism, after)
-    assert r.gpus == to
+    assert r.gpus == sum(g for _, g in after) <= to
+
+
+@pytest.mark.parametrize(("extra", "drop", "nodes"), [
+    ({"n1": 3, "n2": 4}, 1, ("n1",)),          # the fewest GPUs over what goes
+    ({"n1": 4, "n2": 4}, 4, ("n2",)),          # among equals the last (the job stays packed)
+    ({"n1": 2, "n2": 4, "n3": 1}, 6, ("n2", "n1")),
+    ({"n1": 2}, 3, ()),                        # not enough: none
+    ({"n1": 2}, 0, ()),
+])
+def test_a_nodes_extensions_go_back_whole(extra, drop, nodes):
+    assert realise.release_nodes(extra, drop) == nodes
 
 
 def test_reconcile_releases_an_extension_and_prices_it_at_the_stall():

@@ -11,7 +11,8 @@ a begin time), highest Slurm priority first, and gives each the GPUs Slurm would
    snapshot the policy plans on, so no plan grows into them (neither by extension nor by a
    requeue), however long the foreign job has waited;
 2. where free GPUs are not enough, **extension GPUs** of running hpcsched jobs (GPUs they hold
-   beyond their primary Slurm job, :mod:`hpcsched.policies.realise`): each such job is made to
+   beyond their primary Slurm job, :mod:`hpcsched.policies.realise`; all of a job's on a node at
+   a time, so perhaps more than the foreign job needs): each such job is made to
    **release** them this round (a ``release``: the ranks on them leave at the next step
    boundary, no checkpoint, no restart; 0.15 s on the dev cluster), before anything else, without
    the gain test or the no-thrash hold. The job is busy for the policy this round.
@@ -115,19 +116,19 @@ def _claim_what_fits(f: ForeignJob, free: dict[str, int], claimed: dict[str, int
 
 
 def _take(spare: dict[str, list[tuple[str, int]]], node: str, need: int) -> list[tuple[str, int]]:
-    """``need`` extension GPUs of ``node``, the jobs with the most there first; removed from
+    """At least ``need`` extension GPUs of ``node``: every one a job holds there, the job
+    whose GPUs there come closest above ``need`` first, else the most first (a node's
+    extensions go back whole: :func:`hpcsched.policies.realise.release_nodes`); removed from
     ``spare``."""
+    jobs = dict(spare.get(node, ()))
     out = []
-    jobs = sorted(spare.get(node, ()), key=lambda x: (-x[1], x[0]))
-    kept = []
-    for job_id, g in jobs:
-        use = min(need, g)
-        if use:
-            out.append((job_id, use))
-            need -= use
-        if g > use:
-            kept.append((job_id, g - use))
-    spare[node] = kept
+    while need > 0 and jobs:
+        enough = [j for j, g in jobs.items() if g >= need]
+        job_id = (min(enough, key=lambda j: (jobs[j], j)) if enough
+                  else max(jobs, key=lambda j: (jobs[j], j)))
+        out.append((job_id, jobs.pop(job_id)))
+        need -= out[-1][1]
+    spare[node] = list(jobs.items())
     return out
 
 

@@ -16,8 +16,9 @@ mechanism               when                                            seconds 
 ``extend``              a running job grows: extension jobs on the      ``grow_cost``
                         nodes the plan names, no worker restarts        (start-up x lost
                                                                         rate + stall)
-``release``             a running job shrinks within its extensions:    ``extension_stall``
-                        the released ranks leave at a step boundary
+``release``             a running job shrinks within its extensions,    ``extension_stall``
+                        all of a node's extension GPUs at a time: the
+                        released ranks leave at a step boundary
 ``shrink-primary``      a shrink below its extensions, by whole         ``shrink_cost``
                         primary nodes: released in place (Slurm keeps
                         the first nodes)
@@ -113,10 +114,10 @@ def start(job: JobView, node_size: int, placement: tuple[str, ...] = (),
 
 
 def shrink(job: JobView, to_gpus: int, node_size: int) -> Realisation:
-    """Running ``job`` shrunk to ``to_gpus`` GPUs (fewer than it holds), by the cheapest
-    mechanism (module docstring): extension GPUs first, on the nodes where the job holds fewest
-    (the last such node first, so it stays packed); then whole primary nodes, its last first;
-    otherwise a requeue onto :func:`requeue_layout`."""
+    """Running ``job`` shrunk to at most ``to_gpus`` GPUs (fewer than it holds), by the cheapest
+    mechanism (module docstring): extension GPUs first, every one on a node at a time
+    (:func:`release_nodes`: the layout may hold fewer than ``to_gpus``); then whole primary
+    nodes, its last first; otherwise a requeue onto :func:`requeue_layout`."""
     held = job.allocation()
     primary = job.primary_allocation()
     extra = {n: g - primary.get(n, 0) for n, g in held.items() if g > primary.get(n, 0)}
@@ -131,19 +132,31 @@ def shrink(job: JobView, to_gpus: int, node_size: int) -> Realisation:
 
 
 def _release(held: dict[str, int], extra: dict[str, int], drop: int) -> Layout:
-    """``held`` less ``drop`` of its ``extra`` (extension) GPUs: whole extension-only nodes
-    first, the largest that fits first (the job spans fewer nodes), then GPUs on the nodes where
-    it holds fewest, the last such node first."""
-    after = dict(held)
-    whole = sorted((n for n in extra if extra[n] == held[n]), key=lambda n: -held[n])
-    for n in whole:
-        if extra[n] <= drop:
-            after[n], drop = 0, drop - extra[n]
-    for n in sorted(extra, key=lambda n: (held[n], -list(held).index(n))):
-        take = min(drop, extra[n], after[n])
-        after[n] -= take
-        drop -= take
-    return tuple((n, g) for n, g in after.items() if g > 0)
+    """``held`` less the extension GPUs of the nodes :func:`release_nodes` picks."""
+    gone = release_nodes(extra, drop)
+    return tuple((n, g - (extra[n] if n in gone else 0)) for n, g in held.items()
+                 if g - (extra[n] if n in gone else 0) > 0)
+
+
+def release_nodes(extra: Mapping[str, int], drop: int) -> tuple[str, ...]:
+    """The nodes whose extension GPUs (``extra``: node -> GPUs held beyond the primary's) to
+    release, *all of them on each*, to give back at least ``drop`` GPUs (pure; ``()`` when all
+    of them are fewer). Never part of a node's: an extension is one Slurm job on one node, whose
+    GRES Slurm cannot cut, so going from 4 to 3 GPUs there would mean a new extension of 3
+    beside the old one of 4 until the old one leaves, which a full node never lets start (seen
+    on the dev cluster: the generation waited until the job ended). Of the sets of nodes that
+    give enough, the one that gives fewest GPUs, then the one of fewest nodes, then nodes
+    listed last (the job stays packed)."""
+    if drop <= 0 or sum(extra.values()) < drop:
+        return ()
+    # subset sums, fewest nodes first, the nodes listed last first (small: GPUs per node x nodes)
+    best: dict[int, tuple[str, ...]] = {0: ()}
+    for n in reversed(list(extra)):
+        for total, nodes in sorted(best.items(), reverse=True):
+            t = total + extra[n]
+            if t not in best or len(nodes) + 1 < len(best[t]):
+                best[t] = (*nodes, n)
+    return best[min(t for t in best if t >= drop)]
 
 
 def requeue_layout(held: dict[str, int], gpus: int, node_size: int) -> Layout:
