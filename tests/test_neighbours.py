@@ -117,3 +117,15 @@ def test_a_foreign_job_claims_only_nodes_of_its_partition():
                            foreign_pending=(ForeignJob("90", "bob", 1, 4, 100, partition="long"),))
     planned, _, notes = yield_to_foreign(snap)
     assert {n.name: n.gpus_free for n in planned.nodes} == {"n1": 0, "n2": 4, "n3": 0}, notes
+
+
+def test_a_nodes_extension_gpus_go_back_whole_even_for_one():
+    """J holds n1:4 (primary) + n2:4 (extension); bob's 1-GPU job needs one of n2's: all 4 go
+    back (Slurm cannot cut the extension job's GRES; a 3-GPU replacement would never start on
+    the full node), and the 3 bob does not need are free for the next round."""
+    j = _job(names=("n1", "n2"), layout=(4, 4), primary=(4,))
+    snap = _snap([j], (("n1", 4), ("n2", 4)), [ForeignJob("92", "bob", 1, 1, 50)])
+    _, (release,), _ = yield_to_foreign(snap)
+    assert (release.mechanism, release.layout, release.to_gpus) == (
+        Mechanism.RELEASE, (("n1", 4),), 4)
+    assert "4 on n2" in release.reason
