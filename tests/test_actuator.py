@@ -832,29 +832,50 @@ def test_resize_command_reports_a_rejection(cli_slurm, jd, monkeypatch):
     assert "failed: job 7 rejected generation 1: world size differs" in res.output
 
 
-def test_a_batch_change_of_a_job_on_extensions_names_its_layout(jd, store, writes):
+def test_a_batch_change_of_a_job_on_extensions_is_a_reform_onto_its_layout(jd, store, writes):
     """A job on extension allocations runs layout-sum workers, not nodes x GPUs per node: a
-    batch-only change names the layout in force (``continue_layout``), so the job, which refuses
-    a ``continue`` of another world size, applies it (seen on the dev cluster: 'continue' asks
-    for world size 8 but the job runs 16 workers)."""
+    batch-only change re-forms it on the layout it runs (``continue_layout``; the daemon
+    journals a ``reform``), so the job, which refuses a ``continue`` of another world size,
+    applies it (seen on the dev cluster: 'continue' asks for world size 8 but the job runs 16
+    workers), and a launcher that starts again ignores the layout (a reform's)."""
+    from hpcsched.job.launcher import effective_config
+
     layout = {"n1": 2, "n2": 2, "n3": 1}
     ctl.write_ack(jd.ack_path, ctl.Ack(job_uid=jd.uid, generation=0, state="applied",
                                        world_size=5, nodes=3, global_batch_size=60,
                                        local_batch_size=12, accumulation_steps=1, step=0,
                                        time=T0, layout=layout))
     running = info(node_count=1)
-    assert act.continue_layout(running, ctl.read_ack(jd.ack_path, jd.uid), 2) == (
-        "n1:2", "n2:2", "n3:1")
+    pairs = act.continue_layout(running, ctl.read_ack(jd.ack_path, jd.uid), 2)
+    assert pairs == ("n1:2", "n2:2", "n3:1")
     assert act.continue_layout(running, None, 2) == ()
     sl = FakeSlurm(running)
-    a = Action(JOB, ChangeKind.BATCH, 1, 3, 120, 0, "test", "test", ("n1:2", "n2:2", "n3:1"))
-    aid = store.plan_action(job_id=JOB, kind="batch", generation=1, from_nodes=3, to_nodes=3,
+    aid = store.plan_action(job_id=JOB, kind="reform", generation=1, from_nodes=3, to_nodes=3,
                             from_batch_size=60, to_batch_size=120, restarts_at_plan=0,
-                            reason="test", placement=a.placement, created_at=T0)
+                            reason="test", placement=pairs, created_at=T0)
     (row,) = [r for r in store.actions() if r.id == aid]
     action, hist = act.journaled(row, "test")
     act.Actuator(sl, TO, Clock()).advance(action, hist, jd, jd.read_spec(), sl.info,
                                           lambda *x: store.set_action_phase(aid, x[0], at=x[1]))
     c = ctl.read_control(jd.control_path, jd.uid)
-    assert (c.action, c.layout, c.nodes, c.world_size) == (ControlAction.CONTINUE, layout, 3, 5)
+    assert (c.action, c.layout, c.nodes, c.world_size) == (ControlAction.REFORM, layout, 3, 5)
     assert c.global_batch_size == 120 and c.local_batch_size * c.accumulation_steps == 24
+    assert effective_config(jd.read_spec(), c, 1).workers_per_node == 2, "the job's own"
+
+
+def test_a_start_at_fewer_gpus_per_node_launches_that_many(jd, store, writes):
+    """The daemon's start of a pending job at its fewest GPUs (1 of the 2 per node it asked):
+    the generation's layout sets the workers per node its launcher starts."""
+    from hpcsched.job.launcher import effective_config
+
+    sl = FakeSlurm(info("PENDING"))
+    aid = store.plan_action(job_id=JOB, kind="pending", generation=1, from_nodes=1, to_nodes=1,
+                            from_batch_size=64, to_batch_size=64, restarts_at_plan=0,
+                            reason="test", placement=("n1:1",), created_at=T0)
+    (row,) = [r for r in store.actions() if r.id == aid]
+    action, hist = act.journaled(row, "test")
+    act.Actuator(sl, TO, Clock()).advance(action, hist, jd, jd.read_spec(), sl.info,
+                                          lambda *x: store.set_action_phase(aid, x[0], at=x[1]))
+    c = ctl.read_control(jd.control_path, jd.uid)
+    assert (c.action, c.layout, c.workers_per_node) == (ControlAction.CONTINUE, {"n1": 1}, 1)
+    assert effective_config(jd.read_spec(), c, 1).workers_per_node == 1

@@ -224,10 +224,12 @@ def layout_in_force(info: slurm.JobInfo, ack: ctl.Ack | None, workers_per_node: 
 
 def continue_layout(info: slurm.JobInfo, ack: ctl.Ack | None, workers_per_node: int
                     ) -> tuple[str, ...]:
-    """The ``node:GPUs`` pairs a batch-only change (``continue``) must name for a running job
-    on extension allocations: its world size is its layout's sum, not nodes x GPUs per node
-    (the job refuses a ``continue`` whose world size is not the one it runs). ``()`` for a job
-    on its primary alone, whose nodes x GPUs per node say it (pure)."""
+    """The ``node:GPUs`` pairs of a running job on extension allocations, for a batch-only
+    change: its world size is its layout's sum, not nodes x GPUs per node (the job refuses a
+    ``continue`` of another world size), so the change is a ``reform`` onto the layout it runs
+    (the same members, the new batch split; a launcher that starts again ignores a reform's
+    layout, where it would take a ``continue``'s as the GPUs per node of a requeue). ``()``
+    for a job on its primary alone, whose ``continue`` says it (pure)."""
     if ack is None or not ack.layout:
         return ()
     layout, primary = layout_in_force(info, ack, workers_per_node)
@@ -466,13 +468,11 @@ class Actuator:
         layout = parse_layout(",".join(e.layout)) if e.layout else {}
         batch = (spec.limits.fit_batch_gpus(e.global_batch_size, sum(layout.values())) if layout
                  else spec.limits.fit_batch(e.global_batch_size, e.nodes))
-        wpn, nodes = spec.workers_per_node, e.nodes
-        if layout and e.action == ControlAction.CONTINUE:   # a batch change on extensions
-            nodes = len(layout)
-        elif layout and e.action != ControlAction.REFORM:   # a requeue onto k GPUs per node
+        wpn = spec.workers_per_node
+        if layout and e.action != ControlAction.REFORM:   # a start or requeue onto k per node
             wpn = next(iter(layout.values()))
         ctl.write_control(jd.control_path, ctl.Control(
-            job_uid=jd.uid, generation=e.generation, action=e.action, nodes=nodes,
+            job_uid=jd.uid, generation=e.generation, action=e.action, nodes=e.nodes,
             workers_per_node=wpn, global_batch_size=batch.global_batch_size,
             local_batch_size=batch.local_batch_size, accumulation_steps=batch.accumulation_steps,
             lr_scale=spec.limits.lr_scale(batch.global_batch_size),

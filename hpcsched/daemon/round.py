@@ -327,10 +327,11 @@ class Daemon:
             kind, nodes, placement = realised_action(c, spec.workers_per_node)
         elif (layout := self._by_extension(c, jd, spec, info)) is not None:
             kind, placement = ChangeKind.REFORM, tuple(f"{n}:{g}" for n, g in layout.items())
-        elif kind == ChangeKind.BATCH and info.state == "RUNNING":
-            # a job on extensions: the generation names its layout (its world size)
-            ack = read_or_none(ctl.read_ack, jd.ack_path, jd.uid)
-            placement = continue_layout(info, ack, info.gpus_per_node or spec.workers_per_node)
+        elif kind == ChangeKind.BATCH and info.state == "RUNNING" and (pairs := continue_layout(
+                info, read_or_none(ctl.read_ack, jd.ack_path, jd.uid),
+                info.gpus_per_node or spec.workers_per_node)):
+            # a job on extensions: a re-form onto the layout it runs, at the new batch
+            kind, nodes, placement = ChangeKind.REFORM, len(pairs), pairs
         rid = rep.round_id
         rep.kinds[c.job_id] = str(kind)   # the journal's kind (a grow by extension: reform)
         action = Action(c.job_id, kind, cur.generation + 1, nodes,
