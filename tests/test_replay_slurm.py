@@ -91,5 +91,5 @@ def test_replay_with_the_daemon(devcluster, daemon_env, tmp_path):
     doc = json.loads((out / "compare.json").read_text())
     real, sim = doc["runs"]
     assert real["policy"] == "real" and sim["policy"].startswith("simulated (")
-    assert sim["jobs"] == 3 and (out / "jct-cdf.png").exists()
+    assert sim["jobs"] == 4 and sim["plain_jobs"] == 1 and (out / "jct-cdf.png").exists()
     assert "real vs simulated" in r.stdout
