@@ -146,12 +146,7 @@ def hpcsub_argv(pj_limits: JobLimits, nodes: int, batch_size: int, *, job_name: 
                 partition: str | None = None, output_dir: str | None = None) -> tuple[str, ...]:
     """The ``hpcsub`` arguments for one job (``--parsable``: sbatch prints the bare job id)."""
     lim = pj_limits
-    argv = ["--parsable", f"--job-name={job_name}", "-N", str(nodes),
-            f"--gres=gpu:{lim.workers_per_node}", f"--time={time_limit}"]
-    if partition:
-        argv.append(f"--partition={partition}")
-    if output_dir:
-        argv.append(f"--output={Path(output_dir) / 'slurm-%j.out'}")
+    argv = _slurm_args(nodes, lim.workers_per_node, job_name, time_limit, partition, output_dir)
     argv += ["--hpcsched-batch-size", str(batch_size),
              "--hpcsched-min-batch-size", str(lim.min_batch_size),
              "--hpcsched-max-batch-size", str(lim.max_batch_size),
@@ -172,13 +167,21 @@ def plain_argv(nodes: int, gpus_per_node: int, seconds: float, *, job_name: str,
                output_dir: str | None = None) -> tuple[str, ...]:
     """The ``sbatch`` arguments of another user's plain job: ``nodes`` x ``gpus_per_node`` GPUs
     held for ``seconds`` (a ``sleep``: its fixed duration), ``--parsable``."""
+    return (*_slurm_args(nodes, gpus_per_node, job_name, time_limit, partition, output_dir),
+            f"--wrap=sleep {seconds:.1f}")
+
+
+def _slurm_args(nodes: int, gpus_per_node: int, job_name: str, time_limit: int,
+                partition: str | None, output_dir: str | None) -> list[str]:
+    """The sbatch options every replayed job has: ``--parsable``, its name, shape and time
+    limit, and the partition and output file when given."""
     argv = ["--parsable", f"--job-name={job_name}", "-N", str(nodes),
             f"--gres=gpu:{gpus_per_node}", f"--time={time_limit}"]
     if partition:
         argv.append(f"--partition={partition}")
     if output_dir:
         argv.append(f"--output={Path(output_dir) / 'slurm-%j.out'}")
-    return (*argv, f"--wrap=sleep {seconds:.1f}")
+    return argv
 
 
 def make_plan(jobs: Sequence[WorkloadJob], shape: ClusterShape, scale: float, *, script: str,

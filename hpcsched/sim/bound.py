@@ -159,6 +159,20 @@ def epoch_rates(app: Application, max_gpus: int, lo: int, hi: int, max_local: in
                      for e in range(app.max_epochs)])
 
 
+def _bounded(wj: WorkloadJob, cfg: SimConfig):
+    """``(application, limits, most GPUs)`` of a job the bounds apply to.
+
+    Raises:
+        ValueError: a fixed-work (PAL/Blox) job, or GPU variability on.
+    """
+    if wj.iterations is not None:
+        raise ValueError(f"job {wj.name}: the bound is for Pollux applications only")
+    if cfg.variability:
+        raise ValueError("the bound assumes no GPU variability (SimConfig.variability off)")
+    app, _, _, lim, _ = job_limits(wj, cfg)
+    return app, lim, min(cfg.nodes * cfg.gpus_per_node, lim.max_nodes * lim.workers_per_node)
+
+
 def isolated_jct(wj: WorkloadJob, cfg: SimConfig = SimConfig(granularity="gpu"), *,
                  substeps: int = 1, packed: bool = False) -> float:
     """Lower bound on ``wj``'s JCT in seconds (module docstring), under ``cfg``'s cluster, costs,
@@ -170,12 +184,7 @@ def isolated_jct(wj: WorkloadJob, cfg: SimConfig = SimConfig(granularity="gpu"),
         ValueError: a fixed-work (PAL/Blox) job, or GPU variability on (a GPU faster than the
             median would make ``slowdown = 1`` no bound).
     """
-    if wj.iterations is not None:
-        raise ValueError(f"job {wj.name}: the bound is for Pollux applications only")
-    if cfg.variability:
-        raise ValueError("the bound assumes no GPU variability (SimConfig.variability off)")
-    app, _, _, lim, _ = job_limits(wj, cfg)
-    max_gpus = min(cfg.nodes * cfg.gpus_per_node, lim.max_nodes * lim.workers_per_node)
+    app, lim, max_gpus = _bounded(wj, cfg)
     rates = epoch_rates(app, max_gpus, lim.min_batch_size, lim.max_batch_size,
                         lim.max_local_batch_size, cfg.nodes, cfg.gpus_per_node, packed)
     scale = cfg.work_scale
@@ -209,12 +218,7 @@ def least_gpu_seconds(wj: WorkloadJob, cfg: SimConfig = SimConfig(granularity="g
     Raises:
         ValueError: as :func:`isolated_jct`.
     """
-    if wj.iterations is not None:
-        raise ValueError(f"job {wj.name}: the bound is for Pollux applications only")
-    if cfg.variability:
-        raise ValueError("the bound assumes no GPU variability (SimConfig.variability off)")
-    app, _, _, lim, _ = job_limits(wj, cfg)
-    max_gpus = min(cfg.nodes * cfg.gpus_per_node, lim.max_nodes * lim.workers_per_node)
+    app, lim, max_gpus = _bounded(wj, cfg)
     C = min_step_gpu_seconds(app, max_gpus, lim.min_batch_size, lim.max_batch_size,
                              lim.max_local_batch_size, cfg.nodes, cfg.gpus_per_node, packed)
     bs = np.flatnonzero(np.isfinite(C))
