@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hpcsched.policies.changes import Change
-from hpcsched.policies.realise import Mechanism
+from hpcsched.policies.realise import Mechanism, batch_on
 from hpcsched.policies.snapshot import ClusterSnapshot, ForeignJob, JobView
 from hpcsched.protocol.kinds import ChangeKind
 
@@ -139,16 +139,9 @@ def _release(job: JobView, per_node: dict[str, int]) -> Change:
     gpus = sum(g for _, g in layout)
     gone = ", ".join(f"{g} on {n}" for n, g in per_node.items())
     return Change(job.job_id, ChangeKind.SHRINK, job.nodes, len(layout), job.batch_size,
-                  _batch(job, gpus), f"yields GPU(s) to other users' pending jobs: {gone}",
-                  (), job.gpus, gpus, Mechanism.RELEASE, layout)
-
-
-def _batch(job: JobView, gpus: int) -> int:
-    """The job's global batch size kept where ``gpus`` GPUs can run it, else refitted."""
-    try:
-        return job.limits.fit_batch_gpus(job.batch_size, gpus).global_batch_size
-    except ValueError:
-        return job.batch_size
+                  batch_on(job, job.batch_size, gpus),
+                  f"yields GPU(s) to other users' pending jobs: {gone}", (), job.gpus, gpus,
+                  Mechanism.RELEASE, layout)
 
 
 def _planned_on(snapshot: ClusterSnapshot, claimed: dict[str, int], releasing: set[str]

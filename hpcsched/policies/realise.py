@@ -159,6 +159,16 @@ def release_nodes(extra: Mapping[str, int], drop: int) -> tuple[str, ...]:
     return best[min(t for t in best if t >= drop)]
 
 
+def batch_on(job: JobView, batch_size: int, gpus: int) -> int:
+    """``batch_size`` (samples) as ``gpus`` GPUs can run it within ``job``'s limits: the nearest
+    (:meth:`~hpcsched.protocol.limits.JobLimits.fit_batch_gpus`), else ``batch_size`` as it is
+    (the daemon and the simulator refit it where they apply the change)."""
+    try:
+        return job.limits.fit_batch_gpus(batch_size, gpus).global_batch_size
+    except ValueError:
+        return batch_size
+
+
 def requeue_layout(held: dict[str, int], gpus: int, node_size: int) -> Layout:
     """The layout a job requeued onto ``gpus`` GPUs asks for: exactly that many, the same on
     every node (:func:`exact_shape`), on the nodes it held most GPUs on (they are free again

@@ -251,7 +251,7 @@ def _classify_running(job: JobView, t: JobTarget, costs: Costs, snapshot: Cluste
             spans = len(how.layout)
             if sum(g for _, g in how.layout) != want:   # a node's extensions go back whole
                 want = sum(g for _, g in how.layout)
-                t = replace(t, batch_size=_refit(job, t.batch_size, want), gpus=want)
+                t = replace(t, batch_size=realise.batch_on(job, t.batch_size, want), gpus=want)
     x_to = predict(job, spans, t.batch_size, want)
     if x_from is None or x_to is None:
         return f"job {job.job_id}: no throughput model yet; {kind} not made"
@@ -262,14 +262,6 @@ def _classify_running(job: JobView, t: JobTarget, costs: Costs, snapshot: Cluste
         change = replace(change, mechanism=how.mechanism, layout=how.layout,
                          to_nodes=len(how.layout) or change.to_nodes)
     return Candidate(change, x_from, x_to, t.weight)
-
-
-def _refit(job: JobView, batch_size: int, gpus: int) -> int:
-    """``batch_size`` as ``gpus`` GPUs can run it within the job's limits (the nearest)."""
-    try:
-        return job.limits.fit_batch_gpus(batch_size, gpus).global_batch_size
-    except ValueError:
-        return batch_size
 
 
 def _realised(snapshot: ClusterSnapshot | None, costs: Costs) -> bool:
