@@ -37,8 +37,9 @@ def test_absent_file_is_none(tmp_path):
 
 def test_the_vocabulary_is_the_enums():
     assert ctl.ACTIONS == ("continue", "checkpoint-and-shrink", "checkpoint-and-requeue", "reform")
-    assert ctl.ACK_STATES == ("applied", "checkpointed", "rejected")
-    assert ctl.LAUNCHER_PHASES == ("running", "resizing", "awaiting-requeue", "finished", "failed")
+    assert ctl.ACK_STATES == ("applied", "checkpointed", "rejected", "stopped")
+    assert ctl.LAUNCHER_PHASES == ("running", "resizing", "awaiting-requeue", "requeued", "stopped",
+                                   "finished", "failed")
 
 
 def test_read_gives_enum_members(tmp_path):

@@ -67,12 +67,13 @@ def _control(generation=2, action="continue", nodes=2, wpn=2, local=8, accum=3, 
     Decision.of(_control(generation=2**40, lr=1e300), False),
     Decision(7, ControlAction.REFORM, 2, 0, 16, 1, 1.5, 6, False, form=3),
     Decision(checkpoint_due=True, next_in=256),
+    Decision(stop=True),
 ])
 def test_decision_round_trips_through_an_int64_broadcast(decision):
     import torch
 
     wire = torch.tensor(decision.encode(), dtype=torch.int64).tolist()
-    assert len(wire) == 11
+    assert len(wire) == 12
     assert Decision.decode(wire) == decision
 
 

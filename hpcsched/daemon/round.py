@@ -74,6 +74,7 @@ from hpcsched.daemon.metrics import DaemonMetrics
 from hpcsched.daemon.phases import History, ResizePhase, Timeouts
 from hpcsched.daemon.probes import ProbeWatch
 from hpcsched.daemon.reaper import Reaper
+from hpcsched.daemon.requeued import release_requeued
 from hpcsched.daemon.store import Store
 from hpcsched.daemon.views import application_of
 from hpcsched.policies import POLICIES, PolicyError, make_policy
@@ -283,6 +284,7 @@ class Daemon:
         self.probes.round()
         rep.reaped = self.reaper.reap(obs, self.actuator.slurm)   # orphaned extension jobs
         busy = self._resume(managed, rep)
+        release_requeued(managed, busy, self.actuator.slurm, obs.time, self.settings.daemon.dry_run)
         snapshot = views.daemon_snapshot(obs, managed, self.store, busy,
                                          self.settings.daemon.partitions,
                                          self.settings.daemon.throughput_model,

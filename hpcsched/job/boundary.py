@@ -92,8 +92,11 @@ class Decision:
         checkpoint_due: the checkpoint interval has passed.
         form: for ``reform``: the form to enter (:mod:`hpcsched.job.reform`).
         next_in: optimizer steps from this boundary to the next one (>= 1; :class:`Pace`).
+        stop: Slurm signalled the job (its time limit is near): every rank checkpoints and
+            stops at this boundary, and no new generation is applied (the next launch reads
+            the newest one).
 
-    Travels as 11 int64 values (:meth:`encode`, :meth:`decode`): the action as its index in
+    Travels as 12 int64 values (:meth:`encode`, :meth:`decode`): the action as its index in
     :class:`~hpcsched.protocol.kinds.ControlAction`, ``lr_scale`` as the bits of its float64.
     """
 
@@ -108,6 +111,7 @@ class Decision:
     checkpoint_due: bool = False
     form: int = 0
     next_in: int = 1
+    stop: bool = False
 
     _ACTIONS: ClassVar[tuple[ControlAction, ...]] = tuple(ControlAction)
 
@@ -125,14 +129,14 @@ class Decision:
         return [self.generation, self._ACTIONS.index(self.action), self.nodes,
                 self.workers_per_node, self.local_batch_size, self.accumulation_steps,
                 _float_bits(self.lr_scale), int(self.checkpoint_due), self.world_size, self.form,
-                self.next_in]
+                self.next_in, int(self.stop)]
 
     @classmethod
     def decode(cls, values: list[int]) -> Decision:
-        gen, code, nodes, wpn, local, accum, lr_bits, due, world, form, next_in = (
+        gen, code, nodes, wpn, local, accum, lr_bits, due, world, form, next_in, stop = (
             int(v) for v in values)
         return cls(gen, cls._ACTIONS[code], nodes, wpn, local, accum, _bits_float(lr_bits),
-                   world, bool(due), form, next_in)
+                   world, bool(due), form, next_in, bool(stop))
 
 
 class Pace:
@@ -195,17 +199,21 @@ class ControlWatcher:
 
 
 def agree(watcher: ControlWatcher, group, torch, rank: int, generation: int,
-          checkpoint_due: bool, decide=None, pace: Pace | None = None, step: int = 0) -> Decision:
+          checkpoint_due: bool, decide=None, pace: Pace | None = None, step: int = 0,
+          stop: bool = False) -> Decision:
     """Collective: every rank gets rank 0's decision (a control generation newer than
     ``generation``, whether a checkpoint is due, and ``pace``'s steps to the next boundary
     from optimizer step ``step``; without ``pace``, the next step); ``group`` None = one rank.
     ``decide`` (rank 0): ``decide(new_control_or_None, checkpoint_due) -> Decision`` instead of
-    :meth:`Decision.of` (the job's reform logic).
+    :meth:`Decision.of` (the job's reform logic). ``stop`` (rank 0's): Slurm signalled the
+    job; the decision is to checkpoint and stop (:attr:`Decision.stop`), whatever else is due.
 
     Raises:
         RuntimeError: the broadcast failed (a peer was lost)."""
     d = Decision()
-    if rank == 0:
+    if rank == 0 and stop:
+        d = Decision(stop=True)
+    elif rank == 0:
         c = watcher.changed()
         c = c if c is not None and c.generation > generation else None
         d = decide(c, checkpoint_due) if decide is not None else Decision.of(c, checkpoint_due)

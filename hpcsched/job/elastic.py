@@ -182,6 +182,7 @@ class ElasticJob(ElasticBoundary, ElasticMembership):
         self._agree_at = 0   # optimizer step of the next step boundary (all ranks agree on it)
         self._report = Reporter(jd, self.rank, self.state.total_samples)
         self._applied_acked = joining
+        self._listen_for_slurm_signal()
         self._metrics = StepMetrics.for_rank(
             jd.metrics_dir if jd else None, self.launch, self.restart, self.rank, device,
             self.record_samples, extension=proc.slurm_job_id if joining else "")

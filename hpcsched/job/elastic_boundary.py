@@ -13,6 +13,8 @@ membership changes it starts (``_reform``, ``_shrink_in_place``, ``_peer_lost``)
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from pathlib import Path
 
 from hpcsched.job.boundary import Decision, agree
@@ -69,6 +71,37 @@ class ElasticBoundary:
         log.info("restored %s: epoch %d position %d step %d", path, self.state.epoch,
                  self.state.position, self.state.step)
 
+    # ------------------------------------------------------ Slurm's signals
+    def _listen_for_slurm_signal(self) -> None:
+        """Take ``SIGUSR1`` (Slurm's signal before the time limit, ``sbatch --signal``) as a
+        request to checkpoint and stop at the next step boundary. Only where the script has no
+        handler of its own for it, and only in the main thread (Python runs handlers there)."""
+        self._signalled = False
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, signal.SIG_IGN, None):
+            log.info("SIGUSR1 has the script's own handler: hpcsched does not checkpoint on it")
+            return
+
+        def _on_signal(signum, _frame):
+            self._signalled = True   # acted on at the next step boundary (rank 0's decides)
+
+        signal.signal(signal.SIGUSR1, _on_signal)
+
+    def _stop_at_signal(self) -> bool:
+        """Collective, at a boundary that decided :attr:`~hpcsched.job.boundary.Decision.stop`:
+        checkpoint, let extension workers go, acknowledge ``stopped`` for the generation in
+        force (the launcher then requeues the job) and stop. Returns False."""
+        path = self.checkpoint()
+        if self._members is not None and self.rank == 0:
+            self._members.release_all()
+        self._ack(AckState.STOPPED, self.generation, checkpoint=str(path or ""),
+                  message="Slurm signalled the job (SIGUSR1: time limit near)")
+        log.info("stopped at step %d on Slurm's signal; checkpoint %s", self.state.step, path)
+        self.stopped_for = ControlAction.CHECKPOINT_AND_REQUEUE
+        self._progress()
+        return False
+
     # --------------------------------------------------------- step boundary
     def _ack(self, state: AckState, generation: int, checkpoint: str = "", message: str = ""):
         form = self._members.form if self._members is not None else None
@@ -85,7 +118,7 @@ class ElasticBoundary:
         try:
             d = agree(self._watcher, self._group, self._torch, self.rank, self.generation,
                       self._ckpt.due, decide=self._decide, pace=self._pace,
-                      step=self.state.step)
+                      step=self.state.step, stop=self._signalled)
         except RuntimeError as exc:
             self._peer_lost(exc)
             return self._step_boundary()
@@ -93,6 +126,8 @@ class ElasticBoundary:
         if not self._applied_acked:
             self._ack(AckState.APPLIED, self.generation)
             self._applied_acked = True
+        if d.stop:
+            return self._stop_at_signal()
         if d.generation > self.generation:
             go_on = self._apply(d)
             if go_on and d.action == ControlAction.REFORM:  # newcomers begin with a boundary

@@ -12,7 +12,13 @@ stop it looks at the acknowledgement they left (see :mod:`hpcsched.protocol.file
   workers are relaunched on the allocation the job still has;
 * ``checkpointed`` for a ``checkpoint-and-requeue`` -> wait for hpcsched to requeue the job
   (Slurm then kills this step and reruns the batch script at the new size); if no requeue comes
-  within ``--requeue-timeout`` seconds, resume at the current size so the job never idles.
+  within ``--requeue-timeout`` seconds, resume at the current size so the job never idles;
+* ``stopped``: the workers checkpointed on Slurm's ``SIGUSR1`` (hpcsub asks for it
+  :data:`~hpcsched.job.submit.PRE_TIMEOUT_S` seconds before the time limit) -> ``scontrol
+  requeue`` the job itself, so it reruns from that checkpoint instead of being killed at its
+  limit (a requeued job waits 121 s to start, ``docs/slurm-22.05-notes.md`` §3, unless the
+  daemon releases it at once). Where Slurm refuses (``--no-requeue``), relaunch from the
+  checkpoint and train on until the limit.
 
 Slurm behaviour relied on (measured on 22.05, ``docs/slurm-22.05-notes.md`` §3): a shrink
 SIGKILLs tasks on released nodes (hence checkpoint first); the batch environment is stale after
@@ -233,8 +239,12 @@ class Launcher:
                 log.error("cannot run on %d node(s): %s", len(nodes), exc)
                 self._save_state(LauncherPhase.FAILED, error=str(exc))
                 return 1
+            launched_at = time.time()
             rc = self._launch(cfg, nodes)
             ack = self._read_ack()
+            if ack is not None and ack.state == AckState.STOPPED and ack.time >= launched_at:
+                self._requeue_self(cfg, ack)
+                continue
             if ack is not None and ack.state == AckState.CHECKPOINTED:
                 log.info("workers exited %.2f s after the checkpoint for generation %d",
                          time.time() - ack.time, ack.generation)
@@ -338,6 +348,26 @@ class Launcher:
             self.env.update({"SLURM_JOB_NODELIST": info.nodes, "SLURM_NODELIST": info.nodes,
                              "SLURM_JOB_NUM_NODES": str(info.node_count),
                              "SLURM_NNODES": str(info.node_count)})
+
+    def _requeue_self(self, cfg: LaunchConfig, ack: ctl.Ack) -> None:
+        """The workers checkpointed and stopped on Slurm's signal: ``scontrol requeue`` this job
+        (Slurm ends this batch step and reruns the script, which resumes from the checkpoint)
+        and wait for the end. Returns only if Slurm refuses (a ``--no-requeue`` job) or does not
+        end the step within ``--requeue-timeout`` seconds: the caller relaunches."""
+        log.info("workers checkpointed at step %d on Slurm's signal (%s); requeueing job %s",
+                 ack.step, ack.checkpoint or "no checkpoint directory", self.job_id)
+        self._save_state(LauncherPhase.REQUEUED, cfg)
+        try:
+            _while_unreachable(lambda: slurm.requeue(self.job_id), "scontrol requeue")
+        except slurm.SlurmError as exc:
+            log.warning("Slurm did not requeue job %s (%s): training on from the checkpoint "
+                        "until the time limit", self.job_id, exc)
+            return
+        deadline = time.monotonic() + self.requeue_timeout
+        while time.monotonic() < deadline:
+            time.sleep(0.5)  # Slurm ends this step when the requeue takes effect
+        log.warning("job %s still runs %.0f s after its requeue; relaunching", self.job_id,
+                    self.requeue_timeout)
 
     def _wait_for_requeue(self, pending: ctl.Control, cfg: LaunchConfig) -> None:
         log.info("checkpointed for generation %d; waiting up to %.0f s to be requeued at %d "

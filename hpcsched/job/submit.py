@@ -323,14 +323,28 @@ def _node_limit(opts: dict[str, object], kind: str, default: int, wpn: int) -> i
     return n if n is not None else default
 
 
+#: seconds before its time limit that Slurm signals a job (``--signal=USR1@<this>``), so that it
+#: checkpoints at its next step boundary and requeues itself (``docs/control-protocol.md``,
+#: "Slurm's own signals"): Slurm checks time limits every 30 s or so and may signal up to that
+#: much earlier (sbatch(1), ``--signal``), and the checkpoint must be written before the limit
+PRE_TIMEOUT_S = 120
+
+
 def _default_directives(geo: Geometry, wpn: int, given: Sequence[str], script_name: str) -> list[str]:
-    """Directives hpcsub adds: one task per GPU and the script's name as the job name, unless
-    the ``given`` sbatch options already say."""
+    """Directives hpcsub adds unless the ``given`` sbatch options already say: one task per
+    GPU, the script's name as the job name, and a ``SIGUSR1`` :data:`PRE_TIMEOUT_S` seconds
+    before the time limit (``--signal``), on which the job checkpoints and requeues itself
+    (the template's ``--requeue``; ``--no-requeue`` opts out)."""
+    def says(name: str) -> bool:
+        return any(a == name or a.startswith(name + "=") for a in given)
+
     defaults = []
     if geo.ntasks_per_node is None and geo.ntasks is None:
         defaults.append(f"--ntasks-per-node={wpn}")
     if not any(a in ("-J",) or a.startswith(("--job-name", "-J")) for a in given):
         defaults.append(f"--job-name={script_name}")
+    if not says("--signal"):
+        defaults.append(f"--signal=USR1@{PRE_TIMEOUT_S}")
     return defaults
 
 

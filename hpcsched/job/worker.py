@@ -7,12 +7,17 @@ node, ``GROUP_RANK`` = ``SLURM_NODEID``; ``MASTER_ADDR`` and ``MASTER_PORT`` com
 launcher (:class:`hpcsched.protocol.env.LaunchEnv`). This is what lets an unmodified script that
 only reads the standard torch.distributed environment run under hpcsub.
 
+``SIGUSR1``, which Slurm sends before the job's time limit (hpcsub's ``--signal=USR1@120``),
+is ignored until the script's :class:`hpcsched.elastic.ElasticJob` listens for it (an ignored
+signal stays ignored across ``exec``; its default action would end the process).
+
 Usage (by the launcher): ``python -m hpcsched.worker SCRIPT [ARGS...]``
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Mapping
 
@@ -46,6 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     env = dict(os.environ)
     env.update(torch_env(env))
     python = LaunchEnv.from_env(env).python or sys.executable
+    if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     os.execvpe(python, [python, *argv], env)
 
 

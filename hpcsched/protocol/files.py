@@ -412,8 +412,8 @@ class LauncherState:
         job_uid: as in :class:`Control`.
         job_id: the Slurm job id the launcher runs in.
         phase: :class:`~hpcsched.protocol.kinds.LauncherPhase` (``running``, ``resizing``,
-            ``awaiting-requeue``, ``finished``, ``failed``); the daemon gives a job whose phase
-            is ``in_transition`` no other change.
+            ``awaiting-requeue``, ``requeued``, ``stopped``, ``finished``, ``failed``); the
+            daemon gives a job whose phase is ``in_transition`` no other change.
         launches: ``srun`` launches of the workers so far in this Slurm run (and the runs before
             a requeue, whose state it read back).
         resizes: allocation changes the launcher adopted (Slurm's resize script).

@@ -74,11 +74,16 @@ class AckState(StrEnum):
       "applied" in hpcsched).
     * ``CHECKPOINTED``: the job checkpointed for a generation that needs a restart or shrink.
     * ``REJECTED``: the job cannot apply the generation (``message`` says why).
+    * ``STOPPED``: the job checkpointed at the generation in force and stopped because Slurm
+      signalled it (``SIGUSR1``: its time limit is near, ``sbatch --signal``; or an admin's
+      ``scancel --signal=USR1``); it resumes from that checkpoint when requeued
+      (``docs/control-protocol.md``, "Slurm's own signals").
     """
 
     APPLIED = "applied"
     CHECKPOINTED = "checkpointed"
     REJECTED = "rejected"
+    STOPPED = "stopped"
 
 
 class LauncherPhase(StrEnum):
@@ -87,13 +92,18 @@ class LauncherPhase(StrEnum):
     RUNNING = "running"                    # workers running at the configuration in force
     RESIZING = "resizing"                  # shrinking the allocation and relaunching
     AWAITING_REQUEUE = "awaiting-requeue"  # checkpointed for a grow; waits for the requeue
+    #: checkpointed at Slurm's signal (time limit near) and requeued itself; resumes from it
+    REQUEUED = "requeued"
+    #: checkpointed at Slurm's signal; not requeued (``--no-requeue``): ends at its time limit
+    STOPPED = "stopped"
     FINISHED = "finished"
     FAILED = "failed"
 
     @property
     def in_transition(self) -> bool:
         """A resize is under way: the job must not be given another change."""
-        return self in (LauncherPhase.RESIZING, LauncherPhase.AWAITING_REQUEUE)
+        return self in (LauncherPhase.RESIZING, LauncherPhase.AWAITING_REQUEUE,
+                        LauncherPhase.REQUEUED, LauncherPhase.STOPPED)
 
 
 __all__ = ["ACTION_FOR_KIND", "AckState", "ChangeKind", "ControlAction", "LauncherPhase"]

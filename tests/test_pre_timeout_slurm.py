@@ -1,0 +1,70 @@
+"""A job that reaches its Slurm time limit loses no work (issue 33), on the real dev cluster.
+
+The job asks for 2 minutes and a ``SIGUSR1`` 90 s before the limit (slurmctld checks time
+limits about every 30 s, so the signal comes 30-60 s into each run) and has about 70 s of
+training to do. At the signal its workers checkpoint at the next step boundary and stop, its
+launcher requeues it, and the daemon (policy ``static``: it changes no job's size) starts it
+again at its next round instead of Slurm's 121 s requeue hold. The job is requeued once or
+twice, ends COMPLETED, never TIMEOUT, and its own records show every sample of every epoch once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcsched import slurm
+from hpcsched.protocol import files as ctl
+from hpcsched.protocol.jobdir import JobDir
+from tests.conftest import EXAMPLE, start_daemon, stop_daemon, submit, wait_for
+from tests.jobrecords import check_exactly_once, load_records
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+DIGITS = 1797
+EPOCHS = 50     # 29 steps of 0.05 s per epoch: about 73 s of training
+
+
+def test_a_job_at_its_time_limit_resumes_from_its_pre_timeout_checkpoint(daemon_env, devcluster,
+                                                                         slurm_jobs):
+    tmp_path, _ = daemon_env
+    cfg = Path(os.environ["HPCSCHED_CONFIG"])
+    cfg.write_text(cfg.read_text().replace('name = "dp"', 'name = "static"'))
+    proc = start_daemon(tmp_path)
+    try:
+        job = submit(tmp_path, "-N", "1", "--gres=gpu:2", "--time=2", "--signal=USR1@90",
+                     "--hpcsched-batch-size", "64", str(EXAMPLE), "--epochs", str(EPOCHS),
+                     "--min-step-time", "0.05")
+        slurm_jobs.append(job)
+        jd = JobDir.for_job(job)
+        stopped = wait_for(lambda: (a := ctl.read_ack(jd.ack_path, jd.uid)) and
+                           a.state == "stopped" and a, 150, "the job to stop on Slurm's signal",
+                           interval=0.5)
+        t_stop = time.time()
+        requeued = wait_for(lambda: (i := slurm.job_info(job)) and i.restarts >= 1 and i, 60,
+                            "the job to requeue itself", interval=0.5)
+        again = wait_for(lambda: (i := slurm.job_info(job)) and i.restarts >= 1
+                         and i.state != "PENDING" and i, 60, "the daemon to start it again",
+                         interval=0.5)
+        back_after = time.time() - t_stop
+        print(f"stopped at step {stopped.step}; running again {back_after:.1f} s later")
+        final = wait_for(lambda: (i := slurm.job_info(job)) and not i.active and i, 400,
+                         "the job to finish", interval=1)
+    finally:
+        stop_daemon(proc)
+    out = tmp_path / f"slurm-{job}.out"
+    assert final.state == "COMPLETED", (final, out.read_text()[-3000:] if out.exists() else "")
+    assert back_after < 30, f"running again {back_after:.0f} s after the stop (Slurm's hold: 121 s)"
+    assert requeued.restarts >= 1 and again.state in ("RUNNING", "COMPLETING", "COMPLETED")
+    assert stopped.checkpoint, "the stop wrote a checkpoint (later ones replace it on disk)"
+    recs = load_records(jd.path)
+    check_exactly_once(recs, DIGITS, EPOCHS)
+    first = [r for r in recs if r["restart"] == 0]
+    later = [r for r in recs if r["restart"] >= 1]
+    assert first and later, "trained both before and after the requeue"
+    # the second run starts where the checkpoint left off: no step before it again
+    assert min(r["step"] for r in later) >= stopped.step
+    assert "requeued itself on Slurm's signal: StartTime=now" in (tmp_path / "daemon.log").read_text()
