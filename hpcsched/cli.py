@@ -19,6 +19,7 @@ class _LazyGroup(click.Group):
     """Click group that imports a subcommand's module only when it is invoked."""
 
     _lazy = {
+        "check": ("hpcsched.daemon.preflight", "check_command"),
         "daemon": ("hpcsched.daemon.round", "daemon_command"),
         "db": ("hpcsched.daemon.store", "db_group"),
         "devcluster": ("hpcsched.slurm.devcluster", "devcluster"),

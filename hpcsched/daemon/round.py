@@ -55,7 +55,7 @@ from pathlib import Path
 import click
 
 from hpcsched import slurm
-from hpcsched.daemon import views
+from hpcsched.daemon import preflight, views
 from hpcsched.daemon.actuator import (
     Action,
     Actuator,
@@ -536,6 +536,10 @@ def daemon_command(config, once, interval, dry_run, metrics_port, metrics_addr):
     except (ConfigError, PolicyError) as exc:
         raise click.ClickException(str(exc))
     logging.getLogger().setLevel(settings.daemon.log_level.upper())
+    refusal = preflight.start_refusal(settings)   # a [daemon] partitions entry Slurm lacks
+    if refusal:
+        click.echo(refusal, err=True)
+        raise SystemExit(2)
     lock = _Lock(settings.daemon.lock_file)
     lock.acquire()
     store = Store(settings.daemon.database_url)
