@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from tests.conftest import (
 from tests.jobrecords import check_exactly_once, load_records
 
 DIGITS = 1797
+EPOCHS_A = 60    # A runs on n1:4,n2:2 after about 20 s, is released for B at about 26 s, ends at about 60 s
 EMULATED = Path(__file__).resolve().parent.parent / "jobscripts" / "examples" / "emulated.py"
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -52,13 +54,15 @@ def test_4_plus_2_gpus_beside_a_foreign_job_then_a_release(daemon_env, blocker, 
     slurm_jobs.append(foreign)
     wait_for(lambda: (i := slurm.job_info(foreign)) and i.state == "RUNNING", 60, "the foreign job")
     a = submit(tmp_path, "-N", "1", "--gres=gpu:4", "--hpcsched-max-nodes", "2",
-               "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", "120", "--sample-time", "0.002")
+               "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", str(EPOCHS_A), "--sample-time", "0.002")
     slurm_jobs.append(a)
     proc = start_daemon(tmp_path)
+    t0 = time.time()
     try:
         store = daemon_store(tmp_path, db)
         wait_for(lambda: ("reform", "n1:4,n2:2", "running") in _layouts(store, a), 240,
                  "A to run on n1:4,n2:2")
+        t_grown = time.time() - t0
         # B trains an application with a prior (ncf, emulated): the plan knows its rate before
         # it runs, and its work is far shorter than A's
         b = submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-application", "ncf",
@@ -67,9 +71,13 @@ def test_4_plus_2_gpus_beside_a_foreign_job_then_a_release(daemon_env, blocker, 
         slurm_jobs.append(b)
         wait_for(lambda: ("reform", "n1:4", "running") in _layouts(store, a), 240,
                  "A's extension released for B")
+        t_released = time.time() - t0
         infos = wait_for(lambda: finished([a, b]), 400, "A and B to finish", interval=2)
+        t_done = time.time() - t0
     finally:
         stop_daemon(proc)
+    print(f"A on n1:4,n2:2 after {t_grown:.0f} s, released for B after {t_released:.0f} s, "
+          f"both done after {t_done:.0f} s")
     log = (tmp_path / "daemon.log").read_text()
     assert proc.returncode == 0, log[-3000:]
     for j in (a, b):
@@ -84,7 +92,7 @@ def test_4_plus_2_gpus_beside_a_foreign_job_then_a_release(daemon_env, blocker, 
     for f in jd.metrics_dir.glob("launch-1-rank-*.jsonl"):
         assert len({json.loads(line)["pid"] for line in f.read_text().splitlines()}) == 1, f
     assert not list(jd.metrics_dir.glob("launch-2-*"))
-    check_exactly_once(load_records(jd.path), DIGITS, 120)
+    check_exactly_once(load_records(jd.path), DIGITS, EPOCHS_A)
     # status shows the layouts the plan gave, with their mechanism
     detail = cli("hpcsched", "status", a).stdout
     assert "reform by extend: 1->2 node(s) (n1:4,n2:2)" in detail, detail

@@ -28,6 +28,7 @@ from tests.jobrecords import check_exactly_once, load_records
 
 DIGITS = 1797
 ROUND = 5.0
+EPOCHS = 100     # grown over all 4 nodes after about 40 s, done after about 120 s
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
@@ -49,15 +50,17 @@ def test_a_plain_job_waits_a_round_not_an_elastic_job(daemon_env, devcluster, sl
     cfg.write_text(cfg.read_text().replace('[policy]\nname = "dp"\n', "")
                    .replace("round_interval = 2.0", f"round_interval = {ROUND}"))
     elastic = [submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-max-gpus", "16",
-                      "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", "200",
+                      "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", str(EPOCHS),
                       "--sample-time", "0.002") for _ in range(2)]
     slurm_jobs.extend(elastic)
     proc = start_daemon(tmp_path)
+    t0 = time.time()
     try:
         store = daemon_store(tmp_path, db)
         # grown over all 4 nodes, and no resize in flight (the scenario: they had grown)
         wait_for(lambda: len(_nodes_held(slurm.squeue(), set(elastic))) == 4
                  and not store.open_actions(), 240, "the elastic jobs to grow over all 4 nodes")
+        grown = time.time() - t0
         plain = subprocess.run(["sbatch", "--parsable", "-N", "2", "--gres=gpu:4",
                                 f"--output={tmp_path}/plain.out", "--wrap", "sleep 10"],
                                capture_output=True, text=True, check=True).stdout.strip()
@@ -69,8 +72,11 @@ def test_a_plain_job_waits_a_round_not_an_elastic_job(daemon_env, devcluster, sl
         running = slurm.squeue()
         infos = wait_for(lambda: finished(elastic + [plain]), 600, "every job to finish",
                          interval=2)
+        done = time.time() - t0
     finally:
         stop_daemon(proc)
+    print(f"grown over 4 nodes after {grown:.0f} s; the plain job waited {waited:.1f} s; "
+          f"all done after {done:.0f} s")
     log = (tmp_path / "daemon.log").read_text()
     assert waited <= 15.0, (waited, log[-4000:])
     assert all(running[j].state == "RUNNING" for j in elastic), running   # smaller, running
@@ -78,4 +84,4 @@ def test_a_plain_job_waits_a_round_not_an_elastic_job(daemon_env, devcluster, sl
     for j in elastic + [plain]:
         assert infos[j].state == "COMPLETED", j
     for j in elastic:
-        check_exactly_once(load_records(JobDir.for_job(j).path), DIGITS, 200)
+        check_exactly_once(load_records(JobDir.for_job(j).path), DIGITS, EPOCHS)
