@@ -5,6 +5,7 @@ they need, extension GPUs they need are released first, and the daemon's snapsho
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from types import MappingProxyType
 
 from hpcsched import slurm
@@ -129,3 +130,29 @@ def test_a_nodes_extension_gpus_go_back_whole_even_for_one():
     assert (release.mechanism, release.layout, release.to_gpus) == (
         Mechanism.RELEASE, (("n1", 4),), 4)
     assert "4 on n2" in release.reason
+
+
+def test_a_job_keeps_the_gpus_it_was_submitted_with():
+    """J was submitted with 8 GPUs and the daemon started it on 4 (its primary, n1) and grew
+    it by extension onto n2 (4): all 8 are its own, as Slurm alone would have held them, so
+    bob's 1 x 4 job waits. Grown on onto n3 too, J gives back n3's block, its growth beyond
+    what it was submitted with, and keeps n2's."""
+    own = replace(_job(names=("n1", "n2"), layout=(4, 4), primary=(4,)), submitted_gpus=8)
+    bob = ForeignJob("94", "bob", 1, 4, 50)
+    planned, releases, notes = yield_to_foreign(_snap([own], (("n1", 4), ("n2", 4)), [bob]))
+    assert releases == [] and not planned.job("J").busy
+    assert notes == ["other users' pending jobs: 0 free GPU(s) kept for them; 1 wait for running "
+                     "jobs to end"]
+    grown = replace(own, nodes=3, node_names=("n1", "n2", "n3"), layout=(4, 4, 4))
+    _, (release,), _ = yield_to_foreign(_snap([grown], (("n1", 4), ("n2", 4), ("n3", 4)), [bob]))
+    assert (release.mechanism, release.layout) == (Mechanism.RELEASE, (("n1", 4), ("n2", 4)))
+
+
+def test_a_foreign_job_that_cannot_start_yet_claims_no_free_gpus():
+    """bob's 1 x 4 job fits nowhere (n2 has 2 free beside another user's 2): the 2 free GPUs
+    stay free for grows, by extension, which go back once bob's job fits."""
+    snap = _snap([_job()], (("n1", 4), ("n2", 2)), [ForeignJob("95", "bob", 1, 4, 50)],
+                 other=(("n2", 2),))
+    planned, releases, notes = yield_to_foreign(snap)
+    assert releases == [] and {n.name: n.gpus_free for n in planned.nodes} == {"n1": 0, "n2": 2}
+    assert notes[0].endswith("1 wait for running jobs to end")

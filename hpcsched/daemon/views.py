@@ -113,6 +113,8 @@ class JobFacts:
             the job (:func:`last_resize`); ``None``: none since it was submitted, or unknown.
         step_corrections: what its application's jobs measured here
             (:func:`application_tables`); ``None``: not gathered.
+        submitted_gpus: GPUs it was submitted with (hpcsub's nodes x GPUs per node); 0:
+            unknown.
     """
 
     info: slurm.JobInfo
@@ -133,6 +135,7 @@ class JobFacts:
     resized_at: float | None = None
     last_resize: str | None = None
     step_corrections: StepCorrections | None = None
+    submitted_gpus: int = 0
 
 
 def attained_gpu_seconds(profile: Iterable[ProfilePoint]) -> float:
@@ -155,7 +158,7 @@ def job_view(f: JobFacts) -> JobView:
         busy=f.busy, user=f.info.user, partition=f.info.partition,
         attained_gpu_seconds=attained_gpu_seconds(f.profile),
         remaining_samples=f.report.remaining_samples, grad_noise=f.report.grad_noise,
-        held=f.held, layout=f.layout, primary=f.primary,
+        held=f.held, submitted_gpus=f.submitted_gpus, layout=f.layout, primary=f.primary,
         resized_at=f.resized_at if f.resized_at is not None else (f.start_time if running else None),
         last_resize=f.last_resize, step_corrections=f.step_corrections)
 
@@ -394,7 +397,8 @@ def daemon_job_facts(jd: JobDir, spec: JobSpec, info: slurm.JobInfo, store: Stor
                     # effect (its start, for generation 0): reconcile's no-thrash hold counts
                     # from it
                     resized_at=ack.time if ack is not None and info.state == "RUNNING" else None,
-                    last_resize=last_resize(info.job_id, store) if info.state == "RUNNING" else None)
+                    last_resize=last_resize(info.job_id, store) if info.state == "RUNNING" else None,
+                    submitted_gpus=spec.nodes * spec.limits.workers_per_node)
 
 
 def _credible_progress(progress: ctl.Progress | None, spec: JobSpec,

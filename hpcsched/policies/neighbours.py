@@ -12,16 +12,26 @@ a begin time), highest Slurm priority first, and gives each the GPUs Slurm would
    requeue), however long the foreign job has waited;
 2. where free GPUs are not enough, **extension GPUs** of running hpcsched jobs (GPUs they hold
    beyond their primary Slurm job, :mod:`hpcsched.policies.realise`; all of a job's on a node at
-   a time, so perhaps more than the foreign job needs): each such job is made to
-   **release** them this round (a ``release``: the ranks on them leave at the next step
-   boundary, no checkpoint, no restart; 0.15 s on the dev cluster), before anything else, without
-   the gain test or the no-thrash hold. The job is busy for the policy this round.
+   a time, so perhaps more than the foreign job needs) that the job holds **beyond what it was
+   submitted with** (:attr:`~hpcsched.policies.snapshot.JobView.submitted_gpus`): each such job
+   is made to **release** them this round (a ``release``: the ranks on them leave at the next
+   step boundary, no checkpoint, no restart; 0.15 s on the dev cluster), before anything else,
+   without the gain test or the no-thrash hold. The job is busy for the policy this round.
 
-A foreign job that does not fit even then (it needs GPUs of primary Slurm jobs, or of other
-users' running jobs) claims nothing yet: Slurm starts it when they end, and grows wait meanwhile
-only if it claimed the free GPUs (step 1 claims whatever part of it fits, node by node). GPUs of
-a primary job are never taken back for a foreign job: that would be preemption, which Slurm's
-own QOS and partition rules decide.
+What a job was submitted with is its own: Slurm alone would hold that much for it from its
+start to its end, whatever else pends, so no foreign job waits longer for it than without
+hpcsched (a job the daemon started smaller, its primary at its fewest GPUs, keeps extension GPUs
+up to its submitted size). What hpcsched grows it by beyond that is lent, and goes back as soon
+as a foreign job can start on it.
+
+A foreign job that does not fit even then (it needs GPUs of primary Slurm jobs, GPUs of
+hpcsched jobs within their submitted size, or GPUs of other users' running jobs) claims nothing
+yet: grows may use the free GPUs meanwhile, by extension, and give them back when the job fits.
+Why (measured, ``docs/daemon.md``, "Sharing the cluster"): claiming the free part of such a
+job, and yielding GPUs within jobs' submitted sizes, cost the elastic jobs a quarter of their
+gain for waits shorter than other users' jobs get without hpcsched.
+GPUs of a primary job are never taken back for a foreign job: that would be preemption, which
+Slurm's own QOS and partition rules decide.
 
 Pure: ``(ClusterSnapshot) -> (ClusterSnapshot, changes, notes)``. Units: GPUs.
 """
@@ -58,7 +68,6 @@ def yield_to_foreign(snapshot: ClusterSnapshot) -> tuple[ClusterSnapshot, list[C
         nodes = _place(f, {n: g for n, g in free.items() if n in usable}, spare)
         if nodes is None:
             waiting += 1
-            _claim_what_fits(f, free, claimed, usable)
             continue
         for n in nodes:
             use = min(free[n], f.gpus_per_node)
@@ -78,16 +87,21 @@ def yield_to_foreign(snapshot: ClusterSnapshot) -> tuple[ClusterSnapshot, list[C
 
 
 def _extension_gpus(snapshot: ClusterSnapshot) -> dict[str, list[tuple[str, int]]]:
-    """Per node, the running managed jobs (not busy) with GPUs there beyond their primary's,
-    and how many."""
+    """Per node, the running managed jobs (not busy) with GPUs there beyond their primary's
+    that they may give back, and how many: a job keeps what it was submitted with
+    (:attr:`~hpcsched.policies.snapshot.JobView.submitted_gpus`, what Slurm alone would hold for
+    it), so only the node blocks its growth beyond that fill, the last-added nodes first."""
     out: dict[str, list[tuple[str, int]]] = {}
     for j in snapshot.jobs:
         if j.state != "RUNNING" or j.busy or not j.primary:
             continue
         primary = j.primary_allocation()
-        for n, g in j.allocation().items():
-            if g > primary.get(n, 0):
-                out.setdefault(n, []).append((j.job_id, g - primary.get(n, 0)))
+        room = j.gpus - j.submitted_gpus if j.submitted_gpus else j.gpus
+        for n, g in reversed(list(j.allocation().items())):
+            extra = g - primary.get(n, 0)
+            if 0 < extra <= room:
+                out.setdefault(n, []).append((j.job_id, extra))
+                room -= extra
     return out
 
 
@@ -102,17 +116,6 @@ def _place(f: ForeignJob, free: dict[str, int], spare: dict[str, list[tuple[str,
         return None
     fits.sort(key=lambda n: (max(0, f.gpus_per_node - free[n]), free[n], n))
     return fits[:f.nodes]
-
-
-def _claim_what_fits(f: ForeignJob, free: dict[str, int], claimed: dict[str, int],
-                     usable: set[str]) -> None:
-    """A foreign job that cannot start now keeps the free GPUs it will start on: on each node
-    of its partition (``usable``) that has its GPUs per node free, fullest first, up to its node
-    count."""
-    fits = sorted((n for n in usable if free[n] >= f.gpus_per_node), key=lambda n: (free[n], n))
-    for n in fits[:f.nodes]:
-        free[n] -= f.gpus_per_node
-        claimed[n] = claimed.get(n, 0) + f.gpus_per_node
 
 
 def _take(spare: dict[str, list[tuple[str, int]]], node: str, need: int) -> list[tuple[str, int]]:

@@ -164,6 +164,10 @@ class JobView:
     remaining_samples: float | None = None  # samples left to train on, if the job says
     grad_noise: tuple[float, float] | None = None  # (grad_sqr, grad_var) latest, if reported
     held: bool = False                     # pending, held by hpcsched after a preemption
+    #: GPUs the job was submitted with: what Slurm alone would hold for it while it runs. Up to
+    #: this many, its GPUs are its own against other users' pending jobs; beyond it, a grow
+    #: yields to them (:mod:`hpcsched.policies.neighbours`). 0: unknown (nothing is its own)
+    submitted_gpus: int = 0
     #: GPUs on each node of its allocation, when they differ from node to node (GPU-granular
     #: plans: ``(4, 2)``); empty: ``workers_per_node`` on each of ``nodes``
     layout: tuple[int, ...] = ()

@@ -217,7 +217,8 @@ class Simulator:
             requested_nodes=j.req_nodes, start_time=j.start_time,
             layout=j.view_layout(self.cfg.gpus_per_node), primary=j.view_primary(),
             resized_at=j.resized_at if j.state == "RUNNING" else None,
-            last_resize=j.last_resize, step_corrections=tables.get(application_key(j.application_name))))
+            last_resize=j.last_resize, step_corrections=tables.get(application_key(j.application_name)),
+            submitted_gpus=j.wj.gpus))
 
     def snapshot(self) -> ClusterSnapshot:
         """What the daemon would see now (the observation plus the jobs' own reports)."""
