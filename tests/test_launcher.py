@@ -138,6 +138,7 @@ LAUNCH_VARIABLES = {
     "inplace_shrink": "HPCSCHED_INPLACE_SHRINK", "master_addr": "MASTER_ADDR",
     "master_port": "MASTER_PORT", "extensions": "HPCSCHED_EXTENSIONS",
     "join_generation": "HPCSCHED_JOIN_GENERATION", "fault_timeout": "HPCSCHED_FAULT_TIMEOUT",
+    "mtbf": "HPCSCHED_MTBF",
 }
 
 
@@ -217,7 +218,7 @@ def test_the_workers_environment(launcher):
         "HPCSCHED_PYTHON": "/usr/bin/python3", "HPCSCHED_INPLACE_SHRINK": "1",
         "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": str(master_port("4242", 3)),
         "HPCSCHED_EXTENSIONS": "1", "HPCSCHED_JOIN_GENERATION": "0",
-        "HPCSCHED_FAULT_TIMEOUT": "30.0",
+        "HPCSCHED_FAULT_TIMEOUT": "30.0", "HPCSCHED_MTBF": "0.0",
     }
 
 

@@ -255,6 +255,12 @@ class DaemonSettings:
         "address the metrics endpoint listens on; the default keeps it to this host (it has no "
         "authentication and names jobs and nodes): set the host's address for a remote "
         "Prometheus, behind a firewall")
+    site_limits: str = _opt(
+        "", _string(),
+        "the site's limits on elastic jobs that the daemon enforces itself: the job_submit "
+        "plugin's settings file (max_gpus = N, partition.<name>.max_gpus = N; "
+        "slurm-plugins/job_submit.lua); \"\" = job_submit_hpcsched.conf beside slurm.conf. A "
+        "missing file is no limit")
     admin_group: str = _opt(
         "hpcsched-admin", _string(),
         "Unix group whose members, besides root, see and resize every user's jobs with hpcsched "

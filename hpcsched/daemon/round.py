@@ -75,6 +75,7 @@ from hpcsched.daemon.phases import History, ResizePhase, Timeouts
 from hpcsched.daemon.probes import ProbeWatch
 from hpcsched.daemon.reaper import Reaper
 from hpcsched.daemon.requeued import release_requeued
+from hpcsched.daemon.site_limits import read_site_limits
 from hpcsched.daemon.store import Store
 from hpcsched.daemon.views import application_of
 from hpcsched.policies import POLICIES, PolicyError, make_policy
@@ -288,7 +289,8 @@ class Daemon:
         snapshot = views.daemon_snapshot(obs, managed, self.store, busy,
                                          self.settings.daemon.partitions,
                                          self.settings.daemon.throughput_model,
-                                         self.settings.daemon.plan_granularity)
+                                         self.settings.daemon.plan_granularity,
+                                         read_site_limits(self.settings.daemon.site_limits))
         rep.jobs, rep.snapshot = len(snapshot.jobs), snapshot
         t = time.perf_counter()
         costs, said = measured_costs(self.store.actions(limit=200), self.costs)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from hpcsched import slurm
 from hpcsched.daemon.actuator import current_from
+from hpcsched.daemon.site_limits import SiteLimits, job_limits
 from hpcsched.perf.priors import application_key
 from hpcsched.perf.shared import StepCorrections, step_corrections
 from hpcsched.policies.snapshot import ClusterSnapshot, ForeignJob, GPUView, JobView, ProfilePoint
@@ -346,7 +347,7 @@ def _spec_problem(spec: JobSpec) -> str | None:
         return "script_args and sbatch_args must be strings"
     if not isinstance(spec.nodes, int) or isinstance(spec.nodes, bool) or not 0 < spec.nodes < 2**31:
         return "nodes must be a positive integer"
-    for name in ("created_at", "checkpoint_interval"):
+    for name in ("created_at", "checkpoint_interval", "mtbf"):
         v = getattr(spec, name)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
             return f"{name} must be a finite number"
@@ -501,7 +502,7 @@ def gpu_granular_facts(facts: JobFacts, extensions: Sequence[slurm.JobInfo],
 
 def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: Store,
                     busy: set[str], partitions: Sequence[str], throughput_model: str = "shared",
-                    granularity: str = "node") -> ClusterSnapshot:
+                    granularity: str = "node", site: SiteLimits | None = None) -> ClusterSnapshot:
     """The daemon's snapshot: every eligible managed job's view (a job hpcsched preempted and
     holds, or one job_submit.lua holds for placement: ``held``), and the measured GPUs. With
     ``throughput_model`` ``"shared"`` each view carries what its application's jobs measured
@@ -512,7 +513,8 @@ def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: 
     primary's part (:func:`gpu_granular_facts`), whatever the shape (4 + 2); at ``"node"`` only
     when its whole allocation is whole nodes of its workers per node (:func:`with_extensions`),
     otherwise they stay counted as GPUs other jobs hold and the job's view is its primary
-    allocation."""
+    allocation. Each job's limits are its spec's capped by the site's (``site``, and the
+    job_submit plugin's tag: :func:`hpcsched.daemon.site_limits.job_limits`)."""
     held = {job_id for job_id, (_, _, info) in managed.items() if job_id not in busy
             and (held_for_placement(info) or held_after_preemption(info, store))}
     exts = extension_jobs(obs, managed)
@@ -535,7 +537,9 @@ def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: 
         f = daemon_job_facts(jd, spec, widened.get(job_id, info), store, job_id in busy)
         if granularity == "gpu":
             f = gpu_granular_facts(f, exts.get(job_id, ()), spec.limits.workers_per_node)
-        return dataclasses.replace(f, held=job_id in held)
+        limits = job_limits(job_id, spec.limits, info.admin_comment, info.partition,
+                            site or SiteLimits())
+        return dataclasses.replace(f, held=job_id in held, limits=limits)
 
     views = tuple(job_view(facts(job_id, jd, spec, info))
                   for job_id, (jd, spec, info) in managed.items()

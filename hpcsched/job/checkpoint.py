@@ -17,6 +17,7 @@ pointer, and keeps the last two. Everything loads with ``torch.load(weights_only
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import time
@@ -103,35 +104,76 @@ def _tuples(x):
     return x
 
 
+#: seconds a checkpoint is assumed to take until the job has measured one
+ASSUMED_COST_S = 10.0
+#: bounds of the Young/Daly interval, seconds: no more often than every minute, at least every
+#: 6 hours
+MIN_INTERVAL_S, MAX_INTERVAL_S = 60.0, 6 * 3600.0
+
+
+def young_daly_interval(cost: float, mtbf: float) -> float:
+    """The checkpoint interval that minimises the expected time lost to checkpoints and to
+    failures, ``sqrt(2 x cost x mtbf)`` seconds (Young, "A first order approximation to the
+    optimum checkpoint interval", CACM 17(9), 1974; Daly, "A higher order estimate of the
+    optimum checkpoint interval for restart dumps", FGCS 22(3), 2006, eq. 37's first-order
+    term), within ``[MIN_INTERVAL_S, MAX_INTERVAL_S]``. Its overhead is about
+    ``cost / interval = sqrt(cost / (2 x mtbf))`` of the training time.
+
+    Args:
+        cost: seconds one checkpoint takes (> 0). mtbf: the job's mean time between failures,
+            seconds (> 0): its nodes' MTBF over its node count.
+    """
+    return min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, math.sqrt(2.0 * cost * mtbf)))
+
+
 class Checkpointer:
-    """Writes and finds one job's checkpoints.
+    """Writes and finds one job's checkpoints, and says when the job's own are due.
 
     Args:
         directory: where checkpoints go (None: no checkpoints).
-        interval: seconds between the job's own checkpoints (0: only when asked).
+        interval: seconds between the job's own checkpoints (> 0: fixed); 0: by ``mtbf``.
+        mtbf: with ``interval`` 0, the job's mean time between failures (seconds): its own
+            checkpoints follow :func:`young_daly_interval` of their measured cost (an
+            exponential average of the last ones; :data:`ASSUMED_COST_S` until one is
+            measured); 0 as well: only when asked (hpcsched's resizes, Slurm's signal).
     """
 
-    def __init__(self, directory: Path | None, interval: float = 0.0):
+    def __init__(self, directory: Path | None, interval: float = 0.0, mtbf: float = 0.0):
         self.directory = directory
         self.interval = interval
+        self.mtbf = mtbf
+        self.cost: float | None = None   # seconds per checkpoint, measured
         self._last = time.monotonic()
 
     @classmethod
-    def for_job(cls, directory: str, job_dir: Path | None, interval: float) -> Checkpointer:
+    def for_job(cls, directory: str, job_dir: Path | None, interval: float,
+                mtbf: float = 0.0) -> Checkpointer:
         """``directory`` if given, else the job directory's ``checkpoints/`` (none without a
         job directory)."""
         if directory:
-            return cls(Path(directory), interval)
-        return cls(job_dir / CHECKPOINTS_DIR if job_dir is not None else None, interval)
+            return cls(Path(directory), interval, mtbf)
+        return cls(job_dir / CHECKPOINTS_DIR if job_dir is not None else None, interval, mtbf)
+
+    @property
+    def period(self) -> float:
+        """Seconds between the job's own checkpoints now; 0: none of its own."""
+        if self.interval > 0:
+            return self.interval
+        if self.mtbf > 0 and self.directory is not None:
+            return young_daly_interval(self.cost or ASSUMED_COST_S, self.mtbf)
+        return 0.0
 
     @property
     def due(self) -> bool:
-        """The interval has passed since the last checkpoint."""
-        return self.interval > 0 and time.monotonic() - self._last >= self.interval
+        """The period has passed since the last checkpoint."""
+        period = self.period
+        return period > 0 and time.monotonic() - self._last >= period
 
-    def written(self) -> None:
-        """A checkpoint was just taken (restarts the interval)."""
+    def written(self, seconds: float | None = None) -> None:
+        """A checkpoint was just taken (restarts the period), in ``seconds`` where measured."""
         self._last = time.monotonic()
+        if seconds is not None and seconds >= 0:
+            self.cost = seconds if self.cost is None else 0.5 * self.cost + 0.5 * seconds
 
     def save(self, torch, state: dict, step: int) -> Path:
         """Write ``state`` (the entries of the format above except ``format``, ``time`` and

@@ -153,7 +153,7 @@ class ElasticJob(ElasticBoundary, ElasticMembership):
         self.state = DataPosition(dataset_size, epochs, seed)
         self._reg = Registered()
         self._ckpt = Checkpointer.for_job(launch.checkpoint_dir, self.job_dir,
-                                          launch.checkpoint_interval)
+                                          launch.checkpoint_interval, launch.mtbf)
         self.checkpoint_dir, self.checkpoint_interval = self._ckpt.directory, self._ckpt.interval
         self.record_samples = launch.record_samples
         self._lr = LRScaling.of_job_dir(jd)  # adaptive rules: the factor from the noise

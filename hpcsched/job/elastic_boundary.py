@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from pathlib import Path
 
 from hpcsched.job.boundary import Decision, agree
@@ -35,18 +36,22 @@ class ElasticBoundary:
         Returns the checkpoint path (None when no checkpoint directory is configured).
         """
         path = None
+        started = time.monotonic()
         if self._ckpt.directory is not None and self.rank == 0:
             self._noise.flush()
             state = training_state(self._cfg, self.state, self._reg, self._noise.estimator)
             path = self._ckpt.save(self._torch, state, self.state.step)
-            log.info("checkpoint %s (epoch %d, position %d)", path, self.state.epoch,
-                     self.state.position)
         if self._group is not None:
             try:
                 self._group.barrier()
             except RuntimeError as exc:
                 self._peer_lost(exc)
-        self._ckpt.written()
+        took = time.monotonic() - started
+        self._ckpt.written(took)
+        if path is not None:
+            period = self._ckpt.period
+            log.info("checkpoint %s (epoch %d, position %d) in %.3f s%s", path, self.state.epoch,
+                     self.state.position, took, f"; next in {period:.0f} s" if period else "")
         if path is None and self._ckpt.directory is not None:
             path = self._ckpt.latest_path()
         return path

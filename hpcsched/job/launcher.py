@@ -302,6 +302,7 @@ class Launcher:
             accumulation_steps=cfg.batch.accumulation_steps,
             global_batch_size=cfg.batch.global_batch_size, lr_scale=cfg.lr_scale,
             checkpoint_dir=spec.checkpoint_dir, checkpoint_interval=spec.checkpoint_interval,
+            mtbf=spec.mtbf,
             record_samples=spec.record_samples, python=spec.python, inplace_shrink=True,
             master_addr=master_addr,
             master_port=master_port(self.job_id, self.launches, port_is_free if local else None),

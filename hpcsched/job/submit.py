@@ -81,6 +81,13 @@ def _nonneg_float(v: str) -> float:
     return x
 
 
+def _positive_float(v: str) -> float:
+    x = _nonneg_float(v)
+    if x == 0:
+        raise ValueError(f"expected a number > 0, got {v!r}")
+    return x
+
+
 def _path(v: str) -> str:
     if not v:
         raise ValueError("expected a path, got ''")
@@ -97,6 +104,11 @@ def _lr_rule(v: str) -> str:
     if v not in LR_RULES:
         raise ValueError(f"expected one of {', '.join(LR_RULES)}, got {v!r}")
     return v
+
+
+#: default mean time between failures of one node, seconds (7 days): a conservative figure for
+#: GPU nodes; sites set theirs with $HPCSCHED_NODE_MTBF
+NODE_MTBF_S = 7 * 86400.0
 
 
 OPTIONS = {o.name: o for o in [
@@ -125,7 +137,12 @@ OPTIONS = {o.name: o for o in [
            "where the job writes checkpoints (default: <job dir>/checkpoints; must be shared by all nodes)",
            "DIR"),
     Option("checkpoint-interval", _nonneg_float,
-           "also checkpoint every this many seconds (default 0: only when hpcsched asks)", "SECONDS"),
+           "also checkpoint every this many seconds; 0: only when hpcsched or Slurm asks (default: "
+           "the Young/Daly interval, sqrt(2 x measured checkpoint time x the job's MTBF))", "SECONDS"),
+    Option("node-mtbf", _positive_float,
+           "mean time between failures of one node, seconds, for the default checkpoint interval: "
+           f"the job's MTBF is this over its nodes (default $HPCSCHED_NODE_MTBF or {NODE_MTBF_S:.0f}, "
+           "7 days)", "SECONDS"),
     Option("python", _path,
            "Python interpreter for the launcher and workers (default: the one running hpcsub)", "PATH"),
     Option("application", _application,
@@ -150,7 +167,7 @@ def help_text() -> str:
         flag = f"--hpcsched-{o.name}" + (f" {o.metavar}" if o.metavar else "")
         lines.append(f"  {flag:<38} {o.help}")
     lines += ["", "Environment: HPCSCHED_CONTROL_DIR (job directories, default ~/.hpcsched/jobs; "
-              "must be on a file system all nodes share)."]
+              "must be on a file system all nodes share); HPCSCHED_NODE_MTBF (see --hpcsched-node-mtbf)."]
     return "\n".join(lines)
 
 
@@ -232,6 +249,7 @@ def build_spec(argv: Sequence[str], job_uid: str, job_dir: Path) -> tuple[JobSpe
         limits=job_limits(opts, nodes, wpn),
         checkpoint_dir=str(opts.get("checkpoint-dir") or job_dir / CHECKPOINTS_DIR),
         checkpoint_interval=float(opts.get("checkpoint-interval") or 0.0),
+        mtbf=_job_mtbf(opts, nodes),
         record_samples=bool(opts.get("record-samples")),
         user=getpass.getuser(),
         created_at=time.time(),
@@ -240,6 +258,25 @@ def build_spec(argv: Sequence[str], job_uid: str, job_dir: Path) -> tuple[JobSpe
     defaults = _default_directives(geo, wpn, [*directives, *args.sbatch_args], script.name)
     return spec, list(args.sbatch_args), {"opts": opts, "directives": directives,
                                            "defaults": defaults, "geometry": geo}
+
+
+def _job_mtbf(opts: dict[str, object], nodes: int) -> float:
+    """The job's MTBF in seconds for its default checkpoint interval: the node MTBF
+    (``--hpcsched-node-mtbf``, else ``$HPCSCHED_NODE_MTBF``, else :data:`NODE_MTBF_S`) over its
+    submitted node count; 0 (no interval of its own by MTBF) when the user gave
+    ``--hpcsched-checkpoint-interval``.
+
+    Raises:
+        UsageError: ``$HPCSCHED_NODE_MTBF`` is not a number > 0."""
+    if opts.get("checkpoint-interval") is not None:
+        return 0.0
+    node = opts.get("node-mtbf")
+    if node is None and os.environ.get("HPCSCHED_NODE_MTBF"):
+        try:
+            node = _positive_float(os.environ["HPCSCHED_NODE_MTBF"])
+        except ValueError as exc:
+            raise UsageError(f"HPCSCHED_NODE_MTBF: {exc}") from None
+    return float(node or NODE_MTBF_S) / max(1, nodes)
 
 
 def validate_geometry(geo: Geometry) -> tuple[int, int]:

@@ -69,8 +69,12 @@ class LaunchEnv:
         lr_scale: factor on the base learning rate (``HPCSCHED_LR_SCALE``).
         checkpoint_dir: where checkpoints go (``HPCSCHED_CHECKPOINT_DIR``); "" = the job
             directory's ``checkpoints/``.
-        checkpoint_interval: seconds between the job's own checkpoints, 0 = only when asked
+        checkpoint_interval: seconds between the job's own checkpoints, 0 = by ``mtbf``
             (``HPCSCHED_CHECKPOINT_INTERVAL``).
+        mtbf: the job's mean time between failures, seconds (``HPCSCHED_MTBF``): with
+            ``checkpoint_interval`` 0 its own checkpoints follow the Young/Daly interval of their
+            measured cost (:func:`hpcsched.job.checkpoint.young_daly_interval`); 0 as well =
+            only when asked.
         record_samples: record each step's sample indices in the metrics
             (``HPCSCHED_RECORD_SAMPLES=1``).
         python: the interpreter that runs the training script (``HPCSCHED_PYTHON``).
@@ -100,6 +104,7 @@ class LaunchEnv:
     lr_scale: float = _var("HPCSCHED_LR_SCALE", "float", 1.0)
     checkpoint_dir: str = _var("HPCSCHED_CHECKPOINT_DIR", "str", "")
     checkpoint_interval: float = _var("HPCSCHED_CHECKPOINT_INTERVAL", "float", 0.0)
+    mtbf: float = _var("HPCSCHED_MTBF", "float", 0.0)
     record_samples: bool = _var("HPCSCHED_RECORD_SAMPLES", "bool", False)
     python: str = _var("HPCSCHED_PYTHON", "str", "")
     inplace_shrink: bool = _var("HPCSCHED_INPLACE_SHRINK", "bool", False)

@@ -156,8 +156,11 @@ class JobSpec:
         limits: the resize limits (:class:`~hpcsched.protocol.limits.JobLimits`: GPUs per node,
             node range, global batch-size range, per-GPU limit, base batch size, LR rule).
         checkpoint_dir: where the job writes checkpoints (shared by all nodes).
-        checkpoint_interval: seconds between the job's own checkpoints (0 = only when hpcsched
-            asks).
+        checkpoint_interval: seconds between the job's own checkpoints (0 = by ``mtbf``).
+        mtbf: the job's mean time between failures, seconds: with ``checkpoint_interval`` 0
+            its own checkpoints follow the Young/Daly interval of their measured cost
+            (:func:`hpcsched.job.checkpoint.young_daly_interval`); 0 as well = only when hpcsched
+            or Slurm asks.
         record_samples: whether workers record each step's sample indices.
         user, created_at: who submitted, and when (Unix seconds).
         application: what the job trains (``--hpcsched-application``; "" = the script's file
@@ -182,6 +185,7 @@ class JobSpec:
     user: str = ""
     created_at: float = 0.0
     application: str = ""
+    mtbf: float = 0.0
     schema: str = SPEC_SCHEMA
     extra: dict = field(default_factory=dict)
 
