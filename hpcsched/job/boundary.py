@@ -224,6 +224,17 @@ def agree(watcher: ControlWatcher, group, torch, rank: int, generation: int,
     return d
 
 
+def resize_line(generation: int, cfg: InForce, layout: dict | None, reason: str) -> str:
+    """The job-output line of an applied resize, e.g. ``hpcsched: generation 3: 6 GPU(s) on
+    n1:4,n2:2, global batch 384 (64 x 1 per GPU): grow by extend ...``."""
+    where = f" on {','.join(f'{n}:{g}' for n, g in layout.items())}" if layout else (
+        f" on {cfg.nodes} node(s)")
+    b = cfg.batch
+    return (f"hpcsched: generation {generation}: {cfg.world_size} GPU(s){where}, global batch "
+            f"{b.global_batch_size} ({b.local_batch_size} x {b.accumulation_steps} per GPU)"
+            + (f": {reason}" if reason else ""))
+
+
 class Reporter:
     """Rank 0's acknowledgements (``ack.json``) and progress reports (``progress.json``);
     other ranks, and a job without a job directory, write nothing.
@@ -253,8 +264,13 @@ class Reporter:
 
     def ack(self, state: AckState, generation: int, cfg: InForce, step: int,
             checkpoint: str = "", message: str = "", layout: dict | None = None) -> None:
+        """Write ``ack.json``; a resize applied (``applied`` for a generation > 0 that the file
+        did not already say was applied) is also one line on the job's output
+        (:func:`resize_line`), so users see what happened to their job without asking."""
         if self.jd is None:
             return
+        if state == AckState.APPLIED and generation > 0 and self._newly_applied(generation):
+            print(resize_line(generation, cfg, layout, self._reason(generation)), flush=True)
         ctl.write_ack(self.jd.ack_path, ctl.Ack(
             job_uid=self.jd.uid, generation=generation, state=state,
             world_size=cfg.world_size, nodes=cfg.nodes,
@@ -263,6 +279,25 @@ class Reporter:
             accumulation_steps=cfg.batch.accumulation_steps, step=step,
             time=time.time(), checkpoint=checkpoint, message=message, layout=layout or {},
         ))
+
+    def _newly_applied(self, generation: int) -> bool:
+        """The ack file does not already say ``applied`` (or ``stopped``) for ``generation``: a
+        relaunch after a requeue for Slurm's signal acknowledges the generation it resumes at
+        again, which is no resize."""
+        try:
+            before = ctl.read_ack(self.jd.ack_path, self.jd.uid)
+        except ctl.ProtocolError:
+            return True
+        return before is None or before.generation != generation or before.state not in (
+            AckState.APPLIED, AckState.STOPPED)
+
+    def _reason(self, generation: int) -> str:
+        """The reason hpcsched gave for ``generation`` (``control.json``), "" where unknown."""
+        try:
+            c = ctl.read_control(self.jd.control_path, self.jd.uid)
+        except ctl.ProtocolError:
+            return ""
+        return c.reason if c is not None and c.generation == generation else ""
 
     @property
     def work_done(self) -> bool:

@@ -152,8 +152,14 @@ OPTIONS = {o.name: o for o in [
            "NAME"),
     Option("record-samples", None,
            "record each step's sample indices in the metrics (for verification; costs disk)"),
+    Option("no-resize", None,
+           "managed (metrics, pre-timeout checkpoints, status) but never resized: the submitted "
+           "size and batch size are its only ones"),
     Option("print-script", None, "print the batch script that would be submitted and exit"),
 ]}
+#: options that set a resize range, which --hpcsched-no-resize pins instead
+_RANGE_OPTIONS = ("min-nodes", "max-nodes", "min-gpus", "max-gpus", "min-batch-size",
+                  "max-batch-size")
 
 # the hpcsched options that take no value
 _FLAGS = frozenset(n for n, o in OPTIONS.items() if o.parse is None)
@@ -308,9 +314,16 @@ def job_limits(opts: dict[str, object], nodes: int, workers_per_node: int) -> Jo
     Defaults: 1 node to the submitted count; a starting global batch of 32 samples per GPU;
     the batch-size range is the starting size alone; no per-GPU limit; linear LR scaling.
 
+    With ``--hpcsched-no-resize`` the range is the submitted size and batch size alone.
+
     Raises:
         UsageError: contradictory limits, or a submitted size or batch size outside them.
     """
+    if opts.get("no-resize"):
+        given = [f"--hpcsched-{o}" for o in _RANGE_OPTIONS if opts.get(o) is not None]
+        if given:
+            raise UsageError(f"--hpcsched-no-resize pins the job's size: drop {', '.join(given)}")
+        opts = {**opts, "min-nodes": nodes, "max-nodes": nodes}
     min_nodes, max_nodes = _node_limits(opts, nodes, workers_per_node)
     batch = opts.get("batch-size") or 32 * nodes * workers_per_node
     bmin = opts.get("min-batch-size") or min(batch, opts.get("max-batch-size") or batch)
