@@ -255,6 +255,14 @@ class DaemonSettings:
         "address the metrics endpoint listens on; the default keeps it to this host (it has no "
         "authentication and names jobs and nodes): set the host's address for a remote "
         "Prometheus, behind a firewall")
+    exclude_users: tuple[str, ...] = _opt(
+        (), _string_list,
+        "Slurm users whose jobs hpcsched never manages: their hpcsub jobs run as submitted, "
+        "counted as other users' jobs (yielded to while pending)")
+    exclude_accounts: tuple[str, ...] = _opt(
+        (), _string_list, "Slurm accounts (-A) whose jobs hpcsched never manages, as exclude_users")
+    exclude_qos: tuple[str, ...] = _opt(
+        (), _string_list, "QOS names (--qos) whose jobs hpcsched never manages, as exclude_users")
     site_limits: str = _opt(
         "", _string(),
         "the site's limits on elastic jobs that the daemon enforces itself: the job_submit "

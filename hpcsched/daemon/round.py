@@ -175,7 +175,8 @@ class Daemon:
                            hold=max(0, d.hold_rounds) * d.round_interval, grow=d.grow,
                            extension_startup=d.extension_startup,
                            extension_stall=d.extension_stall, by_mechanism=True)
-        self.managed = views.ManagedJobs(self.control_dir, d.partitions)
+        self.managed = views.ManagedJobs(self.control_dir, d.partitions, views.Exclusions(
+            frozenset(d.exclude_users), frozenset(d.exclude_accounts), frozenset(d.exclude_qos)))
         self.reaper = Reaper(self.control_dir, d.partitions, dry_run=d.dry_run)
         # the GPU probe prolog's measurements (slurm-plugins/prolog-gpu-probe): ingested each round
         self.probes = ProbeWatch(settings.probe, self.store, dry_run=d.dry_run,

@@ -284,13 +284,32 @@ def held_after_preemption(info: slurm.JobInfo, store: Store) -> bool:
 ManagedJob = tuple[JobDir, JobSpec, slurm.JobInfo]
 
 
+@dataclass(frozen=True)
+class Exclusions:
+    """Jobs the site keeps out of hpcsched's hands (``[daemon] exclude_users``,
+    ``exclude_accounts``, ``exclude_qos``): by Slurm's user, account or QOS of the job. An
+    excluded hpcsub job is not managed: the daemon counts its GPUs as another user's, yields to
+    it while it pends, and never resizes it."""
+
+    users: frozenset[str] = frozenset()
+    accounts: frozenset[str] = frozenset()
+    qos: frozenset[str] = frozenset()
+
+    def excludes(self, info: slurm.JobInfo) -> bool:
+        return (info.user in self.users or (bool(info.account) and info.account in self.accounts)
+                or (bool(info.qos) and info.qos in self.qos))
+
+
 class ManagedJobs:
     """Which Slurm jobs are hpcsched's: those with a job directory (``by-id/<id>``) under the
-    control directory, in a managed partition. Specs are read once per job and cached."""
+    control directory, in a managed partition, not excluded (:class:`Exclusions`). Specs are
+    read once per job and cached."""
 
-    def __init__(self, control_dir: Path, partitions: Sequence[str] = ()):
+    def __init__(self, control_dir: Path, partitions: Sequence[str] = (),
+                 exclusions: Exclusions = Exclusions()):
         self.control_dir = control_dir
         self.partitions = set(partitions)
+        self.exclusions = exclusions
         self._specs: dict[str, tuple[JobDir, JobSpec]] = {}
 
     def find(self, obs: Observation) -> dict[str, ManagedJob]:
@@ -300,7 +319,8 @@ class ManagedJobs:
         out = {}
         for job_id in JobDir.known_job_ids(self.control_dir):
             info = obs.jobs.get(job_id)
-            if info is None or (self.partitions and info.partition not in self.partitions):
+            if info is None or (self.partitions and info.partition not in self.partitions) \
+                    or self.exclusions.excludes(info):
                 continue
             if job_id not in self._specs:
                 try:

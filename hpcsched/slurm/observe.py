@@ -330,6 +330,8 @@ class PyslurmBackend:
             priority=int(_attr(j, "priority", default=0)),
             comment=comment_text(_attr(j, "comment", default="")),
             admin_comment=str(_attr(j, "admin_comment", default="") or ""),
+            account=str(_attr(j, "account", default="") or ""),
+            qos=str(_attr(j, "qos", default="") or ""),
         )
 
     @staticmethod

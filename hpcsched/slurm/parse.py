@@ -79,6 +79,8 @@ class JobInfo:
     submit_time: float | None = None   # the latest submission (a requeue rewrites it); unset: None
     start_time: float | None = None    # the latest start
     end_time: float | None = None      # the end, or (while active) the time limit's
+    account: str = ""       # Slurm account (-A), for the daemon's exclusions
+    qos: str = ""           # QOS (--qos)
 
     @property
     def active(self) -> bool:
@@ -401,6 +403,8 @@ def _job_from_json(j: dict) -> JobInfo:
         submit_time=_time(j.get("submit_time")),
         start_time=_time(j.get("start_time")),
         end_time=_time(j.get("end_time")),
+        account=str(j.get("account") or ""),
+        qos=str(j.get("qos") or ""),
     )
 
 
