@@ -246,3 +246,18 @@ def test_a_file_the_daemon_writes_into_a_users_job_directory_is_that_users(tmp_p
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (12345, 12345, 0o600)
     write_json_atomic(tmp_path / "mine.json", {"x": 1})      # root's own directory: root's file
     assert (tmp_path / "mine.json").stat().st_uid == 0
+
+
+def test_resize_refuses_what_is_not_a_job_id_before_asking_slurm(monkeypatch):
+    from click.testing import CliRunner
+
+    from hpcsched.daemon import resize_cli
+
+    def no_slurm(*a, **k):
+        raise AssertionError("Slurm asked about a job id that is not one")
+
+    monkeypatch.setattr(resize_cli, "_owned_job", no_slurm)
+    for bad in ("abc", "12a", "١٢"):
+        r = CliRunner().invoke(resize_cli.resize_command, [bad, "--batch-size", "128"])
+        assert r.exit_code == 2 and "is not a Slurm job id" in r.output, (bad, r.output)
+        assert "Traceback" not in r.output

@@ -62,6 +62,14 @@ def direct_summary(path: Path, policy: str, params=None, nodes=1) -> dict:
 # --- outputs ------------------------------------------------------------------------------------
 
 
+def test_json_dash_is_stdout_not_a_file_named_dash(workload, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = simulate("-w", workload, "-p", "static", "--nodes", 1, "--json", "-")
+    assert r.exit_code == 0, r.output
+    assert [x["policy"] for x in json.loads(r.stdout)["runs"]] == ["static"]   # JSON alone on stdout
+    assert not (tmp_path / "-").exists()
+
+
 def test_json_holds_one_summary_per_policy(workload, tmp_path):
     out = tmp_path / "res" / "summary.json"
     r = simulate("-w", workload, "-p", "static", "-p", "tiresias", "--nodes", 1, "--json", out,

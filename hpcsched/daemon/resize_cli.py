@@ -172,6 +172,8 @@ def _hot(action: Action, phase: ResizePhase) -> bool:
 def resize_command(job_id, nodes, gpus, layout, batch_size, reason, wait, timeout, as_json):
     """Resize hpcsched job JOB_ID: batch size in place, shrink in place, grow by requeue, or
     any layout through extension allocations (--layout; docs/extensions.md)."""
+    if not (job_id.isascii() and job_id.isdigit()):
+        raise click.UsageError(f"{job_id!r} is not a Slurm job id (a number, as squeue shows)")
     if sum(x is not None for x in (nodes, gpus, layout)) > 1:
         raise click.UsageError("give one of --nodes, --gpus and --layout")
     if nodes is None and gpus is None and layout is None and batch_size is None:

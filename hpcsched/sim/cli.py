@@ -246,8 +246,9 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--max-days", type=click.FloatRange(min=0.01), default=60.0, show_default=True,
               help="Stop a simulation after this many simulated days.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              help="Write the summaries here.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True),
+              default=None, help="Write the summaries here as JSON ('-': on stdout, instead of "
+              "the table).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write per-job CSVs, summary.json and plots into this folder.")
 @click.option("--jobs", "-j", "n_procs", type=click.IntRange(min=1), default=1, show_default=True,
@@ -351,9 +352,11 @@ def _report(results: list, json_path: str | None, out_dir: str | None, quiet: bo
     from hpcsched.sim import report
 
     summaries = [report.summarize(r) for r in results]
-    if not quiet:
+    if not quiet and json_path != "-":
         Console().print(report.render_table(summaries))
-    if json_path:
+    if json_path == "-":
+        click.echo(report.summary_json(summaries), nl=False)
+    elif json_path:
         report.write_summary_json(summaries, Path(json_path))
     if out_dir:
         out = Path(out_dir)

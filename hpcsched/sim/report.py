@@ -260,9 +260,14 @@ def write_summary_json(summaries: Sequence[dict], path: str | Path) -> Path:
     grouping ``runs`` on their ``workload`` key. Creates the parent directories; returns the path.
     """
     path = _prepare(path)
-    doc = {"runs": [_jsonable(dict(s)) for s in summaries]}
-    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    path.write_text(summary_json(summaries), encoding="utf-8")
     return path
+
+
+def summary_json(summaries: Sequence[dict]) -> str:
+    """:func:`write_summary_json`'s text: ``{"runs": [summary, ...]}``, indented, with a final
+    newline."""
+    return json.dumps({"runs": [_jsonable(dict(s)) for s in summaries]}, indent=2) + "\n"
 
 
 # --------------------------------------------------------------------------------------------
