@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from hpcsched import slurm
+from hpcsched import __version__, slurm
 from hpcsched.daemon import config as cfg
 from hpcsched.daemon import round as daemon_round
 from hpcsched.daemon.actuator import Actuator
@@ -88,8 +88,8 @@ def test_a_round_report_becomes_the_series():
     assert value(m, "hpcsched_round_duration_seconds_count") == 1
     assert value(m, "hpcsched_round_duration_seconds_sum") == pytest.approx(0.4)
     assert value(m, "hpcsched_policy_decision_seconds_sum") == pytest.approx(0.02)
-    assert value(m, "hpcsched_decisions_total", kind="batch", outcome="applied") == 1
-    assert value(m, "hpcsched_decisions_total", kind="shrink", outcome="refused") == 1
+    assert value(m, "hpcsched_resizes_total", kind="batch", outcome="applied") == 1
+    assert value(m, "hpcsched_resizes_total", kind="shrink", outcome="refused") == 1
     assert value(m, "hpcsched_resizes_in_flight", kind="grow") == 2
     assert value(m, "hpcsched_errors_total", kind="resize_interrupted") == 1
     assert value(m, "hpcsched_errors_total", kind="resize_failed") == 1
@@ -103,16 +103,14 @@ def test_a_round_report_becomes_the_series():
     predicted = value(m, "hpcsched_job_predicted_throughput_samples_per_second", job_id="7")
     assert predicted == pytest.approx(predicted_throughput(snap.jobs[0])) and predicted > 0
     assert value(m, "hpcsched_job_predicted_throughput_samples_per_second", job_id="9") is None
-    assert value(m, "hpcsched_gpu_relative_speed", node="n1", gpu="0", app_class="cifar10") == 0.8
-    assert value(m, "hpcsched_gpu_relative_speed", node="n1", gpu="1", app_class="cifar10") == 1.25
+    assert value(m, "hpcsched_gpu_relative_speed_ratio", node="n1", gpu="0", app_class="cifar10") == 0.8
+    assert value(m, "hpcsched_gpu_relative_speed_ratio", node="n1", gpu="1", app_class="cifar10") == 1.25
     assert value(m, "hpcsched_last_round_timestamp_seconds") == pytest.approx(time.time(), abs=5)
-    assert value(m, "hpcsched_gpu_probe_score", node="n1", gpu="0", kind="cuda",
-                 unit="TFLOP/s") == 612.5
-    assert value(m, "hpcsched_gpu_probe_score", node="n2", gpu="1", kind="cpu-stand-in",
-                 unit="GFLOP/s") == 41.0
-    assert value(m, "hpcsched_gpu_probe_vs_peers", node="n1", gpu="0") == 0.98
-    assert value(m, "hpcsched_gpu_probe_vs_peers", node="n2", gpu="1") is None
-    assert not [x for f in m.registry.collect() if f.name == "hpcsched_gpu_probe_score"
+    assert value(m, "hpcsched_gpu_probe_flops", node="n1", gpu="0", kind="cuda") == 612.5e12
+    assert value(m, "hpcsched_gpu_probe_flops", node="n2", gpu="1", kind="cpu-stand-in") == 41.0e9
+    assert value(m, "hpcsched_gpu_probe_vs_peers_ratio", node="n1", gpu="0") == 0.98
+    assert value(m, "hpcsched_gpu_probe_vs_peers_ratio", node="n2", gpu="1") is None
+    assert not [x for f in m.registry.collect() if f.name == "hpcsched_gpu_probe_flops"
                 for x in f.samples if x.labels["node"] == "n3"]
 
 
@@ -130,7 +128,7 @@ def test_series_of_ended_jobs_and_finished_resizes_are_removed():
     assert value(m, "hpcsched_jobs", state="COMPLETING") is None
     assert value(m, "hpcsched_jobs", state="PENDING") == 0, "the base states stay, at 0"
     assert value(m, "hpcsched_resizes_in_flight", kind="grow") is None
-    assert value(m, "hpcsched_decisions_total", kind="grow", outcome="applied") == 1
+    assert value(m, "hpcsched_resizes_total", kind="grow", outcome="applied") == 1
 
 
 def test_a_dry_run_counts_its_changes_and_a_failed_round_only_the_error():
@@ -138,8 +136,10 @@ def test_a_dry_run_counts_its_changes_and_a_failed_round_only_the_error():
     changes = [Change("7", "grow", 1, 2, 64, 64, "r"), Change("8", "batch", 1, 1, 64, 128, "r")]
     m.record_round(report(changes=changes, slurm_states={"7": "RUNNING"},
                           snapshot=snapshot(job("7", throughput=5.0))), dry_run=True)
-    assert value(m, "hpcsched_decisions_total", kind="grow", outcome="dry-run") == 1
-    assert value(m, "hpcsched_decisions_total", kind="batch", outcome="dry-run") == 1
+    assert value(m, "hpcsched_decisions_total", kind="grow", dry_run="true") == 1
+    assert value(m, "hpcsched_decisions_total", kind="batch", dry_run="true") == 1
+    assert value(m, "hpcsched_decisions_total", kind="grow", dry_run="false") == 0
+    assert value(m, "hpcsched_resizes_total", kind="grow", outcome="applied") == 0
     m.record_round(report(2, error="Slurm: squeue did not answer within 20 s", duration=20.0))
     assert value(m, "hpcsched_errors_total", kind="slurm") == 1
     assert value(m, "hpcsched_round_duration_seconds_count") == 2
@@ -192,17 +192,19 @@ def test_the_endpoint_serves_the_series_in_prometheus_text_format():
         m.close()
     want = {"hpcsched_round_duration_seconds": "histogram", "hpcsched_slurm_calls": "counter",
             "hpcsched_policy_decision_seconds": "histogram", "hpcsched_decisions": "counter",
+            "hpcsched_resizes": "counter", "hpcsched_build_info": "gauge",
             "hpcsched_jobs": "gauge", "hpcsched_gpus_held": "gauge",
             "hpcsched_job_measured_throughput_samples_per_second": "gauge",
             "hpcsched_job_predicted_throughput_samples_per_second": "gauge",
-            "hpcsched_gpu_relative_speed": "gauge", "hpcsched_errors": "counter",
+            "hpcsched_gpu_relative_speed_ratio": "gauge", "hpcsched_errors": "counter",
             "hpcsched_resizes_in_flight": "gauge", "hpcsched_last_round_timestamp_seconds": "gauge"}
     assert {n: families[n].type for n in want if n in families} == want
     assert all(n.startswith("hpcsched_") for n in families), "nothing from the default registry"
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in families.values() for s in f.samples}
     assert samples[("hpcsched_round_duration_seconds_count", ())] == 1
-    assert samples[("hpcsched_decisions_total", (("kind", "batch"), ("outcome", "applied")))] == 1
+    assert samples[("hpcsched_resizes_total", (("kind", "batch"), ("outcome", "applied")))] == 1
+    assert samples[("hpcsched_build_info", (("version", __version__),))] == 1
     assert samples[("hpcsched_jobs", (("state", "RUNNING"),))] == 1
     assert samples[("hpcsched_gpus_held", ())] == 2
     assert samples[("hpcsched_job_measured_throughput_samples_per_second",
@@ -332,9 +334,9 @@ def test_rounds_through_the_daemon_record_resizes_until_they_run(fake_daemon, co
     kinds = {a.kind for a in d.store.actions()}
     assert {a.phase for a in d.store.actions()} == {"running"}
     for kind in kinds:
-        assert value(m, "hpcsched_decisions_total", kind=kind, outcome="applied") == 1
+        assert value(m, "hpcsched_resizes_total", kind=kind, outcome="applied") == 1
         assert value(m, "hpcsched_resizes_in_flight", kind=kind) is None
-    assert sum(s.value for f in m.registry.collect() if f.name == "hpcsched_decisions"
+    assert sum(s.value for f in m.registry.collect() if f.name == "hpcsched_resizes"
                for s in f.samples if s.name.endswith("_total")) == 2, "each resize once"
     assert value(m, "hpcsched_round_duration_seconds_count") == len(rounds)
     assert value(m, "hpcsched_policy_decision_seconds_count") == len(rounds)
@@ -360,7 +362,7 @@ def test_resizes_run_between_rounds_are_recorded_too(fake_daemon, control_dir, m
         shift[0] += 1.5
         if d.actuate().get("7") == "running":
             break
-    assert value(m, "hpcsched_decisions_total", kind=kind, outcome="applied") == 1
+    assert value(m, "hpcsched_resizes_total", kind=kind, outcome="applied") == 1
     assert value(m, "hpcsched_resizes_in_flight", kind=kind) is None
     assert value(m, "hpcsched_round_duration_seconds_count") == 1
 
@@ -372,7 +374,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def series_names() -> set[str]:
     """The exported names of every series (counters with their ``_total``)."""
     m = DaemonMetrics()
-    return {f.name + ("_total" if f.type == "counter" else "") for f in m.registry.collect()}
+    suffix = {"counter": "_total", "info": "_info"}
+    return {f.name + suffix.get(f.type, "") for f in m.registry.collect()}
 
 
 def test_every_series_is_documented():

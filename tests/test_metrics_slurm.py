@@ -59,7 +59,7 @@ def test_metrics_endpoint_during_a_daemon_run(daemon_env, blocker, slurm_jobs):
         # the job's per-rank metrics files, ingested a round or more later
         predicted = ("hpcsched_job_predicted_throughput_samples_per_second", (("job_id", job),))
         m = wait_for(lambda: (s := scrape(port)) and predicted in s and measured in s and any(
-            k[0] == "hpcsched_gpu_relative_speed" for k in s) and s, 120,
+            k[0] == "hpcsched_gpu_relative_speed_ratio" for k in s) and s, 120,
             "/metrics to show per-GPU relative speeds and the predicted throughput", interval=2)
         running = slurm.job_info(job)
     finally:
@@ -85,13 +85,12 @@ def test_metrics_endpoint_during_a_daemon_run(daemon_env, blocker, slurm_jobs):
     assert one("hpcsched_gpus_usable") >= one("hpcsched_gpus_held") + 8
     assert 0 < m[measured] < 1e6
     assert 0 < m[predicted] < 1e6
-    speeds = {k[1]: v for k, v in m.items() if k[0] == "hpcsched_gpu_relative_speed"}
+    speeds = {k[1]: v for k, v in m.items() if k[0] == "hpcsched_gpu_relative_speed_ratio"}
     assert speeds and all(0.1 < v < 10 for v in speeds.values()), speeds
     # measured on the nodes the job ran on (n3 and n4 are the blocker's)
     assert {dict(k)["node"] for k in speeds} <= {"n1", "n2"}, speeds
     assert running is not None and running.state in ("RUNNING", "COMPLETED", "COMPLETING")
-    decisions = {k[1]: v for k, v in m.items() if k[0] == "hpcsched_decisions_total"}
+    decisions = {k[1]: v for k, v in m.items() if k[0] == "hpcsched_resizes_total"}
     # every kind x outcome is exported (at 0 until it happens); a daemon that acts made no
     # dry-run decision
-    assert {dict(k)["outcome"] for k in decisions} == {"applied", "refused", "failed", "dry-run"}
-    assert all(v == 0 for k, v in decisions.items() if dict(k)["outcome"] == "dry-run")
+    assert {dict(k)["outcome"] for k in decisions} == {"applied", "refused", "failed"}

@@ -9,12 +9,12 @@ format). ``hpcsched daemon --metrics-port PORT`` (or ``[daemon] metrics_port``) 
 The daemon calls :meth:`~DaemonMetrics.record_round` once at the end of each round, with the
 round's :class:`~hpcsched.daemon.round.RoundReport`, and :meth:`~DaemonMetrics.record_actions`
 after each actuation tick between rounds; nothing else in the daemon knows about metrics. Every
-series is named ``hpcsched_...`` with its unit in the name (``_seconds``, ``_total``,
-``_samples_per_second``). Per-job series carry the Slurm job id as ``job_id`` (not ``job``:
-Prometheus sets ``job`` itself, the scrape job's name) and are removed when the job leaves the
-round's snapshot (it ended, or is no longer eligible), so the label sets stay bounded by the
-jobs alive now. A recorder never raises into the round: a bug in it is logged and counted as
-``hpcsched_errors_total{kind="metrics"}``.
+series is named ``hpcsched_...`` with its base unit in the name (``_seconds``, ``_total``,
+``_samples_per_second``, ``_flops``, ``_ratio``), per Prometheus' naming rules. Per-job series
+carry the Slurm job id as ``job_id`` (not ``job``: Prometheus sets ``job`` itself, the scrape
+job's name) and are removed when the job leaves the round's snapshot (it ended, or is no longer
+eligible), so the label sets stay bounded by the jobs alive now. A recorder never raises into
+the round: a bug in it is logged and counted as ``hpcsched_errors_total{kind="metrics"}``.
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
-from hpcsched import slurm
+from hpcsched import __version__, slurm
 from hpcsched.daemon.phases import ResizePhase
 from hpcsched.perf.model import model_for
 from hpcsched.policies.snapshot import ClusterSnapshot, JobView
 from hpcsched.protocol.batching import BatchSizeError, fit_batch
 from hpcsched.protocol.kinds import ChangeKind
+from hpcsched.protocol.probes import KIND_CPU, KIND_CUDA, UNITS
 
 if TYPE_CHECKING:
     from hpcsched.daemon.round import RoundReport
@@ -44,8 +45,11 @@ ROUND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 12
 #: Policy decision times, seconds (``benchmarks/policy_decision.py``'s targets: <= 50 ms at 64
 #: GPUs, <= 1 s at 4,096).
 POLICY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-#: The ``outcome`` labels of :attr:`DaemonMetrics.decisions`.
-OUTCOMES = ("applied", "refused", "failed", "dry-run")
+#: The ``outcome`` labels of :attr:`DaemonMetrics.resizes`.
+OUTCOMES = ("applied", "refused", "failed")
+#: FLOP/s per unit of a probe's score (:mod:`hpcsched.probe.bench`: TFLOP/s on GPUs, GFLOP/s for
+#: the CPU stand-in); Prometheus series are in base units
+_FLOPS = {UNITS[KIND_CUDA]: 1e12, UNITS[KIND_CPU]: 1e9}
 #: Slurm job states always exported (0 when no job is in them); other states appear while a
 #: managed job is in them.
 BASE_STATES = ("PENDING", "RUNNING")
@@ -126,9 +130,13 @@ class DaemonMetrics:
             buckets=POLICY_BUCKETS, registry=r)
         self.decisions = Counter(
             "hpcsched_decisions",
-            "Resizes by journal kind and outcome, resizes: applied, refused (by the job), failed "
-            "when they end; dry-run when decided by a dry-run daemon", ["kind", "outcome"],
-            registry=r)
+            "Changes the rounds decided, by kind (batch, shrink, grow, pending, preempt), "
+            "changes; dry_run: decided by a dry-run daemon, never carried out",
+            ["kind", "dry_run"], registry=r)
+        self.resizes = Counter(
+            "hpcsched_resizes",
+            "Resizes by journal kind and outcome when they end, resizes: applied, refused (by "
+            "the job), failed", ["kind", "outcome"], registry=r)
         self.in_flight = _LabelledGauge(Gauge(
             "hpcsched_resizes_in_flight",
             "Resizes in the journal not yet running or failed, by kind, resizes", ["kind"],
@@ -152,17 +160,17 @@ class DaemonMetrics:
             "The throughput model's prediction for a running job at its configuration in force, "
             "samples/s (hpcsched.perf.model)", ["job_id"], registry=r))
         self.gpu_speed = _LabelledGauge(Gauge(
-            "hpcsched_gpu_relative_speed",
+            "hpcsched_gpu_relative_speed_ratio",
             "A GPU's speed relative to the median GPU of the jobs that ran on it, ratio (1 = "
             "median; measured from jobs' per-rank compute times)", ["node", "gpu", "app_class"],
             registry=r))
-        self.probe_score = _LabelledGauge(Gauge(
-            "hpcsched_gpu_probe_score",
-            "A GPU's latest probe score (slurm-plugins/prolog-gpu-probe): TFLOP/s of fp16 matmul, "
-            "or GFLOP/s for the CPU stand-in (kind cpu-stand-in)", ["node", "gpu", "kind", "unit"],
-            registry=r))
+        self.probe_flops = _LabelledGauge(Gauge(
+            "hpcsched_gpu_probe_flops",
+            "A GPU's latest probe score (slurm-plugins/prolog-gpu-probe), FLOP/s: fp16 matmul on "
+            "the GPU, or float32 matmul on the node's CPU for the stand-in (kind cpu-stand-in)",
+            ["node", "gpu", "kind"], registry=r))
         self.probe_vs_peers = _LabelledGauge(Gauge(
-            "hpcsched_gpu_probe_vs_peers",
+            "hpcsched_gpu_probe_vs_peers_ratio",
             "A GPU's latest probe score over the median of its peers' (same kind and model), ratio "
             "(below [probe] slow_fraction: slow)", ["node", "gpu"], registry=r))
         self.errors = Counter(
@@ -176,7 +184,11 @@ class DaemonMetrics:
             self.slurm_calls.labels(during)
         for kind in ChangeKind:
             for outcome in OUTCOMES:
-                self.decisions.labels(str(kind), outcome)
+                self.resizes.labels(str(kind), outcome)
+            for dry in ("false", "true"):
+                self.decisions.labels(str(kind), dry)
+        self.build = Info("hpcsched_build", "The running hpcsched: its version", registry=r)
+        self.build.info({"version": __version__})
         self._calls_seen = slurm.calls()
         self.server: Any = None
 
@@ -206,13 +218,13 @@ class DaemonMetrics:
             self.errors.labels("slurm").inc()
             return   # nothing was observed or decided: the gauges keep the last round's values
         self.policy_time.observe(rep.policy_seconds)
-        if dry_run:
-            for c in rep.changes:
-                self.decisions.labels(str(c.kind), "dry-run").inc()
+        for c in rep.changes:
+            self.decisions.labels(str(c.kind), "true" if dry_run else "false").inc()
         self._record_outcomes(rep)
         self._record_jobs(rep.slurm_states, rep.snapshot)
         probed = [g for g in rep.gpus if g.score is not None]
-        self.probe_score.replace({(g.node, g.gpu_index, g.kind, g.unit): g.score for g in probed})
+        self.probe_flops.replace({(g.node, g.gpu_index, g.kind): g.score * _FLOPS[g.unit]
+                                  for g in probed if g.unit in _FLOPS})
         self.probe_vs_peers.replace({(g.node, g.gpu_index): g.vs_peers for g in probed
                                      if g.vs_peers is not None})
 
@@ -231,7 +243,7 @@ class DaemonMetrics:
             kind = str(rep.kinds.get(job_id, "unknown"))
             outcome = outcome_of(str(phase))
             if outcome is not None:
-                self.decisions.labels(kind, outcome).inc()
+                self.resizes.labels(kind, outcome).inc()
                 if outcome != "applied":
                     self.errors.labels("resize_failed").inc()
             else:
