@@ -148,7 +148,7 @@ def test_an_early_round_keeps_the_periodic_rounds_times(tmp_path, monkeypatch):
         def round(self):
             time.sleep(0.01)
 
-    def between(daemon, d, t0, state):
+    def between(daemon, d, t0, state, hold=None):
         waits.append(t0)
         state["stop"] = len(waits) == len(returns)
         return returns[len(waits) - 1]

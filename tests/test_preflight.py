@@ -302,6 +302,6 @@ def test_the_daemon_starts_when_slurm_fails_at_start(site, monkeypatch):
             raise Reached   # the daemon went on past the check: stop it here
 
     monkeypatch.setattr(pf, "read_partitions", broken)
-    monkeypatch.setattr(daemon_round, "_Lock", Lock)
+    monkeypatch.setattr(daemon_round, "HostLock", Lock)
     r = CliRunner().invoke(daemon_round.daemon_command, ["--config", str(site), "--once"])
     assert isinstance(r.exception, Reached), r.output

@@ -27,6 +27,7 @@ TABLES = {
                 "from_batch_size", "to_batch_size", "reason", "phase", "error", "created_at",
                 "updated_at", "restarts_at_plan", "history", "placement", "mechanism"},
     "ingest_offsets": {"path", "offset", "updated_at"},
+    "daemon_lease": {"name", "holder", "acquired_at", "renewed_at", "expires_at"},
     "gpu_probes": {"id", "time", "node", "gpu_index", "gpu_uuid", "model", "kind", "score", "unit",
                    "seconds", "job_id"},
 }
@@ -36,7 +37,7 @@ JOB = dict(job_uid="uid-1", user="alice", script="train.py", workers_per_node=4,
            lr_scaling="linear", spec_json='{"x": 1}', state="RUNNING")
 
 
-HEAD = "0006"
+HEAD = "0007"
 
 
 def _url(path) -> str:

@@ -263,6 +263,12 @@ class DaemonSettings:
         (), _string_list, "Slurm accounts (-A) whose jobs hpcsched never manages, as exclude_users")
     exclude_qos: tuple[str, ...] = _opt(
         (), _string_list, "QOS names (--qos) whose jobs hpcsched never manages, as exclude_users")
+    lease_seconds: float = _opt(
+        120.0, _number(gt=0),
+        "one daemon per cluster: the daemon that holds the store's lease runs the rounds and "
+        "renews it every round and actuation tick; any other daemon on the same store stands "
+        "by and takes over this many seconds after the holder's last renewal (a clean stop "
+        "hands it over at once); more than the longest round")
     site_limits: str = _opt(
         "", _string(),
         "the site's limits on elastic jobs that the daemon enforces itself: the job_submit "

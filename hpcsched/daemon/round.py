@@ -41,7 +41,6 @@ starts it even with no daemon), and the policy may release it earlier
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import logging
 import math
@@ -50,7 +49,6 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import click
 
@@ -70,6 +68,7 @@ from hpcsched.daemon.config import ConfigError, Settings, load
 from hpcsched.daemon.costs import measured_costs
 from hpcsched.daemon.gpu_status import gpu_rows
 from hpcsched.daemon.ingest import ingest_job
+from hpcsched.daemon.leadership import HostLock, Leadership
 from hpcsched.daemon.metrics import DaemonMetrics
 from hpcsched.daemon.phases import History, ResizePhase, Timeouts
 from hpcsched.daemon.probes import ProbeWatch
@@ -432,28 +431,6 @@ def realised_action(c: Change, workers_per_node: int) -> tuple[ChangeKind, int, 
 
 
 # ---------------------------------------------------------------- service
-class _Lock:
-    """An exclusive lock file so only one daemon runs (fcntl; released when the process dies)."""
-
-    def __init__(self, path: str):
-        self.path = Path(path)
-        self.fd: int | None = None
-
-    def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            other = os.read(fd, 32).decode(errors="replace").strip()
-            os.close(fd)
-            raise click.ClickException(
-                f"another hpcsched daemon holds {self.path} (pid {other or '?'}); one per cluster")
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
-
-
 def _load_settings(config: str | None, overrides: dict) -> Settings:
     settings = load(config, policy_names=POLICIES)
     d = settings.daemon
@@ -486,9 +463,12 @@ def _rounds_on_events(daemon: Daemon, d) -> bool:
     return rounds_on_events(getattr(daemon, "policy", None), d.event_rounds)
 
 
-def _between_rounds(daemon: Daemon, d, t0: float, state: dict) -> str | None:
+def _between_rounds(daemon: Daemon, d, t0: float, state: dict,
+                    hold=lambda: True) -> str | None:
     """Wait until ``d.round_interval`` seconds after ``t0`` (monotonic), a stop or a reload,
-    advancing resizes in flight every ``d.actuation_interval`` seconds meanwhile.
+    advancing resizes in flight every ``d.actuation_interval`` seconds meanwhile, each time only
+    if ``hold()`` (the cluster's lease, renewed: :class:`~hpcsched.daemon.leadership.
+    Leadership`) says this daemon still runs the cluster; if not, returns at once.
 
     For a policy that rounds on events (:func:`_rounds_on_events`), also checks every
     ``d.event_poll`` seconds, the first one ``d.event_poll`` seconds after the call (so at most
@@ -504,6 +484,8 @@ def _between_rounds(daemon: Daemon, d, t0: float, state: dict) -> str | None:
     while not state["stop"] and not state["reload"] and (
             time.monotonic() - t0 < d.round_interval):
         if time.monotonic() >= next_step:
+            if not hold():
+                return None
             daemon.actuate()
             next_step = time.monotonic() + d.actuation_interval
         if time.monotonic() >= next_check:
@@ -543,10 +525,11 @@ def daemon_command(config, once, interval, dry_run, metrics_port, metrics_addr):
     if refusal:
         click.echo(refusal, err=True)
         raise SystemExit(2)
-    lock = _Lock(settings.daemon.lock_file)
+    lock = HostLock(settings.daemon.lock_file)
     lock.acquire()
     store = Store(settings.daemon.database_url)
     rev = store.upgrade()
+    lead = Leadership(store, settings.daemon.lease_seconds)
     metrics = _serve_metrics(settings.daemon.metrics_port, settings.daemon.metrics_addr)
     daemon = Daemon(settings, store=store, metrics=metrics)
     log.info("hpcsched daemon pid %d: policy %s, every %.0f s, %s, database at revision %s, "
@@ -576,12 +559,21 @@ def daemon_command(config, once, interval, dry_run, metrics_port, metrics_addr):
                          daemon.policy.name, settings.daemon.round_interval)
             except (ConfigError, PolicyError) as exc:
                 log.error("SIGHUP: configuration not reloaded, keeping the old one: %s", exc)
+        if not lead.hold():   # a standby: another daemon runs this cluster's rounds
+            if once:
+                break
+            lead.standby(lambda: state["stop"] or state["reload"])
+            if state["stop"]:
+                break
+            early = None
+            continue
         if early is None:   # an early round keeps the periodic rounds' times, as the simulator
             t0 = time.monotonic()
         daemon.round()
         if once or state["stop"]:
             break
-        early = _between_rounds(daemon, settings.daemon, t0, state)
+        early = _between_rounds(daemon, settings.daemon, t0, state, lead.hold)
         if state["stop"]:
             break
+    lead.release()
     log.info("hpcsched daemon stopped")

@@ -229,6 +229,20 @@ class Action(Base):
     mechanism: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
 
+class DaemonLease(Base):
+    """Who runs the cluster's daemon (:mod:`hpcsched.daemon.store.lease`): one row per lease
+    ``name``; its ``holder`` (host, pid and a nonce) holds it until ``expires_at`` (Unix
+    seconds), renewing it every round."""
+
+    __tablename__ = "daemon_lease"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(256))
+    acquired_at: Mapped[float] = mapped_column(Float)
+    renewed_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+
+
 class IngestOffset(Base):
     """How many bytes of a metrics file have been ingested."""
 

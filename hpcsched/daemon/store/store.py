@@ -50,6 +50,7 @@ from sqlalchemy import String, cast, func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from hpcsched.daemon.store.journal import JournalMixin
+from hpcsched.daemon.store.lease import LeaseMixin
 from hpcsched.daemon.store.rows import (
     GpuProbeRow,
     JobRow,
@@ -86,7 +87,7 @@ _ROUND_END_FIELDS = {"duration", "objective", "jobs", "actions", "slurm_calls",
                      "policy_seconds", "error"}
 
 
-class Store(JournalMixin):
+class Store(JournalMixin, LeaseMixin):
     """The daemon's database. ``url``: any SQLAlchemy URL (SQLite on a local disk by default).
 
     Creating a Store opens nothing and creates no tables; run :meth:`upgrade` once (or
