@@ -384,10 +384,10 @@ class _Objective:
     """The fit's objective (module docstring) and its analytic gradient, over the free
     parameters: ``log`` of the time parameters, ``gamma`` as is.
 
-    Evaluated point by point in plain floats: a fit has a few points (a median of 6 in the
-    simulator's fits, one per configuration the job has run) and L-BFGS-B calls this some 50
-    times per fit, so numpy's per-call overhead on arrays that small was most of the cost (the
-    vectorised form took 2.4x as long per call)."""
+    Evaluated point by point in plain floats: a fit has a few points (one per configuration the
+    job has run) and L-BFGS-B calls this many times per fit, so numpy's per-call overhead on
+    arrays that small would be most of the cost (measured: docs/design-notes.md,
+    "perf/pollux.py")."""
 
     def __init__(self, pts: _Points, fixed: dict[str, float], ref: PerfParams | None):
         self.free = [f.name for f in fields(PerfParams) if f.name not in fixed]

@@ -17,11 +17,9 @@ else 0 (:meth:`StepCorrections.log_factor`); ``s_j``: the job's own scale, the g
 of its measured / corrected-prior step times (1 before it has measured: the application's
 measurements, then the prior, predict it).
 
-Measured (``benchmarks/model_whatif.py --policies jct``, Pollux workloads 1-8, ``--granularity
-gpu``, 2026-11-27): ``jct``'s mean average JCT 1,408 -> 1,312 s at load 0.5 and 2,385 -> 2,303 s
-at load 1.0 against the per-job fit (``fitted``); Pollux's seven-parameter model fitted to
-a job's few points is off by 20-40% at GPU counts it has not run (``docs/evaluation.md``
-section 6).
+Against the per-job fit (``fitted``: Pollux's seven-parameter model fitted to a job's few
+points, far off at GPU counts it has not run, ``docs/evaluation.md`` section 6) this gives
+``jct`` a lower average JCT in the simulator (measured: docs/design-notes.md, "perf/shared.py").
 
 The error is rounded to :data:`RESOLUTION` in log space, so a table (and the cached models built
 on it) changes only when a mean moves by more than about 0.1%.
@@ -220,9 +218,8 @@ class StepLedger:
     kept up to date incrementally: a call recomputes only the classes whose configurations
     were added to since the last one, and gives back the very table it gave before while no
     rounded mean has moved (so the models cached on it and its remembered factors stay). A
-    simulation asks for every running application's table every round; built afresh, the
-    tables took about a fifth of a ``jct`` simulation's time (Pollux workload 1, load 1.0,
-    GPU-granular, 2026-11-27)."""
+    simulation asks for every running application's table every round, and building them
+    afresh took a large share of its time (measured: docs/design-notes.md, "perf/shared.py")."""
 
     def __init__(self) -> None:
         self._apps: dict[str, _AppTotals] = {}

@@ -32,6 +32,8 @@ the cluster: the shortest job the largest share, none all of it. That allocation
 (``hesrpt`` = ``p``, 0.5 by default) on each job's own measured speedup curve instead of
 ``k^p``. The search is exact: the dynamic program of
 :func:`hpcsched.policies.dp.solve` over the GPU counts (Saxena et al., MASCOTS'20 §IV).
+The default ``p`` and the rank weights over ``tempering`` were chosen in the simulator
+(measured: docs/design-notes.md, "policies/jct.py").
 
 **Speedups over the fair share** (``speedup_at="fair"``, the default). The speedup each term
 counts is taken over the job's goodput at the fair share ``ceil(K / J)`` GPUs (``J`` jobs,
@@ -40,22 +42,11 @@ over its smallest size: the numerator is ``T_j^fair`` instead of ``T_j^min``. Un
 common speedup ``k^p`` the reference cancels (every job's value scales by the same
 ``k_ref^p``); with the jobs' own curves it does not: over 1 GPU, a job that scales linearly
 is worth ``g`` at ``g`` GPUs, a job whose statistical efficiency caps it early about 1.5, so
-the longest job took the cluster whatever its rank weight. Seen in the simulator (Pollux
-workload 2, load 0.5): the imagenet job (about 195 GPU-hours left) held 53 of 64 GPUs while
-yolov3 jobs ran on 1-4 GPUs for hours (``pollux`` gave them 8-32; their JCTs 13,050 s vs
-6,888 s for the first of them). Over the fair share both curves are 1 where the jobs would
-share equally, and the rank weight (the shorter job the larger share) decides at the margin.
-``speedup_at="min"`` keeps the speedup over the smallest size (the figures below). *Measured*
-(the simulator's defaults: grows by extension, 30 s restart, 2 s shrink; Pollux workloads 1-8,
-GPU-granular; mean of the average / p99 JCT), ``min`` -> ``fair``: load 0.5 1,482 / 14,753 s
--> 1,418 / 15,133 s; load 1.0 2,596 / 37,860 s -> 2,452 / 38,941 s; load 2.0 4,670 / 62,012 s
--> 4,619 / 63,906 s; load 1.5 (``fair``) 3,219 / 50,446 s.
-
-*Measured* (``hpcsched simulate``, Pollux workloads 1-4 at load 1.0, GPU-granular; mean of the
-average and p99 JCT): heSRPT's weights with ``p`` = 0.5 gave 2,413 s / 34,932 s; 0.3 and 0.7
-gave 2,479 / 32,712 and 2,409 / 34,877; weighting by ``1 / T_j^min`` alone (``hesrpt=None``,
-``tempering=0``: the sum of completion rates, SRPT-like) 2,528 s, ``tempering=0.5`` 2,427 s /
-38,543 s, ``tempering=1`` (speedups, no remaining work) 3,029 s.
+the longest job takes the cluster whatever its rank weight. Over the fair share both curves
+are 1 where the jobs would share equally, and the rank weight (the shorter job the larger
+share) decides at the margin. ``speedup_at="min"`` keeps the speedup over the smallest size.
+The fair share gave a lower mean average JCT than ``min`` in the simulator (measured:
+docs/design-notes.md, "policies/jct.py").
 
 **Starvation is bounded.** A job's weight is ``w_j = 1 + wait_j / aging`` where ``wait_j`` is
 how long it has been in the system without GPUs (pending since submission or since its
@@ -70,7 +61,7 @@ job waits at most ``max_wait`` plus the time for the running jobs' minimums to l
 statistical efficiency in ``X_j`` is the one over its remaining work: the plan predicts it with
 the job's measured gradient noise scale times ``noise_growth`` (2 by default), because the
 noise scale grows as training goes on and is measured at the job's own, often small, batch
-(:func:`planning_view`, which gives the figures); reconcile judges the plan on the same view.
+(:func:`planning_view`); reconcile judges the plan on the same view.
 
 **The no-thrash hold.** A job that reconcile's hold keeps from going back (grown less than
 ``hold`` seconds ago: no shrink; shrunk: no grow; :func:`~hpcsched.policies.snapshot.held_reversal`)
@@ -270,17 +261,14 @@ class JCT(PolicyBase):
     #: no minimum gain. ``jct`` prices each change itself (a target's value counts its start,
     #: shrink or grow cost, so the search keeps a job where it is unless the change pays), and
     #: reconcile's gain test still weighs the changes' gain over the horizon against their
-    #: costs; the no-thrash hold stays. Measured (Pollux workloads 1-8, GPU-granular, loads
-    #: 0.5 / 1.0, with the hold on reversals only): ``min_gain`` 0.05, 1,415 / 2,434 s mean
-    #: average JCT; 0, 1,369 / 2,412 s; no flip-flop either way (2026-11-26, one-off runs).
+    #: costs; the no-thrash hold stays. No minimum gain gave a lower average JCT than 0.05 and
+    #: no flip-flop (measured: docs/design-notes.md, "policies/jct.py").
     reconcile_gate = MappingProxyType({"min_gain": 0.0})
     #: run a round the moment a job ends or a submitted job finds no room, besides the
     #: periodic ones (the daemon's ``daemon.event_rounds``, the simulator's
     #: ``SimConfig.event_rounds``): freed GPUs go to the jobs that gain most instead of idling
-    #: up to a round, and a new job starts at once. Measured (Pollux workloads 1-8,
-    #: GPU-granular, load 0.5, with the hold-aware counts): 1,290 -> 1,269 s mean average JCT,
-    #: no flip-flop (2026-11-27, one-off runs). ``pollux`` does not ask: the same rounds took it
-    #: from 1,471 to 1,506 s (at job ends) and 1,497 s (at submissions), its flip-flops to 17%.
+    #: up to a round, and a new job starts at once (measured: docs/design-notes.md,
+    #: "policies/jct.py"). ``pollux`` does not ask: the same rounds made its average JCT worse.
     round_on_events = True
 
     def __init__(self, **values):
@@ -313,19 +301,12 @@ def planning_view(snapshot: ClusterSnapshot, noise_growth: float) -> ClusterSnap
     own objective is the goodput now, OSDI'21 §3.1). Two effects make the measured noise
     scale a low estimate of it. It grows as training goes on (McCandlish et al., "An Empirical
     Model of Large-Batch Training", arXiv:1812.06162, §3-4: by an order of magnitude over a
-    run); in Pollux's traces (``hpcsched/data/pollux``, at the base batch) the work-weighted
-    geometric mean, over a run, of the mean noise scale over the remaining work over the
-    current one is 3.6 for cifar10, 52 for deepspeech2, 3.5 for yolov3, 1.4 for bert and
-    imagenet, 5.5 for ncf. And a job measures it at its own batch, where the traces measure a
-    larger one at larger batches (at 8x the base batch, median 2.9x for cifar10, 1.6x for
-    deepspeech2, 2.8x for imagenet, 5.6x for bert; 1.0x yolov3, 0.5x ncf). A job planned on
-    its current measurement is shrunk to a small batch early in training and comes back only
-    after the no-thrash hold: a cifar10 job shrunk 16 -> 4 GPUs in its first epoch trained for
-    three rounds at 22-30 progress/s where 16 GPUs gave 34-89 (Pollux workload 1, load 0.5).
-    ``noise_growth`` 2 is below every application's growth but imagenet's and bert's. Measured
-    (``jct``, Pollux workloads 1-8, GPU-granular, mean average JCT, 2026-11-27, one-off runs):
-    1 -> 1.5 -> 2 -> 4: 1,269 -> 1,247 -> 1,240 -> 1,239 s at load 0.5; at 2: 2,201 -> 2,109 s
-    at load 1.0, 4,115 -> 3,972 s at load 2.0."""
+    run). And a job measures it at its own batch, where the traces measure a larger one at
+    larger batches. A job planned on its current measurement is shrunk to a small batch early
+    in training and comes back only after the no-thrash hold. ``noise_growth`` 2 is below the
+    growth in Pollux's traces (``hpcsched/data/pollux``) of every application but imagenet's
+    and bert's (the traces' figures, and the simulated average JCT at other values:
+    docs/design-notes.md, "policies/jct.py")."""
     if noise_growth == 1:
         return snapshot
     jobs = tuple(replace(j, grad_noise=(j.grad_noise[0], j.grad_noise[1] * noise_growth))
@@ -336,8 +317,8 @@ def planning_view(snapshot: ClusterSnapshot, noise_growth: float) -> ClusterSnap
 def _remaining(job: JobView, model, p: _Params) -> float:
     """The job's remaining work, samples: what it reports, else ``unknown_remaining`` seconds
     at its goodput at its current size (running) or the size it asks for (pending: a job that
-    has not run yet has reported nothing; before this was asked, a pending job's unknown work
-    counted as none, and ``jct`` ranked it first and gave it its largest batch)."""
+    has not run yet has reported nothing; counted as none, its work would rank it first, with
+    its largest batch; history: docs/design-notes.md, "policies/jct.py")."""
     if job.remaining_samples is not None:
         return max(job.remaining_samples, 1e-9)
     x_now = best_at(job, model, job.gpus, job.nodes)[0] if job.gpus > 0 else 0.0
@@ -387,10 +368,8 @@ def _counts(job: JobView, snapshot: ClusterSnapshot, max_options: int) -> list[i
 
     Whole nodes matter at GPU granularity: a packed job's goodput drops where it starts a new
     node (4 -> 5 GPUs puts 1 on a second node, behind the network), so the counts that fill
-    their nodes are where its curve peaks, and thinning had left most of them out. Seen in the
-    simulator (Pollux workload 1, load 0.5): a cifar10 job kept at 4 GPUs with 36 idle, its
-    options 5, 6, 7, 9, 10, 13, 15 but no 8, 12 or 16. Measured (``jct``, workloads 1-8, load
-    0.5, mean average JCT): 1,312 -> 1,295 s (2026-11-27, one-off runs)."""
+    their nodes are where its curve peaks, and thinning alone leaves most of them out
+    (measured: docs/design-notes.md, "policies/jct.py")."""
     counts = gpu_counts(job, snapshot)
     if len(counts) <= max_options:
         return list(counts)
@@ -406,11 +385,8 @@ def _allowed_now(job: JobView, snapshot: ClusterSnapshot, counts: list[int]) -> 
     """``counts`` without those reconcile's no-thrash hold would not let ``job`` go to now
     (:func:`~hpcsched.policies.snapshot.held_reversal`): a job just grown is planned at its
     size or more, one just shrunk at its size or less. Planned otherwise, the change is held
-    back and the GPUs the plan gave elsewhere on its strength stay idle: the plan shrank a
-    deepspeech2 job held after its grow to give a cifar10 job 16 GPUs, and with 9 free GPUs the
-    cifar10 job's extension of 12 could not be placed (Pollux workload 1, load 0.5, t = 15,840
-    s). Measured (``jct``, workloads 1-8, load 0.5, mean average JCT, with the whole-node
-    counts of :func:`_counts`): 1,295 -> 1,290 s (2026-11-27, one-off runs)."""
+    back and the GPUs the plan gave elsewhere on its strength stay idle (measured:
+    docs/design-notes.md, "policies/jct.py")."""
     held = held_reversal(job, snapshot.time, snapshot.hold) if job.state == "RUNNING" else None
     if held == "shrink":
         return [g for g in counts if g >= job.gpus] or counts

@@ -14,8 +14,8 @@ running one is then preempted). Its value:
   over the same at its fair share ``a_f``: ``ceil(K / J)`` GPUs for ``K`` GPUs and ``J`` jobs, as
   the artifact's ``fair_replicas`` -- kept within the job's own limits (its allowed GPU counts
   at the snapshot's granularity) and packed onto full nodes (the artifact evaluates it on one
-  node, a shape our nodes do not have; on pollux:2-3 at GPU granularity one node changed the
-  average JCT by under 0.3 %);
+  node, a shape our nodes do not have; the difference is small: docs/design-notes.md,
+  "policies/pollux.py");
 * **restart penalty** (the artifact's ``_evaluate``): a job whose row differs from its current
   allocation has its speedup scaled by ``max(age - restarts * R, 0) / (age + R)``, ``age`` =
   seconds since submission, ``R`` = ``restart_penalty`` (30 s): a young or often-restarted job
@@ -99,10 +99,10 @@ class PolluxParams(Params):
 
     Attributes:
         population: states kept and children per generation (the artifact: 100).
-        generations: per round (the artifact: 100). Measured in the simulator on pollux:1-2 at
-            GPU granularity (mean average JCT): 32 x 24, 3,115 s; 64 x 40, 2,929 s; 64 x 80,
-            2,917 s. Both are cut at large scale: ``population <= max_work / (4 x jobs x
-            nodes)``, ``generations <= max_work / (population x jobs x nodes)``.
+        generations: per round (the artifact: 100). The defaults were measured against other
+            sizes in the simulator (docs/design-notes.md, "policies/pollux.py"). Both are cut
+            at large scale: ``population <= max_work / (4 x jobs x nodes)``, ``generations <=
+            max_work / (population x jobs x nodes)``.
         p: exponent of the power mean of speedups (Pollux §4.1: -1).
         restart_penalty: seconds ``R`` of the restart factor (the artifact's ``delay``: 30 s).
         interval: seconds between searches (Pollux's round, 60 s); a decision sooner than that
@@ -149,8 +149,8 @@ class Pollux(PolicyBase):
     #: reconcile's gate for this policy's plans (:func:`hpcsched.policies.round.decide_round`):
     #: Pollux prices restarts itself (the restart factor in every job's speedup) and has no
     #: minimum gain nor hold, so reconcile only checks its plans against what Slurm can place
-    #: now. Measured (pollux:1-2, GPU-granular, 32 x 24 search): with the daemon's gate
-    #: (``min_gain`` 0.05, 3-round hold) 3,115 s mean average JCT, without it 2,951 s.
+    #: now. Without the daemon's gate its average JCT was lower (measured:
+    #: docs/design-notes.md, "policies/pollux.py").
     reconcile_gate = MappingProxyType({"min_gain": 0.0, "hold": 0.0})
 
     def __init__(self, **values):

@@ -15,10 +15,8 @@ implements them (github.com/petuum/adaptdl, branch ``osdi21-artifact``, ``simula
   *Focused* (our default, a departure): a child raises the rows of about :data:`FOCUS` jobs,
   not of every job, and only into GPUs that are free in it. With the artifact's raises, every
   job of a child reaches for the same few free GPUs, the repair hands them to the jobs first in
-  priority order and cuts the rest, and a child rarely gives a job without GPUs one: on a
-  40-job snapshot of pollux:2 (GPU granularity, 64 GPUs) 100 generations of 64 left 10 jobs with
-  none (fitness 0.0039), the focused raise none or one (0.03-0.17); in the simulator at GPU
-  granularity it cut workload 2's average JCT from 4,279 s to 3,865 s;
+  priority order and cuts the rest, and a child rarely gives a job without GPUs one (measured:
+  docs/design-notes.md, "policies/pollux_search.py");
 * **crossover**: single point over jobs: rows before a random job from one parent, the rest
   from the other (two children);
 * **repair**: at most one distributed (multi-node) job per node (interference avoidance,

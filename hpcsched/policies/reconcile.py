@@ -281,11 +281,10 @@ def admission_room(chosen: list[Candidate], resizes: list[Candidate], snapshot: 
 
     The jobs the plan starts are the pending changes in ``chosen`` and, given ``plan``, the
     pending jobs it gives GPUs at the very size and batch they already ask for (no change is
-    sent for those: Slurm starts them once room frees). Without them, a plan that kept a pending
-    job's request and shrank a running job to make room for it had its shrink judged by the gain
-    test alone, which refuses it (it only loses samples/s): measured in the simulator (``jct``,
-    Pollux workload 2 at load 0.5, GPU-granular), a bert job planned at its 31 GPUs waited
-    8,050 s while the imagenet job the plan shrank every round kept its 53."""
+    sent for those: Slurm starts them once room frees). Without them, a plan that keeps a
+    pending job's request and shrinks a running job to make room for it would have its shrink
+    judged by the gain test alone, which refuses it (it only loses samples/s), and the pending
+    job would wait (seen in the simulator: docs/design-notes.md, "policies/reconcile.py")."""
     start_need = sum(c.change.to_gpus or c.change.to_nodes * snapshot.job(c.change.job_id).workers_per_node
                      for c in chosen if c.kind == ChangeKind.PENDING and c.change.to_nodes > 0)
     start_need += sum(_kept_request(t, snapshot, {c.change.job_id for c in chosen})
@@ -321,13 +320,10 @@ def hold_back(resizes: list[Candidate], snapshot: ClusterSnapshot, costs: Costs
 
     A resize in the same direction as the last one (a job grown again as GPUs free up) is not
     held, nor is a job's first resize after it started: its start size was the user's request
-    or Slurm's, not a change the hold protects. Before, every resize within the hold of any
-    start or resize was held: a job Slurm started at the 16 GPUs it asked for could not be
-    shrunk for three rounds while a job beside it waited for those GPUs to grow. Measured
-    (``jct``, Pollux workloads 1-8, GPU-granular, mean average JCT at loads 0.5 / 1.0; one-off
-    runs, 2026-11-26): every resize held, 1,401 / 2,457 s; only reversals, 1,415 / 2,434 s,
-    and 1,369 / 2,412 s with ``jct``'s gate (no minimum gain; at loads 1.5 / 2.0, 3,209 ->
-    3,098 s and 4,628 -> 4,396 s); no flip-flop in any of them."""
+    or Slurm's, not a change the hold protects. Holding every resize within the hold of any
+    start or resize kept a job just started at its request from shrinking while a job beside
+    it waited for those GPUs (history and measurements: docs/design-notes.md,
+    "policies/reconcile.py")."""
     if costs.hold <= 0:
         return resizes, []
     kept, notes = [], []

@@ -23,16 +23,17 @@ if TYPE_CHECKING:
 #: job trains on and join its process group at a step boundary (issue 10); ``"requeue"``, the
 #: job checkpoints, gives its GPUs back and restarts every worker at the new size
 GROW_MODES = ("extension", "requeue")
-#: Measured by ``benchmarks/resize_latency.py --repeats 3`` on the dev cluster (2026-11-24,
-#: medians; ``docs/extensions.md``): seconds an extension's new workers take from submission
-#: to being ready to join (Slurm scheduling, Python and torch imports, the model's build) while
-#: the job trains on at its old size, 2.25 s; and the longest pause of the running ranks at the
-#: step boundary where the group re-forms and the newcomers receive the state, 0.09 s (one
-#: 50 ms step included). On GPUs the start-up is longer (CUDA, NCCL, the model on the device)
-#: and the state transfer grows with the model: measure both on the cluster and set them
-#: (``hpcsched simulate --extension-startup/--extension-stall``, ``daemon.extension_*``). The
-#: one definition: the simulator, the daemon's configuration and reconcile's ``Costs`` take
-#: their defaults from here.
+#: Measured by ``benchmarks/resize_latency.py --repeats 3`` on the dev cluster (medians;
+#: ``docs/extensions.md``; the run: docs/design-notes.md, "policies/snapshot.py"): seconds an
+#: extension's new workers take from submission to being ready to join (Slurm scheduling,
+#: Python and torch imports, the model's build) while the job trains on at its old size,
+#: 2.25 s; and the longest pause of the running ranks at the step boundary where the group
+#: re-forms and the newcomers receive the state, 0.09 s (one 50 ms step included). On GPUs
+#: the start-up is longer (CUDA, NCCL, the model on the device) and the state transfer grows
+#: with the model: measure both on the cluster and set them (``hpcsched simulate
+#: --extension-startup/--extension-stall``, ``daemon.extension_*``). The one definition: the
+#: simulator, the daemon's configuration and reconcile's ``Costs`` take their defaults from
+#: here.
 #: what a plan may ask for: ``"node"``, whole nodes x the job's workers per node; ``"gpu"``, any
 #: GPU count on any GPUs per node (4 + 2), which the daemon realises with extension jobs
 #: (:mod:`hpcsched.policies.realise`)

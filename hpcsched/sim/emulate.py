@@ -89,8 +89,8 @@ class Emulation:
         """The gradient-noise estimator's smoothing per step that gives the job, whose epochs
         are ``scale`` x as long, the memory in epochs that ``unscaled`` gives an unscaled job:
         ``1 - (1 - unscaled) / scale``, at least 0. Without it a scaled job's estimate would
-        lag ``1 / scale`` x further behind its statistics than a real job's (measured: cifar10
-        at scale 0.06 ended with a noise scale of 282 samples measured against 64,448)."""
+        lag ``1 / scale`` x further behind its statistics than a real job's (measured:
+        docs/design-notes.md, "sim/emulate.py")."""
         return max(0.0, 1.0 - (1.0 - unscaled) / self.scale)
 
     def samples(self, progress: float) -> float:

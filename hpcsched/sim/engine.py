@@ -427,9 +427,8 @@ def fewer_collections(threshold: int = GC_THRESHOLD) -> Iterator[None]:
     raised to ``threshold`` allocations, the other thresholds kept; restored on leaving).
 
     A simulation allocates many short-lived objects and makes almost no reference cycles
-    (reference counting frees them): in a ``jct`` simulation of Pollux workload 1 at load 1.0,
-    GPU-granular, the collector ran 633 times and found 30 objects, and its passes over the
-    long-lived caches took about a tenth of the run (4.64 -> 4.07 s, best of 3, 2026-11-27).
+    (reference counting frees them), so the collector's passes over the long-lived caches find
+    next to nothing and cost time (measured: docs/design-notes.md, "sim/engine.py").
     """
     old = gc.get_threshold()
     gc.set_threshold(max(threshold, old[0]), *old[1:])

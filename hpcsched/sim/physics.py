@@ -187,8 +187,9 @@ class Application:
     @cached_property
     def _linear(self) -> LinearNDInterpolator:
         interp = LinearNDInterpolator(self._xs, self._ys)
-        # the triangulation's transform is computed on first use, through BLAS; with BLAS's
-        # threads competing for a busy machine's cores it took 10-25 s instead of 20 ms
+        # the triangulation's transform is computed on first use, through BLAS; one thread,
+        # since BLAS's threads competing for a busy machine's cores made it far slower
+        # (measured: docs/design-notes.md, "sim/physics.py")
         with threadpool_limits(limits=1):
             _ = interp.tri.transform
         return interp

@@ -199,6 +199,7 @@ def bin_gpus(slowdowns: Sequence[float], k_max: int = 6, seed: int = 0, *,
 def bin_gpus_cached(slowdowns: tuple[float, ...], seed: int = 0) -> Binning:
     """:func:`bin_gpus` with its defaults, remembered per ``(slowdowns, seed)``: the GPUs'
     measurements change rarely, and a placement stage bins them every round for every class
-    (K-Means was 70 % of a ``jct`` + ``pal`` simulation's time). ``slowdowns`` is a tuple
-    (hashable); the :class:`Binning` returned is frozen and shared."""
+    (uncached, K-Means dominated a simulation's time: docs/design-notes.md,
+    "policies/placement/binning.py"). ``slowdowns`` is a tuple (hashable); the
+    :class:`Binning` returned is frozen and shared."""
     return bin_gpus(slowdowns, seed=seed)
