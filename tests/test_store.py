@@ -244,6 +244,23 @@ def test_upsert_job_inserts_then_updates(db):
     assert db.job("nope") is None
 
 
+def test_a_job_id_slurm_reuses_starts_fresh(db, caplog):
+    """After a controller reset Slurm hands out job 1 again: the new job (another job
+    directory) inherits nothing of the old one's profile or journal."""
+    _job(db, last_seen=100.0)
+    db.add_profile_samples([dict(job_id="1", time=1.0, world_size=2, nodes=1,
+                                 local_batch_size=32, step_time=0.1, throughput=640.0)])
+    _plan(db)
+    _job(db, last_seen=150.0, state="RUNNING")          # the same job: its history stays
+    assert db.profile("1") and db.actions("1")
+    with caplog.at_level("WARNING"):
+        _job(db, job_uid="uid-new", last_seen=300.0)
+    j = db.job("1")
+    assert (j.job_uid, j.first_seen) == ("uid-new", 300.0)
+    assert db.profile("1") == [] and db.actions("1") == []
+    assert "Slurm job id 1 now names another job" in caplog.text
+
+
 def test_upsert_job_validation(db):
     with pytest.raises(ValueError, match="missing field.*workers_per_node"):
         db.upsert_job(job_id="2", job_uid="u2", min_nodes=1, max_nodes=1, min_batch_size=1,

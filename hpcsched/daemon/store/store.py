@@ -41,6 +41,7 @@ session.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -76,6 +77,8 @@ from hpcsched.daemon.store.schema import (
 )
 from hpcsched.perf.priors import application_key
 from hpcsched.perf.shared import Measured
+
+log = logging.getLogger("hpcsched.daemon.store")
 
 _JOB_REQUIRED = ("job_uid", "workers_per_node", "min_nodes", "max_nodes", "min_batch_size",
                  "max_batch_size", "base_batch_size")
@@ -168,6 +171,12 @@ class Store(JournalMixin, LeaseMixin):
         Fields are :class:`JobRow`'s. A new job needs ``job_uid``, ``workers_per_node``,
         the node limits and the batch sizes. ``last_seen`` defaults to now; ``first_seen``
         is set when the job is inserted (default: ``last_seen``) and never changed after.
+
+        A Slurm job id names one job only until the controller's ids start again (a reset
+        state, a new cluster): a row whose ``job_uid`` (the job directory's, unique per
+        submission) differs from the one given is an earlier job's, and it is deleted with its
+        history (profile, GPU measurements and journal: ``ON DELETE CASCADE``) before the new
+        job is inserted, so a reused id starts fresh. Logged as a warning.
         """
         check_keys("upsert_job", fields, columns(Job))
         require("upsert_job", fields, ["job_id"])
@@ -175,6 +184,13 @@ class Store(JournalMixin, LeaseMixin):
         fields.setdefault("last_seen", time.time())
         with self._write() as s:
             job = s.get(Job, fields["job_id"])
+            if job is not None and fields.get("job_uid") not in (None, job.job_uid):
+                log.warning("Slurm job id %s now names another job (job directory %s, was %s): "
+                            "the earlier job's history is dropped", job.job_id,
+                            fields["job_uid"], job.job_uid)
+                s.delete(job)
+                s.flush()
+                job = None
             if job is None:
                 require(f"upsert_job: new job {fields['job_id']}", fields, _JOB_REQUIRED)
                 fields.setdefault("first_seen", fields["last_seen"])
