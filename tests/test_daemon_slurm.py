@@ -100,7 +100,7 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
     grown = [d for d in row["decisions"] if d["kind"] == grow]
     assert grown and grown[0]["status"] == "running" and "samples/s" in grown[0]["reason"]
     assert row["profile"], "status shows no throughput profile"
-    table = cli("hpcsched", "status").stdout
+    table = cli("hpcsched", "status", "--all").stdout
     assert grow in table and "batch" in table and (policy != "dp" or "shrink" in table)
     if policy == "default":   # B's first workers ran throughout; its extension has ended
         jd = JobDir.for_job(b)

@@ -159,10 +159,10 @@ def test_bob_sees_only_his_own_jobs(shared, monkeypatch):
     assert r.returncode == 2 and f"job {alice_job} is not yours" in r.stderr, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and shared.jobdir("alice").uid not in r.stdout + r.stderr
     for user, mine in (("bob", bob_job), ("alice", alice_job)):
-        r = shared.run(user, "hpcsched", "status", "--json", check=True)
+        r = shared.run(user, "hpcsched", "status", "--json", "--all", check=True)
         assert [j["job_id"] for j in json.loads(r.stdout)["jobs"]] == [mine], r.stdout
     monkeypatch.setenv("HPCSCHED_CONTROL_DIR", str(shared.control))
-    r = cli("hpcsched", "status", "--json")        # root sees every job
+    r = cli("hpcsched", "status", "--json", "--all")        # root sees every job
     assert sorted(j["job_id"] for j in json.loads(r.stdout)["jobs"]) == sorted([alice_job, bob_job])
     r = shared.run("bob", "hpcsched", "status", "--json", bob_job, check=True)
     (row,) = json.loads(r.stdout)["jobs"]

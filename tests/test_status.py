@@ -189,7 +189,8 @@ def test_status_when_slurm_does_not_answer(jd, monkeypatch, no_store):
 def test_status_without_jobs(control_dir, monkeypatch, no_store):
     monkeypatch.setattr(slurm, "squeue", lambda: {})
     r = CliRunner().invoke(status.status_command, [])
-    assert (r.exit_code, r.output.strip()) == (0, f"no hpcsched jobs under {control_dir}")
+    assert (r.exit_code, r.output.strip()) == (
+        0, f"no active hpcsched jobs under {control_dir} (--all: finished ones too)")
 
 
 # -- extension allocations ------------------------------------------------------------------------
@@ -347,3 +348,14 @@ def test_a_store_this_user_may_not_reach_is_no_store(tmp_path, monkeypatch):
 
     monkeypatch.setattr(st.Path, "exists", refused)
     assert st.open_store() is None
+
+
+def test_finished_jobs_only_with_all(jd, monkeypatch, no_store):
+    """By default the jobs Slurm lists as active; --all (or the job's id) shows a finished one."""
+    for queue in ({JOB_ID: info(state="COMPLETED")}, {}):     # listed as ended, or forgotten
+        monkeypatch.setattr(slurm, "squeue", lambda q=queue: q)
+        assert json.loads(CliRunner().invoke(status.status_command, ["--json"]).output)["jobs"] == []
+        doc = json.loads(CliRunner().invoke(status.status_command, ["--json", "--all"]).output)
+        assert [j["job_id"] for j in doc["jobs"]] == [JOB_ID]
+        doc = json.loads(CliRunner().invoke(status.status_command, ["--json", JOB_ID]).output)
+        assert [j["job_id"] for j in doc["jobs"]] == [JOB_ID]

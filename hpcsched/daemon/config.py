@@ -317,6 +317,21 @@ class ProbeSettings:
 
 
 @dataclass(frozen=True)
+class RetentionSettings:
+    """``[retention]``: how long finished jobs are kept (days; 0 = for ever). The daemon removes
+    what has expired about once an hour (:mod:`hpcsched.daemon.retention`)."""
+
+    job_days: float = _opt(
+        30.0, _number(ge=0),
+        "days after a job finished that its job directory (spec, control files, metrics, and "
+        "its checkpoints when they are in it) is removed; 0 = kept for ever")
+    store_days: float = _opt(
+        90.0, _number(ge=0),
+        "days after a job finished that its rows in the store (profile, GPU measurements, "
+        "journal) are removed, and rounds older than this; 0 = kept for ever")
+
+
+@dataclass(frozen=True)
 class PolicySettings:
     """``[policy]``: which policy decides, its random seed, and its own parameters.
 
@@ -340,6 +355,7 @@ class Settings:
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
     probe: ProbeSettings = field(default_factory=ProbeSettings)
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
     path: Path | None = None
 
     def control_dir_path(self) -> Path:
@@ -352,7 +368,8 @@ class Settings:
         return control_dir()
 
 
-_TABLES: dict[str, type] = {"daemon": DaemonSettings, "probe": ProbeSettings, "policy": PolicySettings}
+_TABLES: dict[str, type] = {"daemon": DaemonSettings, "probe": ProbeSettings,
+                            "policy": PolicySettings, "retention": RetentionSettings}
 
 
 def defaults() -> Settings:
@@ -428,7 +445,8 @@ def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
             make_policy(policy.name, policy.params)
         except PolicyError as exc:
             raise ConfigError(f"{where}: [policy.params]: {exc}") from None
-    return Settings(daemon=daemon, policy=policy, probe=parts["probe"], path=file)
+    return Settings(daemon=daemon, policy=policy, probe=parts["probe"],
+                    retention=parts["retention"], path=file)
 
 
 def _build(where: str, table: str, cls: type, raw: dict) -> Any:

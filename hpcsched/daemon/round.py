@@ -74,6 +74,7 @@ from hpcsched.daemon.phases import History, ResizePhase, Timeouts
 from hpcsched.daemon.probes import ProbeWatch
 from hpcsched.daemon.reaper import Reaper
 from hpcsched.daemon.requeued import release_requeued
+from hpcsched.daemon.retention import Retention
 from hpcsched.daemon.site_limits import read_site_limits
 from hpcsched.daemon.store import Store
 from hpcsched.daemon.views import application_of
@@ -177,6 +178,7 @@ class Daemon:
         self.managed = views.ManagedJobs(self.control_dir, d.partitions, views.Exclusions(
             frozenset(d.exclude_users), frozenset(d.exclude_accounts), frozenset(d.exclude_qos)))
         self.reaper = Reaper(self.control_dir, d.partitions, dry_run=d.dry_run)
+        self.retention = Retention(settings.retention, self.store, self.control_dir)
         # the GPU probe prolog's measurements (slurm-plugins/prolog-gpu-probe): ingested each round
         self.probes = ProbeWatch(settings.probe, self.store, dry_run=d.dry_run,
                                  timeout=d.slurm_timeout)
@@ -284,6 +286,8 @@ class Daemon:
                 ingest_job(self.store, job_id, jd.path, application_of(spec))
         self.probes.round()
         rep.reaped = self.reaper.reap(obs, self.actuator.slurm)   # orphaned extension jobs
+        if not self.settings.daemon.dry_run and self.retention.due():   # about once an hour
+            self.retention.sweep({j for j, i in obs.jobs.items() if i.active}, obs.time)
         busy = self._resume(managed, rep)
         release_requeued(managed, busy, self.actuator.slurm, obs.time, self.settings.daemon.dry_run)
         snapshot = views.daemon_snapshot(obs, managed, self.store, busy,

@@ -117,8 +117,10 @@ def _profile(store, job_id: str) -> list[dict]:
 
 
 def collect(job_ids: list[str] | None = None, store=None, decisions: int = 3,
-            caller: Caller | None = None) -> tuple[list[JobStatus], str | None]:
+            caller: Caller | None = None, history: bool = True) -> tuple[list[JobStatus], str | None]:
     """Status of the given (default: all known) hpcsched jobs and Slurm's error, if any.
+    Without ``history`` and ``job_ids``, only the jobs Slurm lists as active (pending,
+    running, ...; every known job when Slurm does not answer).
 
     One ``squeue --json`` call for all jobs (:func:`job_row` per job). With a ``store`` (the
     daemon's), each job also carries its last ``decisions`` and its throughput profile.
@@ -138,6 +140,8 @@ def collect(job_ids: list[str] | None = None, store=None, decisions: int = 3,
     rows = []
     for job_id in ids:
         info = queue.get(job_id)
+        if not (job_ids or history or slurm_error) and (info is None or not info.active):
+            continue   # finished: shown with --all
         owner = info.user if info is not None else _directory_owner(job_id)
         if not caller.may_act_on(owner):
             if job_ids:
@@ -307,17 +311,21 @@ def _apply_progress(row: JobStatus, p: ctl.Progress) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--gpus", "gpus", is_flag=True,
               help="Show the GPUs instead: latest probe, against its peers, passive speed, slow flag.")
-def status_command(job_ids, as_json, gpus):
-    """Show hpcsched jobs (all known, or JOB_IDS): Slurm state, size, batch size, progress,
-    and the daemon's decisions with their reasons; one JOB_ID: its whole decision history and
-    throughput profile. ``--gpus``: the GPUs the daemon knows (docs/slurm-plugins.md)."""
+@click.option("--all", "history", is_flag=True,
+              help="Also the finished jobs whose directories are kept ([retention] job_days).")
+def status_command(job_ids, as_json, gpus, history):
+    """Show hpcsched jobs (those Slurm lists as active; --all: every known one; or JOB_IDS):
+    Slurm state, size, batch size, progress, and the daemon's decisions with their reasons; one
+    JOB_ID: its whole decision history and throughput profile. ``--gpus``: the GPUs the daemon
+    knows (docs/slurm-plugins.md)."""
     store = open_store()
     if gpus:
         _status_gpus(store, as_json)
         return
     detail = len(job_ids) == 1
     try:
-        rows, slurm_error = collect(list(job_ids) or None, store, decisions=50 if detail else 3)
+        rows, slurm_error = collect(list(job_ids) or None, store, decisions=50 if detail else 3,
+                                    history=history)
     except NotYourJob as exc:
         click.echo(f"hpcsched status: refused: {exc}", err=True)
         sys.exit(2)
@@ -373,7 +381,7 @@ def _print_status(rows: list[JobStatus], rounds: list[dict], slurm_error: str | 
     if slurm_error:
         console.print(f"[yellow]Slurm did not answer: {slurm_error} (showing the jobs' own files)")
     if not rows:
-        console.print(f"no hpcsched jobs under {control_dir()}")
+        console.print(f"no active hpcsched jobs under {control_dir()} (--all: finished ones too)")
         return
     console.print(_jobs_table(rows))
     extensions = allocations_cells(rows)

@@ -47,7 +47,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Self
 
-from sqlalchemy import String, cast, func, insert, select
+from sqlalchemy import String, cast, delete, func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from hpcsched.daemon.store.journal import JournalMixin
@@ -199,6 +199,17 @@ class Store(JournalMixin, LeaseMixin):
                 fields.pop("first_seen", None)
                 for k, v in fields.items():
                     setattr(job, k, v)
+
+    def prune(self, before: float) -> dict[str, int]:
+        """Delete the jobs that finished before ``before`` (Unix s) with their history (profile,
+        GPU measurements, journal: ``ON DELETE CASCADE``), and the rounds that started before it
+        (actions keep their row; their ``round_id`` becomes null). Returns ``{"jobs": n,
+        "rounds": m}`` deleted."""
+        with self._write() as s:
+            jobs = s.execute(delete(Job).where(Job.finished_at.is_not(None),
+                                               Job.finished_at < before)).rowcount
+            rounds = s.execute(delete(Round).where(Round.started_at < before)).rowcount
+        return {"jobs": jobs, "rounds": rounds}
 
     def job(self, job_id: str) -> JobRow | None:
         """The job with this Slurm job id, or None."""
