@@ -41,7 +41,7 @@ kill "$watcher" 2>/dev/null || true
 watcher=""
 echo
 echo "----- the daemon's decisions (hpcsched status, then each job's decisions with their reasons):"
-hpcsched status
+hpcsched status --all
 for job in $(tail -n +2 replay/jobs.csv | cut -d, -f3); do
     hpcsched status "$job" | sed -n '/decisions (newest first)/,/measured throughput/p' | sed '$d'
 done
