@@ -249,12 +249,12 @@ def grow_section(heading: str, means: Mapping[tuple[str, str, str], float | None
            "the simulator's default): an extension Slurm job takes the new GPUs at the decision, the "
            f"job trains on at its old size for {params['extension_startup']:g} s while the new "
            f"workers start, every rank stalls {params['extension_stall']:g} s while the group "
-           "re-forms, then it runs at its new size (`hpcsched/policies/snapshot.py` says where "
+           "re-forms, then it runs at its new size (`hpcsched/model/snapshot.py` says where "
            "these figures come from). **By requeue** (`--grow requeue`): the job gives its GPUs "
            "back and restarts at the new size, paying the "
            f"{dict(params['restart_cost']).get('*', 30.0):g} s restart. Reconcile and "
            "`jct` price a grow with the cost of the mode in force "
-           "(`hpcsched.policies.snapshot.grow_cost`); starts, preemptions and shrinks cost the same "
+           "(`hpcsched.model.snapshot.grow_cost`); starts, preemptions and shrinks cost the same "
            "in both.\n"]
     for metric, title, spec in (("avg_jct", "Average JCT (s)", ".0f"), ("p99_jct", "p99 JCT (s)", ".0f"),
                                 ("restarts_per_job", "Restarts per job", ".2f"),

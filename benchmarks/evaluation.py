@@ -70,8 +70,8 @@ from _evaluation_runs import _cache, _params, _ran, execute_all, make_run  # noq
 from _evaluation_timing import TIMING_SECTION, timing_section  # noqa: E402
 from _run_cache import describe  # noqa: E402
 
+from hpcsched.model.snapshot import GROW_MODES  # noqa: E402
 from hpcsched.policies import POLICIES, REGISTRY, PolicyError, make_policy  # noqa: E402
-from hpcsched.policies.snapshot import GROW_MODES  # noqa: E402
 from hpcsched.sim import report  # noqa: E402
 from hpcsched.sim.cli import Run  # noqa: E402
 from hpcsched.sim.workload import pollux_results  # noqa: E402

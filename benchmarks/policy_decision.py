@@ -63,12 +63,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import write_report  # noqa: E402
 
 from hpcsched.daemon.views import with_step_corrections  # noqa: E402
+from hpcsched.model.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint  # noqa: E402
 from hpcsched.perf.model import clear_caches  # noqa: E402
 from hpcsched.perf.pollux import step_time  # noqa: E402
 from hpcsched.perf.priors import APPLICATIONS, prior_for  # noqa: E402
 from hpcsched.perf.shared import THROUGHPUT_MODELS, Measured, step_corrections  # noqa: E402
 from hpcsched.policies import POLICIES, make_policy  # noqa: E402
-from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint  # noqa: E402
 from hpcsched.protocol.limits import JobLimits
 
 SCALES = ((64, 160), (1024, 500), (4096, 1000))

@@ -17,8 +17,8 @@ from hpcsched.daemon import round as daemon_round
 from hpcsched.daemon.config import ConfigError, DaemonSettings, load
 from hpcsched.daemon.round import Daemon, foreign_event, round_event
 from hpcsched.daemon.store import Store
+from hpcsched.model.snapshot import ForeignJob
 from hpcsched.policies.base import PolicyBase
-from hpcsched.policies.snapshot import ForeignJob
 from tests.test_daemon_round_nonblocking import FakeCluster, info, make_job
 
 

@@ -19,10 +19,10 @@ from hpcsched.daemon.config import load
 from hpcsched.daemon.phases import PATHS, Timeouts
 from hpcsched.daemon.round import Daemon
 from hpcsched.daemon.store import Store
+from hpcsched.model.snapshot import JobTarget, Plan
 from hpcsched.policies.base import PolicyBase
 from hpcsched.policies.reconcile import Change
 from hpcsched.policies.round import RoundDecision
-from hpcsched.policies.snapshot import JobTarget, Plan
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir, JobSpec, current_user
 from hpcsched.protocol.kinds import ChangeKind, ControlAction

@@ -9,6 +9,15 @@ from dataclasses import replace
 import pytest
 
 from hpcsched.daemon import config as cfg
+from hpcsched.model.snapshot import (
+    EXTENSION_STALL,
+    EXTENSION_STARTUP,
+    ClusterSnapshot,
+    JobTarget,
+    NodeView,
+    Plan,
+    grow_cost,
+)
 from hpcsched.policies import jct
 from hpcsched.policies.base import PolicyBase
 from hpcsched.policies.feasible import _place_extension_gpus
@@ -22,15 +31,6 @@ from hpcsched.policies.reconcile import (
     predict,
 )
 from hpcsched.policies.round import decide_round
-from hpcsched.policies.snapshot import (
-    EXTENSION_STALL,
-    EXTENSION_STARTUP,
-    ClusterSnapshot,
-    JobTarget,
-    NodeView,
-    Plan,
-    grow_cost,
-)
 from hpcsched.protocol.kinds import ChangeKind
 from tests.test_reconcile import RUN, _cand, _cluster, _job
 

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
+from hpcsched.model.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint
 from hpcsched.perf.model import best_at, model_for
 from hpcsched.policies import make_policy
 from hpcsched.policies.jct import decide
 from hpcsched.policies.reconcile import Costs, reconcile
-from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint
 from hpcsched.protocol.limits import JobLimits
 
 

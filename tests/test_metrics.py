@@ -26,9 +26,9 @@ from hpcsched.daemon.metrics import DaemonMetrics, outcome_of, predicted_through
 from hpcsched.daemon.phases import Timeouts
 from hpcsched.daemon.round import RoundReport, daemon_command
 from hpcsched.daemon.store import Store
+from hpcsched.model.snapshot import ClusterSnapshot, GPUView, JobView, NodeView, ProfilePoint
 from hpcsched.policies.reconcile import Change
 from hpcsched.policies.round import RoundDecision
-from hpcsched.policies.snapshot import ClusterSnapshot, GPUView, JobView, NodeView, ProfilePoint
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.limits import JobLimits
 from tests.test_daemon_round_nonblocking import FakeCluster, answer, info, make_job

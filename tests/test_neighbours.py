@@ -10,12 +10,12 @@ from types import MappingProxyType
 
 from hpcsched import slurm
 from hpcsched.daemon.views import foreign_pending
+from hpcsched.model.snapshot import ClusterSnapshot, ForeignJob, JobView, NodeView, ProfilePoint
 from hpcsched.policies import make_policy
 from hpcsched.policies.neighbours import yield_to_foreign
 from hpcsched.policies.realise import Mechanism
 from hpcsched.policies.reconcile import Costs
 from hpcsched.policies.round import decide_round
-from hpcsched.policies.snapshot import ClusterSnapshot, ForeignJob, JobView, NodeView, ProfilePoint
 from hpcsched.protocol.extensions import extension_comment
 from hpcsched.protocol.kinds import ChangeKind
 from hpcsched.protocol.limits import JobLimits

@@ -7,10 +7,10 @@ import pytest
 
 from hpcsched.job.sbatch_args import UsageError
 from hpcsched.job.submit import build_spec
+from hpcsched.model.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint
 from hpcsched.policies import make_policy
 from hpcsched.policies.reconcile import Costs
 from hpcsched.policies.round import decide_round
-from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint
 
 
 def _spec(tmp_path, monkeypatch, *args):

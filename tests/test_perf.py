@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hpcsched.model.snapshot import JobView, ProfilePoint
 from hpcsched.perf import linear, priors
 from hpcsched.perf.linear import ThroughputModel
 from hpcsched.perf.model import (
@@ -33,7 +34,6 @@ from hpcsched.perf.pollux import (
     throughput,
 )
 from hpcsched.perf.priors import APPLICATIONS, prior_for
-from hpcsched.policies.snapshot import JobView, ProfilePoint
 from hpcsched.protocol.batching import BatchConfig
 from hpcsched.protocol.limits import JobLimits
 

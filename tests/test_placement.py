@@ -13,6 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hpcsched
+from hpcsched.model.snapshot import (
+    ClusterSnapshot,
+    GPUView,
+    JobTarget,
+    JobView,
+    NodeView,
+    Plan,
+)
 from hpcsched.policies.placement import (
     PLACEMENTS,
     job_slowdown,
@@ -22,14 +30,6 @@ from hpcsched.policies.placement import (
     placement_score,
 )
 from hpcsched.policies.placement.binning import bin_gpus, silhouette_1d
-from hpcsched.policies.snapshot import (
-    ClusterSnapshot,
-    GPUView,
-    JobTarget,
-    JobView,
-    NodeView,
-    Plan,
-)
 from hpcsched.policies.variability import profiles_from_views, sensitivity
 from hpcsched.protocol.limits import JobLimits
 from hpcsched.sim.physics import draw_gpu_slowdowns

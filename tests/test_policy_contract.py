@@ -11,13 +11,13 @@ from dataclasses import replace
 
 import pytest
 
+from hpcsched.model.snapshot import ClusterSnapshot, Plan
 from hpcsched.policies import POLICIES, Params, Policy, PolicyBase, PolicyError, make_policy, policy_factory
 from hpcsched.policies import round as policy_round
 from hpcsched.policies.base import rounds_on_events
 from hpcsched.policies.composite import PLACEMENT_KEYS, Placed
 from hpcsched.policies.placement import PLACEMENTS
 from hpcsched.policies.reconcile import Costs
-from hpcsched.policies.snapshot import ClusterSnapshot, Plan
 from tests.test_policies import _contended
 
 COMBOS = [(name, placement) for name in POLICIES for placement in (None, *PLACEMENTS)]
@@ -199,7 +199,7 @@ def test_the_factory_takes_the_same_keys_as_make_policy(name):
 def _gpu_snap(nodes, jobs, speeds, allocated=(), grow="requeue"):
     """Nodes of 4 GPUs (``allocated``: GPUs in use per node), GPU-granular, class A's slowdown
     per node."""
-    from hpcsched.policies.snapshot import NodeView
+    from hpcsched.model.snapshot import NodeView
     from tests.test_placement import _gpus
 
     used = dict(allocated)
@@ -210,7 +210,7 @@ def _gpu_snap(nodes, jobs, speeds, allocated=(), grow="requeue"):
 
 
 def _gpu_target(job_id, gpus):
-    from hpcsched.policies.snapshot import JobTarget
+    from hpcsched.model.snapshot import JobTarget
 
     return JobTarget(job_id, -(-gpus // 4), 64, "sized", gpus=gpus)
 

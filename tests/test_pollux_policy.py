@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hpcsched.model.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint
 from hpcsched.policies import PolicyError, make_policy
 from hpcsched.policies.pollux import Pollux
 from hpcsched.policies.pollux_search import EPS, Problem, fitness, power_mean, repair
-from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView, ProfilePoint
 from hpcsched.protocol.limits import JobLimits
 
 # local batch 48 at 2 GPUs and 24 at 4 GPUs, global batch 96 (see test_policies)

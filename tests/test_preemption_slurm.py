@@ -26,8 +26,8 @@ from hpcsched.daemon.config import load
 from hpcsched.daemon.phases import PATHS
 from hpcsched.daemon.round import Daemon
 from hpcsched.daemon.store import Store
+from hpcsched.model.snapshot import JobTarget, Plan
 from hpcsched.policies.base import PolicyBase
-from hpcsched.policies.snapshot import JobTarget, Plan
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir
 from hpcsched.protocol.kinds import ChangeKind

@@ -11,10 +11,10 @@ import pytest
 from hpcsched import slurm
 from hpcsched.daemon.round import realised_action
 from hpcsched.daemon.views import allocation_of
+from hpcsched.model.snapshot import ClusterSnapshot, JobTarget, JobView, NodeView, Plan, ProfilePoint
 from hpcsched.policies import realise
 from hpcsched.policies.realise import Mechanism, primary_shape
 from hpcsched.policies.reconcile import Candidate, Costs, classify, reconcile
-from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, NodeView, Plan, ProfilePoint
 from hpcsched.protocol.kinds import ChangeKind
 from hpcsched.protocol.limits import JobLimits
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from hpcsched.model.snapshot import ClusterSnapshot, JobTarget, JobView, NodeView, Plan, ProfilePoint
 from hpcsched.policies import make_policy
 from hpcsched.policies.feasible import _place_grow_gpus
 from hpcsched.policies.reconcile import (
@@ -24,7 +25,6 @@ from hpcsched.policies.reconcile import (
     reconcile,
     released,
 )
-from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, NodeView, Plan, ProfilePoint
 from hpcsched.protocol.kinds import ChangeKind
 from hpcsched.protocol.limits import JobLimits
 
@@ -452,7 +452,7 @@ def test_a_policy_that_prices_restarts_itself_may_loosen_the_gate():
     (-100.0, None, 180.0, None),          # never resized since it started
 ])
 def test_held_reversal_names_the_resize_the_hold_forbids(resized_at, last, hold, held):
-    from hpcsched.policies.snapshot import held_reversal
+    from hpcsched.model.snapshot import held_reversal
 
     job = replace(_job("B", 1, batch=96, profile=SCALES, names=("n1",)), resized_at=resized_at,
                   last_resize=last)

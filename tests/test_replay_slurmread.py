@@ -12,7 +12,7 @@ from datetime import datetime
 
 import pytest
 
-from hpcsched.policies.snapshot import NodeView
+from hpcsched.model.snapshot import NodeView
 from hpcsched.replay import ReplayError
 from hpcsched.replay.plan import ClusterShape
 from hpcsched.replay.slurmread import (

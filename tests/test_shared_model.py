@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from hpcsched import slurm
 from hpcsched.daemon.views import daemon_snapshot, with_step_corrections
+from hpcsched.model.snapshot import JobView, ProfilePoint
 from hpcsched.perf import model as m
 from hpcsched.perf.pollux import PolluxModel, step_time
 from hpcsched.perf.priors import prior_for
@@ -26,7 +27,6 @@ from hpcsched.perf.shared import (
     StepLedger,
     step_corrections,
 )
-from hpcsched.policies.snapshot import JobView, ProfilePoint
 from hpcsched.protocol.jobdir import current_user
 from hpcsched.protocol.limits import JobLimits
 from hpcsched.slurm.observe import Observation

@@ -16,9 +16,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from hpcsched.model.snapshot import ClusterSnapshot, JobTarget, JobView, NodeView, Plan
 from hpcsched.policies import POLICIES
 from hpcsched.policies.reconcile import Costs, reconcile
-from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, NodeView, Plan
 from hpcsched.protocol.limits import JobLimits
 from hpcsched.sim import SimResult, WorkloadJob
 from hpcsched.sim.engine import (

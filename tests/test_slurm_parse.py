@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpcsched.policies.snapshot import NodeView
+from hpcsched.model.snapshot import NodeView
 from hpcsched.slurm import SlurmError, SlurmUnavailable
 from hpcsched.slurm.observe import PyslurmBackend
 from hpcsched.slurm.parse import (

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hpcsched.model.snapshot import ClusterSnapshot, JobView, NodeView
 from hpcsched.policies import PolicyError
 from hpcsched.policies.common import capacity
-from hpcsched.policies.snapshot import ClusterSnapshot, JobView, NodeView
 from hpcsched.policies.tiresias import DEFAULT_QUEUE_THRESHOLDS, Tiresias
 from hpcsched.protocol.limits import JobLimits
 

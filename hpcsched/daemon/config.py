@@ -32,9 +32,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from hpcsched.model.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GRANULARITIES, GROW_MODES
 from hpcsched.perf.shared import THROUGHPUT_MODELS
 from hpcsched.policies import DEFAULT_POLICY, POLICIES, PolicyError, make_policy
-from hpcsched.policies.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GRANULARITIES, GROW_MODES
 
 DEFAULT_PATH = Path("/etc/hpcsched/hpcsched.toml")
 ENV_CONFIG = "HPCSCHED_CONFIG"

@@ -28,8 +28,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from hpcsched import __version__, slurm
 from hpcsched.daemon.phases import ResizePhase
+from hpcsched.model.snapshot import ClusterSnapshot, JobView
 from hpcsched.perf.model import model_for
-from hpcsched.policies.snapshot import ClusterSnapshot, JobView
 from hpcsched.protocol.batching import BatchSizeError, fit_batch
 from hpcsched.protocol.kinds import ChangeKind
 from hpcsched.protocol.probes import KIND_CPU, KIND_CUDA, UNITS

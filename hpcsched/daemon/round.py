@@ -14,7 +14,7 @@
   many at once, and its job is ``busy`` for the policy meanwhile. A daemon killed at any point
   resumes from the journaled phase and does nothing twice.
 * **decide**: the configured policy, a pure function of an immutable
-  :class:`~hpcsched.policies.snapshot.ClusterSnapshot` (the same code the simulator runs).
+  :class:`~hpcsched.model.snapshot.ClusterSnapshot` (the same code the simulator runs).
 * **reconcile**: :func:`hpcsched.policies.reconcile.reconcile` (gain vs restart cost, placement, order).
 * **apply**: each change is journaled ``requested`` (committed) before anything is touched, then
   takes its first step (the control generation is written). Later rounds move it on to
@@ -78,12 +78,12 @@ from hpcsched.daemon.retention import Retention
 from hpcsched.daemon.site_limits import read_site_limits
 from hpcsched.daemon.store import Store
 from hpcsched.daemon.views import application_of
+from hpcsched.model.snapshot import ClusterSnapshot, ForeignJob
 from hpcsched.policies import POLICIES, PolicyError, make_policy
 from hpcsched.policies.base import rounds_on_events
 from hpcsched.policies.realise import Mechanism
 from hpcsched.policies.reconcile import Change, Costs
 from hpcsched.policies.round import decide_round
-from hpcsched.policies.snapshot import ClusterSnapshot, ForeignJob
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir, JobSpec
 from hpcsched.protocol.kinds import ChangeKind

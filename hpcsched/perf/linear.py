@@ -28,7 +28,7 @@ from functools import lru_cache
 import numpy as np
 from scipy.optimize import nnls
 
-from hpcsched.policies.snapshot import ProfilePoint
+from hpcsched.model.snapshot import ProfilePoint
 from hpcsched.protocol.batching import BatchConfig
 
 WEIGHT_CAP = 100    # steps: beyond this a profile point's weight in the fit stops growing

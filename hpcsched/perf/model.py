@@ -9,7 +9,7 @@ Pure, deterministic, cached. Units: seconds, samples, samples/s, GPUs.
   Pollux's model: compute linear in the local batch, synchronisation linear in the replicas
   with separate intra- and inter-node terms, overlapped by ``gamma`` (Pollux, OSDI'21 §3.2).
   When the job's view carries its application's measured error
-  (:attr:`~hpcsched.policies.snapshot.JobView.step_corrections`: the daemon's and the
+  (:attr:`~hpcsched.model.snapshot.JobView.step_corrections`: the daemon's and the
   simulator's default, ``throughput_model = "shared"``), the model is the application's prior
   times that error per configuration, scaled to the job's own measurements
   (:mod:`hpcsched.perf.shared`, which measures what it gains). Without it (``"fitted"``), the
@@ -42,11 +42,11 @@ from functools import lru_cache
 
 import numpy as np
 
+from hpcsched.model.snapshot import JobView, ProfilePoint
 from hpcsched.perf import linear, pollux, priors
 from hpcsched.perf.linear import ThroughputModel
 from hpcsched.perf.pollux import PerfSample, PolluxModel
 from hpcsched.perf.shared import StepCorrections
-from hpcsched.policies.snapshot import JobView, ProfilePoint
 from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch
 
 JobModel = ThroughputModel | PolluxModel

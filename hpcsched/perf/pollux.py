@@ -54,7 +54,7 @@ AdaptDL's starting point and one scaled to the data, keeping the better; each RM
 1e-8 under its root so the minimiser does not stall on the kink of an exact fit.
 
 Compute time of a point: the traces give it (``step_time - sync_time``); a job's own
-:class:`~hpcsched.policies.snapshot.ProfilePoint` gives it exactly when it ran on one GPU
+:class:`~hpcsched.model.snapshot.ProfilePoint` gives it exactly when it ran on one GPU
 (``step_time / accum``, no synchronisation); otherwise only the step time is fitted.
 
 Statistical efficiency (Pollux §3.1, the gradient-noise-scale form of E(M); AdaptDL
@@ -88,7 +88,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 from scipy.optimize import minimize
 
-from hpcsched.policies.snapshot import ProfilePoint
+from hpcsched.model.snapshot import ProfilePoint
 from hpcsched.protocol.batching import BatchConfig
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
-"""Scheduling policies: pure functions from a :class:`~hpcsched.policies.snapshot.ClusterSnapshot` to a
-:class:`~hpcsched.policies.snapshot.Plan`, run alike by the daemon and the simulator.
+"""Scheduling policies: pure functions from a :class:`~hpcsched.model.snapshot.ClusterSnapshot` to a
+:class:`~hpcsched.model.snapshot.Plan`, run alike by the daemon and the simulator.
 
 Policies are chosen by name (:data:`POLICIES`); :func:`make_policy` builds one from its name and
 the ``[policy.params]`` table of the configuration.

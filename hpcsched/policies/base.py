@@ -25,7 +25,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 
-from hpcsched.policies.snapshot import ClusterSnapshot, Plan
+from hpcsched.model.snapshot import ClusterSnapshot, Plan
 
 
 class PolicyError(ValueError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView
+from hpcsched.model.snapshot import ClusterSnapshot, JobTarget, JobView
 
 
 def capacity(snapshot: ClusterSnapshot) -> int:

@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from hpcsched.model.snapshot import ClusterSnapshot, Plan
 from hpcsched.policies.base import Params, Policy, PolicyBase
 from hpcsched.policies.ones import ONES, ONESParams
 from hpcsched.policies.placement import PLACEMENTS, place
-from hpcsched.policies.snapshot import ClusterSnapshot, Plan
 
 #: the keys a placement stage takes from ``[policy.params]`` (:class:`PlacementParams`)
 PLACEMENT_KEYS = ("placement", "locality_penalty")

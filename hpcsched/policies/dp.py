@@ -43,10 +43,10 @@ from typing import NamedTuple
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from hpcsched.model.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 from hpcsched.perf.model import JobModel, best_at, model_for
 from hpcsched.policies.base import NoParams, stateless
 from hpcsched.policies.common import admit_fifo, capacity, min_gpus, pending_fifo, running
-from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 
 EPSILON = 1e-6
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hpcsched.model.snapshot import ClusterSnapshot, JobView
 from hpcsched.policies.changes import ORDER, Candidate, Change
 from hpcsched.policies.realise import Layout, Mechanism
-from hpcsched.policies.snapshot import ClusterSnapshot, JobView
 from hpcsched.protocol.kinds import ChangeKind
 
 

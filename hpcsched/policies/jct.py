@@ -15,7 +15,7 @@ statistical efficiency, Pollux OSDI'21 §3), so ``T_j(g) = R_j / X_j(g)`` is its
 at that size and ``T_j^ref`` the one at its reference size (its fair share; below): each term
 is the job's speedup over that size, once ``c_j(g)`` is paid -- the restart cost for a start, the
 shrink cost for a shrink, 0 to stay, and for a running job's grow the snapshot's grow cost
-(:meth:`~hpcsched.policies.snapshot.ClusterSnapshot.grow_cost`: the restart cost by requeue;
+(:meth:`~hpcsched.model.snapshot.ClusterSnapshot.grow_cost`: the restart cost by requeue;
 by extension ``startup x max(0, 1 - X_j(now) / X_j(g)) + stall``, exactly what the extension
 adds to ``T_j(g)``: the job trains on at its current goodput while the new workers start) --
 the snapshot's costs, those reconcile judges by, so a change is chosen only when it finishes
@@ -64,7 +64,7 @@ noise scale grows as training goes on and is measured at the job's own, often sm
 (:func:`planning_view`); reconcile judges the plan on the same view.
 
 **The no-thrash hold.** A job that reconcile's hold keeps from going back (grown less than
-``hold`` seconds ago: no shrink; shrunk: no grow; :func:`~hpcsched.policies.snapshot.held_reversal`)
+``hold`` seconds ago: no shrink; shrunk: no grow; :func:`~hpcsched.model.snapshot.held_reversal`)
 is planned only the way the hold lets it go, so no other job is planned onto GPUs that will
 not free (:func:`_allowed_now`).
 
@@ -84,7 +84,7 @@ any count, packed onto as few nodes as it fits. Above ``max_options`` counts per
 counts are thinned geometrically (all small counts kept), which keeps a decision on 4,096 GPUs
 and 1,000 jobs within a second.
 
-Each target's :attr:`~hpcsched.policies.snapshot.JobTarget.weight` is
+Each target's :attr:`~hpcsched.model.snapshot.JobTarget.weight` is
 ``w_j T_j^ref / R_j``, so reconcile judges the plan by this objective (a gain of goodput ``dX``
 is a gain of ``w_j T_j^ref dX / R_j`` in it to first order).
 
@@ -100,11 +100,11 @@ from types import MappingProxyType
 
 import numpy as np
 
+from hpcsched.model.snapshot import ClusterSnapshot, JobTarget, JobView, Plan, held_reversal
 from hpcsched.perf.model import best_at, best_at_each_of, model_for
 from hpcsched.policies.base import Params, PolicyBase
 from hpcsched.policies.common import capacity, gpu_counts, min_gpus, nodes_spanned, target
 from hpcsched.policies.dp import EPSILON, Option, solve
-from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan, held_reversal
 
 
 @dataclass(frozen=True)
@@ -383,7 +383,7 @@ def _counts(job: JobView, snapshot: ClusterSnapshot, max_options: int) -> list[i
 
 def _allowed_now(job: JobView, snapshot: ClusterSnapshot, counts: list[int]) -> list[int]:
     """``counts`` without those reconcile's no-thrash hold would not let ``job`` go to now
-    (:func:`~hpcsched.policies.snapshot.held_reversal`): a job just grown is planned at its
+    (:func:`~hpcsched.model.snapshot.held_reversal`): a job just grown is planned at its
     size or more, one just shrunk at its size or less. Planned otherwise, the change is held
     back and the GPUs the plan gave elsewhere on its strength stay idle (measured:
     docs/design-notes.md, "policies/jct.py")."""

@@ -2,7 +2,7 @@
 
 Most jobs on a shared cluster are other users' plain ``sbatch`` jobs, ordered by Slurm's
 priority and fairshare. Before a policy plans, :func:`yield_to_foreign` takes the snapshot's
-pending foreign jobs (:attr:`~hpcsched.policies.snapshot.ClusterSnapshot.foreign_pending`, the
+pending foreign jobs (:attr:`~hpcsched.model.snapshot.ClusterSnapshot.foreign_pending`, the
 jobs hpcsched does not manage that Slurm could start: not held, not waiting for a dependency or
 a begin time), highest Slurm priority first, and gives each the GPUs Slurm would start it on:
 
@@ -13,7 +13,7 @@ a begin time), highest Slurm priority first, and gives each the GPUs Slurm would
 2. where free GPUs are not enough, **extension GPUs** of running hpcsched jobs (GPUs they hold
    beyond their primary Slurm job, :mod:`hpcsched.policies.realise`; all of a job's on a node at
    a time, so perhaps more than the foreign job needs) that the job holds **beyond what it was
-   submitted with** (:attr:`~hpcsched.policies.snapshot.JobView.submitted_gpus`): each such job
+   submitted with** (:attr:`~hpcsched.model.snapshot.JobView.submitted_gpus`): each such job
    is made to **release** them this round (a ``release``: the ranks on them leave at the next
    step boundary, no checkpoint, no restart; 0.15 s on the dev cluster), before anything else,
    without the gain test or the no-thrash hold. The job is busy for the policy this round.
@@ -40,9 +40,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hpcsched.model.snapshot import ClusterSnapshot, ForeignJob, JobView
 from hpcsched.policies.changes import Change
 from hpcsched.policies.realise import Mechanism, batch_on
-from hpcsched.policies.snapshot import ClusterSnapshot, ForeignJob, JobView
 from hpcsched.protocol.kinds import ChangeKind
 
 
@@ -89,7 +89,7 @@ def yield_to_foreign(snapshot: ClusterSnapshot) -> tuple[ClusterSnapshot, list[C
 def _extension_gpus(snapshot: ClusterSnapshot) -> dict[str, list[tuple[str, int]]]:
     """Per node, the running managed jobs (not busy) with GPUs there beyond their primary's
     that they may give back, and how many: a job keeps what it was submitted with
-    (:attr:`~hpcsched.policies.snapshot.JobView.submitted_gpus`, what Slurm alone would hold for
+    (:attr:`~hpcsched.model.snapshot.JobView.submitted_gpus`, what Slurm alone would hold for
     it), so only the node blocks its growth beyond that fill, the last-added nodes first."""
     out: dict[str, list[tuple[str, int]]] = {}
     for j in snapshot.jobs:

@@ -36,11 +36,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hpcsched.model.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 from hpcsched.perf.model import best_at, model_for
 from hpcsched.policies import dp
 from hpcsched.policies.base import Params, PolicyBase
 from hpcsched.policies.common import capacity
-from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 
 
 @dataclass(frozen=True)

@@ -52,11 +52,11 @@ from types import MappingProxyType
 
 import numpy as np
 
+from hpcsched.model.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 from hpcsched.perf.model import JobModel, best_at, model_for
 from hpcsched.policies.base import Params, PolicyBase
 from hpcsched.policies.common import capacity, gpu_counts, max_gpus, min_gpus, nodes_spanned, target
 from hpcsched.policies.pollux_search import Problem, evolve, fitness
-from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 
 
 @dataclass

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from hpcsched.policies.snapshot import JobView
+from hpcsched.model.snapshot import JobView
 
 
 class Mechanism(str, Enum):
@@ -181,7 +181,7 @@ def requeue_layout(held: dict[str, int], gpus: int, node_size: int) -> Layout:
 def cost(mechanism: Mechanism, *, restart_cost: float, shrink_cost: float, stall: float,
          grow_cost: float) -> float:
     """Seconds ``mechanism`` costs the job (module docstring's table); ``grow_cost`` is the
-    extension grow's (:func:`hpcsched.policies.snapshot.grow_cost`)."""
+    extension grow's (:func:`hpcsched.model.snapshot.grow_cost`)."""
     return {Mechanism.START: restart_cost, Mechanism.EXTEND: grow_cost,
             Mechanism.RELEASE: stall, Mechanism.SHRINK_PRIMARY: shrink_cost,
             Mechanism.REQUEUE: restart_cost}[mechanism]

@@ -7,7 +7,7 @@ Pure: ``(Plan, ClusterSnapshot, Costs) -> (changes, notes)``, in five steps:
    **shrink** (in place; costs ``shrink_cost`` seconds of the job's throughput), a **grow**
    (costs :meth:`Costs.grow_cost` seconds: ``restart_cost`` by requeue; by extension, with
    ``Costs.grow == "extension"``, ``extension_startup x max(0, 1 - x_from / x_to) +
-   extension_stall``, :func:`hpcsched.policies.snapshot.grow_cost`), or a **pending** job's
+   extension_stall``, :func:`hpcsched.model.snapshot.grow_cost`), or a **pending** job's
    size set before it starts
    (for a job held after a preemption: and released). With ``Costs.preemption`` a running job
    the plan gives 0 nodes is **preempt**-ed (checkpoint, requeue and hold until a plan gives it
@@ -59,12 +59,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hpcsched.perf.model import job_goodput
-from hpcsched.policies import realise
-from hpcsched.policies.changes import ORDER, RESIZES, Candidate, Change
-from hpcsched.policies.feasible import extension_spans, feasible_now, released
-from hpcsched.policies.realise import Mechanism
-from hpcsched.policies.snapshot import (
+from hpcsched.model.snapshot import (
     EXTENSION_STALL,
     EXTENSION_STARTUP,
     GROW_MODES,
@@ -75,6 +70,11 @@ from hpcsched.policies.snapshot import (
     grow_cost,
     held_reversal,
 )
+from hpcsched.perf.model import job_goodput
+from hpcsched.policies import realise
+from hpcsched.policies.changes import ORDER, RESIZES, Candidate, Change
+from hpcsched.policies.feasible import extension_spans, feasible_now, released
+from hpcsched.policies.realise import Mechanism
 from hpcsched.protocol.kinds import ChangeKind
 
 
@@ -95,7 +95,7 @@ class Costs:
     #: ``hold_rounds`` x their round interval (default 3 x 60 s: nothing a round decides is
     #: undone within the next two)
     hold: float = 180.0
-    #: how a running job grows (:data:`~hpcsched.policies.snapshot.GROW_MODES`): ``"requeue"``
+    #: how a running job grows (:data:`~hpcsched.model.snapshot.GROW_MODES`): ``"requeue"``
     #: (the daemon's actuator today) costs ``restart_cost``; ``"extension"`` (the simulator's
     #: default) costs the new workers' start-up at the old size and the stall when the group
     #: re-forms (:meth:`grow_cost`). Starts, preemptions, releases and requeues always cost
@@ -114,7 +114,7 @@ class Costs:
 
     def grow_cost(self, x_from: float, x_to: float) -> float:
         """Seconds a running job's grow from goodput ``x_from`` to ``x_to`` (samples/s) costs
-        it, in seconds of its new rate (:func:`hpcsched.policies.snapshot.grow_cost`:
+        it, in seconds of its new rate (:func:`hpcsched.model.snapshot.grow_cost`:
         ``restart_cost`` by requeue; ``extension_startup x max(0, 1 - x_from / x_to) +
         extension_stall`` by extension)."""
         return grow_cost(self.grow, self.restart_cost, self.extension_startup,
@@ -312,7 +312,7 @@ def _kept_request(t: JobTarget, snapshot: ClusterSnapshot, changed: set[str]) ->
 def hold_back(resizes: list[Candidate], snapshot: ClusterSnapshot, costs: Costs
               ) -> tuple[list[Candidate], list[str]]:
     """``resizes`` without those that would undo a job's last resize (its
-    :attr:`~hpcsched.policies.snapshot.JobView.last_resize`) less than ``costs.hold`` seconds
+    :attr:`~hpcsched.model.snapshot.JobView.last_resize`) less than ``costs.hold`` seconds
     after it (``resized_at``), and a note for each held back: a job just grown is not shrunk
     back, nor a job just shrunk grown back, on the strength of one round's prediction (issue 9:
     a flip-flop is a resize undone within two rounds). This holds for shrinks that would make

@@ -4,7 +4,7 @@
 middle of a round, between observing the cluster and acting on it. The daemon
 (:mod:`hpcsched.daemon.round`) calls it on a snapshot built from Slurm and the job directories;
 the simulator (:mod:`hpcsched.sim.engine`) on a snapshot built from its simulated Slurm. Both
-build the snapshot with the same job-view builder (:mod:`hpcsched.daemon.views`), so a
+build the snapshot with the same job-view builder (:mod:`hpcsched.views.build`), so a
 simulated result speaks for the daemon's decisions.
 
 Pure: no I/O, no clock; randomness only from ``seed`` (the daemon and the simulator pass the
@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import NamedTuple
 
+from hpcsched.model.snapshot import ClusterSnapshot, Plan
 from hpcsched.policies import Policy
 from hpcsched.policies.neighbours import yield_to_foreign
 from hpcsched.policies.reconcile import Change, Costs, reconcile
-from hpcsched.policies.snapshot import ClusterSnapshot, Plan
 
 
 class RoundDecision(NamedTuple):

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hpcsched.model.snapshot import ClusterSnapshot, JobTarget, Plan
 from hpcsched.policies.base import Params, stateless
 from hpcsched.policies.common import admit_fifo, capacity, pending_fifo, running
-from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, Plan
 
 
 @dataclass(frozen=True)

@@ -54,9 +54,9 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from hpcsched.model.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 from hpcsched.policies.base import Params, PolicyBase
 from hpcsched.policies.common import capacity
-from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 
 DEFAULT_QUEUE_THRESHOLDS = (3200.0,)   # GPU-seconds: 2 queues
 

@@ -12,7 +12,7 @@ variability choose GPUs first (§III, design). This module holds:
 
 * :data:`APP_CLASSES` / :func:`class_key` -- the class of a job (PAL's ``A``..``D``, or a Pollux
   application name standing for its class);
-* :func:`profiles_from_views` -- the snapshot's :class:`~hpcsched.policies.snapshot.GPUView` as
+* :func:`profiles_from_views` -- the snapshot's :class:`~hpcsched.model.snapshot.GPUView` as
   per-class slowdowns;
 * :func:`sensitivity` -- how much a class suffers from variability, which orders the classes.
 
@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from hpcsched.model.snapshot import GPUView
 from hpcsched.perf.priors import application_key
-from hpcsched.policies.snapshot import GPUView
 
 Profiles = Mapping[str, Mapping]  # app class -> {gpu key -> slowdown multiplier}
 

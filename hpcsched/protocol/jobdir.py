@@ -211,7 +211,7 @@ class JobSpec:
                 out.update({key: limits[attr] for key, attr in _LIMIT_KEYS.items()})
                 out.update({key: limits[attr] for key, attr in _OPTIONAL_LIMIT_KEYS.items()
                             if limits[attr] is not None})
-            elif name != "application" or d[name]:   # written only when given
+            elif (name not in ("application", "mtbf")) or d[name]:   # written only when given
                 out[name] = d[name]
         out["script_args"] = list(self.script_args)
         out["sbatch_args"] = list(self.sbatch_args)

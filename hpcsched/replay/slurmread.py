@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from hpcsched.policies.snapshot import NodeView
+from hpcsched.model.snapshot import NodeView
 from hpcsched.replay import ReplayError
 from hpcsched.replay.plan import ClusterShape
 from hpcsched.slurm import commands

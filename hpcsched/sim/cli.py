@@ -24,10 +24,10 @@ from pathlib import Path
 
 import click
 
+from hpcsched.model.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GROW_MODES
 from hpcsched.perf.shared import THROUGHPUT_MODELS
 from hpcsched.policies import POLICIES, PolicyError
 from hpcsched.policies.placement import PLACEMENTS
-from hpcsched.policies.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GROW_MODES
 
 # Pollux's re-implementation of Tiresias (simulator/tiresias.py): 2 queues at 16 GPU-hours.
 POLLUX_TIRESIAS = {"queue_thresholds": [16 * 3600.0]}

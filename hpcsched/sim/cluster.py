@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hpcsched.policies.snapshot import GPUView, NodeView
+from hpcsched.model.snapshot import GPUView, NodeView
 from hpcsched.sim import physics
 from hpcsched.slurm import JobInfo
 from hpcsched.slurm.observe import Observation

@@ -13,7 +13,7 @@ real cluster):
   :class:`hpcsched.slurm.observe.Backend`; its ``observe()`` returns the same
   :class:`~hpcsched.slurm.observe.Observation` of Slurm nodes and jobs);
 * the policy is the very object the daemon runs (:func:`hpcsched.policies.make_policy`), on a
-  :class:`~hpcsched.policies.snapshot.ClusterSnapshot` built from the same kind of data the daemon has
+  :class:`~hpcsched.model.snapshot.ClusterSnapshot` built from the same kind of data the daemon has
   (each job's measured profile, gradient noise, remaining work, attained service), with seed
   ``seed + round``;
 * the plan goes through the daemon's :func:`hpcsched.policies.reconcile.reconcile` (restart cost versus
@@ -59,13 +59,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
-from hpcsched.daemon.views import (
-    JobFacts,
-    JobReport,
-    application_tables,
-    cluster_snapshot,
-    job_view,
-)
+from hpcsched.model.snapshot import ClusterSnapshot, JobView
 from hpcsched.perf.priors import application_key
 from hpcsched.perf.shared import StepLedger
 from hpcsched.policies import make_policy
@@ -73,7 +67,6 @@ from hpcsched.policies.base import rounds_on_events
 from hpcsched.policies.realise import Mechanism, primary_shape
 from hpcsched.policies.reconcile import Change
 from hpcsched.policies.round import decide_round
-from hpcsched.policies.snapshot import ClusterSnapshot, JobView
 from hpcsched.protocol.batching import BatchConfig, BatchSizeError
 from hpcsched.protocol.kinds import ChangeKind
 from hpcsched.sim import SimResult, WorkloadJob, resize
@@ -86,6 +79,13 @@ from hpcsched.sim.cluster import (
     job_info,
 )
 from hpcsched.sim.state import Extension, SimConfig, SimJob, SimulationError, job_shape, make_job
+from hpcsched.views.build import (
+    JobFacts,
+    JobReport,
+    application_tables,
+    cluster_snapshot,
+    job_view,
+)
 
 
 class Simulator:

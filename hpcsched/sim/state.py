@@ -15,16 +15,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from hpcsched.daemon.views import JobReport
+from hpcsched.model.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GROW_MODES, ProfilePoint
 from hpcsched.perf.shared import THROUGHPUT_MODELS, StepLedger
 from hpcsched.policies.realise import exact_shape
 from hpcsched.policies.reconcile import Costs
-from hpcsched.policies.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GROW_MODES, ProfilePoint
 from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch
 from hpcsched.protocol.kinds import ChangeKind
 from hpcsched.protocol.limits import JobLimits
 from hpcsched.sim import JobResult, WorkloadJob
 from hpcsched.sim.physics import Application, FixedWork, application
+from hpcsched.views.build import JobReport
 
 
 class SimulationError(ValueError):
@@ -63,14 +63,14 @@ class SimConfig:
             ``hpcsub --hold`` with the daemon releasing each job onto the nodes its placement
             chose). Off (default), Slurm starts a job that fits the moment it arrives, as it does
             today, and a placement stage only places the jobs that had to wait.
-        grow: how a running job grows (:data:`~hpcsched.policies.snapshot.GROW_MODES`):
+        grow: how a running job grows (:data:`~hpcsched.model.snapshot.GROW_MODES`):
             ``"extension"`` (default; issue 10), an extension Slurm job takes the new GPUs at
             once, the job trains on at its old size for ``extension_startup`` seconds while the
             new workers start, stalls ``extension_stall`` seconds while the group re-forms and
             the newcomers receive the state, then runs at its new size; ``"requeue"``, the job
             gives its GPUs back, waits pending with its new size and pays its restart cost.
         extension_startup, extension_stall: seconds (the provisional defaults:
-            :data:`~hpcsched.policies.snapshot.EXTENSION_STARTUP`, ``EXTENSION_STALL``).
+            :data:`~hpcsched.model.snapshot.EXTENSION_STARTUP`, ``EXTENSION_STALL``).
         work_scale: factor on every job's work, in ``(0, 1]``: a Pollux application's whole
             training run shortened, every epoch to ``work_scale`` x its progress (so the job
             still goes through all its epochs' gradient statistics, and its time to finish

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
-from hpcsched.policies.snapshot import NodeView
+from hpcsched.model.snapshot import NodeView
 from hpcsched.slurm.commands import DEFAULT_TIMEOUT, count_call, run
 from hpcsched.slurm.errors import SlurmError, SlurmUnavailable, says_unreachable
 from hpcsched.slurm.hostlist import expand_hostlist

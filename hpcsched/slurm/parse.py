@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from hpcsched.policies.snapshot import NodeView
+from hpcsched.model.snapshot import NodeView
 from hpcsched.slurm.errors import SlurmError, SlurmUnavailable, says_unreachable
 from hpcsched.slurm.hostlist import split_top
 

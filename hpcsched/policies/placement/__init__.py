@@ -1,4 +1,4 @@
-"""Placement stages: which nodes each job of a :class:`~hpcsched.policies.snapshot.Plan` runs on.
+"""Placement stages: which nodes each job of a :class:`~hpcsched.model.snapshot.Plan` runs on.
 
 An allocation policy (``static``, ``dp``, ...) decides *how many* nodes and what batch size each
 job gets; :func:`place` then decides *which* nodes, and composes with any of them::
@@ -81,6 +81,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hpcsched.model.snapshot import ClusterSnapshot, JobTarget, Plan
 from hpcsched.policies.placement.capacity import capacity_left
 from hpcsched.policies.placement.gpus import assign_gpus
 from hpcsched.policies.placement.scores import (
@@ -92,7 +93,6 @@ from hpcsched.policies.placement.scores import (
     placement_score,
 )
 from hpcsched.policies.placement.strategies import CHOOSERS, Choice, Cluster, PlacedJob, partition_ok
-from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, Plan
 from hpcsched.policies.variability import profiles_from_views, sensitivity
 
 PLACEMENTS = ("packed", "pm-first", "pal")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from hpcsched.policies.snapshot import ClusterSnapshot, NodeView, Plan
+from hpcsched.model.snapshot import ClusterSnapshot, NodeView, Plan
 
 
 def capacity_left(plan: Plan, snapshot: ClusterSnapshot, replaced: Collection[str],

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from hpcsched.model.snapshot import ClusterSnapshot
 from hpcsched.policies.placement.scores import node_sort_key
 from hpcsched.policies.placement.strategies import Cluster, PlacedJob, partition_ok
-from hpcsched.policies.snapshot import ClusterSnapshot
 
 GpuChoice = tuple[dict[str, int], str]     # GPUs taken per node, and why
 

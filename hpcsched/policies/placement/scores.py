@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from hpcsched.policies.snapshot import GPUView
+from hpcsched.model.snapshot import GPUView
 from hpcsched.policies.variability import class_key
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hpcsched.model.snapshot import ClusterSnapshot, JobTarget, JobView, NodeView
 from hpcsched.policies.placement.binning import Binning, bin_gpus_cached
 from hpcsched.policies.placement.scores import gpus_by_node, locality_factor, node_sort_key, placement_score
-from hpcsched.policies.snapshot import ClusterSnapshot, JobTarget, JobView, NodeView
 
 Choice = tuple[list[str], str]     # node names, and why (empty: nothing to add)
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 #: job checkpoints, gives its GPUs back and restarts every worker at the new size
 GROW_MODES = ("extension", "requeue")
 #: Measured by ``benchmarks/resize_latency.py --repeats 3`` on the dev cluster (medians;
-#: ``docs/extensions.md``; the run: docs/design-notes.md, "policies/snapshot.py"): seconds an
+#: ``docs/extensions.md``; the run: docs/design-notes.md, "model/snapshot.py"): seconds an
 #: extension's new workers take from submission to being ready to join (Slurm scheduling,
 #: Python and torch imports, the model's build) while the job trains on at its old size,
 #: 2.25 s; and the longest pause of the running ranks at the step boundary where the group
