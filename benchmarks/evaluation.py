@@ -65,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _evaluation_render as render  # noqa: E402
 import pal_artifact  # noqa: E402
-from _evaluation_costs import costs_main  # noqa: E402
+from _evaluation_costs import COSTS_SECTION, costs_main  # noqa: E402
 from _evaluation_runs import _cache, _params, _ran, execute_all, make_run  # noqa: E402
 from _evaluation_timing import TIMING_SECTION, timing_section  # noqa: E402
 from _run_cache import describe  # noqa: E402
@@ -547,11 +547,11 @@ BOUND_SECTION = "## 6. How far from what is possible: the isolated-JCT lower bou
 
 
 def _write_doc(doc: Path, lines: list[str]) -> None:
-    """Write the document, carrying its sections 5, 6 and 7 over: they have their own runs
-    (``--grow-modes``; ``benchmarks/jct_bound.py``; ``--timings``)."""
+    """Write the document, carrying its sections 5 to 8 over: they have their own runs
+    (``--grow-modes``; ``benchmarks/jct_bound.py``; ``--timings``; ``--grow-costs``)."""
     old = doc.read_text() if doc.exists() else ""
-    kept = [k for k in (render.section_of(old, h) for h in (GROW_SECTION, BOUND_SECTION, TIMING_SECTION))
-            if k]
+    kept = [k for k in (render.section_of(old, h)
+                        for h in (GROW_SECTION, BOUND_SECTION, TIMING_SECTION, COSTS_SECTION)) if k]
     doc.write_text("\n".join(lines) + "".join(f"\n{k}" for k in kept))
 
 
