@@ -305,3 +305,19 @@ def test_the_daemon_starts_when_slurm_fails_at_start(site, monkeypatch):
     monkeypatch.setattr(daemon_round, "HostLock", Lock)
     r = CliRunner().invoke(daemon_round.daemon_command, ["--config", str(site), "--once"])
     assert isinstance(r.exception, Reached), r.output
+
+
+def test_a_daemon_without_a_control_dir_is_warned(tmp_path):
+    """Neither [daemon] control_dir nor $HPCSCHED_CONTROL_DIR: the daemon would read its own
+    user's ~/.hpcsched/jobs and see no other user's job."""
+    from hpcsched.daemon import preflight
+    from hpcsched.daemon.config import Settings
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[daemon]\ncontrol_dir = "{tmp_path}"\n')
+    why = preflight.control_dir_unset(Settings(), env={})
+    assert why and "[daemon] control_dir is not set" in why
+    assert preflight.control_dir_unset(Settings(), env={"HPCSCHED_CONTROL_DIR": "/shared/jobs"}) is None
+    assert preflight.control_dir_unset(preflight.load(cfg), env={}) is None
+    r = preflight.check_control_dir(preflight.DirFacts(tmp_path, True, True, 0o1777), why)
+    assert (r.status, r.name) == (preflight.WARN, "control-dir")

@@ -232,10 +232,25 @@ def check_partitions(wanted: Sequence[str], partitions: Mapping[str, Mapping[str
     return Result(OK, "partitions", f"{', '.join(wanted)}: in Slurm, State=UP")
 
 
-def check_control_dir(f: DirFacts) -> Result:
-    """The job directories' root exists, is a directory and has mode 1777 (world-writable and
-    sticky: README, Environment). That the compute nodes share it is not checked."""
+def control_dir_unset(settings: Settings, env=None) -> str | None:
+    """Why the daemon may watch the wrong directory: neither ``[daemon] control_dir`` nor
+    ``$HPCSCHED_CONTROL_DIR`` is set, so it reads its own user's ``~/.hpcsched/jobs`` while
+    every other user's hpcsub writes to theirs; None when one of them is set."""
+    env = os.environ if env is None else env
+    if settings.daemon.control_dir or env.get("HPCSCHED_CONTROL_DIR"):
+        return None
+    return (f"[daemon] control_dir is not set: the daemon reads {settings.control_dir_path()}, "
+            "its own user's, and sees no other user's job; set it, and HPCSCHED_CONTROL_DIR for "
+            "the users (e.g. in /etc/profile.d), to one directory the compute nodes share")
+
+
+def check_control_dir(f: DirFacts, unset: str | None = None) -> Result:
+    """The job directories' root is configured (``unset``: :func:`control_dir_unset`'s
+    warning), exists, is a directory and has mode 1777 (world-writable and sticky: README,
+    Environment). That the compute nodes share it is not checked."""
     fix = f"install -d -m 1777 {f.path} (on the file system the compute nodes share)"
+    if unset:
+        return Result(WARN, "control-dir", unset)
     if not f.exists:
         return Result(WARN, "control-dir", f"{f.path} does not exist; {fix}")
     if not f.is_dir:
@@ -339,7 +354,7 @@ def run_checks(settings: Settings, s: SlurmFacts, cdir: DirFacts, store: StoreFa
     return [check_config(settings),
             check_partitions(d.partitions, s.partitions, s.errors.get("partitions"),
                              settings.path or DEFAULT_PATH),
-            check_control_dir(cdir),
+            check_control_dir(cdir, control_dir_unset(settings)),
             check_version(s.version, s.errors.get("version")),
             *check_plugins(s.config, s.errors.get("config")),
             check_store(store),

@@ -529,6 +529,8 @@ def daemon_command(config, once, interval, dry_run, metrics_port, metrics_addr):
     if refusal:
         click.echo(refusal, err=True)
         raise SystemExit(2)
+    if unset := preflight.control_dir_unset(settings):
+        log.warning("%s", unset)
     lock = HostLock(settings.daemon.lock_file)
     lock.acquire()
     store = Store(settings.daemon.database_url)
