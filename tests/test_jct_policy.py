@@ -331,3 +331,21 @@ def test_the_policy_plans_on_its_view_built_once_per_snapshot(monkeypatch):
     assert plan == want
     other = replace(snap, time=snap.time + 60.0)
     assert policy.judged_view(other).time == other.time and built == [3.0, 3.0]
+
+
+def test_less_knowledge_what_ifs():
+    """``work_noise``: each job's reported work is seen times a log-normal factor fixed per job
+    (the same every round, different between jobs); ``work_known=False``: no report is used."""
+    from hpcsched.policies.jct import _work_error
+
+    assert _work_error("17", 1.0) == _work_error("17", 1.0) != _work_error("18", 1.0)
+    assert _work_error("17", 0.5) == pytest.approx(_work_error("17", 1.0) ** 0.5)
+    # a short job and a long one on 4 GPUs: the short one gets them all when the policy knows
+    snap = _snap([_job("1", 4, remaining=1e4), _job("2", 4, remaining=1e7)], nodes=2)
+    exact = _sizes(decide(snap))
+    assert exact["1"][0] >= exact["2"][0], exact          # nodes: the short one first
+    blind = decide(snap, work_known=False)
+    assert {t.job_id for t in blind.targets} == {"1", "2"}
+    assert _sizes(decide(snap, work_noise=0.0)) == exact
+    with pytest.raises(ValueError, match="work_noise"):
+        make_policy("jct", {"work_noise": -1})

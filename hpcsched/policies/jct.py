@@ -93,6 +93,7 @@ Objective reported: the plan's value of the objective above (weighted speedups).
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
@@ -128,6 +129,8 @@ class JCTParams(Params):
     hesrpt: float | None = 0.5
     speedup_at: str = "fair"
     noise_growth: float = 2.0
+    work_noise: float = 0.0
+    work_known: bool = True
 
     def check(self) -> None:
         if self.hesrpt is not None and not 0 < self.hesrpt < 1 or not 0 <= self.tempering <= 1 \
@@ -139,6 +142,8 @@ class JCTParams(Params):
             raise ValueError("restart_cost, shrink_cost and max_wait must be >= 0")
         if not (self.aging > 0 and self.unknown_remaining > 0 and self.max_options >= 1):
             raise ValueError("aging and unknown_remaining must be > 0, max_options >= 1")
+        if not self.work_noise >= 0:
+            raise ValueError("work_noise must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -152,6 +157,8 @@ class _Params:
     tempering: float
     rank: dict          # job id -> heSRPT rank weight (empty: 1 for every job)
     share: int = 0      # speedups over the goodput at this many GPUs (0: at the smallest size)
+    work_noise: float = 0.0     # sigma of the log-normal error on each job's reported work
+    work_known: bool = True     # False: no job's reported work is used
     #: job id -> its curve this decision (:func:`_curves`), computed once for the rank weights
     #: and the options
     curves: dict = field(default_factory=dict)
@@ -175,8 +182,8 @@ def _curves(jobs: list[JobView], snapshot: ClusterSnapshot, p: _Params) -> None:
 def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | None = None,
            shrink_cost: float | None = None, aging: float = 3600.0, max_wait: float = 4 * 3600.0,
            unknown_remaining: float = 3600.0, max_options: int = 24, tempering: float = 0.0,
-           hesrpt: float | None = 0.5, speedup_at: str = "fair", noise_growth: float = 2.0
-           ) -> Plan:
+           hesrpt: float | None = 0.5, speedup_at: str = "fair", noise_growth: float = 2.0,
+           work_noise: float = 0.0, work_known: bool = True) -> Plan:
     """The ``jct`` plan for ``snapshot`` (module docstring). ``seed`` is unused (the search is
     exact).
 
@@ -199,6 +206,13 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
         noise_growth: ``>= 1``: the factor on each job's measured gradient noise scale the
             plan predicts its statistical efficiency with (:func:`planning_view`); 1: as
             measured.
+        work_noise, work_known: what-ifs of less knowledge than the jobs give (issue 35's
+            "jct without perfect knowledge"): with ``work_noise`` ``sigma > 0`` each job's
+            reported remaining work is seen times ``exp(sigma z)``, ``z`` a standard normal
+            drawn once per job from its id (a log-normal error of median 1, fixed for the
+            job); with ``work_known=False`` no job's report is used: every job's remaining
+            work is ``unknown_remaining`` seconds at its goodput, as for a job that reports
+            none.
 
     Raises:
         ValueError: a value :class:`JCTParams` refuses (the :class:`JCT` policy checks them
@@ -215,7 +229,7 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
     p = _Params(restart, snapshot.shrink_cost if shrink_cost is None else shrink_cost,
                 replace(snapshot, restart_cost=restart).grow_cost,
                 aging, unknown_remaining, max_options, 1.0 if hesrpt else tempering, {},
-                -(-k // max(1, len(jobs))) if speedup_at == "fair" else 0)
+                -(-k // max(1, len(jobs))) if speedup_at == "fair" else 0, work_noise, work_known)
     _curves([j for j in jobs if not j.busy], snapshot, p)
     if hesrpt:
         p = replace(p, rank=_rank_weights(jobs, snapshot, p, hesrpt))
@@ -319,10 +333,19 @@ def _remaining(job: JobView, model, p: _Params) -> float:
     at its goodput at its current size (running) or the size it asks for (pending: a job that
     has not run yet has reported nothing; counted as none, its work would rank it first, with
     its largest batch; history: docs/design-notes.md, "policies/jct.py")."""
-    if job.remaining_samples is not None:
-        return max(job.remaining_samples, 1e-9)
+    if job.remaining_samples is not None and p.work_known:
+        seen = job.remaining_samples * (_work_error(job.job_id, p.work_noise) if p.work_noise else 1.0)
+        return max(seen, 1e-9)
     x_now = best_at(job, model, job.gpus, job.nodes)[0] if job.gpus > 0 else 0.0
     return max(p.unknown_remaining * max(x_now, 1e-9), 1e-9)
+
+
+@lru_cache(maxsize=65536)
+def _work_error(job_id: str, sigma: float) -> float:
+    """The log-normal factor ``exp(sigma z)`` on job ``job_id``'s reported work (``work_noise``):
+    ``z`` standard normal, drawn from the job's id, so the same every round."""
+    z = np.random.default_rng(zlib.crc32(job_id.encode())).standard_normal()
+    return float(np.exp(sigma * z))
 
 
 def _t_min(job: JobView, snapshot: ClusterSnapshot, p: _Params) -> float | None:
