@@ -138,8 +138,10 @@ FIDELITY_NOTES = """Where the simulation differs from Pollux's simulator, and in
 """
 
 GRID_NOTES = """Notes. `gpu`: plans speak GPUs per node and a job may hold any count per node
-(4 + 2), as in Pollux's simulator; `node`: jobs are whole nodes x the GPUs per node they were
-submitted with, what the actuator does on Slurm today (`docs/simulator.md`). A restart is a
+(4 + 2), as in Pollux's simulator, made real by the daemon's rules (starts at a job's fewest
+GPUs, grows by extension, shrinks by release: `hpcsched/policies/realise.py`), what the daemon
+runs by default; `node`: jobs are whole nodes x the GPUs per node they were submitted with, the
+daemon's `granularity = "node"` for sites that forbid extension jobs (`docs/simulator.md`). A restart is a
 start after the first or a requeue; a flip-flop is a resize undone by the job's next resize
 within two rounds (`hpcsched.sim.report.flip_flops`), counted per run (160 jobs at load 1.0).
 Pollux's published figures come from its own simulator (github.com/petuum/adaptdl, branch
