@@ -95,3 +95,24 @@ def test_a_standby_takes_over_within_one_lease(two, end):
     if end == "stopped":
         assert "lease released" in (tmp_path / "a.log").read_text()
         assert took <= LEASE / 4 + 2 + 2, took
+
+
+def test_a_daemon_of_this_host_that_died_hands_over_at_once(tmp_path):
+    """A restart after a kill on the same host: the dead daemon's pid no longer exists, so its
+    lease is taken over without waiting for it to lapse; a live one's (this process) is not."""
+    import os
+    import socket
+
+    from hpcsched.daemon.leadership import Leadership
+
+    store = Store(f"sqlite:///{tmp_path}/db.sqlite")
+    store.upgrade()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    host = socket.gethostname()
+    assert store.take_lease(f"{host} pid {dead} abc", 600).held
+    restarted = Leadership(store, 600)
+    assert restarted.hold(), "the dead daemon's lease is taken over at once"
+    assert not Leadership(store, 600, holder=f"{host} pid {os.getpid()} other").hold(), \
+        "a live daemon's lease is not (this process holds it)"
+    assert not Leadership(store, 600, holder=f"elsewhere pid {dead} x").hold()

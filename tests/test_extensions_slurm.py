@@ -29,6 +29,9 @@ from tests.jobrecords import (
 )
 
 DIGITS = 1797
+#: the job whose extension is cancelled: 40 x 1.45 s of training, which outlasts the grow and
+#: the fault timeout that finds the lost workers
+EPOCHS_LOST = 40
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -134,7 +137,7 @@ def test_grow_onto_a_shared_node_then_grow_shrink_and_move_without_restarting_a_
 
 def test_a_cancelled_extension_is_a_shrink_the_job_did_not_ask_for(
         devcluster, control_dir, tmp_path, slurm_jobs):
-    job_id, jd = _submit(tmp_path, slurm_jobs, epochs=60)
+    job_id, jd = _submit(tmp_path, slurm_jobs, epochs=EPOCHS_LOST)
     out = _layout(job_id, "n1:4,n2:2", "test: grow")
     assert "generation 1 in force" in out, out
     (ext,) = _extensions(jd)
@@ -149,7 +152,7 @@ def test_a_cancelled_extension_is_a_shrink_the_job_did_not_ask_for(
     assert _finish(job_id, tmp_path).state == "COMPLETED"
     (ext,) = _extensions(jd)
     assert ext.state == "lost"
-    check_positions_exactly_once(load_records(jd.path), DIGITS, 60)
+    check_positions_exactly_once(load_records(jd.path), DIGITS, EPOCHS_LOST)
     assert _none_active(jd)
 
 

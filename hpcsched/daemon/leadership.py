@@ -30,7 +30,8 @@ class Leadership:
 
     def __init__(self, store, seconds: float, holder: str | None = None):
         self.store, self.seconds = store, seconds
-        self.holder = holder or f"{socket.gethostname()} pid {os.getpid()} {secrets.token_hex(3)}"
+        self.host = socket.gethostname()
+        self.holder = holder or f"{self.host} pid {os.getpid()} {secrets.token_hex(3)}"
         self.held = False
         self.until = 0.0          # when this daemon's last renewal lapses (Unix seconds)
         self._said = ""
@@ -40,6 +41,10 @@ class Leadership:
         now = time.time()
         try:
             lease = self.store.take_lease(self.holder, self.seconds, now)
+            if not lease.held and self._gone(lease.holder):
+                # a daemon of this host whose process has ended (a restart after a kill): its
+                # lease need not lapse first
+                lease = self.store.take_lease(self.holder, self.seconds, now, gone=lease.holder)
         except SQLAlchemyError as exc:
             held = self.held and now < self.until
             self._say(f"lease not renewed: the store did not answer ({type(exc).__name__}); "
@@ -60,6 +65,24 @@ class Leadership:
                       "every round); this one takes over once it lapses")
         self.held = lease.held
         return self.held
+
+    def _gone(self, holder: str) -> bool:
+        """``holder`` is a daemon of this host (``<host> pid <pid> ...``) whose process no
+        longer exists. A pid reused since reads as alive: the lease then lapses as usual."""
+        prefix = f"{self.host} pid "
+        if not holder.startswith(prefix):
+            return False
+        try:
+            pid = int(holder[len(prefix):].split()[0])
+        except (ValueError, IndexError):
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:   # exists, another user's: alive
+            return False
+        return False
 
     def release(self) -> None:
         """Give the lease up (a clean stop), so a standby takes over at once."""

@@ -42,9 +42,11 @@ class LeaseMixin:
     """The lease's methods of :class:`~hpcsched.daemon.store.Store` (which provides ``_write``)."""
 
     def take_lease(self, holder: str, seconds: float, now: float | None = None,
-                   name: str = DAEMON) -> Lease:
+                   name: str = DAEMON, gone: str | None = None) -> Lease:
         """Take or renew lease ``name`` for ``holder`` until ``now + seconds``: done when nobody
-        holds it, ``holder`` does, or its holder's has lapsed; otherwise nothing changes.
+        holds it, ``holder`` does, its holder's has lapsed, or its holder is ``gone`` (a holder
+        the caller knows has stopped: on its own host, the daemon whose lock it now holds);
+        otherwise nothing changes.
 
         Raises:
             ValueError: ``seconds`` is not > 0.
@@ -59,14 +61,14 @@ class LeaseMixin:
                     s.add(DaemonLease(name=name, holder=holder, acquired_at=now, renewed_at=now,
                                       expires_at=now + seconds))
                     return Lease(True, holder, now + seconds)
-                if row.holder != holder and row.expires_at > now:
+                if row.holder != holder and row.expires_at > now and row.holder != gone:
                     return Lease(False, row.holder, row.expires_at)
                 if row.holder != holder:
                     row.holder, row.acquired_at = holder, now
                 row.renewed_at, row.expires_at = now, now + seconds
                 return Lease(True, holder, row.expires_at)
         except IntegrityError:   # another daemon inserted the row in the same instant
-            return self.take_lease(holder, seconds, now, name)
+            return self.take_lease(holder, seconds, now, name, gone)
 
     def release_lease(self, holder: str, name: str = DAEMON) -> None:
         """Give lease ``name`` up at once if ``holder`` holds it (a clean stop)."""
