@@ -336,6 +336,7 @@ def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: 
     otherwise they stay counted as GPUs other jobs hold and the job's view is its primary
     allocation. Each job's limits are its spec's capped by the site's (``site``, and the
     job_submit plugin's tag: :func:`hpcsched.daemon.site_limits.job_limits`)."""
+    site = site or SiteLimits()
     held = {job_id for job_id, (_, _, info) in managed.items() if job_id not in busy
             and (held_for_placement(info) or held_after_preemption(info, store))}
     exts = extension_jobs(obs, managed)
@@ -358,8 +359,7 @@ def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: 
         f = daemon_job_facts(jd, spec, widened.get(job_id, info), store, job_id in busy)
         if granularity == "gpu":
             f = gpu_granular_facts(f, exts.get(job_id, ()), spec.limits.workers_per_node)
-        limits = job_limits(job_id, spec.limits, info.admin_comment, info.partition,
-                            site or SiteLimits())
+        limits = job_limits(job_id, spec.limits, info.admin_comment, info.partition, site)
         return dataclasses.replace(f, held=job_id in held, limits=limits)
 
     views = tuple(job_view(facts(job_id, jd, spec, info))

@@ -364,19 +364,22 @@ class Launcher:
             log.warning("Slurm did not requeue job %s (%s): training on from the checkpoint "
                         "until the time limit", self.job_id, exc)
             return
-        deadline = time.monotonic() + self.requeue_timeout
-        while time.monotonic() < deadline:
-            time.sleep(0.5)  # Slurm ends this step when the requeue takes effect
+        self._await_requeue()
         log.warning("job %s still runs %.0f s after its requeue; relaunching", self.job_id,
                     self.requeue_timeout)
+
+    def _await_requeue(self) -> None:
+        """Sleep up to ``--requeue-timeout`` seconds: Slurm ends this batch step when the
+        requeue takes effect, so returning means it did not come."""
+        deadline = time.monotonic() + self.requeue_timeout
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
 
     def _wait_for_requeue(self, pending: ctl.Control, cfg: LaunchConfig) -> None:
         log.info("checkpointed for generation %d; waiting up to %.0f s to be requeued at %d "
                  "node(s)", pending.generation, self.requeue_timeout, pending.nodes)
         self._save_state(LauncherPhase.AWAITING_REQUEUE, cfg, target_nodes=pending.nodes)
-        deadline = time.monotonic() + self.requeue_timeout
-        while time.monotonic() < deadline:
-            time.sleep(0.5)  # Slurm ends this step when the requeue comes
+        self._await_requeue()
         log.warning("no requeue within %.0f s; resuming on the current allocation",
                     self.requeue_timeout)
 
