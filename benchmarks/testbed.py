@@ -268,6 +268,10 @@ def main() -> None:
     p.add_argument("--all-elastic", type=Path, default=None,
                    help="with --rigid-fraction: the all-elastic run's testbed.json, whose real "
                         "gain hpcsched's jobs' gain is judged against")
+    p.add_argument("--extension-qos", default=None, metavar="QOS",
+                   help="put extension jobs in this preemptible QOS (the job_submit plugin's "
+                        "extension_qos; the dev cluster's is hpcsched-lend), so that Slurm "
+                        "itself gives lent GPUs back to other jobs")
     p.add_argument("--reuse", action="append", default=[], metavar="MODE=DIR",
                    help="take run MODE (on or off) from a finished run's folder DIR of the same "
                         "workload and scale instead of running it again (repeatable)")
@@ -290,6 +294,30 @@ def main() -> None:
     env_on = dict(env, HPCSCHED_CONFIG=str(on_cfg))
     env_on.pop("HPCSCHED_DATABASE_URL", None)
     runs: dict = {mode: reused(Path(d)) for mode, d in (r.split("=", 1) for r in args.reuse)}
+    if args.extension_qos:
+        from hpcsched.slurm.devcluster.plugins import set_job_submit
+        set_job_submit(None, f"extension_qos = {args.extension_qos}\n")
+        print(f"extension jobs run in QOS {args.extension_qos}", flush=True)
+    try:
+        _run_all(args, runs, csv_path, scale, env_on, on_cfg)
+    finally:
+        if args.extension_qos:
+            set_job_submit(None, None)
+    fig = figures(runs)
+    all_elastic = (json.loads(args.all_elastic.read_text())["figures"]["gain"]["real"]
+                   if args.all_elastic else None)
+    checks = judge(fig) + judge_mixed(fig, all_elastic)
+    _print(fig, checks)
+    write_report(args.out / "testbed.json", "testbed", workload=f"pollux:{args.workload}",
+                 offset=args.offset, granularity=granularity, rigid_fraction=args.rigid_fraction,
+                 extension_qos=args.extension_qos,
+                 jobs=len(jobs), scale=scale, interval=args.interval,
+                 figures=fig, targets=[{"target": t, "pass": ok, "measured": m}
+                                       for t, ok, m in checks])
+
+
+def _run_all(args, runs: dict, csv_path: Path, scale: float, env_on: dict, on_cfg: Path) -> None:
+    """Replay and compare each run of ``--runs`` that ``--reuse`` did not give (into ``runs``)."""
     for mode in args.runs.split(","):
         if mode in runs:
             print(f"{mode}: the finished run in {dict(r.split('=', 1) for r in args.reuse)[mode]}")
@@ -304,16 +332,6 @@ def main() -> None:
         (run_dir / RUN_FILE).write_text(json.dumps(doc, indent=1) + "\n")
         runs[mode] = doc
         print(f"{mode}: done in {doc['wall_seconds'] / 60:.1f} min", flush=True)
-    fig = figures(runs)
-    all_elastic = (json.loads(args.all_elastic.read_text())["figures"]["gain"]["real"]
-                   if args.all_elastic else None)
-    checks = judge(fig) + judge_mixed(fig, all_elastic)
-    _print(fig, checks)
-    write_report(args.out / "testbed.json", "testbed", workload=f"pollux:{args.workload}",
-                 offset=args.offset, granularity=granularity, rigid_fraction=args.rigid_fraction,
-                 jobs=len(jobs), scale=scale, interval=args.interval,
-                 figures=fig, targets=[{"target": t, "pass": ok, "measured": m}
-                                       for t, ok, m in checks])
 
 
 def _print(fig: dict, checks) -> None:

@@ -11,6 +11,8 @@ For every submitted job it:
     and tags them in AdminComment ("hpcsched:elastic job=<uid> max_gpus=<n>",
     "hpcsched:extension of <primary>"), which only Slurm operators can set, so squeue, sacct and
     prometheus-slurm-exporter can tell elastic work from the rest. Other jobs pass untouched.
+  * with extension_qos set, puts extension jobs in that QOS (preemptible, so that Slurm starts
+    other jobs on lent GPUs at once; the job's workers leave at a step boundary on SIGTERM).
   * enforces the partition's limits for elastic jobs, counted at the largest size the job may
     grow to (Slurm only sees the size it starts at): the partition's own MaxNodes, and the
     settings max_gpus / max_time of job_submit_hpcsched.conf (for all partitions, or
@@ -27,6 +29,10 @@ Settings (job_submit_hpcsched.conf, "key = value" lines, "#" comments; every key
   max_time = 1440                  -- every partition: minutes
   partition.gpu.max_gpus = 16      -- one partition (overrides the above)
   partition.gpu.max_time = 720
+  extension_qos = hpcsched-lend    -- extension jobs run in this QOS (a name; unset: the
+                                   -- primary's). Make it preemptible by the others
+                                   -- (PreemptType=preempt/qos, GraceTime) and Slurm itself
+                                   -- gives lent GPUs back to other jobs (docs/daemon.md)
 
 Slurm's interface: https://slurm.schedmd.com/job_submit_plugins.html (job_desc fields,
 slurm.log_user, slurm.SUCCESS / slurm.ERROR).
@@ -55,7 +61,10 @@ local function read_settings()
         local text = line:gsub("#.*$", ""):gsub("%-%-.*$", "")
         if text:match("%S") then
             local key, value = text:match("^%s*([%w%._%-]+)%s*=%s*(%d+)%s*$")
-            if key == nil then
+            local name_key, name = text:match("^%s*(extension_qos)%s*=%s*([%w%._%-]+)%s*$")
+            if name_key ~= nil then
+                settings[name_key] = name
+            elseif key == nil then
                 slurm.log_error("hpcsched job_submit: %s line %d ignored (want 'key = number'): %s",
                                 path, n, line)
             else
@@ -154,6 +163,10 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     local primary = extension_of(job_desc.comment)
     if primary ~= nil then
         job_desc.admin_comment = "hpcsched:extension of " .. primary
+        local qos = read_settings().extension_qos
+        if qos ~= nil then
+            job_desc.qos = qos     -- lent GPUs: Slurm preempts them for other jobs
+        end
         return slurm.SUCCESS
     end
     local tag = hpcsub_tag(job_desc.script)

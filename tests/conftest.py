@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpcsched import slurm
+from hpcsched.slurm.devcluster.plugins import LUA_SETTINGS
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "jobscripts" / "examples" / "digits_mlp.py"
@@ -60,6 +61,17 @@ def devcluster():
         os.environ.pop("SLURM_CONF", None)
     else:
         os.environ["SLURM_CONF"] = old
+
+
+@pytest.fixture
+def plugins(devcluster):
+    """hpcsched's Slurm plugins on, with the job_submit settings file the test writes
+    (``write(text)``); off after."""
+    settings = devcluster.parent / LUA_SETTINGS
+    cli("hpcsched", "devcluster", "plugins", "on")
+    yield settings.write_text
+    cli("hpcsched", "devcluster", "plugins", "off")
+    settings.unlink(missing_ok=True)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from hpcsched import slurm
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.extensions import parse_extension_comment, read_extensions
 from hpcsched.protocol.jobdir import JobDir
+from hpcsched.slurm.devcluster.base import LEND_QOS
 from tests.conftest import EXAMPLE, cli, wait_for
 from tests.jobrecords import (
     check_exactly_once,
@@ -32,6 +33,8 @@ DIGITS = 1797
 #: the job whose extension is cancelled: 40 x 1.45 s of training, which outlasts the grow and
 #: the fault timeout that finds the lost workers
 EPOCHS_LOST = 40
+#: the job whose extension Slurm preempts: outlasts the grow (about 3 s) and the preemption
+EPOCHS_PREEMPTED = 10
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -153,6 +156,40 @@ def test_a_cancelled_extension_is_a_shrink_the_job_did_not_ask_for(
     (ext,) = _extensions(jd)
     assert ext.state == "lost"
     check_positions_exactly_once(load_records(jd.path), DIGITS, EPOCHS_LOST)
+    assert _none_active(jd)
+
+
+def test_an_extension_slurm_preempts_leaves_at_a_step_boundary(
+        plugins, control_dir, tmp_path, slurm_jobs):
+    """The site puts extension jobs in a preemptible QOS (the plugin's ``extension_qos``);
+    another job that needs the lent GPUs starts at once: Slurm preempts the extension, whose
+    workers leave at the next step boundary (no voided step, no sample lost)."""
+    plugins(f"extension_qos = {LEND_QOS}\n")
+    job_id, jd = _submit(tmp_path, slurm_jobs, epochs=EPOCHS_PREEMPTED)
+    out = _layout(job_id, "n1:4,n2:2", "test: grow")
+    assert "generation 1 in force" in out, out
+    (ext,) = _extensions(jd)
+    assert slurm.job_info(ext.job_id).qos == LEND_QOS
+    time.sleep(1.0)
+    submitted = time.time()
+    plain = subprocess.run(["sbatch", "--parsable", "-w", "n2", "--gres=gpu:4",
+                            f"--output={tmp_path}/plain.out", "--wrap", "sleep 2"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    slurm_jobs.append(plain)
+    wait_for(lambda: (i := slurm.job_info(plain)) and i.state in ("RUNNING", "COMPLETED"), 60,
+             "the other job to start on the lent GPUs")
+    waited = time.time() - submitted
+    ack = wait_for(lambda: (a := ctl.read_ack(jd.ack_path, jd.uid)) and a.world_size == 4
+                   and "Slurm preempted" in a.message and a, 30, "the job to go on without it")
+    print(f"the other job started {waited:.1f} s after its submission; {ack.message}")
+    assert waited < 10, waited
+    assert ack.layout == {} and ack.generation == 1
+
+    assert _finish(job_id, tmp_path).state == "COMPLETED"
+    (ext,) = _extensions(jd)
+    assert ext.state == "released" and "preempted" in ext.reason, ext
+    assert "collective failed" not in (tmp_path / f"slurm-{job_id}.out").read_text()  # not void
+    check_positions_exactly_once(load_records(jd.path), DIGITS, EPOCHS_PREEMPTED)
     assert _none_active(jd)
 
 

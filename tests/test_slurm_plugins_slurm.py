@@ -13,20 +13,10 @@ import time
 import pytest
 
 from hpcsched import slurm
-from hpcsched.slurm.devcluster.plugins import LUA_SETTINGS
+from hpcsched.slurm.devcluster.base import LEND_QOS
 from tests.conftest import EXAMPLE, cli, start_daemon, stop_daemon, submit, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-
-
-@pytest.fixture
-def plugins(devcluster):
-    """The plugins on, with the settings file the test writes (``write(text)``); off after."""
-    settings = devcluster.parent / LUA_SETTINGS
-    cli("hpcsched", "devcluster", "plugins", "on")
-    yield settings.write_text
-    cli("hpcsched", "devcluster", "plugins", "off")
-    settings.unlink(missing_ok=True)
 
 
 def _sbatch(tmp_path, slurm_jobs, *args: str) -> str:
@@ -37,7 +27,7 @@ def _sbatch(tmp_path, slurm_jobs, *args: str) -> str:
 
 
 def test_hpcsub_jobs_are_tagged_and_others_are_not(plugins, control_dir, tmp_path, slurm_jobs):
-    plugins("max_gpus = 16\n")
+    plugins(f"max_gpus = 16\nextension_qos = {LEND_QOS}\n")
     job = submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hold", "--hpcsched-max-nodes", "2",
                  str(EXAMPLE))
     slurm_jobs.append(job)
@@ -49,6 +39,7 @@ def test_hpcsub_jobs_are_tagged_and_others_are_not(plugins, control_dir, tmp_pat
     assert infos[job].admin_comment == f"hpcsched:elastic job={uid} max_gpus=4"
     assert infos[plain].admin_comment == ""
     assert infos[ext].admin_comment == f"hpcsched:extension of {job}"
+    assert infos[ext].qos == LEND_QOS and infos[plain].qos == infos[job].qos == "normal"
 
 
 @pytest.mark.parametrize("settings, args, message", [

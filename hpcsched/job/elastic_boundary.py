@@ -20,6 +20,8 @@ from pathlib import Path
 
 from hpcsched.job.boundary import Decision, agree
 from hpcsched.job.checkpoint import set_rng_state, training_state
+from hpcsched.job.collective import leave_now
+from hpcsched.job.reform import PRIMARY
 from hpcsched.protocol.batching import BatchConfig, split_global_batch
 from hpcsched.protocol.kinds import AckState, ControlAction
 
@@ -84,6 +86,7 @@ class ElasticBoundary:
         self._signalled = False
         if threading.current_thread() is not threading.main_thread():
             return
+        self._listen_for_preemption()
         if signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, signal.SIG_IGN, None):
             log.info("SIGUSR1 has the script's own handler: hpcsched does not checkpoint on it")
             return
@@ -92,6 +95,35 @@ class ElasticBoundary:
             self._signalled = True   # acted on at the next step boundary (rank 0's decides)
 
         signal.signal(signal.SIGUSR1, _on_signal)
+
+    def _listen_for_preemption(self) -> None:
+        """An extension worker takes ``SIGTERM`` as Slurm preempting its extension job (Slurm
+        sends ``SIGCONT`` and ``SIGTERM`` to the job's steps at once, and kills them when the
+        QOS's ``GraceTime`` has passed: https://slurm.schedmd.com/preempt.html): it leaves at
+        the next step boundary, as a released worker does (:mod:`hpcsched.job.reform`,
+        "Leave"). One that has not joined yet leaves at once; its grow is given up. The
+        primary's workers keep Python's default: a ``SIGTERM`` there ends the job."""
+        m = self._members
+        if m is None or m.me.allocation == PRIMARY:
+            return
+
+        def _on_term(_signum, _frame):
+            if m.form is None:
+                log.info("SIGTERM before joining: Slurm preempted extension job %s; leaving",
+                         m.me.allocation)
+                leave_now()
+            if not self._preempted:
+                self._preempted = True
+                log.info("SIGTERM: Slurm preempted extension job %s; leaving at the next step "
+                         "boundary", m.me.allocation)
+                try:
+                    m.announce_leaving()
+                except RuntimeError as exc:   # the job's store is gone: the job is ending
+                    log.warning("cannot announce the leave (%s); leaving now", exc)
+                    leave_now()
+
+        self._preempted = False
+        signal.signal(signal.SIGTERM, _on_term)
 
     def _stop_at_signal(self) -> bool:
         """Collective, at a boundary that decided :attr:`~hpcsched.job.boundary.Decision.stop`:
@@ -133,6 +165,11 @@ class ElasticBoundary:
             self._applied_acked = True
         if d.stop:
             return self._stop_at_signal()
+        if d.form and d.generation == self.generation:   # preempted extension workers leave
+            go_on = self._reform(d)
+            if d.checkpoint_due:
+                self.checkpoint()
+            return go_on
         if d.generation > self.generation:
             go_on = self._apply(d)
             if go_on and d.action == ControlAction.REFORM:  # newcomers begin with a boundary

@@ -11,6 +11,7 @@ loop reads on its own.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from hpcsched.job.allocation import shrink_from_inside
 from hpcsched.job.boundary import Decision, InForce
@@ -85,21 +86,39 @@ class ElasticMembership:
                 "rng": rng_state(self._torch)}
 
     def _reform(self, d: Decision) -> bool:
-        """Every rank: leave, or enter the form rank 0 published for ``d``."""
+        """Every rank: leave, or enter the form rank 0 published for ``d`` (a new generation's,
+        or, at the generation in force, the one without extension workers Slurm preempted)."""
         old = self._members.form
         form = self._members.read_form(d.form)
+        preempted = d.generation == self.generation
         if form.rank_of(self._members.me.id) is None:
-            log.info("generation %d: this worker leaves the job", d.generation)
+            log.info("generation %d: this worker leaves the job%s", d.generation,
+                     " (Slurm preempted its extension job)" if preempted else "")
             self._metrics.close()
             leave_now()
         self._enter(form)
         self._sync_state(form)
         if self.rank == 0:
-            self._members.record(old or form, form)
-            self._ack(AckState.APPLIED, d.generation,
-                      message=f"{form.world_size} worker(s) on {format_layout(form.layout())}; "
-                              "no worker restarted")
+            why = "Slurm preempted it; its workers left at a step boundary" if preempted else ""
+            self._members.record(old or form, form, why=why)
+            where = f"{form.world_size} worker(s) on {format_layout(form.layout())}"
+            self._ack(AckState.APPLIED, d.generation, message=(
+                f"extension workers left (Slurm preempted their job): {where}" if preempted
+                else f"{where}; no worker restarted"))
         return True
+
+    def _preempted_leave(self) -> Decision | None:
+        """Rank 0: the decision that lets go the extension workers Slurm preempted
+        (:meth:`Membership.leaving_form`), or None."""
+        m = self._members
+        if m is None or m.form is None or not m.form.has_extensions:
+            return None
+        new = m.leaving_form(m.form, m.refit(self.global_batch_size))
+        if new is None:
+            return None
+        return Decision(self.generation, ControlAction.REFORM, len(new.layout()), 0,
+                        new.local_batch_size, new.accumulation_steps, new.lr_scale,
+                        new.world_size, form=new.form)
 
     def _peer_lost(self, exc: Exception) -> None:
         """A collective failed. With extension members in the group, go on without the lost
@@ -143,7 +162,11 @@ class ElasticMembership:
                 self._load(state, f"rank {src} (steps of the survivors: {steps})")
 
     def _decide(self, c, checkpoint_due: bool) -> Decision:
-        """Rank 0's decision at a step boundary, reform generations included."""
+        """Rank 0's decision at a step boundary, reform generations included; extension
+        workers that Slurm preempted leave first (a new generation waits a boundary)."""
+        left = self._preempted_leave()
+        if left is not None:
+            return replace(left, checkpoint_due=checkpoint_due)
         m = self._members
         if c is not None and c.action == ControlAction.REFORM:
             try:

@@ -192,7 +192,30 @@ class Membership:
                         control.local_batch_size, control.accumulation_steps,
                         float(control.lr_scale), new.world_size, form=new.form)
 
-    def record(self, old: rf.Form, new: rf.Form, lost: set[str] = frozenset()) -> None:
+    def leaving_form(self, form: rf.Form, refit) -> rf.Form | None:
+        """Rank 0 at a step boundary: the form without the extension workers that announced
+        they leave (:func:`hpcsched.job.reform.announce_leaving`), published, at the
+        generation in force with the batch refitted (``refit(world) -> (local, accumulation,
+        lr_scale)``, :meth:`refit`); None when none leaves."""
+        gone = rf.leaving(self.store, form)
+        if not gone:
+            return None
+        members = tuple(m for m in form.members if m.allocation not in gone)
+        local, accumulation, lr = refit(len(members))
+        new = rf.Form(rf.next_form(self.store), form.generation, members, (), local,
+                      accumulation, lr)
+        new.publish(self.store)
+        log.warning("Slurm preempted extension job(s) %s: form %d goes on with %d worker(s) "
+                    "on %s", ", ".join(sorted(gone)), new.form, new.world_size,
+                    format_layout(new.layout()))
+        return new
+
+    def announce_leaving(self) -> None:
+        """An extension worker whose job Slurm preempted: leave at the next step boundary."""
+        rf.announce_leaving(self.store, self.me.allocation)
+
+    def record(self, old: rf.Form, new: rf.Form, lost: set[str] = frozenset(),
+               why: str = "") -> None:
         """Rank 0: bring ``extensions.json`` up to date after a change of form."""
         if self.extender is None:
             return
@@ -206,7 +229,7 @@ class Membership:
                     self.extender.cancel(e.job_id, ExtensionState.LOST,
                                          "its workers were lost; the job went on without them")
                 else:
-                    self.extender.set_state(e.job_id, ExtensionState.RELEASED)
+                    self.extender.set_state(e.job_id, ExtensionState.RELEASED, why)
 
     def release_all(self) -> None:
         """Rank 0, before the workers stop for a checkpoint-and-requeue or -shrink: every

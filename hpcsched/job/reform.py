@@ -20,6 +20,12 @@ TCPStore, hosted by rank 0) and its members in rank order (:class:`Form`, publis
 **Release** (a layout without some extension): the form is published at once; the released
 ranks leave (exit 0, so their extension job ends and its GPUs go back) and the others re-form.
 
+**Leave** (Slurm preempted an extension job: its QOS is preemptible, ``docs/daemon.md``,
+"Sharing the cluster"): its workers get ``SIGTERM`` and the QOS's ``GraceTime`` starts; each
+sets ``hpcsched/leaving/<job>``; at its next step boundary rank 0 publishes the form without
+them, at the generation in force and the batch refitted, and they leave as released ranks do,
+so the preemptor starts within a step, and no step is voided.
+
 **Loss** (a peer gone mid-step: an extension cancelled, preempted, or its node lost): a
 collective fails, at once where gloo sees the connection close, or after the fault timeout;
 each survivor marks itself alive under ``hpcsched/alive/<form>/``, rank 0 waits until every
@@ -164,6 +170,20 @@ def invitation(store, generation: int) -> Form:
             job's store is gone.
     """
     return Form.read(store, int(store.get(f"hpcsched/join/g{generation}")))
+
+
+# ------------------------------------------------------------------------- leaving
+def announce_leaving(store, allocation: str) -> None:
+    """Slurm preempted extension job ``allocation`` (its workers got ``SIGTERM``; the QOS's
+    ``GraceTime`` runs): its workers leave at the next step boundary (rank 0 decides)."""
+    store.set(f"hpcsched/leaving/{allocation}", str(time.time()))
+
+
+def leaving(store, form: Form) -> set[str]:
+    """The extension allocations of ``form`` whose workers announced they leave (rank 0; one
+    store look per extension allocation, no wait)."""
+    allocations = {m.allocation for m in form.members if m.allocation != PRIMARY}
+    return {a for a in allocations if store.check([f"hpcsched/leaving/{a}"])}
 
 
 # ------------------------------------------------------------------------------ loss

@@ -26,6 +26,10 @@ STATE_DIR_ENV = "HPCSCHED_DEVCLUSTER_DIR"
 
 CLUSTER_NAME = "lab"
 PARTITION = "gpu"
+#: the preemptible QOS for extension jobs (``docs/daemon.md``, "Sharing the cluster"): every
+#: other QOS may preempt it; a job in it has ``GraceTime`` seconds to leave
+LEND_QOS = "hpcsched-lend"
+LEND_GRACE_S = 60
 SLURMCTLD_PORT = 16817
 SLURMD_PORT = 16818  # SlurmdPort; every emulated node overrides it with its own Port=
 SLURMDBD_PORT = 16819

@@ -30,6 +30,7 @@ from hpcsched.slurm.devcluster.base import (
 )
 from hpcsched.slurm.devcluster.config import check_geometry, node_names, write_configs
 from hpcsched.slurm.devcluster.daemons import (
+    configure_lend_qos,
     sinfo_nodes,
     start_daemon,
     start_mariadb,
@@ -203,6 +204,7 @@ def _start_all(layout: Layout, nodes: int, clean: bool) -> list[str]:
         start_slurmds(layout, nodes)
         daemons += [f"slurmd-{n}" for n in node_names(nodes)]
         wait_nodes_ready(layout, nodes)
+        configure_lend_qos(layout)
     except BaseException:
         # Cleanup goes by the PID files the daemons wrote, so it also covers a half-started one.
         logger.error("start failed; stopping what was started (logs stay in %s)", layout.log)

@@ -79,7 +79,9 @@ def _accounting(ports: Ports) -> str:
     if not ports.accounting:
         return "AccountingStorageType=accounting_storage/none\n"  # gres/gpu TRES would need slurmdbd
     return (f"AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=localhost\n"
-            f"AccountingStoragePort={SLURMDBD_PORT}\nAccountingStorageTRES=gres/gpu\n")
+            f"AccountingStoragePort={SLURMDBD_PORT}\nAccountingStorageTRES=gres/gpu\n"
+            # QOS preemption, for extension jobs in the lend QOS (daemons.configure_lend_qos)
+            "PreemptType=preempt/qos\nPreemptMode=CANCEL\n")
 
 
 def _slurm_conf(L: Layout, nodes: int, gpus: int, cpus: int, ports: Ports = DEFAULT_PORTS) -> str:

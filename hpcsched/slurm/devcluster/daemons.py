@@ -17,6 +17,8 @@ from hpcsched.slurm.devcluster.base import (
     DB_NAME,
     DB_PASSWORD,
     DB_USER,
+    LEND_GRACE_S,
+    LEND_QOS,
     MARIADB_PORT,
     DevClusterError,
     Layout,
@@ -226,3 +228,26 @@ def wait_nodes_ready(layout: Layout, nodes: int, deadline_s: float = 60.0, prefi
         return (states or "sinfo answered nothing") + " " + tail(layout.log / "slurmctld.log", 4)
 
     wait_for(ready, deadline_s, f"{nodes} idle nodes", on_timeout=describe, interval=0.2)
+
+
+def configure_lend_qos(layout: Layout) -> None:
+    """Create the QOS :data:`LEND_QOS` for extension jobs and let ``normal`` preempt it
+    (sacctmgr(1); ``slurm.conf`` has ``PreemptType=preempt/qos``): ``PreemptMode=cancel``,
+    ``GraceTime`` :data:`LEND_GRACE_S` s. Idempotent. Extension jobs use it only when the
+    job_submit plugin's ``extension_qos`` names it (``docs/slurm-plugins.md``)."""
+    env = slurm_env_full(layout)
+    sacctmgr = [need_bin("sacctmgr"), "-i"]
+    have = run_cmd([need_bin("sacctmgr"), "-n", "-P", "show", "qos", "format=Name"],
+                   timeout=_SLURM_CLIENT_TIMEOUT_S, env=env).stdout.split()
+    if LEND_QOS not in have:
+        run_cmd([*sacctmgr, "add", "qos", LEND_QOS], timeout=_SLURM_CLIENT_TIMEOUT_S, env=env)
+    # "Nothing modified" (the values are in place already) exits 1: the show below judges
+    run_cmd([*sacctmgr, "modify", "qos", LEND_QOS, "set", f"GraceTime={LEND_GRACE_S}",
+             "PreemptMode=cancel", "Priority=0"], timeout=_SLURM_CLIENT_TIMEOUT_S, env=env,
+            check=False)
+    run_cmd([*sacctmgr, "modify", "qos", "normal", "set", f"Preempt={LEND_QOS}"],
+            timeout=_SLURM_CLIENT_TIMEOUT_S, env=env, check=False)
+    rows = run_cmd([need_bin("sacctmgr"), "-n", "-P", "show", "qos", "format=Name,Preempt"],
+                   timeout=_SLURM_CLIENT_TIMEOUT_S, env=env).stdout.splitlines()
+    if f"normal|{LEND_QOS}" not in rows:
+        raise DevClusterError(f"QOS normal does not preempt {LEND_QOS} (sacctmgr: {rows})")

@@ -122,3 +122,22 @@ def set_plugins(state_dir: str | os.PathLike[str] | None, on: bool) -> Path:
     logger.debug("hpcsched's Slurm plugins turned %s in %s", "on" if on else "off",
                  layout.root)
     return layout.etc
+
+
+def set_job_submit(state_dir: str | os.PathLike[str] | None, settings: str | None) -> None:
+    """Only the job_submit plugin, with ``settings`` as its ``job_submit_hpcsched.conf``
+    (None: back to the pass-through, the settings file removed); the prolog and epilog stay as
+    they are. For benchmarks that need the plugin's site settings (``extension_qos``) without
+    the GPU probe's second at every job start.
+
+    :raises DevClusterError: as :func:`set_plugins`.
+    """
+    layout = Layout(state_dir)
+    if not (layout.etc / "prolog").exists():
+        raise DevClusterError(f"no dev cluster in {layout.root}: run `hpcsched devcluster up` first")
+    path = layout.etc / LUA_SETTINGS
+    if settings is None:
+        path.unlink(missing_ok=True)
+    else:
+        write_file(path, settings, 0o644)
+    _write_lua(layout, settings is not None or is_on(layout))
