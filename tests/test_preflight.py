@@ -173,6 +173,38 @@ def test_extensions():
 
 
 # ------------------------------------------------------------------ gathering with Slurm faked
+QOS_TEXT = "normal|hpcsched-lend|cluster|00:00:00\nhpcsched-lend||cancel|00:01:00\n"
+
+
+@pytest.mark.parametrize("preempt_type, qos_text, status, words", [
+    ("preempt/qos", QOS_TEXT, "ok", "preempted by normal (GraceTime 60 s)"),
+    ("preempt/none", QOS_TEXT, "FAIL", "PreemptType=preempt/none"),
+    ("preempt/qos", "normal||cluster|00:00:00\n", "FAIL", "no such QOS"),
+    ("preempt/qos", QOS_TEXT.replace("normal|hpcsched-lend", "normal|"), "FAIL",
+     "no QOS preempts it"),
+    ("preempt/qos", QOS_TEXT.replace("00:01:00", "00:00:00"), "warn", "GraceTime 0"),
+])
+def test_lending_needs_a_qos_that_slurm_preempts(preempt_type, qos_text, status, words):
+    facts = pf.SlurmFacts((22, 5), GPU, {**CONFIG, "PreemptType": preempt_type}, None,
+                          extension_qos="hpcsched-lend", qos=pf.parse_qos(qos_text))
+    r = pf.check_lending(EXT, facts)
+    assert (r.status, r.name) == (status, "lending") and words in r.text, r.text
+
+
+def test_lending_without_extension_qos_warns_and_reads_no_qos(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))   # no plugin settings there
+    texts = {"partition": PARTITION_LINE, "config": CONFIG_TEXT}
+    monkeypatch.setattr(pf, "run", lambda args, timeout: texts[next(w for w in texts if w in args)])
+    monkeypatch.setattr(pf, "slurm_version", lambda timeout: (22, 5))
+    facts = pf.gather_slurm(EXT)
+    assert facts.extension_qos is None and facts.qos is None
+    assert pf.check_lending(EXT, facts).status == "warn"
+    (tmp_path / "job_submit_hpcsched.conf").write_text("extension_qos = hpcsched-lend\n")
+    texts["qos"] = QOS_TEXT
+    facts = pf.gather_slurm(EXT)
+    assert facts.extension_qos == "hpcsched-lend" and "hpcsched-lend" in facts.qos
+
+
 def test_gather_slurm_asks_a_dead_controller_once(monkeypatch):
     calls = []
 
@@ -192,6 +224,7 @@ def test_gather_slurm_reads_limits_only_where_enforced(monkeypatch):
     texts = {"partition": PARTITION_LINE, "config": CONFIG_TEXT.replace("= none", "= limits"),
              "qos": "normal|1|\n", "assoc": ASSOC_TEXT}
     asked = []
+    monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")   # no extension_qos: no qos asked
 
     def run(args, timeout):
         asked.append(next(w for w in texts if w in args))
@@ -233,7 +266,8 @@ def test_check_command_fails_on_a_missing_partition(site):
     assert r.exit_code == 1, r.output
     lines = r.output.splitlines()
     assert [ln.split()[0] for ln in lines] == ["ok", "FAIL", "warn", "ok", "ok", "warn", "ok",
-                                                "ok", "ok"]
+                                                "ok", "ok", "warn"]
+    assert "no extension_qos" in lines[-1]
     assert "nosuch: not a Slurm partition" in lines[1] and "chmod 1777" in lines[2]
     assert "Traceback" not in r.output
 

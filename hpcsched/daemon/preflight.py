@@ -25,6 +25,7 @@ from pathlib import Path
 import click
 
 from hpcsched.daemon.config import DEFAULT_PATH, ConfigError, DaemonSettings, Settings, load
+from hpcsched.daemon.site_limits import read_site_limits
 from hpcsched.policies import POLICIES, PolicyError
 from hpcsched.slurm.commands import run
 from hpcsched.slurm.errors import SlurmError, SlurmUnavailable
@@ -56,6 +57,8 @@ class SlurmFacts:
     config: Mapping[str, str] | None = None                     # scontrol show config
     job_limits: tuple[tuple[str, int], ...] | None = None       # (which limit, jobs per user)
     errors: Mapping[str, str] = field(default_factory=dict)
+    extension_qos: str | None = None    # the job_submit plugin's extension_qos (site_limits)
+    qos: Mapping[str, Mapping[str, str]] | None = None          # name -> Preempt, GraceTime...
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,25 @@ def parse_limits(qos: str, assoc: str) -> tuple[tuple[str, int], ...]:
     return tuple(found)
 
 
+def parse_qos(text: str) -> dict[str, dict[str, str]]:
+    """sacctmgr(1) ``-n -P show qos format=Name,Preempt,PreemptMode,GraceTime``: name ->
+    those fields (``Preempt`` a comma-separated list, ``GraceTime`` ``[D-]HH:MM:SS``)."""
+    out: dict[str, dict[str, str]] = {}
+    for line in filter(str.strip, text.splitlines()):
+        name, preempt, mode, grace = (line.split("|") + ["", "", ""])[:4]
+        out[name] = {"Preempt": preempt, "PreemptMode": mode, "GraceTime": grace}
+    return out
+
+
+def _seconds(hms: str) -> int:
+    """``[D-]HH:MM:SS`` (sacctmgr's GraceTime) in seconds; 0 for anything else."""
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+):(\d+):(\d+)", hms.strip())
+    if not m:
+        return 0
+    d, h, mi, sec = (int(x or 0) for x in m.groups())
+    return ((d * 24 + h) * 60 + mi) * 60 + sec
+
+
 def _limits(who: str, keys: Sequence[str], values: Sequence[str]) -> list[tuple[str, int]]:
     return [(f"{who} {k}={v}", int(v)) for k, v in zip(keys, values) if v.strip().isdigit()]
 
@@ -155,7 +177,13 @@ def gather_slurm(d: DaemonSettings) -> SlurmFacts:
         limits = ask("limits", lambda: parse_limits(
             run([*sacctmgr, "qos", "format=Name,MaxJobsPU,MaxSubmitJobsPU"], timeout=t),
             run([*sacctmgr, "assoc", "format=Account,User,MaxJobs,MaxSubmitJobs"], timeout=t)))
-    return SlurmFacts(version, partitions, config, limits, errors)
+    lend = read_site_limits(d.site_limits).extension_qos
+    qos = None
+    if lend is not None and config is not None:
+        qos = ask("qos", lambda: parse_qos(run(
+            ["sacctmgr", "-n", "-P", "show", "qos", "format=Name,Preempt,PreemptMode,GraceTime"],
+            timeout=t)))
+    return SlurmFacts(version, partitions, config, limits, errors, lend, qos)
 
 
 def _short(exc: Exception) -> str:
@@ -330,6 +358,43 @@ def check_extensions(d: DaemonSettings, config: Mapping[str, str] | None,
                   + (f" (least: {least[0]})" if least else "") + note)
 
 
+def check_lending(d: DaemonSettings, s: SlurmFacts) -> Result:
+    """Lent GPUs go back at once when extension jobs are preemptible (``docs/daemon.md``,
+    "Sharing the cluster"): the job_submit plugin's ``extension_qos`` names a QOS that exists,
+    slurm.conf(5) has ``PreemptType=preempt/qos``, another QOS lists it in ``Preempt``
+    (sacctmgr(1)), and its ``GraceTime`` leaves the workers time to leave at a step boundary
+    (0: Slurm kills them at once, and the step in flight is voided). Without ``extension_qos``
+    the daemon gives lent GPUs back at its next look (warn)."""
+    if d.grow != "extension":
+        return Result(OK, "lending", f"grow = {d.grow}: no GPUs lent by extension")
+    if s.extension_qos is None:
+        return Result(WARN, "lending", "no extension_qos in job_submit_hpcsched.conf: lent GPUs "
+                      "go back to other users' jobs at the daemon's next look (up to event_poll "
+                      "s), not at once; see docs/daemon.md, \"Sharing the cluster\"")
+    q = s.extension_qos
+    if s.config is None or s.qos is None:
+        return Result(WARN, "lending", f"extension_qos = {q}: not checked "
+                      f"({s.errors.get('qos') or s.errors.get('config')})")
+    ptype = s.config.get("PreemptType", "preempt/none")
+    if ptype != "preempt/qos":
+        return Result(FAIL, "lending", f"extension_qos = {q}, but PreemptType={ptype}: Slurm "
+                      "preempts no extension job; set PreemptType=preempt/qos in slurm.conf")
+    if q not in s.qos:
+        return Result(FAIL, "lending", f"extension_qos = {q}: no such QOS (sacctmgr add qos {q}); "
+                      "every extension job would be refused")
+    by = sorted(n for n, f in s.qos.items() if q in f["Preempt"].split(","))
+    if not by:
+        return Result(FAIL, "lending", f"QOS {q}: no QOS preempts it; e.g. sacctmgr modify qos "
+                      f"normal set Preempt+={q}")
+    grace = _seconds(s.qos[q]["GraceTime"])
+    if grace <= 0:
+        return Result(WARN, "lending", f"QOS {q}: GraceTime 0: Slurm kills preempted extension "
+                      "workers at once (the step in flight is voided); give it a few steps' time, "
+                      f"e.g. sacctmgr modify qos {q} set GraceTime=60")
+    return Result(OK, "lending", f"extension jobs in QOS {q}, preempted by {', '.join(by)} "
+                  f"(GraceTime {grace} s)")
+
+
 def check_store(f: StoreFacts) -> Result:
     """The store is writable and at this hpcsched's newest Alembic revision; an older one is a
     warning (the daemon migrates it at start), one this hpcsched does not know a failure."""
@@ -358,7 +423,8 @@ def run_checks(settings: Settings, s: SlurmFacts, cdir: DirFacts, store: StoreFa
             check_version(s.version, s.errors.get("version")),
             *check_plugins(s.config, s.errors.get("config")),
             check_store(store),
-            check_extensions(d, s.config, s.job_limits, s.errors)]
+            check_extensions(d, s.config, s.job_limits, s.errors),
+            check_lending(d, s)]
 
 
 def start_refusal(settings: Settings) -> str | None:
@@ -382,7 +448,7 @@ def start_refusal(settings: Settings) -> str | None:
               help="TOML file (default: $HPCSCHED_CONFIG or /etc/hpcsched/hpcsched.toml).")
 def check_command(config):
     """Preflight for admins: configuration, partitions, control directory, Slurm version and
-    plugins, store, extension jobs. One line per check; exit status 1 when one FAILs."""
+    plugins, store, extension jobs and their lending. One line per check; exit status 1 when one FAILs."""
     try:
         settings = load(config, policy_names=POLICIES)
     except (ConfigError, PolicyError) as exc:
