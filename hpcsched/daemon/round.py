@@ -90,6 +90,7 @@ from hpcsched.protocol.kinds import ChangeKind
 from hpcsched.slurm.control import CLISlurmControl
 from hpcsched.slurm.observe import Backend, make_backend
 from hpcsched.slurm.parse import ACTIVE_STATES
+from hpcsched.views.claims import ClaimBook, check_claims
 
 log = logging.getLogger("hpcsched.daemon")
 
@@ -183,6 +184,7 @@ class Daemon:
         self.probes = ProbeWatch(settings.probe, self.store, dry_run=d.dry_run,
                                  timeout=d.slurm_timeout)
         self._costs_said = ""      # the last resize-cost line logged (logged when it changes)
+        self.claims: ClaimBook = {}   # what each job claimed and did (hpcsched.views.claims)
         # the last round's managed jobs (job id -> Slurm state) that event checks compare with;
         # None until a round has observed Slurm
         self._round_states: dict[str, str] | None = None
@@ -295,6 +297,9 @@ class Daemon:
                                          self.settings.daemon.throughput_model,
                                          self.settings.daemon.plan_granularity,
                                          read_site_limits(self.settings.daemon.site_limits))
+        snapshot, self.claims, found = check_claims(snapshot, self.claims)   # as the simulator
+        for n in found:
+            log.warning("round %d: %s", rep.round_id, n)
         rep.jobs, rep.snapshot = len(snapshot.jobs), snapshot
         t = time.perf_counter()
         costs, said = measured_costs(self.store.actions(limit=200), self.costs)

@@ -155,6 +155,7 @@ class JobView:
     restarts: int = 0
     generation: int = 0
     samples_processed: int = 0
+    steps: int = 0                  # optimizer steps done, as the job reports
     throughput: float = 0.0         # samples/s, latest
     profile: tuple[ProfilePoint, ...] = ()
     app_class: str = ""

@@ -40,6 +40,11 @@ class WorkloadJob:
     and the daemon sees it only as Slurm shows it (a foreign job: its GPUs held, or its request
     pending, :mod:`hpcsched.policies.neighbours`). :func:`hpcsched.sim.workload.make_rigid`
     marks a fraction of a trace's jobs so.
+
+    ``work_claim``, ``speed_claim``, ``speed_claim_from``: a job that lies about itself (issue
+    33's "lying job"; :mod:`hpcsched.views.claims` checks): it reports ``work_claim`` x its true
+    remaining work, and ``speed_claim`` x its true throughput at ``speed_claim_from`` GPUs and
+    more. 1.0: the truth.
     """
 
     name: str
@@ -51,6 +56,9 @@ class WorkloadJob:
     iterations: float | None = None
     iteration_time: float | None = None
     rigid: bool = False
+    work_claim: float = 1.0
+    speed_claim: float = 1.0
+    speed_claim_from: int = 1
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,7 @@ from hpcsched.views.build import (
     cluster_snapshot,
     job_view,
 )
+from hpcsched.views.claims import ClaimBook, check_claims
 
 
 class Simulator:
@@ -117,6 +118,8 @@ class Simulator:
         self.ledger = StepLedger() if config.throughput_model == "shared" else None
         self.utilization: list[tuple[float, int, int]] = []
         self.notes: list[str] = []
+        #: what each job was seen to claim and do (:mod:`hpcsched.views.claims`)
+        self.claims: ClaimBook = {}
         self.costs = replace(config.costs, restart_cost=config.restart_cost_for("*"),
                              shrink_cost=config.shrink_cost,
                              hold=config.hold_rounds * config.interval, grow=config.grow,
@@ -331,8 +334,11 @@ class Simulator:
         for j in self.jobs:
             if j.state == "RUNNING":
                 self._advance(j, self.now)
-        decision = decide_round(self.snapshot(), self.policy, self.costs,
-                                seed=self.cfg.seed + self.rounds)
+        snap = self.snapshot()
+        if self.cfg.check_claims:
+            snap, self.claims, notes = check_claims(snap, self.claims)
+            self.notes.extend(f"t={self.now:.0f} {n}" for n in notes)
+        decision = decide_round(snap, self.policy, self.costs, seed=self.cfg.seed + self.rounds)
         for c in decision.changes:
             self._apply(c)
         self.rounds += 1

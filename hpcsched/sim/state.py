@@ -103,6 +103,9 @@ class SimConfig:
             (Slurm could not start it), besides the rounds every ``interval`` seconds, as the
             daemon does (``daemon.event_rounds``). True by default; False: every ``interval``
             seconds only, for every policy.
+        check_claims: each job's claims about its remaining work and throughput are checked
+            against its progress before every round (:mod:`hpcsched.views.claims`), as the
+            daemon does. True by default; False: a what-if that believes every job.
 
     Raises:
         ValueError: ``grow`` not one of ``GROW_MODES``, a negative extension cost,
@@ -133,6 +136,7 @@ class SimConfig:
     fastest_gpus: bool = False
     throughput_model: str = "shared"
     event_rounds: bool = True
+    check_claims: bool = True
 
     def __post_init__(self):
         if self.throughput_model not in THROUGHPUT_MODELS:
@@ -383,11 +387,23 @@ class SimJob:
             return (self.total - self.progress) * self.batch_size
         return (self.total - self.progress) * self.limits.base_batch_size
 
+    def samples_processed(self) -> float:
+        """Work done, in the unit of :meth:`remaining_samples`."""
+        unit = self.batch_size if self.fixed is not None else self.limits.base_batch_size
+        return self.progress * unit
+
     def profile(self) -> tuple[ProfilePoint, ...]:
-        """What the job has measured: mean step time and throughput per configuration."""
+        """What the job has measured: mean step time and throughput per configuration; a job
+        that overstates its throughput (:attr:`WorkloadJob.speed_claim`) says so of every
+        configuration of at least ``speed_claim_from`` GPUs."""
+        wj = self.wj
+
+        def claim(w: int) -> float:
+            return wj.speed_claim if w >= wj.speed_claim_from else 1.0
         return tuple(
             ProfilePoint(world_size=w, nodes=n, local_batch_size=m, accumulation_steps=s,
-                         step_time=tt / k, throughput=w * m * s / (tt / k), samples=max(1, int(k)))
+                         step_time=tt / k / claim(w), throughput=w * m * s / (tt / k) * claim(w),
+                         samples=max(1, int(k)))
             for (w, n, m, s), (tt, k) in sorted(self.steps.items()) if k >= 1)
 
     @property
@@ -408,13 +424,16 @@ class SimJob:
         return None
 
     def report(self) -> JobReport:
-        """What the job's progress file would say."""
+        """What the job's progress file would say (a job that understates its work says
+        :attr:`WorkloadJob.work_claim` x its true remaining work)."""
         noise = None if self.fixed is not None else self.app.grad_stats(
             self.cfg.global_batch_size, self.epoch_at(self.progress))
         return JobReport(
-            remaining_samples=self.remaining_samples(), grad_noise=noise,
+            samples_processed=self.samples_processed(),
+            remaining_samples=self.remaining_samples() * self.wj.work_claim, grad_noise=noise,
             throughput=(self.cfg.global_batch_size / self.last_step_time)
-            if self.last_step_time else 0.0)
+            if self.last_step_time else 0.0,
+            steps=int(sum(k for _, k in self.steps.values())))
 
     def result(self) -> JobResult:
         wj = self.wj

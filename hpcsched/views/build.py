@@ -39,8 +39,10 @@ class JobReport:
     """What a job says about its own training (``progress.json``), in the policies' units.
 
     Attributes:
-        samples_processed: samples trained on since the job began (all epochs, all ranks).
+        samples_processed: samples trained on since the job began (all epochs, all ranks; or
+            the job's own work units, :meth:`hpcsched.elastic.ElasticJob.set_work`).
         remaining_samples: samples left to train on, or ``None`` if the job does not say.
+        steps: optimizer steps done since the job began.
         throughput: samples/s, latest.
         grad_noise: ``(grad_sqr, grad_var)`` as Pollux's statistical efficiency takes them
             (|G|^2, and tr(Sigma) at the base batch size), or ``None`` until measured.
@@ -49,6 +51,7 @@ class JobReport:
     samples_processed: float = 0.0
     remaining_samples: float | None = None
     throughput: float = 0.0
+    steps: int = 0
     grad_noise: tuple[float, float] | None = None
 
     @classmethod
@@ -70,7 +73,7 @@ class JobReport:
             # the work left is what the job says it trains on in all, less what it has done
             remaining = max(0.0, progress.total_samples - progress.samples_processed)
         return cls(samples_processed=progress.samples_processed, remaining_samples=remaining,
-                   throughput=progress.throughput, grad_noise=noise)
+                   throughput=progress.throughput, grad_noise=noise, steps=progress.step)
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,7 @@ def job_view(f: JobFacts) -> JobView:
         limits=f.limits, batch_size=f.batch_size, submit_time=f.submit_time,
         start_time=f.start_time, restarts=f.info.restarts,
         generation=f.generation, samples_processed=int(f.report.samples_processed),
+        steps=f.report.steps,
         throughput=f.report.throughput, profile=f.profile, app_class=f.application,
         busy=f.busy, user=f.info.user, partition=f.info.partition,
         attained_gpu_seconds=attained_gpu_seconds(f.profile),

@@ -54,6 +54,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=None,
                    help="global batch size outside hpcsub (default: the application's base)")
+    p.add_argument("--claim-work", type=scale_factor, default=1.0, metavar="F",
+                   help="report F x the true work left (a lying job, for tests of the daemon's "
+                        "claim checks; default 1: the truth)")
     return p.parse_args(argv)
 
 
@@ -81,7 +84,11 @@ def main(argv=None) -> None:
                      grad_noise_smoothing=emu.grad_noise_smoothing())
     job.register(model=model, optimizer=opt, progress=0.0)
     progress = float(job.extra_state["progress"])   # restored by a requeue, sent to newcomers
-    job.set_work(emu.samples(progress), emu.samples(emu.total))
+    def report(progress: float) -> None:
+        done = emu.samples(progress)
+        job.set_work(done, done + args.claim_work * (emu.samples(emu.total) - done))
+
+    report(progress)
     start = time.monotonic()
     for step in job.steps():
         t0 = time.perf_counter()
@@ -97,7 +104,7 @@ def main(argv=None) -> None:
         opt.step()
         progress += emu.gain(step.global_samples, progress)
         job.extra_state["progress"] = progress
-        job.set_work(emu.samples(progress), emu.samples(emu.total))
+        report(progress)
         compute = emu.step_seconds(job.layout, step.global_samples, step.accumulation_steps)
         time.sleep(max(0.0, compute - (time.perf_counter() - t0)))
 
