@@ -20,6 +20,7 @@ class _LazyGroup(click.Group):
 
     _lazy = {
         "check": ("hpcsched.daemon.preflight", "check_command"),
+        "install-files": ("hpcsched.resources", "install_files_command"),
         "daemon": ("hpcsched.daemon.round", "daemon_command"),
         "db": ("hpcsched.daemon.store", "db_group"),
         "devcluster": ("hpcsched.slurm.devcluster", "devcluster"),
@@ -37,7 +38,14 @@ class _LazyGroup(click.Group):
             import importlib
 
             module, attr = self._lazy[name]
-            return getattr(importlib.import_module(module), attr)
+            try:
+                return getattr(importlib.import_module(module), attr)
+            except ModuleNotFoundError as exc:   # a job-side install: pip install hpcsched
+                if exc.name and exc.name.split(".")[0] == "hpcsched":
+                    raise
+                raise click.ClickException(
+                    f"hpcsched {name} needs {exc.name}, which comes with the daemon's packages: "
+                    "pip install 'hpcsched[daemon]'") from None
         return super().get_command(ctx, name)
 
 

@@ -22,5 +22,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # torch first and pinned: 2.13.0 is a CPU wheel available locally; an unpinned torch pulls GBs of CUDA.
 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
-.venv/bin/pip install -q --disable-pip-version-check -e '.[train,dev]'
+.venv/bin/pip install -q --disable-pip-version-check -e '.[daemon,train,dev]'
 echo "setup: ready (.venv/bin/hpcsched, .venv/bin/hpcsub)" >&2

@@ -21,6 +21,7 @@ only from options it knows (``-N``, ``--gres``, ``--gpus-per-node``, ``-n``,
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import math
 import os
@@ -48,6 +49,7 @@ from hpcsched.protocol.batching import LR_RULES
 from hpcsched.protocol.files import ProtocolError
 from hpcsched.protocol.jobdir import CHECKPOINTS_DIR, JobDir, JobSpec, control_dir
 from hpcsched.protocol.limits import JobLimits
+from hpcsched.resources import shared
 
 TEMPLATE_NAME = "hpcsched-job.sbatch"
 
@@ -178,12 +180,13 @@ def help_text() -> str:
 
 
 def template_path() -> Path:
-    """Where the batch-script template is: $HPCSCHED_JOBSCRIPTS, the source tree, or the install."""
+    """Where the batch-script template is: $HPCSCHED_JOBSCRIPTS, else the one hpcsched ships
+    (:func:`hpcsched.resources.shared`)."""
     candidates = []
     if os.environ.get("HPCSCHED_JOBSCRIPTS"):
         candidates.append(Path(os.environ["HPCSCHED_JOBSCRIPTS"]))
-    candidates.append(Path(__file__).resolve().parents[2] / "jobscripts")
-    candidates.append(Path(sys.prefix) / "share" / "hpcsched" / "jobscripts")
+    with contextlib.suppress(FileNotFoundError):
+        candidates.append(shared("jobscripts"))
     for c in candidates:
         if (c / TEMPLATE_NAME).is_file():
             return c / TEMPLATE_NAME

@@ -17,9 +17,10 @@ from pathlib import Path
 import click
 
 from hpcsched.replay import ReplayError
+from hpcsched.resources import shared
 
-#: the emulated application (issue 11's part 1), relative to the source tree
-DEFAULT_SCRIPT = Path(__file__).resolve().parents[2] / "jobscripts" / "examples" / "emulated.py"
+#: the emulated application (issue 11's part 1), as installed (:mod:`hpcsched.resources`)
+DEFAULT_SCRIPT = shared("jobscripts") / "examples" / "emulated.py"
 
 
 def _fail(msg: str, status: int = 2) -> None:

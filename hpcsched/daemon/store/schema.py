@@ -11,7 +11,6 @@ import logging
 import os
 import sqlite3
 import stat
-import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -36,6 +35,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from hpcsched.daemon.phases import OPEN_PHASES, ResizePhase
 from hpcsched.protocol.kinds import ChangeKind
+from hpcsched.resources import shared
 
 log = logging.getLogger(__name__)
 
@@ -376,18 +376,15 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
 
 def script_location() -> Path:
-    """The Alembic migrations: ``<repo>/db`` (source tree) or ``<prefix>/share/hpcsched/db``.
+    """The Alembic migrations hpcsched ships (``db/``, :func:`hpcsched.resources.shared`).
 
     Raises:
-        FileNotFoundError: neither holds ``env.py``.
+        FileNotFoundError: they are missing, or lack ``env.py``.
     """
-    candidates = [Path(__file__).resolve().parents[3] / "db",
-                  Path(sys.prefix) / "share" / "hpcsched" / "db"]
-    for c in candidates:
-        if (c / "env.py").is_file():
-            return c
-    raise FileNotFoundError("Alembic migrations not found (looked in "
-                            + ", ".join(map(str, candidates)) + ")")
+    path = shared("db")
+    if not (path / "env.py").is_file():
+        raise FileNotFoundError(f"Alembic migrations not found: {path} has no env.py")
+    return path
 
 
 def alembic_config(url: str) -> Any:

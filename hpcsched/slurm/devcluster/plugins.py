@@ -19,6 +19,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from hpcsched.resources import shared
 from hpcsched.slurm.devcluster.base import DevClusterError, Layout, write_file
 
 logger = logging.getLogger("hpcsched.slurm.devcluster")
@@ -45,8 +46,8 @@ return slurm.SUCCESS
 
 
 def plugins_dir() -> Path:
-    """The repository's ``slurm-plugins/`` (the dev cluster runs from a checkout)."""
-    return Path(__file__).resolve().parents[3] / "slurm-plugins"
+    """hpcsched's ``slurm-plugins/`` (:func:`hpcsched.resources.shared`)."""
+    return shared("slurm-plugins")
 
 
 def plugin_lines(layout: Layout) -> str:
