@@ -125,3 +125,23 @@ def test_the_wheel_runs_from_a_user_install(wheel, tmp_path):
         pytest.skip("the system Python has no pip")
     assert r.returncode == 0, r.stderr
     _check_installed(tmp_path, env, base / "bin", "/usr/bin/python3", base)
+
+
+def test_a_daemon_command_on_a_job_side_install_says_what_to_install(monkeypatch):
+    import importlib
+
+    from click.testing import CliRunner
+
+    from hpcsched.cli import main
+
+    real = importlib.import_module
+
+    def without_sqlalchemy(name, *a, **kw):
+        if name == "hpcsched.daemon.status":
+            raise ModuleNotFoundError("No module named 'sqlalchemy'", name="sqlalchemy")
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(importlib, "import_module", without_sqlalchemy)
+    r = CliRunner().invoke(main, ["status"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "hpcsched status needs sqlalchemy" in r.output and "hpcsched[daemon]" in r.output
