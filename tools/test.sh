@@ -9,4 +9,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
 .venv/bin/ruff check .
+.venv/bin/mypy
 exec .venv/bin/python -m pytest -q -n 2 --dist loadgroup "$@"

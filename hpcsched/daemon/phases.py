@@ -363,6 +363,20 @@ def _ended(a: Action, obs: Observed) -> Step | None:
     return None
 
 
+def _job(obs: Observed) -> JobInfo:
+    """Slurm's view of the job, for a phase's rule: :func:`next_step` ends an action whose job
+    is gone (:func:`_ended`) before any rule runs."""
+    assert obs.job is not None, "a phase rule for a job Slurm no longer knows"
+    return obs.job
+
+
+def _requeued_at(h: History) -> float:
+    """When the action was requeued, for the rules of the phases after ``requeued``."""
+    at = h.entered(P.REQUEUED)
+    assert at is not None, "no requeue in the history"
+    return at
+
+
 def _superseded(a: Action, obs: Observed) -> Step | None:
     newer = max(obs.control_generation or 0, obs.ack.generation if obs.ack else 0)
     if newer > a.generation:
@@ -392,10 +406,11 @@ def _answered(a: Action, obs: Observed) -> Step | None:
 def _requested(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
     if obs.control_generation is None or obs.control_generation < a.generation:
         return _request(a, obs)
-    if a.kind == ChangeKind.PENDING and obs.job.state == "PENDING":
+    job = _job(obs)
+    if a.kind == ChangeKind.PENDING and job.state == "PENDING":
         # the launcher starts with this generation; a job hpcsched preempted is released (again,
         # if a daemon died between the generation and the release: StartTime is idempotent)
-        return Step(P.RUNNING, _release_held(obs.job))
+        return Step(P.RUNNING, _release_held(job))
     if obs.ack is not None and obs.ack.generation == a.generation:  # checkpointed
         return Step(P.CHECKPOINTED)
     if h.has_timeout(P.REQUESTED, t.ack, obs.now):
@@ -407,7 +422,7 @@ def _request(a: Action, obs: Observed) -> Step:
     """Write the generation; a pending job is given its size first (it may start any moment,
     and its launcher starts with the generation in force), and a held one (preempted, or held
     for placement by job_submit.lua) the plan's nodes."""
-    job = obs.job
+    job = _job(obs)
     effects: list[Effect] = []
     placed = a.nodes_placed and held_by_begin_time(job)   # released where the plan puts it
     per_node = a.gpus_per_node and a.gpus_per_node != job.gpus_per_node
@@ -458,7 +473,7 @@ def _late(a: Action) -> Step:
 
 
 def _checkpointed(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
-    job = obs.job
+    job = _job(obs)
     if a.kind in REQUEUES:
         if job.restarts > a.restarts_at_plan:   # requeued already (by a daemon that died)
             return Step(P.REQUEUED, note=f"requeued before (restart count {job.restarts})")
@@ -472,9 +487,10 @@ def _checkpointed(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
 def _requeued(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
     if a.kind == ChangeKind.PREEMPT:
         return _hold(a, h, obs, t)
-    if obs.job.state == "PENDING":
+    job = _job(obs)
+    if job.state == "PENDING":
         # the hold must go whether or not Slurm takes the new size
-        return Step(P.RELEASED, (ResizePendingJob(a.nodes, a.nodes_placed, obs.job.cpus_per_task,
+        return Step(P.RELEASED, (ResizePendingJob(a.nodes, a.nodes_placed, job.cpus_per_task,
                                                   required=False,
                                                   workers_per_node=a.gpus_per_node),
                                  SetStartTime(f"now+{REQUEUE_START_DELAY_S}")))
@@ -486,8 +502,8 @@ def _hold(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
     a release soon after cannot start it with a revoked credential): its resume size, and
     ``StartTime=now+<hold>``, the guard that starts it without any daemon. Until then it is in
     Slurm's own 121 s hold, which releases it too."""
-    job = obs.job
-    if job.state == "PENDING" and obs.now >= requeue_start_due(h.entered(P.REQUEUED)):
+    job = _job(obs)
+    if job.state == "PENDING" and obs.now >= requeue_start_due(_requeued_at(h)):
         return Step(P.RUNNING, (ResizePendingJob(a.nodes, (), job.cpus_per_task, required=False),
                                 SetStartTime(f"now+{math.ceil(t.hold)}")),
                     note=f"job {a.job_id} preempted: held until Slurm starts it in "
@@ -496,7 +512,7 @@ def _hold(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
 
 
 def _released(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
-    if obs.job.state == "PENDING" and obs.now >= requeue_start_due(h.entered(P.REQUEUED)):
+    if _job(obs).state == "PENDING" and obs.now >= requeue_start_due(_requeued_at(h)):
         # an update wakes the scheduler at once; a begin time that merely passes waits for its
         # next periodic pass (13 s measured)
         return Step(P.RESCHEDULED, (SetStartTime("now"),))

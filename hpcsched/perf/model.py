@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import overload
 
 import numpy as np
 
@@ -51,6 +52,14 @@ from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch
 
 JobModel = ThroughputModel | PolluxModel
 CANDIDATES = 12     # global batch sizes tried per size, spread geometrically over the range
+
+
+@overload
+def _sig(x: float, digits: int = 3) -> float: ...
+
+
+@overload
+def _sig(x: None, digits: int = 3) -> None: ...
 
 
 def _sig(x: float | None, digits: int = 3) -> float | None:
@@ -98,6 +107,7 @@ def _rounded_sample(s: PerfSample) -> PerfSample:
 def _pollux_model(key: tuple[PerfSample, ...], app: str,
                   corrections: StepCorrections | None = None) -> PolluxModel:
     prior = priors.prior_for(app)
+    assert prior is not None, f"no prior for {app!r}"   # model_for comes here only with one
     if corrections is not None:
         return _shared_model(key, app, prior, corrections)
     if len(key) >= 2:
@@ -154,7 +164,9 @@ def job_goodput(job: JobView, nodes: int, batch_size: int, gpus: int | None = No
     if gpus is None:
         gpus = nodes * job.workers_per_node
     cfg = _config(job, nodes, gpus, batch_size)
-    model = model_for(job) if cfg is not None else None
+    if cfg is None:
+        return None
+    model = model_for(job)
     if model is None:
         return None
     return goodput(model, cfg, nodes, job.grad_noise, job.base_batch_size)
@@ -240,6 +252,7 @@ def _best_at(model: JobModel | None, gpus: int, lo: int, hi: int, batch_size: in
         key = (x, -abs(c.global_batch_size - batch_size))   # ties: nearest the current batch
         if best_key is None or key > best_key:
             best, best_key = c, key
+    assert best_key is not None   # cfgs is not empty
     return best_key[0], best
 
 
@@ -321,10 +334,11 @@ def _goodputs_of(stacked: list[tuple[JobView, PolluxModel, tuple, tuple]]) -> np
     globs = [part[4] for *_, part in stacked]
     sizes, glob = [g.size for g in globs], np.concatenate(globs)
     x = np.concatenate([_stacked_throughputs(model, key) for _, model, key, _ in stacked])
-    noisy = [pollux.noise_known(job.grad_noise) for job in jobs]
+    noises = [job.grad_noise if pollux.noise_known(job.grad_noise) else None for job in jobs]
+    noisy = [n is not None for n in noises]
     if any(noisy):
-        sqr, var = (np.repeat([job.grad_noise[f] if ok else 0.0
-                               for job, ok in zip(jobs, noisy)], sizes) for f in (0, 1))
+        sqr, var = (np.repeat([n[f] if n is not None else 0.0 for n in noises], sizes)
+                    for f in (0, 1))
         base = np.repeat([float(job.base_batch_size) for job in jobs], sizes)
         eff = pollux.efficiencies(sqr, var, base, glob)
         x = x * np.where(np.repeat(noisy, sizes), eff, 1.0)

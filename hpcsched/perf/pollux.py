@@ -80,10 +80,10 @@ evaluates there (it asserts ``M >= M0``); here ``E`` is capped at 1 so it stays 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
 
 import numpy as np
 from scipy.optimize import minimize
@@ -183,6 +183,9 @@ def step_time(params: PerfParams, nodes, replicas, local_bsz, accum=1):
     Raises:
         ValueError: not ``1 <= nodes <= replicas``, ``local_bsz >= 1``, ``accum >= 1``.
     """
+    # (nodes, replicas, local_bsz, accum, maximum) for _step_time: arrays and np.maximum, or
+    # numbers and max
+    args: tuple[Any, Any, Any, Any, Callable[[Any, Any], Any]]
     if _is_array(nodes, replicas, local_bsz, accum):
         n, k, b, s = (np.asarray(v) for v in (nodes, replicas, local_bsz, accum))
         ok = not (np.any(n < 1) or np.any(k < n) or np.any(b < 1) or np.any(s < 1))
@@ -244,7 +247,8 @@ def gain(grad_sqr: float, grad_var: float, scale: float) -> float:
     return (var + sqr) / denom if denom > 0 else 1.0
 
 
-def noise_known(grad_noise: tuple[float | None, float | None] | None) -> bool:
+def noise_known(grad_noise: tuple[float | None, float | None] | None
+                ) -> TypeGuard[tuple[float, float]]:
     """Whether ``grad_noise`` = ``(grad_sqr, grad_var)`` gives an efficiency: both statistics
     known and finite (else the efficiency is taken as 1)."""
     return grad_noise is not None and all(v is not None and math.isfinite(v) for v in grad_noise)
@@ -261,7 +265,7 @@ def efficiency(grad_sqr: float | None, grad_var: float | None, init_batch_size: 
     """
     if init_batch_size <= 0 or batch_size <= 0:
         raise ValueError(f"batch sizes must be positive, got {init_batch_size}, {batch_size}")
-    if not noise_known((grad_sqr, grad_var)):
+    if grad_sqr is None or grad_var is None or not noise_known((grad_sqr, grad_var)):
         return 1.0
     scale = batch_size / init_batch_size
     return min(1.0, gain(float(grad_sqr), float(grad_var), scale) / scale)
@@ -511,6 +515,7 @@ def _minimise(objective: _Objective, starts: list[dict[str, float]], ftol: float
                        options={"maxiter": MAX_ITER, "ftol": ftol})
         if best is None or res.fun < best.fun:
             best = res
+    assert best is not None, "no start point"   # _starts gives at least one
     return best.x
 
 

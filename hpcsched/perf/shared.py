@@ -178,9 +178,8 @@ def step_corrections(application: str, measured: Iterable[Measured]) -> StepCorr
         err = _error(prior, m)
         if err is None:
             continue
-        for table, key in ((fine, _fine_key(m.nodes, m.world_size, m.local_batch_size)),
-                           (coarse, (m.nodes, m.world_size))):
-            acc = table.setdefault(key, [0.0, 0.0])
+        for acc in (fine.setdefault(_fine_key(m.nodes, m.world_size, m.local_batch_size), [0.0, 0.0]),
+                    coarse.setdefault((m.nodes, m.world_size), [0.0, 0.0])):
             acc[0] += err * m.steps
             acc[1] += m.steps
     return StepCorrections(priors.application_key(application), _means(fine), _means(coarse))
@@ -271,7 +270,7 @@ class _AppTotals:
             return None
         if not self.dirty and self.last is not None:
             return self.last
-        classes = set()
+        classes: set[tuple[int, ...]] = set()
         for row in self.dirty:
             secs, k = self.rows[row]
             self.errors[row] = _error(self.prior, Measured(*row, secs / k, k)) if k > 0 else None

@@ -20,10 +20,10 @@ contract.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from hpcsched.policies.base import Params, Policy, PolicyBase, PolicyError
+from hpcsched.policies.base import Params, Policy, PolicyBase, PolicyError, PolicyFactory
 
 #: policy name -> ``"module:attribute"``: the policy's factory (a :class:`PolicyBase` subclass,
 #: or a :func:`~hpcsched.policies.base.stateless` factory), called with the parameters; its
@@ -43,7 +43,7 @@ POLICIES = tuple(REGISTRY)
 DEFAULT_POLICY = "jct"
 
 
-def policy_factory(name: str) -> Callable[..., Policy]:
+def policy_factory(name: str) -> PolicyFactory:
     """The factory of the registered policy ``name``: called with its parameters (keywords),
     it makes the policy; its ``Params`` attribute is their :class:`Params` class.
 

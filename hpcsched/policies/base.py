@@ -23,7 +23,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Protocol, Self, runtime_checkable
+from typing import Any, Protocol, Self, TypeAlias, cast, runtime_checkable
 
 from hpcsched.model.snapshot import ClusterSnapshot, Plan
 
@@ -109,18 +109,38 @@ def _typed(name: str, value: Any, hint: Any) -> Any:
     return value
 
 
+#: :class:`Params` under another name, for the annotations inside classes whose own ``Params``
+#: attribute hides the class's name there
+_ParamsClass: TypeAlias = Params
+
+
 @runtime_checkable
 class Policy(Protocol):
     """What every policy is (:class:`PolicyBase` implements it with defaults)."""
 
     name: str
     params: Params
-    reconcile_gate: Mapping[str, float]
-    round_on_events: bool
+
+    # read-only: a wrapper (composite.Placed) gives the wrapped policy's
+    @property
+    def reconcile_gate(self) -> Mapping[str, float]: ...
+
+    @property
+    def round_on_events(self) -> bool: ...
 
     def decide(self, snapshot: ClusterSnapshot, seed: int = 0) -> Plan: ...
 
     def judged_view(self, snapshot: ClusterSnapshot) -> ClusterSnapshot: ...
+
+
+class PolicyFactory(Protocol):
+    """What makes a policy: called with its parameters (keywords), it makes the policy; its
+    ``Params`` attribute is their :class:`Params` class (a :class:`PolicyBase` subclass, or
+    what :func:`stateless` returns)."""
+
+    Params: type[_ParamsClass]
+
+    def __call__(self, **values: Any) -> Policy: ...
 
 
 class PolicyBase:
@@ -135,8 +155,9 @@ class PolicyBase:
     """
 
     name: str = "policy"
-    Params: ClassVar[type[Params]] = NoParams
-    params: Params = NoParams()
+    # not a ClassVar: a FunctionPolicy sets its own
+    Params: type[_ParamsClass] = NoParams
+    params: _ParamsClass = NoParams()
     #: fields of reconcile's :class:`~hpcsched.policies.reconcile.Costs` replaced for this
     #: policy's plans (:func:`hpcsched.policies.round.decide_round`); default: none
     reconcile_gate: Mapping[str, float] = types.MappingProxyType({})
@@ -178,7 +199,7 @@ class FunctionPolicy(PolicyBase):
 
 
 def stateless(name: str, decide: DecideFunction, params: type[Params] = NoParams
-              ) -> Callable[..., PolicyBase]:
+              ) -> PolicyFactory:
     """A factory of :class:`FunctionPolicy`: ``factory(**values)`` checks ``values`` against
     ``params`` (the policy's :class:`Params`; its fields are ``decide``'s keywords).
 
@@ -189,5 +210,6 @@ def stateless(name: str, decide: DecideFunction, params: type[Params] = NoParams
     def factory(**values: Any) -> PolicyBase:
         return FunctionPolicy(name, decide, params.parse(name, values))
 
-    factory.Params = params     # type: ignore[attr-defined]
-    return factory
+    made = cast(PolicyFactory, factory)    # a function given its Params below
+    made.Params = params
+    return made

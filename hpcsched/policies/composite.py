@@ -61,7 +61,7 @@ class Placed(PolicyBase):
         PolicyError: an unknown strategy or a penalty that is not positive.
     """
 
-    Params = PlacementParams
+    Params: type[Params] = PlacementParams    # the base's type: OnesPal's are not these
 
     def __init__(self, policy: Policy, strategy: str = "pal", locality_penalty: float = 1.5):
         self.params = PlacementParams.parse(

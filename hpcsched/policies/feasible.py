@@ -55,6 +55,7 @@ def feasible_now(chosen: list[Candidate], snapshot: ClusterSnapshot, grow: str =
         c = cand.change
         if c.kind in (ChangeKind.SHRINK, ChangeKind.PREEMPT):
             job = snapshot.job(c.job_id)
+            assert job is not None, c.job_id    # a plan shrinks the snapshot's jobs
             gone = (_given_back(job, c.layout) if c.mechanism in (Mechanism.RELEASE,
                                                                   Mechanism.SHRINK_PRIMARY)
                     else released(job, c.to_gpus if c.kind == ChangeKind.SHRINK else 0,
@@ -63,16 +64,19 @@ def feasible_now(chosen: list[Candidate], snapshot: ClusterSnapshot, grow: str =
                 if n in free:
                     free[n] += g
         elif c.kind == ChangeKind.GROW:
+            job = snapshot.job(c.job_id)
+            assert job is not None, c.job_id    # and grows them
             if snapshot.granularity != "gpu":
-                c, note = _place_grow(c, snapshot.job(c.job_id), free, keep_own)
+                placed, note = _place_grow(c, job, free, keep_own)
             elif keep_own:
-                c, note = _place_extension_gpus(c, snapshot.job(c.job_id), free)
+                placed, note = _place_extension_gpus(c, job, free)
             else:
-                c, note = _place_grow_gpus(c, snapshot.job(c.job_id), free)
+                placed, note = _place_grow_gpus(c, job, free)
             if note:
                 notes.append(note)
-            if c is None:
+            if placed is None:
                 continue
+            c = placed
         changes.append(c)
     return changes, notes
 

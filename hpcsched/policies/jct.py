@@ -251,8 +251,9 @@ def _search(jobs: list[JobView], snapshot: ClusterSnapshot, forced: set[str], p:
             ) -> tuple[tuple[float, list[int]] | None, list[list[Option]], list[dict], list[str]]:
     """The DP over every job's options; when the overdue jobs' minimums do not fit beside the
     running jobs', again without admitting them ahead (they wait, with a note)."""
-    opts, info = zip(*(_job_options(j, snapshot, forced, p) for j in jobs)) if jobs else ((), ())
-    opts, info = list(opts), list(info)
+    options = [_job_options(j, snapshot, forced, p) for j in jobs]
+    opts: list[list[Option]] = [o for o, _ in options]
+    info: list[dict] = [meta for _, meta in options]
     sol = solve(opts, k) if jobs else (0.0, [])
     if sol is not None or not forced:
         return sol, opts, info, []
@@ -271,6 +272,7 @@ class JCT(PolicyBase):
 
     name = "jct"
     Params = JCTParams
+    params: JCTParams
     #: reconcile's gate for this policy's plans (:func:`hpcsched.policies.round.decide_round`):
     #: no minimum gain. ``jct`` prices each change itself (a target's value counts its start,
     #: shrink or grow cost, so the search keeps a job where it is unless the change pays), and

@@ -76,7 +76,11 @@ def yield_to_foreign(snapshot: ClusterSnapshot) -> tuple[ClusterSnapshot, list[C
             for job_id, g in _take(spare, n, f.gpus_per_node - use):
                 taken.setdefault(job_id, {})[n] = taken.get(job_id, {}).get(n, 0) + g
         served.append(f"{f.job_id} ({f.user}, priority {f.priority}) on {','.join(nodes)}")
-    releases = [_release(snapshot.job(job_id), per) for job_id, per in taken.items()]
+    releases = []
+    for job_id, per in taken.items():
+        job = snapshot.job(job_id)
+        assert job is not None, job_id      # taken from snapshot.jobs (_extension_gpus)
+        releases.append(_release(job, per))
     note = (f"other users' pending jobs: {sum(claimed.values())} free GPU(s) kept for them"
             + (f", {sum(sum(p.values()) for p in taken.values())} extension GPU(s) released"
                if taken else "")

@@ -106,7 +106,8 @@ def start(job: JobView, node_size: int, placement: tuple[str, ...] = (),
     node (Slurm's best fit); no layout (Slurm chooses) when neither does."""
     nodes, per = primary_shape(job.min_gpus, node_size)
     if len(placement) < nodes:
-        fits = sorted((n for n, f in (free or {}).items() if f >= per), key=lambda n: (free[n], n))
+        avail = free or {}
+        fits = sorted((n for n, f in avail.items() if f >= per), key=lambda n: (avail[n], n))
         placement = tuple(fits)
     if len(placement) < nodes:
         return Realisation(Mechanism.START)

@@ -58,6 +58,7 @@ kind, the largest predicted gain first.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TypeGuard
 
 from hpcsched.model.snapshot import (
     EXTENSION_STALL,
@@ -264,7 +265,7 @@ def _classify_running(job: JobView, t: JobTarget, costs: Costs, snapshot: Cluste
     return Candidate(change, x_from, x_to, t.weight)
 
 
-def _realised(snapshot: ClusterSnapshot | None, costs: Costs) -> bool:
+def _realised(snapshot: ClusterSnapshot | None, costs: Costs) -> TypeGuard[ClusterSnapshot]:
     """Changes are GPU-granular and carry their mechanism (:attr:`Costs.by_mechanism`)."""
     return (costs.by_mechanism and costs.grow == "extension" and snapshot is not None
             and snapshot.granularity == "gpu")
@@ -285,7 +286,7 @@ def admission_room(chosen: list[Candidate], resizes: list[Candidate], snapshot: 
     pending job's request and shrinks a running job to make room for it would have its shrink
     judged by the gain test alone, which refuses it (it only loses samples/s), and the pending
     job would wait (seen in the simulator: docs/design-notes.md, "policies/reconcile.py")."""
-    start_need = sum(c.change.to_gpus or c.change.to_nodes * snapshot.job(c.change.job_id).workers_per_node
+    start_need = sum(_start_gpus(c.change, snapshot)
                      for c in chosen if c.kind == ChangeKind.PENDING and c.change.to_nodes > 0)
     start_need += sum(_kept_request(t, snapshot, {c.change.job_id for c in chosen})
                       for t in (plan.targets if plan is not None else ()))
@@ -295,6 +296,15 @@ def admission_room(chosen: list[Candidate], resizes: list[Candidate], snapshot: 
         return [], ""
     return room, (f"made {len(room)} shrink(s) to make room: the plan starts jobs needing "
                   f"{start_need} GPU(s), {free_now} free")
+
+
+def _start_gpus(change: Change, snapshot: ClusterSnapshot) -> int:
+    """GPUs pending ``change`` starts its job on."""
+    if change.to_gpus:
+        return change.to_gpus
+    job = snapshot.job(change.job_id)
+    assert job is not None, change.job_id   # a plan starts the snapshot's pending jobs
+    return change.to_nodes * job.workers_per_node
 
 
 def _kept_request(t: JobTarget, snapshot: ClusterSnapshot, changed: set[str]) -> int:
@@ -330,6 +340,7 @@ def hold_back(resizes: list[Candidate], snapshot: ClusterSnapshot, costs: Costs
     for c in resizes:
         job = snapshot.job(c.change.job_id)
         if job is not None and held_reversal(job, snapshot.time, costs.hold) == c.kind:
+            assert job.resized_at is not None   # held_reversal holds only a resized job
             done = "grown" if job.last_resize == ChangeKind.GROW else "shrunk"
             notes.append(f"job {c.change.job_id}: {c.kind} waits: {done} "
                          f"{snapshot.time - job.resized_at:.0f} s ago, less than the "

@@ -15,7 +15,7 @@ rounds) carries its own state, which is the only state a round changes.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from hpcsched.model.snapshot import ClusterSnapshot, Plan
 from hpcsched.policies import Policy
@@ -60,7 +60,9 @@ def decide_round(snapshot: ClusterSnapshot, policy: Policy, costs: Costs, seed: 
         return RoundDecision(None, (), ())
     # a policy that prices restarts itself may loosen reconcile's gate (Pollux: no minimum gain,
     # no hold): its ``reconcile_gate`` replaces those fields of ``costs``
-    costs = replace(costs, **policy.reconcile_gate)
+    # (float values for Costs' float fields; typed Any as Costs also has bool and str fields)
+    gate: dict[str, Any] = dict(policy.reconcile_gate)
+    costs = replace(costs, **gate)
     # the policy prices changes with the costs reconcile judges them by, and sees its hold
     snapshot = replace(snapshot, restart_cost=costs.restart_cost, shrink_cost=costs.shrink_cost,
                        grow=costs.grow, extension_startup=costs.extension_startup,

@@ -15,11 +15,12 @@ submitit's ``JobEnvironment._env`` table.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 # the value types a variable can carry, each with its parser and writer
-_PARSE = {
+_PARSE: dict[str, Callable[[str, Any], Any]] = {
     "str": lambda v, default: v,
     "int": lambda v, default: int(v),
     "float": lambda v, default: float(v),
@@ -27,7 +28,8 @@ _PARSE = {
     # "1" turns a default-off flag on; anything else keeps the default
     "bool": lambda v, default: (not default) if v == ("0" if default else "1") else default,
 }
-_WRITE = {"str": str, "int": str, "float": repr, "bool": lambda v: "1" if v else "0"}
+_WRITE: dict[str, Callable[[Any], str]] = {
+    "str": str, "int": str, "float": repr, "bool": lambda v: "1" if v else "0"}
 
 
 def _var(name: str, kind: str, default):

@@ -211,7 +211,8 @@ def _check_fields(path: Path, obj: dict[str, Any], cls: type, schema: str, job_u
     return out
 
 
-def _expect(path: Path, name: str, value: Any, typ: type | tuple, minimum: float | None = None):
+def _expect(path: Path | str, name: str, value: Any, typ: type | tuple[type, ...],
+            minimum: float | None = None) -> None:
     ok = isinstance(value, typ) and not (typ in (int, float, (int, float)) and isinstance(value, bool))
     if not ok:
         want = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
@@ -222,7 +223,7 @@ def _expect(path: Path, name: str, value: Any, typ: type | tuple, minimum: float
         raise ProtocolError(f"{path}: field {name!r} must be >= {minimum}, got {value!r}")
 
 
-def _expect_member(path: Path, name: str, value: Any, kind: type[StrEnum]) -> None:
+def _expect_member(path: Path | str, name: str, value: Any, kind: type[StrEnum]) -> None:
     values = tuple(m.value for m in kind)
     if value not in values:
         raise ProtocolError(f"{path}: {name} {value!r} is not one of {', '.join(values)}")
@@ -538,13 +539,17 @@ def _checked_progress(path: Path, p: Progress) -> Progress:
     _expect(path, "finished", p.finished, bool)
     if p.total_samples is not None:
         _expect(path, "total_samples", p.total_samples, int, 0)
-    noise = {}
-    for name in ("grad_sqr", "grad_var"):
-        v = getattr(p, name)
-        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool)
-                                  and math.isfinite(v) and abs(v) < 1e300):
-            noise[name] = None
-    return replace(p, **noise) if noise else p
+    grad_sqr, grad_var = _statistic(p.grad_sqr), _statistic(p.grad_var)
+    if grad_sqr is p.grad_sqr and grad_var is p.grad_var:
+        return p
+    return replace(p, grad_sqr=grad_sqr, grad_var=grad_var)
+
+
+def _statistic(v: object) -> float | None:
+    """A gradient statistic as read: ``v`` if a finite number, else None (not measured)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) < 1e300:
+        return v
+    return None
 
 
 def write_launcher_state(path: Path, state: LauncherState) -> None:

@@ -14,7 +14,9 @@ def split_top(text: str, sep: str = ",") -> list[str]:
     """Split on ``sep`` outside parentheses and brackets, dropping empty parts:
     ``"gpu:2(IDX:0,2),mps:1"`` -> ``["gpu:2(IDX:0,2)", "mps:1"]``, ``"n[1,3],m1"`` ->
     ``["n[1,3]", "m1"]``."""
-    out, depth, cur = [], 0, []
+    out: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         if ch in "([":
             depth += 1
@@ -50,7 +52,7 @@ def _expand_one(part: str, whole: str) -> list[str]:
         raise SlurmError(f"hostlist {whole!r}: unbalanced '['")
     head, body, tail = part[:lb], part[lb + 1:rb], part[rb + 1:]
     tails = _expand_one(tail, whole) if tail else [""]
-    out = []
+    out: list[str] = []
     for rng in body.split(","):
         lo = rng.strip().partition("-")[0]
         width = len(lo) if lo.startswith("0") else 0

@@ -104,7 +104,7 @@ class _Entry(NamedTuple):
     """One ``name[:type]`` entry of a GRES/TRES list with its count."""
 
     type: str            # "" when untyped
-    count: int
+    amount: int          # (not "count": that would shadow tuple.count)
     tres: bool           # "gres/gpu=4" (TRES form) rather than "gpu:4" (GRES form)
 
 
@@ -225,9 +225,9 @@ def gpu_count(value: str | Mapping | None) -> int:
     if not isinstance(value, (str, Mapping)):
         raise SlurmError(f"GRES: expected a string or a mapping, got {type(value).__name__} {value!r:.80}")
     entries = _entries(value)
-    gres = sum(e.count for e in entries if not e.tres)
-    untyped = [e.count for e in entries if e.tres and not e.type]
-    tres = sum(untyped) if untyped else sum(e.count for e in entries if e.tres)
+    gres = sum(e.amount for e in entries if not e.tres)
+    untyped = [e.amount for e in entries if e.tres and not e.type]
+    tres = sum(untyped) if untyped else sum(e.amount for e in entries if e.tres)
     return gres + tres
 
 
@@ -236,12 +236,17 @@ def gpu_count(value: str | Mapping | None) -> int:
 # --------------------------------------------------------------------------------------------
 
 
+def _mapping(value: object) -> Mapping:
+    """``value`` if it is a JSON object, else an empty one (a field missing or of another type)."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def doc_version(doc: Mapping) -> tuple[str, int]:
     """``(release, data parser version)`` of a ``--json`` document from its own ``meta``:
     ``("22.05.8", 38)`` from ``meta.Slurm.release`` and ``meta.plugin.type`` ``"openapi/v0.0.38"``;
     ``("24.11.5", 42)`` from ``meta.slurm.release`` and ``meta.plugin.data_parser``
     ``"data_parser/v0.0.42"``. ``("", 0)`` for a field that is missing (hand-made documents)."""
-    meta = doc.get("meta") if isinstance(doc.get("meta"), Mapping) else {}
+    meta = _mapping(doc.get("meta"))
     slurm = meta.get("slurm") or meta.get("Slurm") or {}
     plugin = meta.get("plugin") or {}
     parser = str(plugin.get("data_parser") or plugin.get("type") or "") if isinstance(plugin, Mapping) else ""
@@ -337,7 +342,11 @@ def _int(value: object) -> int:
         value = value.get("number")
     if isinstance(value, bool):
         raise TypeError(f"expected a number, got {value!r}")
-    return int(value or 0)
+    if not value:            # null, 0, "" (and, as ever, an empty list or object)
+        return 0
+    if not isinstance(value, (int, float, str)):
+        raise TypeError(f"expected a number, got {value!r:.80}")
+    return int(value)
 
 
 #: Flags that 22.05 prints instead of the base state, in its order of precedence
@@ -529,9 +538,9 @@ def _sinfo_entry_nodes(e: dict, i: int) -> list[dict]:
     names = (e.get("nodes") or {}).get("nodes") if isinstance(e.get("nodes"), Mapping) else None
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise SlurmError(f"sinfo --json: sinfo[{i}] has no nodes.nodes list: {e!r:.120}")
-    gres = e.get("gres") if isinstance(e.get("gres"), Mapping) else {}
-    part = e.get("partition") if isinstance(e.get("partition"), Mapping) else {}
-    node = e.get("node") if isinstance(e.get("node"), Mapping) else {}
+    gres = _mapping(e.get("gres"))
+    part = _mapping(e.get("partition"))
+    node = _mapping(e.get("node"))
     common = {"state": node.get("state"), "gres": gres.get("total"), "gres_used": gres.get("used"),
               "partitions": [part["name"]] if part.get("name") else []}
     return [dict(common, name=name) for name in names]

@@ -44,7 +44,7 @@ class Binning:
         return int(np.argmin(np.abs(c - slowdown)))
 
 
-def silhouette_1d(x: Sequence[float], labels: Sequence[int]) -> float:
+def silhouette_1d(x: Sequence[float] | np.ndarray, labels: Sequence[int] | np.ndarray) -> float:
     """Mean silhouette coefficient of a 1-D clustering (Rousseeuw 1987), absolute distance.
 
     ``s(i) = (b - a) / max(a, b)`` with ``a`` the mean distance to the other members of ``i``'s
@@ -119,7 +119,7 @@ def _kmeans_1d(x: np.ndarray, k: int, rng: np.random.Generator, n_init: int = 8,
     return best[1], best[2]
 
 
-def bin_gpus(slowdowns: Sequence[float], k_max: int = 6, seed: int = 0, *,
+def bin_gpus(slowdowns: Sequence[float] | np.ndarray, k_max: int = 6, seed: int = 0, *,
              outlier_sigma: float | None = 3.0, tolerance: float = 0.005,
              n_init: int = 8) -> Binning:
     """Bin one class's per-GPU slowdowns with K-Means; ``k`` by the best mean silhouette.
