@@ -196,7 +196,7 @@ def test_an_extension_is_the_users_job_on_the_primarys_terms(tmp_path, monkeypat
     assert f"--comment=hpcsched-extension:42:{jd.uid}:g3" in args
     for a in ("--job-name=train+ext", "--nodes=1", "--nodelist=n2", "--ntasks=2",
               "--gres=gpu:2", "--partition=gpu", "--account=ml", "--qos=normal",
-              "--time=1:02:03", "--no-requeue"):
+              "--time=1:02:03", "--no-requeue", "--nice=1000000"):
         assert a in args
     script = e.script("n2", 2, 3).read_text()
     assert "exec srun --nodes=1 --ntasks=2 --ntasks-per-node=2" in script

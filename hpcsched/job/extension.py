@@ -31,6 +31,10 @@ from hpcsched.protocol.jobdir import JobDir, JobSpec
 
 log = logging.getLogger(__name__)
 
+#: ``sbatch --nice`` of extension jobs: Slurm subtracts it from their priority (sbatch(1); any
+#: user may lower their own jobs' priority), so that they come after every other job
+EXTENSION_NICE = 1_000_000
+
 #: Slurm job states in which an extension's workers may still come (``squeue --json``)
 WAITING = ("PENDING", "CONFIGURING", "RUNNING", "REQUEUED", "RESIZING")
 #: environment variables of the primary that must not leak into an extension's submission
@@ -150,14 +154,19 @@ class Extender:
     # ------------------------------------------------------------------ Slurm
     def sbatch_args(self, node: str, gpus: int, generation: int) -> list[str]:
         """sbatch's options for ``gpus`` GPUs on ``node``: the primary's partition, account,
-        QoS and remaining time, a recognisable name and the tag."""
+        QoS and remaining time, a recognisable name, the tag, and the lowest priority
+        (:data:`EXTENSION_NICE`): lent GPUs never put a job ahead of another in Slurm's queue.
+        With a higher priority, a pending extension stops Slurm's main scheduling pass from
+        reaching the jobs behind it, which then wait for the backfill pass (up to
+        ``bf_interval``, 30 s by default; measured on the dev cluster: a plain job waited
+        23 s for its preemption of a lent extension)."""
         env = self.environ
         name = env.get("SLURM_JOB_NAME", "hpcsched")
         out = self.jd.extensions_dir / "slurm-%j.out"
         args = [f"--job-name={name}+ext", f"--comment={extension_comment(self.primary, self.jd.uid, generation)}",
                 "--nodes=1", f"--nodelist={node}", f"--ntasks={gpus}",
                 f"--ntasks-per-node={gpus}", f"--gres=gpu:{gpus}", f"--output={out}",
-                "--no-requeue"]
+                "--no-requeue", f"--nice={EXTENSION_NICE}"]
         for opt, var in (("partition", "SLURM_JOB_PARTITION"), ("account", "SLURM_JOB_ACCOUNT"),
                          ("qos", "SLURM_JOB_QOS")):
             if env.get(var):
