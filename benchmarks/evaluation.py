@@ -545,16 +545,17 @@ def main() -> None:
 
 BOUND_SECTION = "## 6. How far from what is possible: the isolated-JCT lower bound"
 KNOWLEDGE_SECTION = "## 9. `jct` without perfect knowledge of the remaining work"
+LYING_SECTION = "## 10. A lying job"
 
 
 def _write_doc(doc: Path, lines: list[str]) -> None:
-    """Write the document, carrying its sections 5 to 9 over: they have their own runs
+    """Write the document, carrying its sections 5 to 10 over: they have their own runs
     (``--grow-modes``; ``benchmarks/jct_bound.py``; ``--timings``; ``--grow-costs``;
-    ``benchmarks/knowledge_whatif.py``)."""
+    ``benchmarks/knowledge_whatif.py``; ``benchmarks/lying_job.py``)."""
     old = doc.read_text() if doc.exists() else ""
     kept = [k for k in (render.section_of(old, h)
                         for h in (GROW_SECTION, BOUND_SECTION, TIMING_SECTION, COSTS_SECTION,
-                                  KNOWLEDGE_SECTION)) if k]
+                                  KNOWLEDGE_SECTION, LYING_SECTION)) if k]
     doc.write_text("\n".join(lines) + "".join(f"\n{k}" for k in kept))
 
 
