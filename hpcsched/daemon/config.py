@@ -346,6 +346,16 @@ class PolicySettings:
         lambda: MappingProxyType({}), _table,
         "free-form table of the policy's own parameters (checked by the policy)",
         factory=True)
+    partitions: Mapping[str, Any] = _opt(
+        lambda: MappingProxyType({}), _table,
+        "a policy of its own for a partition: [policy.partitions.NAME] with name and params "
+        "(NAME one of [daemon] partitions; partitions sharing nodes cannot differ); the other "
+        "partitions use the policy above", factory=True)
+
+    def for_partitions(self) -> dict[str, tuple[str, Mapping[str, Any]]]:
+        """``{partition: (policy name, params)}`` of ``[policy.partitions.*]``."""
+        return {p: (t["name"], t.get("params", MappingProxyType({})))
+                for p, t in self.partitions.items()}
 
 
 @dataclass(frozen=True)
@@ -445,8 +455,36 @@ def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
             make_policy(policy.name, policy.params)
         except PolicyError as exc:
             raise ConfigError(f"{where}: [policy.params]: {exc}") from None
+    _check_partition_policies(where, policy, daemon, policy_names)
     return Settings(daemon=daemon, policy=policy, probe=parts["probe"],
                     retention=parts["retention"], path=file)
+
+
+def _check_partition_policies(where: str, policy: PolicySettings, daemon: DaemonSettings,
+                              policy_names: Collection[str] | None) -> None:
+    """``[policy.partitions.NAME]``: NAME is a managed partition; a table of ``name`` (a known
+    policy) and ``params`` (checked by that policy)."""
+    for part, table in policy.partitions.items():
+        what = f"[policy.partitions.{part}]"
+        if part not in daemon.partitions:
+            raise ConfigError(f"{where}: {what}: {part!r} is not one of [daemon] partitions "
+                              f"({', '.join(daemon.partitions)})")
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{where}: {what} must be a table, got {_show(table)}")
+        _unknown(where, what, dict(table), ["name", "params"], ["name", "params"])
+        name, params = table.get("name"), table.get("params", {})
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{where}: {what} name: expected a policy name, got {_show(name)}")
+        if not isinstance(params, Mapping):
+            raise ConfigError(f"{where}: {what} params: expected a table, got {_show(params)}")
+        if policy_names is not None and name not in policy_names:
+            raise ConfigError(f"{where}: {what} name: unknown policy {name!r}; known policies: "
+                              f"{', '.join(sorted(policy_names))}")
+        if policy_names is not None and name in POLICIES:
+            try:
+                make_policy(name, params)
+            except PolicyError as exc:
+                raise ConfigError(f"{where}: {what} params: {exc}") from None
 
 
 def _build(where: str, table: str, cls: type, raw: dict) -> Any:
@@ -512,9 +550,12 @@ def example_toml() -> str:
     for table, cls in _TABLES.items():
         lines += ["", f"[{table}]"]
         for f in fields(cls):
-            if f.name == "params":
+            if cls is PolicySettings and f.name in ("params", "partitions"):
                 continue
             lines += [f"# {f.metadata['help']}", f"{f.name} = {_toml_value(f.default)}"]
-    params = [f for f in fields(PolicySettings) if f.name == "params"][0]
-    lines += ["", "[policy.params]", f"# {params.metadata['help']}; empty by default", ""]
+    params, parts = (next(f for f in fields(PolicySettings) if f.name == n)
+                     for n in ("params", "partitions"))
+    lines += ["", "[policy.params]", f"# {params.metadata['help']}; empty by default", "",
+              f"# {parts.metadata['help']}; none by default, e.g.:",
+              "# [policy.partitions.a100]", '# name = "pollux"', ""]
     return "\n".join(lines)

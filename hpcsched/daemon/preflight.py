@@ -29,6 +29,7 @@ from hpcsched.daemon.site_limits import read_site_limits
 from hpcsched.policies import POLICIES, PolicyError
 from hpcsched.slurm.commands import run
 from hpcsched.slurm.errors import SlurmError, SlurmUnavailable
+from hpcsched.slurm.hostlist import expand_hostlist
 from hpcsched.slurm.observe import slurm_version
 
 log = logging.getLogger("hpcsched.daemon")
@@ -395,6 +396,27 @@ def check_lending(d: DaemonSettings, s: SlurmFacts) -> Result:
                   f"(GraceTime {grace} s)")
 
 
+def check_partition_policies(settings: Settings, partitions: Mapping[str, Mapping[str, str]] | None
+                             ) -> Result | None:
+    """``[policy.partitions.*]`` (docs/configuration.md): partitions planned by different
+    policies share no node (scontrol(1)'s ``Nodes=``). None when no partition has its own."""
+    own = settings.policy.for_partitions()
+    if not own:
+        return None
+    if partitions is None:
+        return Result(WARN, "policies", "per-partition policies: partitions' nodes unknown")
+    policy_of = {p: own.get(p, (settings.policy.name, None))[0] for p in settings.daemon.partitions}
+    by_node: dict[str, str] = {}
+    for p in settings.daemon.partitions:
+        group = f"[policy.partitions.{p}]" if p in own else "[policy]"
+        for n in expand_hostlist(partitions.get(p, {}).get("Nodes", "")):
+            other = by_node.setdefault(n, group)
+            if other != group:
+                return Result(FAIL, "policies", f"node {n} is in partitions planned by {other} and "
+                              f"{group}: give them the same policy or disjoint nodes")
+    return Result(OK, "policies", ", ".join(f"{p}: {policy_of[p]}" for p in settings.daemon.partitions))
+
+
 def check_store(f: StoreFacts) -> Result:
     """The store is writable and at this hpcsched's newest Alembic revision; an older one is a
     warning (the daemon migrates it at start), one this hpcsched does not know a failure."""
@@ -424,7 +446,8 @@ def run_checks(settings: Settings, s: SlurmFacts, cdir: DirFacts, store: StoreFa
             *check_plugins(s.config, s.errors.get("config")),
             check_store(store),
             check_extensions(d, s.config, s.job_limits, s.errors),
-            check_lending(d, s)]
+            check_lending(d, s),
+            *filter(None, [check_partition_policies(settings, s.partitions)])]
 
 
 def start_refusal(settings: Settings) -> str | None:

@@ -83,7 +83,7 @@ from hpcsched.policies import POLICIES, PolicyError, make_policy
 from hpcsched.policies.base import rounds_on_events
 from hpcsched.policies.realise import Mechanism
 from hpcsched.policies.reconcile import Change, Costs
-from hpcsched.policies.round import decide_round
+from hpcsched.policies.round import PartitionOverlap, decide_by_partition, decide_round
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir, JobSpec
 from hpcsched.protocol.kinds import ChangeKind
@@ -165,6 +165,8 @@ class Daemon:
                                                partitions=d.partitions)
         self.store = store or Store(d.database_url)
         self.policy = make_policy(settings.policy.name, settings.policy.params)
+        self.partition_policies = {p: make_policy(n, params) for p, (n, params)
+                                   in settings.policy.for_partitions().items()}
         self.actuator = Actuator(CLISlurmControl(timeout=d.slurm_timeout),
                                  Timeouts(ack=d.ack_timeout, start=max(300.0, d.ack_timeout),
                                           hold=d.preemption_deadline))
@@ -306,8 +308,14 @@ class Daemon:
         if said != self._costs_said:
             log.info("round %d: %s", rep.round_id, said)
             self._costs_said = said
-        decision = decide_round(snapshot, self.policy, costs,
-                                seed=self.settings.policy.seed + rep.round_id)
+        seed, decision = self.settings.policy.seed + rep.round_id, None
+        try:
+            if self.partition_policies:
+                decision = decide_by_partition(snapshot, self.policy, self.partition_policies,
+                                               costs, seed)
+        except PartitionOverlap as exc:   # hpcsched check says so too: one policy plans all
+            log.error("round %d: %s; [policy] plans every partition", rep.round_id, exc)
+        decision = decision or decide_round(snapshot, self.policy, costs, seed)
         rep.policy_seconds = time.perf_counter() - t
         rep.objective = decision.plan.objective if decision.plan is not None else None
         rep.notes = list(decision.notes)

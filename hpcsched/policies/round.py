@@ -14,6 +14,7 @@ rounds) carries its own state, which is the only state a round changes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, NamedTuple
 
@@ -77,4 +78,66 @@ def decide_round(snapshot: ClusterSnapshot, policy: Policy, costs: Costs, seed: 
                          tuple(yielded) + tuple(plan.notes) + tuple(notes))
 
 
-__all__ = ["RoundDecision", "decide_round"]
+class PartitionOverlap(ValueError):
+    """Partitions planned by different policies share nodes (``str`` names them): one node's
+    GPUs cannot be planned twice."""
+
+
+def partition_view(snapshot: ClusterSnapshot, partitions: frozenset[str]) -> ClusterSnapshot:
+    """The part of ``snapshot`` in ``partitions``: their nodes (with the GPUs other jobs hold
+    there, and their GPU measurements), the managed jobs and the other users' pending jobs
+    submitted to one of them (pure)."""
+    nodes = tuple(n for n in snapshot.nodes if partitions.intersection(n.partitions))
+    names = {n.name for n in nodes}
+    return replace(
+        snapshot, nodes=nodes, jobs=tuple(j for j in snapshot.jobs if j.partition in partitions),
+        other_gpus_allocated=tuple((n, g) for n, g in snapshot.other_gpus_allocated if n in names),
+        gpus=tuple(g for g in snapshot.gpus if g.node in names),
+        foreign_pending=tuple(f for f in snapshot.foreign_pending if f.partition in partitions),
+        partitions=tuple(sorted(partitions)))
+
+
+def decide_by_partition(snapshot: ClusterSnapshot, policy: Policy,
+                        by_partition: Mapping[str, Policy], costs: Costs,
+                        seed: int) -> RoundDecision:
+    """:func:`decide_round` with a policy of its own for each partition of ``by_partition``
+    (``[policy.partitions.<name>]``) and ``policy`` for the rest of ``snapshot.partitions``
+    (and for a job whose partition is none of them, e.g. a pending job submitted to several):
+    each group of partitions is planned on its own part of the snapshot
+    (:func:`partition_view`), and the decisions are put together (plans' targets and
+    objectives summed, changes and notes in group order, each note prefixed by the partition).
+
+    Raises:
+        PartitionOverlap: two groups share a node.
+    """
+    if not by_partition:
+        return decide_round(snapshot, policy, costs, seed)
+    rest = frozenset(snapshot.partitions) - set(by_partition)
+    groups = [(frozenset({p}), pol) for p, pol in sorted(by_partition.items())]
+    known = set().union(*(g for g, _ in groups), rest)
+    strays = frozenset(j.partition for j in snapshot.jobs if j.partition not in known)
+    if rest or strays:
+        groups.append((rest | strays, policy))
+    seen: dict[str, str] = {}
+    for parts, _ in groups:
+        for n in partition_view(snapshot, parts).nodes:
+            if n.name in seen:
+                raise PartitionOverlap(f"node {n.name} is in partition(s) {seen[n.name]} and "
+                                       f"{','.join(sorted(parts))}, planned by different policies")
+            seen[n.name] = ",".join(sorted(parts))
+    targets, objective, changes, notes = [], None, [], []
+    for parts, pol in groups:
+        d = decide_round(partition_view(snapshot, parts), pol, costs, seed)
+        if d.plan is not None:
+            targets += d.plan.targets
+            if d.plan.objective is not None:
+                objective = (objective or 0.0) + d.plan.objective
+        changes += d.changes
+        notes += [f"[{','.join(sorted(parts)) or '-'}] {n}" for n in d.notes]
+    plan = Plan(policy="+".join(p.name for _, p in groups), targets=tuple(targets),
+                objective=objective) if targets else None
+    return RoundDecision(plan, tuple(changes), tuple(notes))
+
+
+__all__ = ["PartitionOverlap", "RoundDecision", "decide_by_partition", "decide_round",
+           "partition_view"]
