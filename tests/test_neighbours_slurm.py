@@ -85,3 +85,7 @@ def test_a_plain_job_waits_a_round_not_an_elastic_job(daemon_env, devcluster, sl
         assert infos[j].state == "COMPLETED", j
     for j in elastic:
         check_exactly_once(load_records(JobDir.for_job(j).path), DIGITS, EPOCHS)
+        # each resize is one line of the job's own output (issue 34: users see it)
+        lines = [ln for ln in (tmp_path / f"slurm-{j}.out").read_text().splitlines()
+                 if ln.startswith("hpcsched: generation ")]
+        assert lines and all(" GPU(s) on " in ln and "global batch" in ln for ln in lines), lines
