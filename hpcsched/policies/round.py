@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from hpcsched.model.snapshot import ClusterSnapshot, Plan
+from hpcsched.model.snapshot import ClusterSnapshot, JobTarget, Plan
 from hpcsched.policies import Policy
 from hpcsched.policies.neighbours import yield_to_foreign
 from hpcsched.policies.reconcile import Change, Costs, reconcile
@@ -125,7 +125,10 @@ def decide_by_partition(snapshot: ClusterSnapshot, policy: Policy,
                 raise PartitionOverlap(f"node {n.name} is in partition(s) {seen[n.name]} and "
                                        f"{','.join(sorted(parts))}, planned by different policies")
             seen[n.name] = ",".join(sorted(parts))
-    targets, objective, changes, notes = [], None, [], []
+    targets: list[JobTarget] = []
+    changes: list[Change] = []
+    notes: list[str] = []
+    objective: float | None = None
     for parts, pol in groups:
         d = decide_round(partition_view(snapshot, parts), pol, costs, seed)
         if d.plan is not None:
