@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 
@@ -79,6 +80,18 @@ def _finish(job_id: str, tmp_path) -> slurm.JobInfo:
                     interval=0.5)
 
 
+def _kill_workers(job_id: str, node: str) -> None:
+    """``SIGKILL`` the tasks of ``job_id``'s step 0 on ``node``, as a lost node does (every
+    Slurm cancel sends ``SIGTERM`` first: scancel(1))."""
+    out = subprocess.run(["scontrol", "listpids", job_id, node], capture_output=True, text=True,
+                         check=True).stdout
+    pids = [int(f[0]) for f in (ln.split() for ln in out.splitlines()[1:])
+            if len(f) >= 3 and f[2] == "0" and f[3] != "-"]
+    assert pids, out
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+
+
 def _none_active(jd: JobDir) -> bool:
     jobs = slurm.squeue()
     return not [e.job_id for e in _extensions(jd) if e.job_id in jobs and jobs[e.job_id].active]
@@ -138,15 +151,18 @@ def test_grow_onto_a_shared_node_then_grow_shrink_and_move_without_restarting_a_
     assert losses[-1] < losses[0] / 10
 
 
-def test_a_cancelled_extension_is_a_shrink_the_job_did_not_ask_for(
+def test_a_killed_extension_is_a_shrink_the_job_did_not_ask_for(
         devcluster, control_dir, tmp_path, slurm_jobs):
+    """Its workers killed without warning (``SIGKILL``, as when its node is lost; a plain
+    ``scancel`` sends ``SIGTERM`` first, and they leave at a step boundary, as when preempted):
+    the survivors find them lost and go on without them."""
     job_id, jd = _submit(tmp_path, slurm_jobs, epochs=EPOCHS_LOST)
     out = _layout(job_id, "n1:4,n2:2", "test: grow")
     assert "generation 1 in force" in out, out
     (ext,) = _extensions(jd)
     time.sleep(1.0)
     cancelled = time.time()
-    subprocess.run(["scancel", ext.job_id], check=True)
+    _kill_workers(ext.job_id, ext.node)
     ack = wait_for(lambda: (a := ctl.read_ack(jd.ack_path, jd.uid)) and a.world_size == 4
                    and "lost" in a.message and a, 60, "the job to go on without the extension")
     assert ack.time - cancelled < 60
@@ -180,14 +196,14 @@ def test_an_extension_slurm_preempts_leaves_at_a_step_boundary(
              "the other job to start on the lent GPUs")
     waited = time.time() - submitted
     ack = wait_for(lambda: (a := ctl.read_ack(jd.ack_path, jd.uid)) and a.world_size == 4
-                   and "Slurm preempted" in a.message and a, 30, "the job to go on without it")
+                   and "Slurm ended their job" in a.message and a, 30, "the job to go on without it")
     print(f"the other job started {waited:.1f} s after its submission; {ack.message}")
     assert waited < 10, waited
     assert ack.layout == {} and ack.generation == 1
 
     assert _finish(job_id, tmp_path).state == "COMPLETED"
     (ext,) = _extensions(jd)
-    assert ext.state == "released" and "preempted" in ext.reason, ext
+    assert ext.state == "released" and "SIGTERM: preempted or cancelled" in ext.reason, ext
     assert "collective failed" not in (tmp_path / f"slurm-{job_id}.out").read_text()  # not void
     check_positions_exactly_once(load_records(jd.path), DIGITS, EPOCHS_PREEMPTED)
     assert _none_active(jd)

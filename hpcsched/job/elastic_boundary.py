@@ -97,24 +97,26 @@ class ElasticBoundary:
         signal.signal(signal.SIGUSR1, _on_signal)
 
     def _listen_for_preemption(self) -> None:
-        """An extension worker takes ``SIGTERM`` as Slurm preempting its extension job (Slurm
-        sends ``SIGCONT`` and ``SIGTERM`` to the job's steps at once, and kills them when the
-        QOS's ``GraceTime`` has passed: https://slurm.schedmd.com/preempt.html): it leaves at
-        the next step boundary, as a released worker does (:mod:`hpcsched.job.reform`,
-        "Leave"). One that has not joined yet leaves at once; its grow is given up. The
-        primary's workers keep Python's default: a ``SIGTERM`` there ends the job."""
+        """An extension worker takes ``SIGTERM`` as Slurm ending its extension job: a
+        preemption (Slurm sends ``SIGCONT`` and ``SIGTERM`` to the job's steps at once, and
+        kills them when the QOS's ``GraceTime`` has passed:
+        https://slurm.schedmd.com/preempt.html) or a ``scancel`` (``SIGKILL`` after
+        ``KillWait``, slurm.conf(5)). It leaves at the next step boundary, as a released worker
+        does (:mod:`hpcsched.job.reform`, "Leave"). One that has not joined yet leaves at once;
+        its grow is given up. The primary's workers keep Python's default: a ``SIGTERM`` there
+        ends the job."""
         m = self._members
         if m is None or m.me.allocation == PRIMARY:
             return
 
         def _on_term(_signum, _frame):
             if m.form is None:
-                log.info("SIGTERM before joining: Slurm preempted extension job %s; leaving",
+                log.info("SIGTERM before joining: Slurm is ending extension job %s; leaving",
                          m.me.allocation)
                 leave_now()
             if not self._preempted:
                 self._preempted = True
-                log.info("SIGTERM: Slurm preempted extension job %s; leaving at the next step "
+                log.info("SIGTERM: Slurm is ending extension job %s; leaving at the next step "
                          "boundary", m.me.allocation)
                 try:
                     m.announce_leaving()
@@ -165,7 +167,7 @@ class ElasticBoundary:
             self._applied_acked = True
         if d.stop:
             return self._stop_at_signal()
-        if d.form and d.generation == self.generation:   # preempted extension workers leave
+        if d.form and d.generation == self.generation:   # SIGTERMed extension workers leave
             go_on = self._reform(d)
             if d.checkpoint_due:
                 self.checkpoint()

@@ -87,28 +87,30 @@ class ElasticMembership:
 
     def _reform(self, d: Decision) -> bool:
         """Every rank: leave, or enter the form rank 0 published for ``d`` (a new generation's,
-        or, at the generation in force, the one without extension workers Slurm preempted)."""
+        or, at the generation in force, the one without extension workers whose job Slurm is
+        ending: preempted or cancelled, ``SIGTERM``)."""
         old = self._members.form
         form = self._members.read_form(d.form)
         preempted = d.generation == self.generation
         if form.rank_of(self._members.me.id) is None:
             log.info("generation %d: this worker leaves the job%s", d.generation,
-                     " (Slurm preempted its extension job)" if preempted else "")
+                     " (Slurm is ending its extension job)" if preempted else "")
             self._metrics.close()
             leave_now()
         self._enter(form)
         self._sync_state(form)
         if self.rank == 0:
-            why = "Slurm preempted it; its workers left at a step boundary" if preempted else ""
+            why = ("Slurm ended it (SIGTERM: preempted or cancelled); its workers left at a step "
+                   "boundary") if preempted else ""
             self._members.record(old or form, form, why=why)
             where = f"{form.world_size} worker(s) on {format_layout(form.layout())}"
             self._ack(AckState.APPLIED, d.generation, message=(
-                f"extension workers left (Slurm preempted their job): {where}" if preempted
+                f"extension workers left (Slurm ended their job: SIGTERM): {where}" if preempted
                 else f"{where}; no worker restarted"))
         return True
 
     def _preempted_leave(self) -> Decision | None:
-        """Rank 0: the decision that lets go the extension workers Slurm preempted
+        """Rank 0: the decision that lets go the extension workers whose job Slurm is ending
         (:meth:`Membership.leaving_form`), or None."""
         m = self._members
         if m is None or m.form is None or not m.form.has_extensions:
@@ -163,7 +165,7 @@ class ElasticMembership:
 
     def _decide(self, c, checkpoint_due: bool) -> Decision:
         """Rank 0's decision at a step boundary, reform generations included; extension
-        workers that Slurm preempted leave first (a new generation waits a boundary)."""
+        workers whose job Slurm is ending leave first (a new generation waits a boundary)."""
         left = self._preempted_leave()
         if left is not None:
             return replace(left, checkpoint_due=checkpoint_due)

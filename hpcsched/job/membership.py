@@ -205,13 +205,14 @@ class Membership:
         new = rf.Form(rf.next_form(self.store), form.generation, members, (), local,
                       accumulation, lr)
         new.publish(self.store)
-        log.warning("Slurm preempted extension job(s) %s: form %d goes on with %d worker(s) "
+        log.warning("Slurm is ending extension job(s) %s: form %d goes on with %d worker(s) "
                     "on %s", ", ".join(sorted(gone)), new.form, new.world_size,
                     format_layout(new.layout()))
         return new
 
     def announce_leaving(self) -> None:
-        """An extension worker whose job Slurm preempted: leave at the next step boundary."""
+        """An extension worker whose job Slurm is ending (``SIGTERM``): leave at the next step
+        boundary."""
         rf.announce_leaving(self.store, self.me.allocation)
 
     def record(self, old: rf.Form, new: rf.Form, lost: set[str] = frozenset(),

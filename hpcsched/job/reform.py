@@ -20,13 +20,14 @@ TCPStore, hosted by rank 0) and its members in rank order (:class:`Form`, publis
 **Release** (a layout without some extension): the form is published at once; the released
 ranks leave (exit 0, so their extension job ends and its GPUs go back) and the others re-form.
 
-**Leave** (Slurm preempted an extension job: its QOS is preemptible, ``docs/daemon.md``,
-"Sharing the cluster"): its workers get ``SIGTERM`` and the QOS's ``GraceTime`` starts; each
+**Leave** (Slurm is ending an extension job: preempted, its QOS being preemptible,
+``docs/daemon.md``, "Sharing the cluster", or cancelled): its workers get ``SIGTERM`` and the
+QOS's ``GraceTime`` (or ``KillWait``) starts; each
 sets ``hpcsched/leaving/<job>``; at its next step boundary rank 0 publishes the form without
 them, at the generation in force and the batch refitted, and they leave as released ranks do,
 so the preemptor starts within a step, and no step is voided.
 
-**Loss** (a peer gone mid-step: an extension cancelled, preempted, or its node lost): a
+**Loss** (a peer gone mid-step: an extension killed without warning, or its node lost): a
 collective fails, at once where gloo sees the connection close, or after the fault timeout;
 each survivor marks itself alive under ``hpcsched/alive/<form>/``, rank 0 waits until every
 member is alive or known gone (Slurm no longer runs its allocation) or the timeout passes,
@@ -174,7 +175,7 @@ def invitation(store, generation: int) -> Form:
 
 # ------------------------------------------------------------------------- leaving
 def announce_leaving(store, allocation: str) -> None:
-    """Slurm preempted extension job ``allocation`` (its workers got ``SIGTERM``; the QOS's
+    """Slurm is ending extension job ``allocation`` (its workers got ``SIGTERM``; the QOS's
     ``GraceTime`` runs): its workers leave at the next step boundary (rank 0 decides)."""
     store.set(f"hpcsched/leaving/{allocation}", str(time.time()))
 
