@@ -73,9 +73,14 @@ def test_the_job_side_asks_for_no_daemon_package(wheel):
         assert shipped in names, shipped
 
 
+def _clean_env() -> dict[str, str]:
+    """This environment without hpcsched's and Python's variables (a ``PYTHONPATH`` naming a
+    checkout would make pip see hpcsched as installed already)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("HPCSCHED_", "PYTHON"))}
+
+
 def _env(tmp_path: Path, **extra) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HPCSCHED_", "PYTHON"))}
-    return {**env, "PYTHONPATH": sysconfig.get_paths()["purelib"],
+    return {**_clean_env(), "PYTHONPATH": sysconfig.get_paths()["purelib"],
             "HPCSCHED_CONTROL_DIR": str(tmp_path / "jobs"),
             "HPCSCHED_DATABASE_URL": f"sqlite:///{tmp_path / 'store.db'}", **extra}
 
@@ -106,10 +111,11 @@ def _check_installed(tmp_path: Path, env: dict, bin_dir: Path, python: str, wher
 
 def test_the_wheel_runs_from_a_fresh_virtual_environment(wheel, tmp_path):
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120,
+                   env=_clean_env())
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
                     "-q", "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True,
-                   timeout=300)
+                   timeout=300, env=_clean_env())
     _check_installed(tmp_path, _env(tmp_path), venv / "bin", str(venv / "bin" / "python"), venv)
 
 
@@ -119,7 +125,8 @@ def test_the_wheel_runs_from_a_user_install(wheel, tmp_path):
     base = tmp_path / "userbase"
     env = _env(tmp_path, PYTHONUSERBASE=str(base))
     r = subprocess.run(["/usr/bin/python3", "-m", "pip", "install", "-q", "--user", "--no-deps",
-                        "--no-index", "--break-system-packages", str(wheel)], env=env,
+                        "--no-index", "--break-system-packages", str(wheel)],
+                       env={**_clean_env(), "PYTHONUSERBASE": str(base)},
                        capture_output=True, text=True, timeout=300)
     if r.returncode != 0 and "No module named pip" in r.stderr:
         pytest.skip("the system Python has no pip")
