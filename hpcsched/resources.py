@@ -72,7 +72,7 @@ def install_files_command(dest: Path) -> None:
     docs/daemon.md, "Running it", for where each goes."""
     try:
         written = install_files(dest)
-    except (OSError, FileNotFoundError) as exc:
+    except OSError as exc:   # FileNotFoundError included
         raise click.ClickException(str(exc)) from None
     for path in written:
         click.echo(f"{path}  ({SHARED[path.name]})")

@@ -447,17 +447,26 @@ def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
                           "(a plan of any GPUs per node is realised with extension jobs); "
                           "set granularity = \"node\" or \"auto\"")
     policy: PolicySettings = parts["policy"]
-    if policy_names is not None and policy.name not in policy_names:
-        raise ConfigError(f"{where}: [policy] name: unknown policy {policy.name!r}; "
-                          f"known policies: {', '.join(sorted(policy_names)) or '(none)'}")
-    if policy_names is not None and policy.name in POLICIES:
-        try:
-            make_policy(policy.name, policy.params)
-        except PolicyError as exc:
-            raise ConfigError(f"{where}: [policy.params]: {exc}") from None
+    _check_policy(where, "[policy]", "[policy.params]:", policy.name, policy.params, policy_names)
     _check_partition_policies(where, policy, daemon, policy_names)
     return Settings(daemon=daemon, policy=policy, probe=parts["probe"],
                     retention=parts["retention"], path=file)
+
+
+def _check_policy(where: str, table: str, params_what: str, name: str, params: Mapping[str, Any],
+                  policy_names: Collection[str] | None) -> None:
+    """With ``policy_names``: ``name`` is one of them, and a registered policy is made once with
+    ``params`` (a bad key or value is a one-line error listing the policy's keys)."""
+    if policy_names is None:
+        return
+    if name not in policy_names:
+        raise ConfigError(f"{where}: {table} name: unknown policy {name!r}; "
+                          f"known policies: {', '.join(sorted(policy_names)) or '(none)'}")
+    if name in POLICIES:
+        try:
+            make_policy(name, params)
+        except PolicyError as exc:
+            raise ConfigError(f"{where}: {params_what} {exc}") from None
 
 
 def _check_partition_policies(where: str, policy: PolicySettings, daemon: DaemonSettings,
@@ -477,14 +486,7 @@ def _check_partition_policies(where: str, policy: PolicySettings, daemon: Daemon
             raise ConfigError(f"{where}: {what} name: expected a policy name, got {_show(name)}")
         if not isinstance(params, Mapping):
             raise ConfigError(f"{where}: {what} params: expected a table, got {_show(params)}")
-        if policy_names is not None and name not in policy_names:
-            raise ConfigError(f"{where}: {what} name: unknown policy {name!r}; known policies: "
-                              f"{', '.join(sorted(policy_names))}")
-        if policy_names is not None and name in POLICIES:
-            try:
-                make_policy(name, params)
-            except PolicyError as exc:
-                raise ConfigError(f"{where}: {what} params: {exc}") from None
+        _check_policy(where, what, f"{what} params:", name, params, policy_names)
 
 
 def _build(where: str, table: str, cls: type, raw: dict) -> Any:

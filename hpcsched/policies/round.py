@@ -118,25 +118,27 @@ def decide_by_partition(snapshot: ClusterSnapshot, policy: Policy,
     strays = frozenset(j.partition for j in snapshot.jobs if j.partition not in known)
     if rest or strays:
         groups.append((rest | strays, policy))
+    views = [(",".join(sorted(parts)) or "-", pol, partition_view(snapshot, parts))
+             for parts, pol in groups]
     seen: dict[str, str] = {}
-    for parts, _ in groups:
-        for n in partition_view(snapshot, parts).nodes:
+    for label, _, view in views:
+        for n in view.nodes:
             if n.name in seen:
                 raise PartitionOverlap(f"node {n.name} is in partition(s) {seen[n.name]} and "
-                                       f"{','.join(sorted(parts))}, planned by different policies")
-            seen[n.name] = ",".join(sorted(parts))
+                                       f"{label}, planned by different policies")
+            seen[n.name] = label
     targets: list[JobTarget] = []
     changes: list[Change] = []
     notes: list[str] = []
     objective: float | None = None
-    for parts, pol in groups:
-        d = decide_round(partition_view(snapshot, parts), pol, costs, seed)
+    for label, pol, view in views:
+        d = decide_round(view, pol, costs, seed)
         if d.plan is not None:
             targets += d.plan.targets
             if d.plan.objective is not None:
                 objective = (objective or 0.0) + d.plan.objective
         changes += d.changes
-        notes += [f"[{','.join(sorted(parts)) or '-'}] {n}" for n in d.notes]
+        notes += [f"[{label}] {n}" for n in d.notes]
     plan = Plan(policy="+".join(p.name for _, p in groups), targets=tuple(targets),
                 objective=objective) if targets else None
     return RoundDecision(plan, tuple(changes), tuple(notes))
