@@ -247,12 +247,10 @@ def doc_version(doc: Mapping) -> tuple[str, int]:
     ``("24.11.5", 42)`` from ``meta.slurm.release`` and ``meta.plugin.data_parser``
     ``"data_parser/v0.0.42"``. ``("", 0)`` for a field that is missing (hand-made documents)."""
     meta = _mapping(doc.get("meta"))
-    slurm = meta.get("slurm") or meta.get("Slurm") or {}
-    plugin = meta.get("plugin") or {}
-    parser = str(plugin.get("data_parser") or plugin.get("type") or "") if isinstance(plugin, Mapping) else ""
-    m = re.search(r"v0\.0\.(\d+)", parser)
-    release = slurm.get("release") if isinstance(slurm, Mapping) else None
-    return str(release or ""), int(m.group(1)) if m else 0
+    slurm = _mapping(meta.get("slurm") or meta.get("Slurm"))
+    plugin = _mapping(meta.get("plugin"))
+    m = re.search(r"v0\.0\.(\d+)", str(plugin.get("data_parser") or plugin.get("type") or ""))
+    return str(slurm.get("release") or ""), int(m.group(1)) if m else 0
 
 
 #: The first data parser (Slurm 23.02) whose ``sinfo --json`` groups nodes under ``"sinfo"``.
@@ -535,7 +533,7 @@ def _sinfo_entry_nodes(e: dict, i: int) -> list[dict]:
     Raises:
         SlurmError: the group has no ``nodes.nodes`` list of names.
     """
-    names = (e.get("nodes") or {}).get("nodes") if isinstance(e.get("nodes"), Mapping) else None
+    names = _mapping(e.get("nodes")).get("nodes")
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise SlurmError(f"sinfo --json: sinfo[{i}] has no nodes.nodes list: {e!r:.120}")
     gres = _mapping(e.get("gres"))
