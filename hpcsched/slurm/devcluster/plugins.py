@@ -102,15 +102,21 @@ def is_on(layout: Layout) -> bool:
     return (layout.etc / FLAG).exists()
 
 
+def _started(state_dir: str | os.PathLike[str] | None) -> Layout:
+    """The layout of the dev cluster in ``state_dir``; DevClusterError if it was never started."""
+    layout = Layout(state_dir)
+    if not (layout.etc / "prolog").exists():
+        raise DevClusterError(f"no dev cluster in {layout.root}: run `hpcsched devcluster up` first")
+    return layout
+
+
 def set_plugins(state_dir: str | os.PathLike[str] | None, on: bool) -> Path:
     """Turn the dev cluster's plugins on or off; returns the ``etc`` directory.
 
     :raises DevClusterError: the dev cluster was never started in ``state_dir``, or
         ``slurm-plugins/`` is not beside this package (an installed, not checked-out, hpcsched).
     """
-    layout = Layout(state_dir)
-    if not (layout.etc / "prolog").exists():
-        raise DevClusterError(f"no dev cluster in {layout.root}: run `hpcsched devcluster up` first")
+    layout = _started(state_dir)
     if on and not (plugins_dir() / LUA).exists():
         raise DevClusterError(f"{plugins_dir()} not found: the dev cluster's plugins run from a "
                               "checkout of hpcsched")
@@ -133,9 +139,7 @@ def set_job_submit(state_dir: str | os.PathLike[str] | None, settings: str | Non
 
     :raises DevClusterError: as :func:`set_plugins`.
     """
-    layout = Layout(state_dir)
-    if not (layout.etc / "prolog").exists():
-        raise DevClusterError(f"no dev cluster in {layout.root}: run `hpcsched devcluster up` first")
+    layout = _started(state_dir)
     path = layout.etc / LUA_SETTINGS
     if settings is None:
         path.unlink(missing_ok=True)
