@@ -64,12 +64,9 @@ from hpcsched.perf.priors import application_key
 from hpcsched.perf.shared import StepLedger
 from hpcsched.policies import make_policy
 from hpcsched.policies.base import rounds_on_events
-from hpcsched.policies.realise import Mechanism, primary_shape
-from hpcsched.policies.reconcile import Change
 from hpcsched.policies.round import decide_round
-from hpcsched.protocol.batching import BatchConfig, BatchSizeError
-from hpcsched.protocol.kinds import ChangeKind
-from hpcsched.sim import SimResult, WorkloadJob, resize
+from hpcsched.sim import SimResult, WorkloadJob
+from hpcsched.sim.apply import ChangeApplier
 from hpcsched.sim.cluster import (
     CLASSES,
     FOREIGN_USER,
@@ -78,7 +75,7 @@ from hpcsched.sim.cluster import (
     SimCluster,
     job_info,
 )
-from hpcsched.sim.state import Extension, SimConfig, SimJob, SimulationError, job_shape, make_job
+from hpcsched.sim.state import SimConfig, SimJob, SimulationError, job_shape, make_job
 from hpcsched.views.build import (
     JobFacts,
     JobReport,
@@ -89,7 +86,7 @@ from hpcsched.views.build import (
 from hpcsched.views.claims import ClaimBook, check_claims
 
 
-class Simulator:
+class Simulator(ChangeApplier):
     """One policy on one workload (see the module docstring).
 
     Raises:
@@ -190,10 +187,6 @@ class Simulator:
         j.eta = j.st = None
         return True
 
-    def _release(self, j: SimJob) -> None:
-        self.cluster.release(j.held_gpus)
-        j.gpus, j.node_names, j.ext, j.primary = (), (), None, ()
-
     def _schedule(self) -> None:
         """Slurm's scheduling pass: pending jobs in priority order, each started if it fits."""
         if not self.cluster.free.any():
@@ -233,102 +226,6 @@ class Simulator:
         views = tuple(self._view(j, info, tables) for j, info in jobs)
         snap = cluster_snapshot(obs, views, (PARTITION,), self.cluster.gpu_views)
         return replace(snap, granularity=self.cfg.granularity)
-
-    def _apply(self, c: Change) -> None:
-        j = self.jobs[int(c.job_id) - 1]
-        if c.kind == ChangeKind.PREEMPT:
-            want = j.size            # keeps its size for when it comes back
-        else:
-            want = c.to_gpus if j.granular and c.to_gpus else c.to_nodes * j.per_node
-        try:
-            cfg = j.fit(c.to_batch_size, want)
-        except BatchSizeError as exc:
-            self.notes.append(f"t={self.now:.0f} job {j.wj.name}: {c.kind} not applied: {exc}")
-            return
-        j.eta = j.st = None
-        if c.kind == ChangeKind.PENDING and j.state == "PENDING":
-            if c.mechanism == Mechanism.START:   # its primary at its fewest GPUs
-                nodes, per = (len(c.layout), c.layout[0][1]) if c.layout else \
-                    primary_shape(j.limits.min_gpus, self.cfg.gpus_per_node)
-                want, placement = nodes * per, tuple(n for n, _ in c.layout)
-                j.shape = (nodes, per)
-                try:
-                    cfg = j.fit(c.to_batch_size, want)
-                except BatchSizeError as exc:
-                    self.notes.append(f"t={self.now:.0f} job {j.wj.name}: start not applied: {exc}")
-                    return
-            else:
-                nodes, placement = c.to_nodes, tuple(c.placement)
-            if j.held and j.start_time is not None:   # a preempted job released
-                self._log(j, 0, want)
-            j.size, j.nodes, j.cfg = want, nodes, cfg
-            j.req_nodes = placement
-            j.held = False
-        elif j.state != "RUNNING":
-            return
-        elif c.kind == ChangeKind.PREEMPT:
-            self._log(j, j.size, 0)
-            self._release(j)
-            j.state, j.held = "PENDING", True
-            j.restarts += 1
-        elif c.kind == ChangeKind.BATCH:
-            j.cfg = cfg
-        elif c.kind == ChangeKind.SHRINK and c.mechanism == Mechanism.REQUEUE:
-            nodes, per = len(c.layout), c.layout[0][1]    # the same GPUs on every node
-            self._requeue(j, nodes * per, nodes, cfg, tuple(n for n, _ in c.layout), (nodes, per))
-        elif c.kind == ChangeKind.SHRINK and c.mechanism is not None:
-            self._log(j, j.size, want)
-            cost = self.cfg.extension_stall if c.mechanism == Mechanism.RELEASE \
-                else self.cfg.shrink_cost
-            resize.reach_layout(self.cluster, j, c.layout, cfg, self.now, cost)
-        elif c.kind == ChangeKind.SHRINK:
-            self._shrink(j, want, cfg)
-        elif c.kind == ChangeKind.GROW and self.cfg.grow == "extension":
-            self._extend(j, c, want, cfg)
-        elif c.kind == ChangeKind.GROW:
-            self._requeue(j, want, c.to_nodes, cfg, tuple(c.placement))
-
-    def _extend(self, j: SimJob, c: Change, gpus: int, cfg: BatchConfig) -> None:
-        """Grow ``j`` to ``gpus`` GPUs by extension: the extension job takes the new GPUs now
-        (:func:`hpcsched.sim.resize.extension_gpus`); the job trains on at its size until
-        :meth:`_join`. Not made, with a note, when Slurm cannot place the extension now."""
-        got = (resize.extension_on(self.cluster, j, c.layout) if c.layout
-               else resize.extension_gpus(self.cluster, j, gpus, c.to_nodes, c.placement))
-        if got is None:
-            self.notes.append(f"t={self.now:.0f} job {j.wj.name}: grow to {gpus} GPU(s) by "
-                              "extension not applied: its GPUs are not free")
-            return
-        self._log(j, j.size, gpus)
-        j.ext = Extension(self.now + self.cfg.extension_startup, got[1], gpus, cfg)
-        j.resizes += 1
-
-    def _requeue(self, j: SimJob, gpus: int, nodes: int, cfg: BatchConfig,
-                 req_nodes: tuple[str, ...], shape: tuple[int, int] | None = None) -> None:
-        """Requeue running ``j`` onto ``gpus`` GPUs over ``nodes`` nodes (a grow by requeue, or
-        a shrink into its primary: :data:`~hpcsched.policies.realise.Mechanism.REQUEUE`, with
-        its ``shape``): it gives its GPUs back, pends at that size on ``req_nodes``, and pays the
-        restart cost when it starts again."""
-        self._log(j, j.size, gpus)
-        self._release(j)
-        j.state = "PENDING"
-        j.size, j.nodes, j.cfg, j.shape = gpus, nodes, cfg, shape
-        j.req_nodes = req_nodes
-        j.restarts += 1
-        j.resizes += 1
-
-    def _join(self, j: SimJob) -> None:
-        """At ``j.ext.at`` (``self.now``): the group re-forms at the new size after the stall
-        (:func:`hpcsched.sim.resize.join`)."""
-        self._advance(j, self.now)
-        resize.join(j, self.cluster.node_names, self.now, self.cfg.extension_stall)
-
-    def _log(self, j: SimJob, before: int, after: int) -> None:
-        j.resize_log.append((self.now, self.rounds, before, after))
-
-    def _shrink(self, j: SimJob, gpus: int, cfg: BatchConfig) -> None:
-        """Shrink in place to ``gpus`` GPUs (:func:`hpcsched.sim.resize.shrink_in_place`)."""
-        self._log(j, j.size, gpus)
-        resize.shrink_in_place(self.cluster, j, gpus, cfg, self.now, self.cfg.shrink_cost)
 
     def _round(self) -> None:
         for j in self.jobs:
@@ -378,14 +275,14 @@ class Simulator:
         return self._result(time.perf_counter() - t0)
 
     def _events(self, progress: Callable[[float, int, int], None] | None) -> None:
-        """The event loop of :meth:`run`."""
+        """The event loop of :meth:`run`: the next event (an arrival, a round, an extension's
+        workers joining, or the first finish before them) is handled, until every job is done
+        or the clock passes ``max_time``."""
         arrivals = [(j.wj.submit_time, int(j.job_id)) for j in self.jobs]
         heapq.heapify(arrivals)
         done, total = 0, len(self.jobs)
         next_round = 0.0
         while done < total and self.now <= self.cfg.max_time:
-            # the next event: an arrival, a round, an extension's workers joining, or the first
-            # finish before them
             t_arr = arrivals[0][0] if arrivals else math.inf
             running = [j for j in self.jobs if j.state == "RUNNING"]
             if not running and not any(j.state == "PENDING" for j in self.jobs):
@@ -393,10 +290,7 @@ class Simulator:
                 next_round = max(next_round, math.ceil(t_arr / self.cfg.interval)
                                  * self.cfg.interval)
             horizon = min(t_arr, next_round)
-            t_fin, jid = min(((self._eta(j), int(j.job_id)) for j in running),
-                             default=(math.inf, 0))
-            t_join, xid = min(((j.ext.at, int(j.job_id)) for j in running if j.ext),
-                              default=(math.inf, 0))
+            t_fin, jid, t_join, xid = self._next_ends(running)
             if t_fin <= min(horizon, t_join):
                 self._finish(self.jobs[jid - 1], t_fin)
                 done += 1
@@ -408,12 +302,28 @@ class Simulator:
                 self._arrive(arrivals)
             else:
                 self.now = next_round
-                self._round()
-                self.utilization.append((self.now, int((~self.cluster.free).sum()),
-                                         self.cluster.free.size))
+                self._timed_round(progress, done, total)
                 next_round += self.cfg.interval
-                if progress is not None:
-                    progress(self.now, done, total)
+
+    def _next_ends(self, running: list[SimJob]) -> tuple[float, int, float, int]:
+        """``(t_fin, jid, t_join, xid)``: the earliest finish among the ``running`` jobs and its
+        job id, and the earliest time an extension's workers join and its job id (``inf, 0``
+        for none); ties go to the lowest job id."""
+        t_fin, jid = min(((self._eta(j), int(j.job_id)) for j in running),
+                         default=(math.inf, 0))
+        t_join, xid = min(((j.ext.at, int(j.job_id)) for j in running if j.ext),
+                          default=(math.inf, 0))
+        return t_fin, jid, t_join, xid
+
+    def _timed_round(self, progress: Callable[[float, int, int], None] | None, done: int,
+                     total: int) -> None:
+        """The round of the interval at ``self.now``: the policy's round, then the busy and
+        total GPU counts recorded for utilisation, then ``progress(now, done, total)``."""
+        self._round()
+        self.utilization.append((self.now, int((~self.cluster.free).sum()),
+                                 self.cluster.free.size))
+        if progress is not None:
+            progress(self.now, done, total)
 
     def _result(self, wall: float) -> SimResult:
         return SimResult(

@@ -117,6 +117,52 @@ class _Curve:
         return step, min(max(sync, 0.0), step)
 
 
+def _placement_points(rows: list[dict[str, str]]) -> dict[tuple[int, ...],
+                                                          list[tuple[float, float, float]]]:
+    """The rows of an application's ``placements.csv`` grouped by canonical placement (GPUs
+    per node): ``placement -> [(local_bsz, step_time, sync_time), ...]`` sorted by per-GPU
+    batch size (samples; seconds)."""
+    curves: dict[tuple[int, ...], list[tuple[float, float, float]]] = {}
+    for r in rows:
+        key = canonical_placement(tuple(int(c) for c in r["placement"]))
+        curves.setdefault(key, []).append((float(r["local_bsz"]), float(r["step_time"]),
+                                           float(r["sync_time"])))
+    for pts in curves.values():
+        pts.sort()
+    return curves
+
+
+def _scattered_points(curves: dict[tuple[int, ...], list[tuple[float, float, float]]],
+                      scalability: list[dict[str, str]]) -> tuple[list, list]:
+    """The scattered points the interpolators fit: ``xs`` = ``(nodes, replicas, local_bsz)``
+    and ``ys`` = ``(step_time, sync_time)``; the placement curves' points averaged per
+    ``(nodes, replicas, local_bsz)`` in sorted order, then the ``scalability.csv`` rows."""
+    agg: dict[tuple[int, int, float], list[tuple[float, float]]] = {}
+    for key, pts in curves.items():
+        for m, st, sy in pts:
+            agg.setdefault((len(key), sum(key), m), []).append((st, sy))
+    xs, ys = [], []
+    for (n, k, m), v in sorted(agg.items()):
+        xs.append((n, k, m))
+        ys.append(np.mean(v, axis=0))
+    for r in scalability:
+        xs.append((int(r["num_nodes"]), int(r["num_replicas"]), float(r["local_bsz"])))
+        ys.append((float(r["step_time"]), float(r["sync_time"])))
+    return xs, ys
+
+
+def _validation_runs(d: Path) -> dict[int, dict[str, np.ndarray]]:
+    """An application's validation runs from ``d/validation-<batch>.csv``: ``batch size ->
+    {"progress", "grad_sqr", "grad_var"} -> per-epoch arrays``; empty when there are none."""
+    val: dict[int, dict[str, np.ndarray]] = {}
+    for f in sorted(d.glob("validation-*.csv")):
+        b = int(f.stem.split("-")[-1])
+        vr = _read_csv(f)
+        val[b] = {c: np.array([float(r[c]) for r in vr]) for c in
+                  ("progress", "grad_sqr", "grad_var")}
+    return val
+
+
 class Application:
     """One Pollux application's measured physics (module docstring).
 
@@ -140,37 +186,16 @@ class Application:
         self.name = name
         self.max_epochs = MAX_EPOCHS[name]
         rows = _read_csv(d / "placements.csv")
-        curves: dict[tuple[int, ...], list[tuple[float, float, float]]] = {}
-        for r in rows:
-            key = canonical_placement(tuple(int(c) for c in r["placement"]))
-            curves.setdefault(key, []).append((float(r["local_bsz"]), float(r["step_time"]),
-                                               float(r["sync_time"])))
+        curves = _placement_points(rows)
         self._curves = {}
         for key, pts in curves.items():
-            pts.sort()
             a = np.array(pts)
             self._curves[key] = _Curve(a[:, 0], a[:, 1], a[:, 2])
-        # scattered points: placements averaged per (nodes, replicas, local) + scalability rows
-        agg: dict[tuple[int, int, float], list[tuple[float, float]]] = {}
-        for key, pts in curves.items():
-            for m, st, sy in pts:
-                agg.setdefault((len(key), sum(key), m), []).append((st, sy))
-        xs, ys = [], []
-        for (n, k, m), v in sorted(agg.items()):
-            xs.append((n, k, m))
-            ys.append(np.mean(v, axis=0))
-        for r in _read_csv(d / "scalability.csv"):
-            xs.append((int(r["num_nodes"]), int(r["num_replicas"]), float(r["local_bsz"])))
-            ys.append((float(r["step_time"]), float(r["sync_time"])))
+        xs, ys = _scattered_points(curves, _read_csv(d / "scalability.csv"))
         self._xs, self._ys = np.array(xs, dtype=float), np.array(ys, dtype=float)
         self.min_local_bsz = int(min(float(r["local_bsz"]) for r in rows))
         self.max_local_bsz = int(MAX_LOCAL_BSZ.get(name, max(float(r["local_bsz"]) for r in rows)))
-        val: dict[int, dict[str, np.ndarray]] = {}
-        for f in sorted(d.glob("validation-*.csv")):
-            b = int(f.stem.split("-")[-1])
-            vr = _read_csv(f)
-            val[b] = {c: np.array([float(r[c]) for r in vr]) for c in
-                      ("progress", "grad_sqr", "grad_var")}
+        val = _validation_runs(d)
         if not val:
             raise PhysicsError(f"no validation-*.csv for {name!r} in {d}")
         self._val = dict(sorted(val.items()))
