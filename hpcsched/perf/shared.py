@@ -266,18 +266,38 @@ class _AppTotals:
         self.dirty.add(row)
 
     def table(self, name: str) -> StepCorrections | None:
+        """The application's :class:`StepCorrections` (named ``name``): the rounded mean error
+        of every fine and coarse class with a measured row, recomputed only for the classes
+        of rows added to since the last call (the last table again when none changed);
+        ``None`` without a prior."""
         if self.prior is None:
             return None
         if not self.dirty and self.last is not None:
             return self.last
+        changed = self._update_means(self._refresh_errors(self.prior))
+        if changed or self.last is None:
+            self.last = StepCorrections(
+                name, tuple(sorted((c, e) for c, e in self.means.items() if len(c) == 3)),
+                tuple(sorted((c, e) for c, e in self.means.items() if len(c) == 2)))
+        return self.last
+
+    def _refresh_errors(self, prior: pollux.PerfParams) -> set[tuple[int, ...]]:
+        """Recompute the error against ``prior`` of every row added to since the last table
+        (``None`` for a row of no steps), mark none dirty, and return those rows' classes."""
         classes: set[tuple[int, ...]] = set()
         for row in self.dirty:
             secs, k = self.rows[row]
-            self.errors[row] = _error(self.prior, Measured(*row, secs / k, k)) if k > 0 else None
+            self.errors[row] = _error(prior, Measured(*row, secs / k, k)) if k > 0 else None
             classes.update(_classes(row))
         self.dirty.clear()
+        return classes
+
+    def _update_means(self, classes: set[tuple[int, ...]]) -> bool:
+        """Recompute the rounded mean error of each class in ``classes`` (weighted by steps,
+        summed in the rows' order, as :func:`step_corrections` does; a class with no measured
+        row has none); whether any changed."""
         changed = False
-        for cls in classes:           # summed in the rows' order, as step_corrections does
+        for cls in classes:
             s = w = 0.0
             for row in self.members[cls]:
                 if (err := self.errors[row]) is not None:
@@ -291,11 +311,7 @@ class _AppTotals:
                     del self.means[cls]
                 else:
                     self.means[cls] = mean
-        if changed or self.last is None:
-            self.last = StepCorrections(
-                name, tuple(sorted((c, e) for c, e in self.means.items() if len(c) == 3)),
-                tuple(sorted((c, e) for c, e in self.means.items() if len(c) == 2)))
-        return self.last
+        return changed
 
 
 def _classes(row: tuple[int, int, int, int]) -> tuple[tuple[int, int, int], tuple[int, int]]:

@@ -90,14 +90,34 @@ def _typed(name: str, value: Any, hint: Any) -> Any:
     tuples). Raises ValueError naming the field."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _typed(name, value, inner[0]) if len(inner) == 1 else value
+        return _typed_union(name, value, args)
     if origin is tuple:
-        if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
-            raise ValueError(f"{name} must be a list, got {value!r}")
-        return tuple(_typed(name, v, args[0]) for v in value)
+        return _typed_tuple(name, value, args[0])
+    return _typed_scalar(name, value, hint)
+
+
+def _typed_union(name: str, value: Any, args: tuple[Any, ...]) -> Any:
+    """``value`` against a union of the types ``args``: ``None`` where the union allows it;
+    otherwise checked against the one type besides ``None`` (``X | None``), or taken as it is
+    when the union has several."""
+    if value is None and type(None) in args:
+        return None
+    inner = [a for a in args if a is not type(None)]
+    return _typed(name, value, inner[0]) if len(inner) == 1 else value
+
+
+def _typed_tuple(name: str, value: Any, item: Any) -> tuple:
+    """``value``, a list or tuple (not a string), as a tuple of items each checked against
+    ``item``. Raises ValueError naming the field otherwise."""
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise ValueError(f"{name} must be a list, got {value!r}")
+    return tuple(_typed(name, v, item) for v in value)
+
+
+def _typed_scalar(name: str, value: Any, hint: Any) -> Any:
+    """``value`` against a plain ``int``, ``float``, ``bool`` or ``str`` field (an int or a
+    float for ``float``, widened; a bool is no int); any other ``hint`` takes it as it is.
+    Raises ValueError naming the field and the kind it wants."""
     if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     if hint in (int, bool, str) and isinstance(value, hint) and (

@@ -179,6 +179,26 @@ def _curves(jobs: list[JobView], snapshot: ClusterSnapshot, p: _Params) -> None:
         p.curves[j.job_id] = (m, c, None if m is None else next(rates))
 
 
+def _check_values(hesrpt: float | None, tempering: float, speedup_at: str,
+                  noise_growth: float) -> None:
+    """Raise ``ValueError``, saying which, for a value of :func:`decide`'s that
+    :class:`JCTParams` refuses; nothing otherwise."""
+    if hesrpt is not None and not 0 < hesrpt < 1 or not 0 <= tempering <= 1 \
+            or speedup_at not in ("min", "fair") or not noise_growth >= 1:
+        JCTParams(hesrpt=hesrpt, tempering=tempering, speedup_at=speedup_at,
+                  noise_growth=noise_growth)       # raises, saying which
+
+
+def _costs(snapshot: ClusterSnapshot, restart_cost: float | None, shrink_cost: float | None
+           ) -> tuple[float, float, Callable[[float, float], float]]:
+    """``(restart, shrink, grow_cost)``: the seconds a start or requeue and an in-place shrink
+    cost (``None``: the snapshot's), and the snapshot's grow cost at that restart cost
+    (:meth:`ClusterSnapshot.grow_cost`: goodput now, at the new size -> seconds)."""
+    restart = snapshot.restart_cost if restart_cost is None else restart_cost
+    return (restart, snapshot.shrink_cost if shrink_cost is None else shrink_cost,
+            replace(snapshot, restart_cost=restart).grow_cost)
+
+
 def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | None = None,
            shrink_cost: float | None = None, aging: float = 3600.0, max_wait: float = 4 * 3600.0,
            unknown_remaining: float = 3600.0, max_options: int = 24, tempering: float = 0.0,
@@ -218,17 +238,13 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
         ValueError: a value :class:`JCTParams` refuses (the :class:`JCT` policy checks them
             once, when it is made).
     """
-    if hesrpt is not None and not 0 < hesrpt < 1 or not 0 <= tempering <= 1 \
-            or speedup_at not in ("min", "fair") or not noise_growth >= 1:
-        JCTParams(hesrpt=hesrpt, tempering=tempering, speedup_at=speedup_at,
-                  noise_growth=noise_growth)       # raises, saying which
+    _check_values(hesrpt, tempering, speedup_at, noise_growth)
     snapshot = planning_view(snapshot, noise_growth)
     k = capacity(snapshot)
     jobs = [j for j in snapshot.jobs if j.state in ("RUNNING", "PENDING")]
-    restart = snapshot.restart_cost if restart_cost is None else restart_cost
-    p = _Params(restart, snapshot.shrink_cost if shrink_cost is None else shrink_cost,
-                replace(snapshot, restart_cost=restart).grow_cost,
-                aging, unknown_remaining, max_options, 1.0 if hesrpt else tempering, {},
+    restart, shrink, grow = _costs(snapshot, restart_cost, shrink_cost)
+    p = _Params(restart, shrink, grow, aging, unknown_remaining, max_options,
+                1.0 if hesrpt else tempering, {},
                 -(-k // max(1, len(jobs))) if speedup_at == "fair" else 0, work_noise, work_known)
     _curves([j for j in jobs if not j.busy], snapshot, p)
     if hesrpt:

@@ -81,13 +81,22 @@ def yield_to_foreign(snapshot: ClusterSnapshot) -> tuple[ClusterSnapshot, list[C
         job = snapshot.job(job_id)
         assert job is not None, job_id      # taken from snapshot.jobs (_extension_gpus)
         releases.append(_release(job, per))
-    note = (f"other users' pending jobs: {sum(claimed.values())} free GPU(s) kept for them"
+    return _planned_on(snapshot, claimed, set(taken)), releases, \
+        [_note(claimed, taken, served, waiting)]
+
+
+def _note(claimed: dict[str, int], taken: dict[str, dict[str, int]], served: list[str],
+          waiting: int) -> str:
+    """The round's note on other users' pending jobs: the free GPUs kept for them
+    (``claimed``: node -> GPUs), the extension GPUs released (``taken``: job id -> node ->
+    GPUs), the first five of those that can start now (``served``), and how many wait for
+    running jobs to end."""
+    return (f"other users' pending jobs: {sum(claimed.values())} free GPU(s) kept for them"
             + (f", {sum(sum(p.values()) for p in taken.values())} extension GPU(s) released"
                if taken else "")
             + (f"; can start now: {'; '.join(served[:5])}" + (" ..." if len(served) > 5 else "")
                if served else "")
             + (f"; {waiting} wait for running jobs to end" if waiting else ""))
-    return _planned_on(snapshot, claimed, set(taken)), releases, [note]
 
 
 def _extension_gpus(snapshot: ClusterSnapshot) -> dict[str, list[tuple[str, int]]]:

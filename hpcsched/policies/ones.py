@@ -82,6 +82,28 @@ class ONESParams(Params):
                              "elite >= 0, horizon > 0")
 
 
+def _kept_size(j: JobView, fixed: set[str], sizes: dict[str, int] | None) -> int:
+    """The node count where a job that is not evolved (busy: in ``fixed``, or unmeasured)
+    stays: a running job where it is, a pending one at its minimum, or, unless busy, the DP's
+    size from ``sizes`` (a pending job starts as large as fits)."""
+    n = j.nodes if j.state == "RUNNING" else j.min_nodes
+    if sizes and sizes.get(j.job_id) and j.job_id not in fixed:
+        n = sizes[j.job_id]   # a pending job starts as large as fits (DP)
+    return n
+
+
+def _waits_and_sized(snapshot: ClusterSnapshot, base: Plan) -> tuple[list[JobTarget],
+                                                                    list[JobView]]:
+    """Split the round by the DP's plan ``base``: ``(waits, jobs)``, the DP's targets at 0
+    nodes (jobs it leaves waiting) and the jobs ONES sizes (running ones, and pending ones the
+    DP admits), in the snapshot's order."""
+    waits = [t for t in base.targets if t.nodes == 0]
+    waiting = {t.job_id for t in waits}
+    jobs = [j for j in snapshot.jobs
+            if j.state == "RUNNING" or (j.state == "PENDING" and j.job_id not in waiting)]
+    return waits, jobs
+
+
 class ONES(PolicyBase):
     """ONES (see module docstring). Keeps its population between :meth:`decide` calls.
 
@@ -118,9 +140,7 @@ class ONES(PolicyBase):
         for i, j in enumerate(jobs):
             model = model_for(j)
             if j.job_id in fixed or model is None:
-                n = j.nodes if j.state == "RUNNING" else j.min_nodes
-                if sizes and sizes.get(j.job_id) and j.job_id not in fixed:
-                    n = sizes[j.job_id]   # a pending job starts as large as fits (DP)
+                n = _kept_size(j, fixed, sizes)
                 lo[i] = hi[i] = cur[i] = n
                 cost[i, n], batch[i, n], goodput[i, n] = 0.0, j.batch_size, 0.0
                 continue
@@ -195,10 +215,7 @@ class ONES(PolicyBase):
         rng = np.random.default_rng(seed)
         k = capacity(snapshot)
         base = dp.decide(snapshot, seed)       # admission, waits, DP's sizes
-        waits = [t for t in base.targets if t.nodes == 0]
-        waiting = {t.job_id for t in waits}
-        jobs = [j for j in snapshot.jobs
-                if j.state == "RUNNING" or (j.state == "PENDING" and j.job_id not in waiting)]
+        waits, jobs = _waits_and_sized(snapshot, base)
         if not jobs:
             self._carried = {}
             return Plan(self.name, tuple(waits), 0.0, ("ones: no job to size",))
@@ -206,11 +223,7 @@ class ONES(PolicyBase):
         t = self._table(jobs, fixed, {x.job_id: x.nodes for x in base.targets if x.nodes})
         start = self._start(t, jobs, base, rng)
         if self.seed_with_jct and self.population >= 3:
-            from hpcsched.policies import jct
-            sizes = {x.job_id: x.nodes for x in jct.decide(snapshot).targets}
-            start[-3 if self.seed_with_dp else -2] = [
-                min(max(sizes.get(j.job_id, t.current[i]), t.lo[i]), t.hi[i])
-                for i, j in enumerate(jobs)]
+            self._seed_jct(snapshot, t, jobs, start)
         pop = self.evolve(t, k, start, rng)
         self._carried = {j.job_id: pop[:, i].copy() for i, j in enumerate(jobs)}
         best = pop[0]
@@ -235,6 +248,18 @@ class ONES(PolicyBase):
             start[-2] = [sizes.get(j.job_id, t.current[i]) for i, j in enumerate(jobs)]
         start[1:-2] = start[1:-2] + rng.integers(-1, 2, size=start[1:-2].shape)  # diversity
         return start
+
+    def _seed_jct(self, snapshot: ClusterSnapshot, t: _Table, jobs: list[JobView],
+                  start: np.ndarray) -> None:
+        """Put the jct policy's node counts for ``jobs`` (clipped to each job's range in
+        ``t``; the current size for a job it does not size) into one individual of the
+        starting population ``start`` (P, J), in place: the third from last with
+        ``seed_with_dp`` (the DP's answer is the second), else the second from last."""
+        from hpcsched.policies import jct
+        sizes = {x.job_id: x.nodes for x in jct.decide(snapshot).targets}
+        start[-3 if self.seed_with_dp else -2] = [
+            min(max(sizes.get(j.job_id, t.current[i]), t.lo[i]), t.hi[i])
+            for i, j in enumerate(jobs)]
 
     @staticmethod
     def _target(t: _Table, i: int, job: JobView, n: int) -> JobTarget:

@@ -226,14 +226,47 @@ def _classify_pending(job: JobView, t: JobTarget, costs: Costs,
     return Candidate(change)
 
 
+def _preempt(job: JobView, t: JobTarget, costs: Costs) -> Candidate | str:
+    """Running ``job`` whose target ``t`` gives it no nodes: a preemption candidate where the
+    daemon applies preemptions (:attr:`Costs.preemption`), else why it keeps running."""
+    if costs.preemption:
+        return Candidate(Change(job.job_id, ChangeKind.PREEMPT, job.nodes, 0, job.batch_size,
+                                job.batch_size, t.reason, (), job.gpus, 0))
+    return (f"job {job.job_id}: {t.reason}; preemption is not applied by the daemon here "
+            "(Costs.preemption is off): the job keeps running")
+
+
+def _mechanism(job: JobView, t: JobTarget, kind: ChangeKind, want: int, spans: int,
+               snapshot: ClusterSnapshot
+               ) -> tuple[realise.Realisation | None, JobTarget, int, int] | str:
+    """How a GPU-granular resize of running ``job`` to ``want`` GPUs is made: ``(how, t,
+    want, spans)``, a grow by extension, a shrink by :func:`realise.shrink` (its ``want`` and
+    batch size rounded to the GPUs its layout gives back, since a node's extensions go back
+    whole, and ``spans`` its layout's nodes), or ``None`` for any other kind, with ``t``,
+    ``want`` and ``spans`` as given; or why a shrink cannot be made."""
+    if kind == ChangeKind.GROW:
+        return realise.Realisation(Mechanism.EXTEND), t, want, spans
+    if kind != ChangeKind.SHRINK:
+        return None, t, want, spans
+    how = realise.shrink(job, want, snapshot.node_size)
+    if not how.layout:
+        return (f"job {job.job_id}: shrink to {want} GPU(s) not made: only a requeue "
+                "onto more nodes than it holds could give that many")
+    spans = len(how.layout)
+    if sum(g for _, g in how.layout) != want:   # a node's extensions go back whole
+        want = sum(g for _, g in how.layout)
+        t = replace(t, batch_size=realise.batch_on(job, t.batch_size, want), gpus=want)
+    return how, t, want, spans
+
+
 def _classify_running(job: JobView, t: JobTarget, costs: Costs, snapshot: ClusterSnapshot | None = None
                       ) -> Candidate | str:
+    """Running ``job`` against its target ``t``: a candidate change with its goodput now and
+    predicted at the target (a preemption at 0 nodes: :func:`_preempt`), or why none is made
+    (no throughput model yet, or a shrink no mechanism can give). GPU-granular changes carry
+    their mechanism (:func:`_mechanism`), which may round a shrink to whole nodes' extensions."""
     if t.nodes == 0:
-        if costs.preemption:
-            return Candidate(Change(job.job_id, ChangeKind.PREEMPT, job.nodes, 0, job.batch_size,
-                                    job.batch_size, t.reason, (), job.gpus, 0))
-        return (f"job {job.job_id}: {t.reason}; preemption is not applied by the daemon here "
-                "(Costs.preemption is off): the job keeps running")
+        return _preempt(job, t, costs)
     want = t.gpus_for(job)
     kind = ChangeKind.between(job.gpus, want)
     x_from = predict(job, job.nodes, job.batch_size, job.gpus)
@@ -242,17 +275,10 @@ def _classify_running(job: JobView, t: JobTarget, costs: Costs, snapshot: Cluste
             and snapshot.granularity == "gpu":
         spans = extension_spans(job, want, snapshot)
     if _realised(snapshot, costs):
-        if kind == ChangeKind.GROW:
-            how = realise.Realisation(Mechanism.EXTEND)
-        elif kind == ChangeKind.SHRINK:
-            how = realise.shrink(job, want, snapshot.node_size)
-            if not how.layout:
-                return (f"job {job.job_id}: shrink to {want} GPU(s) not made: only a requeue "
-                        "onto more nodes than it holds could give that many")
-            spans = len(how.layout)
-            if sum(g for _, g in how.layout) != want:   # a node's extensions go back whole
-                want = sum(g for _, g in how.layout)
-                t = replace(t, batch_size=realise.batch_on(job, t.batch_size, want), gpus=want)
+        got = _mechanism(job, t, kind, want, spans, snapshot)
+        if isinstance(got, str):
+            return got
+        how, t, want, spans = got
     x_to = predict(job, spans, t.batch_size, want)
     if x_from is None or x_to is None:
         return f"job {job.job_id}: no throughput model yet; {kind} not made"

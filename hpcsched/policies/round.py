@@ -97,6 +97,32 @@ def partition_view(snapshot: ClusterSnapshot, partitions: frozenset[str]) -> Clu
         partitions=tuple(sorted(partitions)))
 
 
+def _partition_groups(snapshot: ClusterSnapshot, policy: Policy,
+                      by_partition: Mapping[str, Policy]) -> list[tuple[frozenset[str], Policy]]:
+    """The groups of partitions planned together, each with its policy: one per partition of
+    ``by_partition``, in name order, then, if any, the rest of ``snapshot.partitions`` together
+    with the partitions of jobs in none of them (strays), planned by ``policy``."""
+    rest = frozenset(snapshot.partitions) - set(by_partition)
+    groups = [(frozenset({p}), pol) for p, pol in sorted(by_partition.items())]
+    known = set().union(*(g for g, _ in groups), rest)
+    strays = frozenset(j.partition for j in snapshot.jobs if j.partition not in known)
+    if rest or strays:
+        groups.append((rest | strays, policy))
+    return groups
+
+
+def _check_disjoint(views: list[tuple[str, Policy, ClusterSnapshot]]) -> None:
+    """Raise :class:`PartitionOverlap` when two of the labelled partition views share a
+    node (one node's GPUs cannot be planned twice); nothing otherwise."""
+    seen: dict[str, str] = {}
+    for label, _, view in views:
+        for n in view.nodes:
+            if n.name in seen:
+                raise PartitionOverlap(f"node {n.name} is in partition(s) {seen[n.name]} and "
+                                       f"{label}, planned by different policies")
+            seen[n.name] = label
+
+
 def decide_by_partition(snapshot: ClusterSnapshot, policy: Policy,
                         by_partition: Mapping[str, Policy], costs: Costs,
                         seed: int) -> RoundDecision:
@@ -112,21 +138,10 @@ def decide_by_partition(snapshot: ClusterSnapshot, policy: Policy,
     """
     if not by_partition:
         return decide_round(snapshot, policy, costs, seed)
-    rest = frozenset(snapshot.partitions) - set(by_partition)
-    groups = [(frozenset({p}), pol) for p, pol in sorted(by_partition.items())]
-    known = set().union(*(g for g, _ in groups), rest)
-    strays = frozenset(j.partition for j in snapshot.jobs if j.partition not in known)
-    if rest or strays:
-        groups.append((rest | strays, policy))
+    groups = _partition_groups(snapshot, policy, by_partition)
     views = [(",".join(sorted(parts)) or "-", pol, partition_view(snapshot, parts))
              for parts, pol in groups]
-    seen: dict[str, str] = {}
-    for label, _, view in views:
-        for n in view.nodes:
-            if n.name in seen:
-                raise PartitionOverlap(f"node {n.name} is in partition(s) {seen[n.name]} and "
-                                       f"{label}, planned by different policies")
-            seen[n.name] = label
+    _check_disjoint(views)
     targets: list[JobTarget] = []
     changes: list[Change] = []
     notes: list[str] = []

@@ -102,6 +102,27 @@ class TiresiasParams(Params):
             raise ValueError(f"promote_knob must be > 0 or None, got {self.promote_knob}")
 
 
+def _left_out_reason(e: _Entry, why: str, k: int, free: int, started: list[_Entry]) -> str:
+    """The reason of a job that gets no GPUs this round (``why``: its queue, ``k``: the
+    cluster's GPUs, ``free``: those left after the higher-priority jobs, ``started``: the
+    pending jobs that start ahead of it, in priority order): a running job is preempted, named
+    by the first job that started ahead of it when those jobs are what took its GPUs; a pending
+    one waits."""
+    if e.gpus > k:
+        short = f"needs {e.gpus} GPU(s), the cluster has {k}"
+    else:
+        short = f"needs {e.gpus} GPU(s), {free} free after higher-priority jobs"
+    if not e.running:
+        return f"tiresias: waits: {short}; {why}"
+    # named when the jobs that started ahead of it are what took its GPUs
+    taken = sum(s.gpus for s in started)
+    by = started[0] if started and free + taken >= e.gpus else None
+    if by is not None:
+        return (f"tiresias: preempted by job {by.job.job_id} (queue {by.queue}); "
+                f"{why}, {short}")
+    return f"tiresias: preempted: {why}, {short}"
+
+
 class Tiresias(PolicyBase):
     """Discretized 2D-LAS (module docstring). Parameters: :class:`TiresiasParams`.
 
@@ -177,24 +198,12 @@ class Tiresias(PolicyBase):
                 targets.append(JobTarget(j.job_id, e.nodes, j.batch_size,
                                          f"tiresias: {why}: runs on {e.gpus} GPU(s)"))
                 continue
-            if e.gpus > k:
-                short = f"needs {e.gpus} GPU(s), the cluster has {k}"
-            else:
-                short = f"needs {e.gpus} GPU(s), {free} free after higher-priority jobs"
             if e.running:
                 n_pre += 1
-                # named when the jobs that started ahead of it are what took its GPUs
-                taken = sum(s.gpus for s in started)
-                by = started[0] if started and free + taken >= e.gpus else None
-                if by is not None:
-                    reason = (f"tiresias: preempted by job {by.job.job_id} (queue {by.queue}); "
-                              f"{why}, {short}")
-                else:
-                    reason = f"tiresias: preempted: {why}, {short}"
             else:
                 n_wait += 1
-                reason = f"tiresias: waits: {short}; {why}"
-            targets.append(JobTarget(j.job_id, 0, j.batch_size, reason))
+            targets.append(JobTarget(j.job_id, 0, j.batch_size,
+                                     _left_out_reason(e, why, k, free, started)))
         used = held + (max(0, k - held) - free)
         th = ", ".join(f"{t:g}" for t in self.queue_thresholds)
         note = (f"tiresias: {n_run} running, {n_wait} waiting, {n_pre} preempted on {k} GPU(s) "

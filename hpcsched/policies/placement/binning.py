@@ -119,6 +119,34 @@ def _kmeans_1d(x: np.ndarray, k: int, rng: np.random.Generator, n_init: int = 8,
     return best[1], best[2]
 
 
+def _bin_inliers(inl: np.ndarray, k_max: int, seed: int, tolerance: float, n_init: int
+                 ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, float]]]:
+    """K-Means of the slowdowns ``inl`` (outliers left out) for ``k`` in ``2 .. min(k_max,
+    distinct values)``, the best mean silhouette kept (ties to the smaller ``k``; a ``k``
+    whose centres come within ``tolerance`` of the median apart skipped): ``(labels,
+    centres, silhouettes)``, centres ascending, ``silhouettes`` the ``(k, score)`` of each
+    ``k`` tried. One bin when the values are alike within ``tolerance`` or no ``k`` is left."""
+    sil: list[tuple[int, float]] = []
+    distinct = len(np.unique(inl))
+    if distinct < 2 or (np.ptp(inl) / max(float(np.median(inl)), 1e-300) <= tolerance):
+        lab_in, cent_in = np.zeros(len(inl), dtype=int), np.array([inl.mean()])
+    else:
+        best: tuple[float, np.ndarray, np.ndarray] | None = None
+        for k in range(2, min(k_max, distinct) + 1):
+            lab, cent = _kmeans_1d(inl, k, np.random.default_rng([seed, k]), n_init=n_init)
+            if len(cent) < 2 or np.min(np.diff(cent)) <= tolerance * float(np.median(inl)):
+                continue   # two bins closer than the noise tolerance are not two speeds
+            score = silhouette_1d(inl, lab)
+            sil.append((k, round(score, 12)))
+            if best is None or score > best[0] + 1e-12:
+                best = (score, lab, cent)
+        if best is None:   # k_max < 2: a single bin
+            lab_in, cent_in = np.zeros(len(inl), dtype=int), np.array([inl.mean()])
+        else:
+            lab_in, cent_in = best[1], best[2]
+    return lab_in, cent_in, sil
+
+
 def bin_gpus(slowdowns: Sequence[float] | np.ndarray, k_max: int = 6, seed: int = 0, *,
              outlier_sigma: float | None = 3.0, tolerance: float = 0.005,
              n_init: int = 8) -> Binning:
@@ -159,24 +187,7 @@ def bin_gpus(slowdowns: Sequence[float] | np.ndarray, k_max: int = 6, seed: int 
         out_mask = x > x.mean() + outlier_sigma * x.std(ddof=1)
     inl = x[~out_mask]
 
-    sil: list[tuple[int, float]] = []
-    distinct = len(np.unique(inl))
-    if distinct < 2 or (np.ptp(inl) / max(float(np.median(inl)), 1e-300) <= tolerance):
-        lab_in, cent_in = np.zeros(len(inl), dtype=int), np.array([inl.mean()])
-    else:
-        best: tuple[float, np.ndarray, np.ndarray] | None = None
-        for k in range(2, min(k_max, distinct) + 1):
-            lab, cent = _kmeans_1d(inl, k, np.random.default_rng([seed, k]), n_init=n_init)
-            if len(cent) < 2 or np.min(np.diff(cent)) <= tolerance * float(np.median(inl)):
-                continue   # two bins closer than the noise tolerance are not two speeds
-            score = silhouette_1d(inl, lab)
-            sil.append((k, round(score, 12)))
-            if best is None or score > best[0] + 1e-12:
-                best = (score, lab, cent)
-        if best is None:   # k_max < 2: a single bin
-            lab_in, cent_in = np.zeros(len(inl), dtype=int), np.array([inl.mean()])
-        else:
-            lab_in, cent_in = best[1], best[2]
+    lab_in, cent_in, sil = _bin_inliers(inl, k_max, seed, tolerance, n_init)
 
     centres = list(cent_in)
     labels = np.zeros(n, dtype=int)
