@@ -168,14 +168,7 @@ class ElasticJob(ElasticBoundary, ElasticMembership):
                                         always=launch.extensions and jd is not None,
                                         joining=joining)
         device = identify_device(torch, self.device, self.local_rank, os.environ)
-        self._members = None
-        if self._group is not None and self._group.store is not None and \
-                (launch.extensions or joining):
-            me = Member(extension_member(proc.slurm_job_id, self.rank) if joining
-                        else primary_member(self.rank), device["node"],
-                        proc.slurm_job_id if joining else "")
-            self._members = Membership(self._group, launch, me, jd, self.rank,
-                                       proc.slurm_job_id)
+        self._members = self._membership(launch, proc, jd, joining, device["node"])
         self._void = False  # the step in flight lost a peer: it does not count
         self._watcher = ControlWatcher(jd)
         self._pace = Pace(boundary_interval)  # rank 0: steps to the next boundary
@@ -186,6 +179,20 @@ class ElasticJob(ElasticBoundary, ElasticMembership):
         self._metrics = StepMetrics.for_rank(
             jd.metrics_dir if jd else None, self.launch, self.restart, self.rank, device,
             self.record_samples, extension=proc.slurm_job_id if joining else "")
+
+    def _membership(self, launch: LaunchEnv, proc: ProcessEnv, jd: JobDir | None, joining: bool,
+                    node: str) -> Membership | None:
+        """This rank's view of the group's members on ``node``, for a job whose workers change
+        while they run (with extensions, or a rank ``joining`` one, as an extension's member;
+        else as a primary's): ``None`` without a process group that has a store, or when
+        neither applies."""
+        if self._group is not None and self._group.store is not None and \
+                (launch.extensions or joining):
+            me = Member(extension_member(proc.slurm_job_id, self.rank) if joining
+                        else primary_member(self.rank), node,
+                        proc.slurm_job_id if joining else "")
+            return Membership(self._group, launch, me, jd, self.rank, proc.slurm_job_id)
+        return None
 
     # ------------------------------------------------------------ registration
     def register(self, model=None, optimizer=None, scheduler=None, **extra_state) -> bool:

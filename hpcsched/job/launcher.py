@@ -224,6 +224,10 @@ class Launcher:
             (self.jd.path / f"slurm_job_{self.job_id}_resize.{suffix}").unlink(missing_ok=True)
 
     def run(self) -> int:
+        """Run the job's workers until it is done: launch them at the configuration in force,
+        and after they exit carry out the request they checkpointed for (:meth:`_follow`) and
+        launch again, or requeue the job when they stopped for it; the workers' exit status
+        (1 when no configuration fits the nodes)."""
         self.jd.link_job_id(self.job_id)
         self._forget_resize_scripts()  # left by an earlier run of this job: stale after a requeue
         restarts = self.env.get("SLURM_RESTART_COUNT", "0")
@@ -245,23 +249,39 @@ class Launcher:
             if ack is not None and ack.state == AckState.STOPPED and ack.time >= launched_at:
                 self._requeue_self(cfg, ack)
                 continue
-            if ack is not None and ack.state == AckState.CHECKPOINTED:
-                log.info("workers exited %.2f s after the checkpoint for generation %d",
-                         time.time() - ack.time, ack.generation)
-            pending = self._read_control()
-            if not (ack and ack.state == AckState.CHECKPOINTED and ack.generation > cfg.generation
-                    and pending is not None and pending.generation == ack.generation):
+            pending = self._checkpointed_request(ack, cfg)
+            if pending is None:
                 self._save_state(LauncherPhase.FINISHED if rc == 0 else LauncherPhase.FAILED, cfg,
                                  exit_code=rc)
                 log.info("workers exited with status %d; job done", rc)
                 return rc
-            if pending.action == ControlAction.CHECKPOINT_AND_SHRINK and pending.nodes < len(nodes):
-                self._shrink(pending.nodes)
-            elif pending.action == ControlAction.CHECKPOINT_AND_REQUEUE:
-                self._wait_for_requeue(pending, cfg)
-            else:
-                log.info("generation %d: relaunching on the same %d node(s)", pending.generation,
-                         len(nodes))
+            self._follow(pending, cfg, len(nodes))
+
+    def _checkpointed_request(self, ack: ctl.Ack | None, cfg: LaunchConfig) -> ctl.Control | None:
+        """After the workers of generation ``cfg.generation`` exited: the control request
+        they checkpointed for (its generation newer than ``cfg``'s and the one ``ack``, their
+        acknowledgement, checkpointed for), or ``None`` when they exited for good (finished,
+        failed, or without such a checkpoint)."""
+        if ack is not None and ack.state == AckState.CHECKPOINTED:
+            log.info("workers exited %.2f s after the checkpoint for generation %d",
+                     time.time() - ack.time, ack.generation)
+        pending = self._read_control()
+        if not (ack and ack.state == AckState.CHECKPOINTED and ack.generation > cfg.generation
+                and pending is not None and pending.generation == ack.generation):
+            return None
+        return pending
+
+    def _follow(self, pending: ctl.Control, cfg: LaunchConfig, n_nodes: int) -> None:
+        """Carry out the checkpointed request ``pending`` before the next launch, on a job
+        running ``cfg`` over ``n_nodes`` nodes: a shrink to fewer nodes gives the rest back, a
+        requeue waits to be requeued, anything else relaunches on the same nodes."""
+        if pending.action == ControlAction.CHECKPOINT_AND_SHRINK and pending.nodes < n_nodes:
+            self._shrink(pending.nodes)
+        elif pending.action == ControlAction.CHECKPOINT_AND_REQUEUE:
+            self._wait_for_requeue(pending, cfg)
+        else:
+            log.info("generation %d: relaunching on the same %d node(s)", pending.generation,
+                     n_nodes)
 
     def _launch(self, cfg: LaunchConfig, nodes: list[str]) -> int:
         self.launches += 1

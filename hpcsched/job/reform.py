@@ -207,12 +207,7 @@ def survivors(store, old: Form, gone, timeout: float, limit: float = 300.0,
     """
     start = time.monotonic()
     while True:
-        alive = [m for m in old.members
-                 if store.check([f"hpcsched/alive/{old.form}/{m.id}"])]
-        ids = {m.id for m in alive}
-        waiting = [m for m in old.members if m.id not in ids]
-        primaries = [m for m in waiting if m.allocation == PRIMARY]
-        others = [m for m in waiting if m.allocation != PRIMARY and not gone(m)]
+        alive, primaries, others = _roll_call(store, old, gone)
         elapsed = time.monotonic() - start
         if not primaries and (not others or elapsed > timeout):
             return alive
@@ -220,6 +215,19 @@ def survivors(store, old: Form, gone, timeout: float, limit: float = 300.0,
             raise RuntimeError(f"primary worker(s) {', '.join(m.id for m in primaries)} did not "
                                f"come back within {limit:.0f} s")
         time.sleep(poll)
+
+
+def _roll_call(store, old: Form, gone) -> tuple[list[Member], list[Member], list[Member]]:
+    """One look at which members of ``old`` marked themselves alive: ``(alive, primaries,
+    others)``, the alive members and, of the rest, the primary members and the extension
+    members whose allocation still runs (``gone(member)`` false), each in ``old``'s order."""
+    alive = [m for m in old.members
+             if store.check([f"hpcsched/alive/{old.form}/{m.id}"])]
+    ids = {m.id for m in alive}
+    waiting = [m for m in old.members if m.id not in ids]
+    primaries = [m for m in waiting if m.allocation == PRIMARY]
+    others = [m for m in waiting if m.allocation != PRIMARY and not gone(m)]
+    return alive, primaries, others
 
 
 def publish_recovery(store, old: Form, new: Form) -> None:

@@ -328,17 +328,7 @@ def job_limits(opts: dict[str, object], nodes: int, workers_per_node: int) -> Jo
             raise UsageError(f"--hpcsched-no-resize pins the job's size: drop {', '.join(given)}")
         opts = {**opts, "min-nodes": nodes, "max-nodes": nodes}
     min_nodes, max_nodes = _node_limits(opts, nodes, workers_per_node)
-    batch = opts.get("batch-size") or 32 * nodes * workers_per_node
-    bmin = opts.get("min-batch-size") or min(batch, opts.get("max-batch-size") or batch)
-    bmax = opts.get("max-batch-size") or max(batch, bmin)
-    if bmin > bmax:
-        raise UsageError(f"--hpcsched-min-batch-size={bmin} exceeds --hpcsched-max-batch-size={bmax}")
-    if not bmin <= batch <= bmax:
-        raise UsageError(f"batch size {batch} is outside [{bmin}, {bmax}]")
-    if bmax < min_nodes * workers_per_node:
-        raise UsageError(f"--hpcsched-max-batch-size={bmax} is smaller than the "
-                         f"{min_nodes * workers_per_node} GPUs of the smallest allowed size: "
-                         "every GPU needs at least one sample")
+    batch, bmin, bmax = _batch_limits(opts, nodes, min_nodes, workers_per_node)
     try:
         g = opts.get("min-gpus")
         return JobLimits(workers_per_node=workers_per_node, min_nodes=min_nodes,
@@ -348,6 +338,30 @@ def job_limits(opts: dict[str, object], nodes: int, workers_per_node: int) -> Jo
                          min_gpu_count=g if g is not None and g % workers_per_node else None)
     except ValueError as exc:  # every rule is checked above with the option's name; a safety net
         raise UsageError(str(exc)) from None
+
+
+def _batch_limits(opts: dict[str, object], nodes: int, min_nodes: int, wpn: int
+                  ) -> tuple[int, int, int]:
+    """``(batch, min, max)`` global batch sizes in samples from ``--hpcsched-batch-size`` and
+    ``--hpcsched-{min,max}-batch-size`` for a job submitted on ``nodes`` nodes of ``wpn``
+    GPUs: the starting batch defaults to 32 per GPU, the range to the starting batch alone.
+
+    Raises:
+        UsageError: a minimum over the maximum, a starting batch outside the range, or a
+            maximum below one sample for each GPU of the smallest size (``min_nodes``).
+    """
+    batch = opts.get("batch-size") or 32 * nodes * wpn
+    bmin = opts.get("min-batch-size") or min(batch, opts.get("max-batch-size") or batch)
+    bmax = opts.get("max-batch-size") or max(batch, bmin)
+    if bmin > bmax:
+        raise UsageError(f"--hpcsched-min-batch-size={bmin} exceeds --hpcsched-max-batch-size={bmax}")
+    if not bmin <= batch <= bmax:
+        raise UsageError(f"batch size {batch} is outside [{bmin}, {bmax}]")
+    if bmax < min_nodes * wpn:
+        raise UsageError(f"--hpcsched-max-batch-size={bmax} is smaller than the "
+                         f"{min_nodes * wpn} GPUs of the smallest allowed size: "
+                         "every GPU needs at least one sample")
+    return batch, bmin, bmax
 
 
 def _node_limits(opts: dict[str, object], nodes: int, wpn: int) -> tuple[int, int]:
