@@ -62,6 +62,8 @@ from hpcsched.daemon.phases import (
     WriteControl,
     next_step,
 )
+from hpcsched.policies.realise import Mechanism
+from hpcsched.policies.reconcile import Change
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.batching import BatchConfig, BatchSizeError
 from hpcsched.protocol.extensions import format_layout, parse_layout
@@ -504,10 +506,31 @@ class Actuator:
                 ResizePendingJob: _resize_pending, Requeue: _requeue, SetStartTime: _start_time}
 
 
+def realised_action(c: Change, workers_per_node: int) -> tuple[ChangeKind, int, tuple[str, ...]]:
+    """``(kind, nodes, placement)`` of the journal's action carrying out GPU-granular change
+    ``c`` by its mechanism (:mod:`hpcsched.policies.realise`; pure): a start sets the pending
+    primary's nodes and, when they differ from the job's ``workers_per_node``, its GPUs per node
+    (``node:GPUs`` pairs; else the nodes alone, as a node-granular start); an extension
+    grow or a release is a ``reform`` onto the layout; a shrink of primary nodes is a
+    ``shrink`` in place to its node count; a requeue is the ``grow`` path (checkpoint, requeue)
+    onto the layout's GPUs per node."""
+    pairs = tuple(f"{n}:{g}" for n, g in c.layout)
+    nodes = len(c.layout) or c.to_nodes
+    if c.mechanism == Mechanism.START:
+        if all(g == workers_per_node for _, g in c.layout):
+            return ChangeKind.PENDING, nodes, tuple(n for n, _ in c.layout)
+        return ChangeKind.PENDING, nodes, pairs
+    if c.mechanism in (Mechanism.EXTEND, Mechanism.RELEASE):
+        return ChangeKind.REFORM, nodes, pairs
+    if c.mechanism == Mechanism.SHRINK_PRIMARY:
+        return ChangeKind.SHRINK, nodes, ()
+    return ChangeKind.GROW, nodes, pairs
+
+
 __all__ = [
     "ENDED", "NOOP", "REQUEUE_START_DELAY_S", "Action", "Actuator", "Advance", "Current",
     "History", "Journal", "ResizeFailed", "ResizePhase", "ResizePlan", "ResizeRefused",
     "Timeouts", "continue_layout", "current_from", "current_of", "journaled", "next_step",
     "plan_for",
-    "plan_resize", "read_or_none",
+    "plan_resize", "read_or_none", "realised_action",
 ]

@@ -232,12 +232,26 @@ def claim_problem(r: dict, now: float | None = None) -> str | None:
     """
     if not isinstance(r, dict):
         return f"not an object ({type(r).__name__})"
+    return _count_problem(r) or _time_problem(r) or _world_problem(r) \
+        or _device_problem(r.get("device")) or (
+        f"time {r['t']} is in the future" if r["t"] > (now or time.time()) + CLOCK_SKEW else None)
+
+
+def _count_problem(r: dict) -> str | None:
+    """Why one of record ``r``'s counts (:data:`_COUNTS`: required, or optional when absent)
+    is not an integer the store holds at or above its minimum; None if none."""
     for name, (required, minimum) in _COUNTS.items():
         if name not in r and not required:
             continue
         v = r[name] if name in r else None
         if not _is_int(v) or v < minimum:
             return f"{name} {v!r:.40} is not an integer >= {minimum}"
+    return None
+
+
+def _time_problem(r: dict) -> str | None:
+    """Why record ``r``'s ``t``, ``step_time`` or (optional) ``compute_time`` is not a finite
+    number, or a duration (seconds) is negative; None if none."""
     for name in ("t", "step_time"):
         if not _is_number(r.get(name)):
             return f"{name} {r.get(name)!r:.40} is not a finite number"
@@ -247,8 +261,7 @@ def claim_problem(r: dict, now: float | None = None) -> str | None:
         return f"negative step_time {r['step_time']}"
     if r.get("compute_time") is not None and r["compute_time"] < 0:
         return f"negative compute_time {r['compute_time']}"
-    return _world_problem(r) or _device_problem(r.get("device")) or (
-        f"time {r['t']} is in the future" if r["t"] > (now or time.time()) + CLOCK_SKEW else None)
+    return None
 
 
 def _world_problem(r: dict) -> str | None:

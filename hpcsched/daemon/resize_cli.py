@@ -172,16 +172,7 @@ def _hot(action: Action, phase: ResizePhase) -> bool:
 def resize_command(job_id, nodes, gpus, layout, batch_size, reason, wait, timeout, as_json):
     """Resize hpcsched job JOB_ID: batch size in place, shrink in place, grow by requeue, or
     any layout through extension allocations (--layout; docs/extensions.md)."""
-    if not (job_id.isascii() and job_id.isdigit()):
-        raise click.UsageError(f"{job_id!r} is not a Slurm job id (a number, as squeue shows)")
-    if sum(x is not None for x in (nodes, gpus, layout)) > 1:
-        raise click.UsageError("give one of --nodes, --gpus and --layout")
-    if nodes is None and gpus is None and layout is None and batch_size is None:
-        raise click.UsageError("nothing to do: give --nodes, --gpus, --layout and/or --batch-size")
-    try:
-        layout = parse_layout(layout) if layout is not None else None
-    except ctl.ProtocolError as exc:
-        raise click.BadParameter(str(exc), param_hint="--layout") from None
+    layout = _checked_request(job_id, nodes, gpus, layout, batch_size)
     try:
         control = CLISlurmControl()
         info = _owned_job(job_id, control)     # before anything of the job's is read
@@ -204,6 +195,28 @@ def resize_command(job_id, nodes, gpus, layout, batch_size, reason, wait, timeou
     if not as_json:
         for note in result.notes:
             click.echo(f"  note: {note}")
+
+
+def _checked_request(job_id: str, nodes: int | None, gpus: int | None, layout: str | None,
+                     batch_size: int | None) -> dict[str, int] | None:
+    """Check the command line of ``hpcsched resize``: a numeric job id, at most one of
+    ``--nodes``, ``--gpus`` and ``--layout``, and something to do; returns ``--layout``
+    parsed (:func:`parse_layout`), ``None`` without one.
+
+    Raises:
+        click.UsageError: a bad job id, sizes given twice, or nothing to do.
+        click.BadParameter: a ``--layout`` that does not parse.
+    """
+    if not (job_id.isascii() and job_id.isdigit()):
+        raise click.UsageError(f"{job_id!r} is not a Slurm job id (a number, as squeue shows)")
+    if sum(x is not None for x in (nodes, gpus, layout)) > 1:
+        raise click.UsageError("give one of --nodes, --gpus and --layout")
+    if nodes is None and gpus is None and layout is None and batch_size is None:
+        raise click.UsageError("nothing to do: give --nodes, --gpus, --layout and/or --batch-size")
+    try:
+        return parse_layout(layout) if layout is not None else None
+    except ctl.ProtocolError as exc:
+        raise click.BadParameter(str(exc), param_hint="--layout") from None
 
 
 def _owned_job(job_id: str, control: SlurmControl) -> slurm.JobInfo:

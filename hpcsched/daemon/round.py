@@ -47,7 +47,6 @@ import math
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import click
@@ -62,10 +61,12 @@ from hpcsched.daemon.actuator import (
     journaled,
     layout_in_force,
     read_or_none,
+    realised_action,
     reform_layout,
 )
 from hpcsched.daemon.config import ConfigError, Settings, load
 from hpcsched.daemon.costs import measured_costs
+from hpcsched.daemon.events import foreign_event, round_event
 from hpcsched.daemon.gpu_status import gpu_rows
 from hpcsched.daemon.ingest import ingest_job
 from hpcsched.daemon.leadership import HostLock, Leadership
@@ -78,18 +79,21 @@ from hpcsched.daemon.retention import Retention
 from hpcsched.daemon.site_limits import read_site_limits
 from hpcsched.daemon.store import Store
 from hpcsched.daemon.views import application_of
-from hpcsched.model.snapshot import ClusterSnapshot, ForeignJob
+from hpcsched.model.snapshot import ClusterSnapshot
 from hpcsched.policies import POLICIES, PolicyError, make_policy
 from hpcsched.policies.base import rounds_on_events
-from hpcsched.policies.realise import Mechanism
 from hpcsched.policies.reconcile import Change, Costs
-from hpcsched.policies.round import PartitionOverlap, decide_by_partition, decide_round
+from hpcsched.policies.round import (
+    PartitionOverlap,
+    RoundDecision,
+    decide_by_partition,
+    decide_round,
+)
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir, JobSpec
 from hpcsched.protocol.kinds import ChangeKind
 from hpcsched.slurm.control import CLISlurmControl
 from hpcsched.slurm.observe import Backend, make_backend
-from hpcsched.slurm.parse import ACTIVE_STATES
 from hpcsched.views.claims import ClaimBook, check_claims
 
 log = logging.getLogger("hpcsched.daemon")
@@ -119,38 +123,17 @@ class RoundReport:
     gpus: list = field(default_factory=list)   # GpuStatus rows (probes), when metrics are on
 
 
-def round_event(before: Mapping[str, str], after: Mapping[str, str]) -> str | None:
-    """Why a policy that rounds on events (``round_on_events``) wants a round now, or None.
-
-    ``before`` is the last round's managed jobs (Slurm job id -> Slurm state), ``after`` the
-    same map observed since. A job *ended* when it was active in ``before`` (a state of
-    :data:`~hpcsched.slurm.parse.ACTIVE_STATES`, as :attr:`JobInfo.active`) and is gone or no
-    longer active in ``after``; it counts only while some managed job is still active (else
-    there is nothing to decide, as in the simulator). A job was *submitted* when it is not in
-    ``before`` and is PENDING in ``after`` (Slurm found no room for it). A job that started, or
-    was requeued by a resize, is no event. Returns e.g. ``"job 123 ended, job 124 submitted"``.
-    """
-    ended = [j for j, s in before.items()
-             if s in ACTIVE_STATES and after.get(j) not in ACTIVE_STATES]
-    if ended and not any(s in ACTIVE_STATES for s in after.values()):
-        ended = []
-    submitted = [j for j, s in after.items() if j not in before and s == "PENDING"]
-    reasons = [f"job {j} ended" for j in ended] + [f"job {j} submitted" for j in submitted]
-    return ", ".join(reasons) or None
-
-
-def foreign_event(before: frozenset[str], pending: Sequence[ForeignJob],
-                  managed: Mapping[str, str]) -> str | None:
-    """Why a round is wanted now for other users' jobs, or None: a pending GPU job hpcsched does
-    not manage (:func:`~hpcsched.daemon.views.foreign_pending`) that was not pending at the last
-    round (``before``: their job ids), while some managed job runs (its extension GPUs may be
-    what the newcomer needs: :mod:`hpcsched.policies.neighbours`). So another user's job waits
-    for at most ``daemon.event_poll`` seconds, not a whole round, before hpcsched yields to it.
-    Returns e.g. ``"job 130 of user bob pends"``."""
-    if not any(s == "RUNNING" for s in managed.values()):
-        return None
-    new = [f"job {f.job_id} of user {f.user} pends" for f in pending if f.job_id not in before]
-    return ", ".join(new) or None
+def _log_change(round_id: int, c: Change, dry_run: bool) -> None:
+    """Log change ``c`` of round ``round_id``: what the daemon will (would, in a dry run) do
+    to which job, nodes and batch before and after, GPUs, layout and mechanism for a
+    GPU-granular change, and why."""
+    verb = "would" if dry_run else "will"
+    gpus = (f" ({c.from_gpus} -> {c.to_gpus} GPU(s)"
+            + (f" on {','.join(f'{n}:{g}' for n, g in c.layout)}" if c.layout else "")
+            + f", by {c.mechanism})") if c.mechanism is not None else ""
+    log.info("round %d: job %s %s %s: %d -> %d node(s)%s, batch %d -> %d: %s",
+             round_id, c.job_id, verb, "start" if c.kind == "pending" else c.kind,
+             c.from_nodes, c.to_nodes, gpus, c.from_batch_size, c.to_batch_size, c.reason)
 
 
 class Daemon:
@@ -281,17 +264,14 @@ class Daemon:
         return ", ".join(reasons) or None
 
     def _round(self, rep: RoundReport) -> None:
+        """One round into ``rep``: observe Slurm and keep the store up to date
+        (:meth:`_keep_up`), take every open action a step (:meth:`_resume`), build the snapshot
+        and check the jobs' claims, decide (:meth:`_decide`), log the changes and, unless
+        ``daemon.dry_run``, journal and start each (:meth:`_apply`)."""
         obs = self.backend.observe()
         managed = self.managed.find(obs)
         rep.slurm_states = {job_id: info.state for job_id, (_, _, info) in managed.items()}
-        for job_id, (jd, spec, info) in managed.items():
-            self._record_job(jd, spec, info, obs.time)
-            if info.state in ("RUNNING", "COMPLETING") or not info.active:
-                ingest_job(self.store, job_id, jd.path, application_of(spec))
-        self.probes.round()
-        rep.reaped = self.reaper.reap(obs, self.actuator.slurm)   # orphaned extension jobs
-        if not self.settings.daemon.dry_run and self.retention.due():   # about once an hour
-            self.retention.sweep({j for j, i in obs.jobs.items() if i.active}, obs.time)
+        self._keep_up(obs, managed, rep)
         busy = self._resume(managed, rep)
         release_requeued(managed, busy, self.actuator.slurm, obs.time, self.settings.daemon.dry_run)
         snapshot = views.daemon_snapshot(obs, managed, self.store, busy,
@@ -303,6 +283,39 @@ class Daemon:
         for n in found:
             log.warning("round %d: %s", rep.round_id, n)
         rep.jobs, rep.snapshot = len(snapshot.jobs), snapshot
+        decision = self._decide(snapshot, rep)
+        rep.objective = decision.plan.objective if decision.plan is not None else None
+        rep.notes = list(decision.notes)
+        for n in rep.notes:
+            log.info("round %d: %s", rep.round_id, n)
+        for c in decision.changes:
+            _log_change(rep.round_id, c, self.settings.daemon.dry_run)
+        rep.changes = list(decision.changes)
+        if self.settings.daemon.dry_run:
+            return
+        for c in decision.changes:
+            jd, spec, info = managed[c.job_id]
+            rep.outcomes[c.job_id] = self._apply(c, jd, spec, info, rep)
+
+    def _keep_up(self, obs, managed, rep: RoundReport) -> None:
+        """The round's bookkeeping on observation ``obs``: each managed job recorded and, while
+        it runs or once it ended, its new step records ingested; the GPU probes read;
+        orphaned extension jobs reaped (into ``rep.reaped``); and, about once an hour unless
+        ``daemon.dry_run``, old job directories swept."""
+        for job_id, (jd, spec, info) in managed.items():
+            self._record_job(jd, spec, info, obs.time)
+            if info.state in ("RUNNING", "COMPLETING") or not info.active:
+                ingest_job(self.store, job_id, jd.path, application_of(spec))
+        self.probes.round()
+        rep.reaped = self.reaper.reap(obs, self.actuator.slurm)   # orphaned extension jobs
+        if not self.settings.daemon.dry_run and self.retention.due():   # about once an hour
+            self.retention.sweep({j for j, i in obs.jobs.items() if i.active}, obs.time)
+
+    def _decide(self, snapshot: ClusterSnapshot, rep: RoundReport) -> RoundDecision:
+        """The round's decision on ``snapshot``, with the restart and shrink costs measured
+        from the journal (logged when what they say changes): by the partitions' own
+        policies where ``[policy.partitions.*]`` gives some (one policy for all when they
+        overlap), else by ``[policy]``; its seconds go into ``rep.policy_seconds``."""
         t = time.perf_counter()
         costs, said = measured_costs(self.store.actions(limit=200), self.costs)
         if said != self._costs_said:
@@ -317,24 +330,7 @@ class Daemon:
             log.error("round %d: %s; [policy] plans every partition", rep.round_id, exc)
         decision = decision or decide_round(snapshot, self.policy, costs, seed)
         rep.policy_seconds = time.perf_counter() - t
-        rep.objective = decision.plan.objective if decision.plan is not None else None
-        rep.notes = list(decision.notes)
-        for n in rep.notes:
-            log.info("round %d: %s", rep.round_id, n)
-        for c in decision.changes:
-            verb = "would" if self.settings.daemon.dry_run else "will"
-            gpus = (f" ({c.from_gpus} -> {c.to_gpus} GPU(s)"
-                    + (f" on {','.join(f'{n}:{g}' for n, g in c.layout)}" if c.layout else "")
-                    + f", by {c.mechanism})") if c.mechanism is not None else ""
-            log.info("round %d: job %s %s %s: %d -> %d node(s)%s, batch %d -> %d: %s",
-                     rep.round_id, c.job_id, verb, "start" if c.kind == "pending" else c.kind,
-                     c.from_nodes, c.to_nodes, gpus, c.from_batch_size, c.to_batch_size, c.reason)
-        rep.changes = list(decision.changes)
-        if self.settings.daemon.dry_run:
-            return
-        for c in decision.changes:
-            jd, spec, info = managed[c.job_id]
-            rep.outcomes[c.job_id] = self._apply(c, jd, spec, info, rep)
+        return decision
 
     def _apply(self, c: Change, jd: JobDir, spec: JobSpec, info: slurm.JobInfo,
                rep: RoundReport) -> str:
@@ -426,27 +422,6 @@ class Daemon:
         return touched
 
 
-def realised_action(c: Change, workers_per_node: int) -> tuple[ChangeKind, int, tuple[str, ...]]:
-    """``(kind, nodes, placement)`` of the journal's action carrying out GPU-granular change
-    ``c`` by its mechanism (:mod:`hpcsched.policies.realise`; pure): a start sets the pending
-    primary's nodes and, when they differ from the job's ``workers_per_node``, its GPUs per node
-    (``node:GPUs`` pairs; else the nodes alone, as a node-granular start); an extension
-    grow or a release is a ``reform`` onto the layout; a shrink of primary nodes is a
-    ``shrink`` in place to its node count; a requeue is the ``grow`` path (checkpoint, requeue)
-    onto the layout's GPUs per node."""
-    pairs = tuple(f"{n}:{g}" for n, g in c.layout)
-    nodes = len(c.layout) or c.to_nodes
-    if c.mechanism == Mechanism.START:
-        if all(g == workers_per_node for _, g in c.layout):
-            return ChangeKind.PENDING, nodes, tuple(n for n, _ in c.layout)
-        return ChangeKind.PENDING, nodes, pairs
-    if c.mechanism in (Mechanism.EXTEND, Mechanism.RELEASE):
-        return ChangeKind.REFORM, nodes, pairs
-    if c.mechanism == Mechanism.SHRINK_PRIMARY:
-        return ChangeKind.SHRINK, nodes, ()
-    return ChangeKind.GROW, nodes, pairs
-
-
 # ---------------------------------------------------------------- service
 def _load_settings(config: str | None, overrides: dict) -> Settings:
     settings = load(config, policy_names=POLICIES)
@@ -515,6 +490,33 @@ def _between_rounds(daemon: Daemon, d, t0: float, state: dict,
     return None
 
 
+def _preflight(settings: Settings) -> None:
+    """The checks before the daemon starts: exit with status 2, saying why, when it must not
+    start (a ``[daemon] partitions`` entry Slurm lacks); warn when the control directory is
+    not set."""
+    refusal = preflight.start_refusal(settings)   # a [daemon] partitions entry Slurm lacks
+    if refusal:
+        click.echo(refusal, err=True)
+        raise SystemExit(2)
+    if unset := preflight.control_dir_unset(settings):
+        log.warning("%s", unset)
+
+
+def _reload_settings(config, overrides: dict, settings: Settings, daemon: Daemon, store: Store,
+                     metrics: DaemonMetrics | None) -> tuple[Settings, Daemon]:
+    """On SIGHUP: the configuration read again from ``config`` (with the command line's
+    ``overrides``) and a daemon made from it on ``store`` and the same ``metrics`` endpoint; the old
+    ``settings`` and ``daemon``, with an error logged, when the new configuration is bad."""
+    try:
+        settings = _load_settings(config, overrides)
+        daemon = Daemon(settings, store=store, metrics=metrics)   # same endpoint
+        log.info("SIGHUP: configuration reloaded (policy %s, every %.0f s)",
+                 daemon.policy.name, settings.daemon.round_interval)
+    except (ConfigError, PolicyError) as exc:
+        log.error("SIGHUP: configuration not reloaded, keeping the old one: %s", exc)
+    return settings, daemon
+
+
 @click.command("daemon")
 @click.option("--config", type=click.Path(dir_okay=False), default=None,
               help="TOML file (default: $HPCSCHED_CONFIG or /etc/hpcsched/hpcsched.toml).")
@@ -538,12 +540,7 @@ def daemon_command(config, once, interval, dry_run, metrics_port, metrics_addr):
     except (ConfigError, PolicyError) as exc:
         raise click.ClickException(str(exc))
     logging.getLogger().setLevel(settings.daemon.log_level.upper())
-    refusal = preflight.start_refusal(settings)   # a [daemon] partitions entry Slurm lacks
-    if refusal:
-        click.echo(refusal, err=True)
-        raise SystemExit(2)
-    if unset := preflight.control_dir_unset(settings):
-        log.warning("%s", unset)
+    _preflight(settings)
     lock = HostLock(settings.daemon.lock_file)
     lock.acquire()
     store = Store(settings.daemon.database_url)
@@ -571,13 +568,7 @@ def daemon_command(config, once, interval, dry_run, metrics_port, metrics_addr):
     while True:
         if state["reload"]:
             state["reload"] = False
-            try:
-                settings = _load_settings(config, overrides)
-                daemon = Daemon(settings, store=store, metrics=metrics)   # same endpoint
-                log.info("SIGHUP: configuration reloaded (policy %s, every %.0f s)",
-                         daemon.policy.name, settings.daemon.round_interval)
-            except (ConfigError, PolicyError) as exc:
-                log.error("SIGHUP: configuration not reloaded, keeping the old one: %s", exc)
+            settings, daemon = _reload_settings(config, overrides, settings, daemon, store, metrics)
         if not lead.hold():   # a standby: another daemon runs this cluster's rounds
             if once:
                 break

@@ -321,6 +321,30 @@ def gpu_granular_facts(facts: JobFacts, extensions: Sequence[slurm.JobInfo],
                                primary=tuple(primary.values()) if extensions else ())
 
 
+def _own_extensions(exts: Mapping[str, Sequence[slurm.JobInfo]], managed: Mapping[str, ManagedJob],
+                    granularity: str) -> tuple[dict[str, slurm.JobInfo], list[str]]:
+    """Which extension jobs (``exts``: job id -> its extension jobs) count as their job's own
+    GPUs: ``(widened, counted)``, the jobs whose Slurm view is widened to their whole
+    allocation (at ``granularity`` ``"node"``, where it is whole nodes:
+    :func:`with_extensions`) and the ids of the extension jobs counted as their job's (all of
+    them at ``"gpu"``); the others stay other jobs' GPUs."""
+    widened: dict[str, slurm.JobInfo] = {}
+    counted: list[str] = []
+    for job_id, found in exts.items():
+        _, spec, info = managed[job_id]
+        if granularity == "gpu":
+            counted.extend(e.job_id for e in found)
+            continue
+        whole = with_extensions(info, found, spec.limits.workers_per_node)
+        if whole is None:
+            log.debug("job %s: extension job(s) %s left as other jobs' GPUs: not whole nodes",
+                      job_id, ", ".join(e.job_id for e in found))
+            continue
+        widened[job_id] = whole
+        counted.extend(e.job_id for e in found)
+    return widened, counted
+
+
 def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: Store,
                     busy: set[str], partitions: Sequence[str], throughput_model: str = "shared",
                     granularity: str = "node", site: SiteLimits | None = None) -> ClusterSnapshot:
@@ -340,20 +364,7 @@ def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: 
     held = {job_id for job_id, (_, _, info) in managed.items() if job_id not in busy
             and (held_for_placement(info) or held_after_preemption(info, store))}
     exts = extension_jobs(obs, managed)
-    widened: dict[str, slurm.JobInfo] = {}
-    counted: list[str] = []
-    for job_id, found in exts.items():
-        _, spec, info = managed[job_id]
-        if granularity == "gpu":
-            counted.extend(e.job_id for e in found)
-            continue
-        whole = with_extensions(info, found, spec.limits.workers_per_node)
-        if whole is None:
-            log.debug("job %s: extension job(s) %s left as other jobs' GPUs: not whole nodes",
-                      job_id, ", ".join(e.job_id for e in found))
-            continue
-        widened[job_id] = whole
-        counted.extend(e.job_id for e in found)
+    widened, counted = _own_extensions(exts, managed, granularity)
 
     def facts(job_id: str, jd: JobDir, spec: JobSpec, info: slurm.JobInfo) -> JobFacts:
         f = daemon_job_facts(jd, spec, widened.get(job_id, info), store, job_id in busy)

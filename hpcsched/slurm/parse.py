@@ -5,7 +5,8 @@
 * the GPU count of any GRES or TRES string, or of pyslurm's GRES dict (:func:`gpu_count`: the
   one parser; squeue's ``tres_per_node``, sinfo's ``gres``/``gres_used``/``tres_used`` and the
   pyslurm backend all go through it),
-* ``slurm_job_<id>_resize.sh`` (:func:`parse_resize_script`).
+* ``slurm_job_<id>_resize.sh`` (:func:`parse_resize_script`, in
+  :mod:`hpcsched.slurm.resize_script`; imported here too).
 
 What Slurm 22.05.8 really prints (measured on the dev cluster, ``hpcsched devcluster up``;
 ``docs/slurm-22.05-notes.md`` §3)::
@@ -51,6 +52,7 @@ from typing import NamedTuple
 from hpcsched.model.snapshot import NodeView
 from hpcsched.slurm.errors import SlurmError, SlurmUnavailable, says_unreachable
 from hpcsched.slurm.hostlist import split_top
+from hpcsched.slurm.resize_script import parse_resize_script as parse_resize_script
 
 #: Job states in which Slurm still holds resources for the job or may start it again.
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED",
@@ -573,31 +575,3 @@ def parse_sinfo_json(text: str | bytes) -> tuple[NodeView, ...]:
                             max(old.gpus_allocated, node.gpus_allocated), old.state, parts)
         merged[node.name] = node
     return tuple(merged.values())
-
-
-# --------------------------------------------------------------------------------------------
-# The resize script
-# --------------------------------------------------------------------------------------------
-
-_EXPORT = re.compile(r'export\s+([A-Za-z_][A-Za-z0-9_]*)=(?:"([^"]*)"|(\S*))')
-_UNSET = re.compile(r"unset\s+([A-Za-z_][A-Za-z0-9_]*)")
-
-
-def parse_resize_script(text: str) -> tuple[dict[str, str], list[str]]:
-    """Parse ``slurm_job_<id>_resize.sh`` into (variables to set, variables to unset).
-
-    Slurm writes ``export NAME="value"`` and ``unset NAME`` lines (22.05, measured: see the
-    notes §3). Anything else is ignored.
-    """
-    setv: dict[str, str] = {}
-    unset: list[str] = []
-    for line in text.splitlines():
-        line = line.strip()
-        m = _EXPORT.match(line)
-        if m:
-            setv[m.group(1)] = m.group(2) if m.group(2) is not None else m.group(3)
-            continue
-        m = _UNSET.match(line)
-        if m:
-            unset.append(m.group(1))
-    return setv, unset

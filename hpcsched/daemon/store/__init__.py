@@ -2,6 +2,7 @@
 
 * :mod:`~hpcsched.daemon.store.store`: :class:`Store`, every read and write the daemon makes;
 * :mod:`~hpcsched.daemon.store.journal`: the journal of resizes (phases and their history);
+* :mod:`~hpcsched.daemon.store.gpus`: the GPUs' measurements and probes;
 * :mod:`~hpcsched.daemon.store.schema`: the ORM models, engine settings, Alembic configuration
   (migrations in ``db/`` at the repository's top level);
 * :mod:`~hpcsched.daemon.store.rows`: the frozen rows handed out;
