@@ -1,7 +1,7 @@
-"""Shared fixtures. Tests marked ``slurm`` run against the real local dev cluster
-(``hpcsched devcluster up``: slurmctld, 4 x slurmd with gpu:4 GRES, slurmdbd + MariaDB), which
-this fixture starts when it is not up and stops again at the end if it started it
-(set ``HPCSCHED_KEEP_DEVCLUSTER=1`` to keep it)."""
+"""Shared fixtures. Tests marked ``slurm`` run against a real local dev cluster
+(``hpcsched devcluster up``: slurmctld, 4 x slurmd with gpu:4 GRES, slurmdbd + MariaDB), one per
+pytest-xdist worker, which the ``devcluster`` fixture starts when it is not up and stops again at
+the end if it started it (set ``HPCSCHED_KEEP_DEVCLUSTER=1`` to keep it)."""
 
 from __future__ import annotations
 
@@ -21,37 +21,67 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "jobscripts" / "examples" / "digits_mlp.py"
 
 
-@pytest.hookimpl(tryfirst=True)   # before xdist's, which reads the group into each node id
+def _instance() -> int:
+    """This pytest-xdist worker's dev cluster: worker ``gwK`` runs on cluster instance K (0 is
+    the default cluster; without xdist, 0)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(worker[2:]) if worker[2:].isdigit() else 0
+
+
 def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (``tools/test.sh``: ``-n 2 --dist loadgroup``), every test on the dev
-    cluster (marked ``slurm`` or using its fixture) goes to one worker, one after another: they
-    share its 16 GPUs, and one of them stops and starts it; the rest run beside them."""
+    """Every test on the dev cluster is marked ``slurm``, also one that only asks for its fixture,
+    so that ``-m "not slurm"`` (``tools/test.sh --quick``) leaves all of them out.
+
+    Under pytest-xdist with ``--dist worksteal`` (``tools/test.sh``), which first hands each of
+    the N workers a contiguous 1/N of the tests, the order is rearranged so that each such share
+    starts with 1/N of the cluster tests (the ``slow`` ones first): their waits (up to minutes)
+    begin at once on every worker's own cluster instead of queueing on one."""
     for item in items:
-        if item.get_closest_marker("slurm") or "devcluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("devcluster"))
+        if "devcluster" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.slurm)
+    n = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if n <= 1:
+        return
+    cluster = sorted((i for i in items if i.get_closest_marker("slurm")),
+                     key=lambda i: i.get_closest_marker("slow") is None)   # stable: slow first
+    rest = [i for i in items if not i.get_closest_marker("slurm")]
+    shares, at = [], 0
+    for k in range(n):
+        mine = cluster[k::n]
+        size = len(items) * (k + 1) // n - len(items) * k // n
+        take = max(0, size - len(mine))
+        shares += mine + rest[at:at + take]
+        at += take
+    items[:] = shares + rest[at:]
 
 
 def pytest_configure(config):
-    """Refuse ``--dist loadgroup`` under pytest 9: pytest-xdist 3.8 marks a test's group by
-    writing ``item._nodeid``, which pytest 9 no longer reads, so the dev-cluster tests would run
-    on both workers at once and fail on each other's jobs (setup.cfg pins pytest below 9)."""
-    if (getattr(config.option, "dist", None) == "loadgroup"
-            and int(pytest.__version__.split(".")[0]) >= 9):
-        raise pytest.UsageError(
-            f"pytest {pytest.__version__} with pytest-xdist cannot keep the dev-cluster tests "
-            "in one worker (--dist loadgroup); install pytest<9 (setup.cfg) or run without -n")
+    """Each pytest-xdist worker has a dev cluster of its own (``tools/test.sh`` runs several side
+    by side so that their waits overlap): worker ``gwK`` with K >= 1 uses the state directory
+    ``<default>-gwK`` (exported as ``$HPCSCHED_DEVCLUSTER_DIR`` for the ``hpcsched devcluster``
+    commands tests run) and the ports of instance K (``devcluster.base.instance_ports``)."""
+    from hpcsched.slurm import devcluster as dc
+
+    k = _instance()
+    if k:
+        os.environ[dc.STATE_DIR_ENV] = f"{dc.default_state_dir()}-gw{k}"
 
 
 @pytest.fixture(scope="session")
 def devcluster():
-    """The dev cluster's slurm.conf path; SLURM_CONF is exported for every subprocess."""
+    """This worker's dev cluster (:func:`pytest_configure`), started when it is down; its
+    slurm.conf path. SLURM_CONF is exported for every subprocess."""
     from hpcsched.slurm import devcluster as dc
+    from hpcsched.slurm.devcluster.base import MAX_INSTANCE, instance_ports
 
     state = dc.default_state_dir()
     was_up = dc.is_up(state)
     if not was_up and os.geteuid() != 0:
         pytest.skip("the dev cluster is down and starting it needs root")
-    conf = dc.up(state)
+    if _instance() > MAX_INSTANCE:
+        pytest.fail(f"at most {MAX_INSTANCE + 1} pytest-xdist workers can each have a dev cluster "
+                    f"(this is {os.environ.get('PYTEST_XDIST_WORKER')}); run with -n {MAX_INSTANCE + 1} or fewer")
+    conf = dc.up(state, ports=instance_ports(_instance()))
     old = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(conf)
     yield conf

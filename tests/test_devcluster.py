@@ -264,6 +264,35 @@ def test_chroot_ports_meet_neither_the_host_cluster_nor_each_other():
     assert not (sets[0] & sets[1])
 
 
+def test_instance_clusters_meet_no_other_cluster_nor_the_jobs_ports():
+    """The clusters the test suite runs side by side (one per pytest-xdist worker) have ports of
+    their own, below where jobs' rank-0 stores start, and job ids of their own."""
+    from hpcsched.job.launcher import PORT_BASE
+
+    def used(p: dc.base.Ports) -> set[int]:
+        return ({p.slurmctld, p.slurmd, *range(p.node(1), p.node(dc.base.MAX_NODES) + 1)}
+                | ({p.slurmdbd, p.mariadb} if p.accounting else set()))
+
+    clusters = [dc.base.instance_ports(k) for k in range(dc.base.MAX_INSTANCE + 1)]
+    sets = [used(p) for p in clusters] + [used(v.ports) for v in chroot.VERSIONS.values()]
+    assert sum(len(s) for s in sets) == len(set().union(*sets)), "two clusters share a port"
+    assert max(max(s) for s in sets) < PORT_BASE
+    assert len({p.first_job_id for p in clusters}) == len(clusters)
+    with pytest.raises(dc.DevClusterError, match="between 0 and"):
+        dc.base.instance_ports(dc.base.MAX_INSTANCE + 1)
+
+
+def test_an_instance_cluster_config_names_its_own_ports_and_first_job_id(tmp_path):
+    p = dc.base.instance_ports(2)
+    files = dc.render_configs(tmp_path, ports=p)
+    conf = files["slurm.conf"]
+    assert f"SlurmctldPort={p.slurmctld}\n" in conf and f"AccountingStoragePort={p.slurmdbd}\n" in conf
+    assert "FirstJobId=200001\n" in conf and f"Port={p.node(4)} " in conf
+    assert f"DbdPort={p.slurmdbd}\n" in files["slurmdbd.conf"]
+    assert f"StoragePort={p.mariadb}\n" in files["slurmdbd.conf"]
+    assert "FirstJobId" not in dc.render_configs(tmp_path)["slurm.conf"]
+
+
 @pytest.mark.parametrize("text, want", [
     ("Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\n", "http://mirror.example/debian"),
     ("deb http://deb.debian.org/debian bookworm main\n", "http://deb.debian.org/debian"),

@@ -5,11 +5,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# --python-only: the virtual environment alone (no Slurm packages, no root), for tests that do not
+# use the dev cluster (tools/test.sh --quick).
 need_apt=()
-command -v slurmctld >/dev/null || need_apt+=(slurm-wlm)
-command -v munged >/dev/null || need_apt+=(munge)
-command -v slurmdbd >/dev/null || need_apt+=(slurmdbd)
-command -v mariadbd >/dev/null || need_apt+=(mariadb-server)
+if [ "${1:-}" != "--python-only" ]; then
+    command -v slurmctld >/dev/null || need_apt+=(slurm-wlm)
+    command -v munged >/dev/null || need_apt+=(munge)
+    command -v slurmdbd >/dev/null || need_apt+=(slurmdbd)
+    command -v mariadbd >/dev/null || need_apt+=(mariadb-server)
+fi
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: installing Debian packages: ${need_apt[*]}" >&2

@@ -49,6 +49,11 @@ class Ports:
     slurmctld: int = SLURMCTLD_PORT
     slurmd: int = SLURMD_PORT       # SlurmdPort; every node overrides it with node_base + K
     node_base: int = NODE_PORT_BASE
+    slurmdbd: int = SLURMDBD_PORT
+    mariadb: int = MARIADB_PORT
+    #: slurm.conf ``FirstJobId``: clusters side by side never hand out the same job id (a job's
+    #: rank-0 store port is derived from its id: ``job.launcher.master_port``)
+    first_job_id: int = 1
     accounting: bool = True
     cgroup_plugin: str = "autodetect"  # cgroup.conf CgroupPlugin=
     #: wire hpcsched's Slurm-side plugins (job_submit.lua, prolog, epilog), each off until
@@ -59,9 +64,42 @@ class Ports:
         """Port of node ``nK``."""
         return self.node_base + k
 
+    def all(self, nodes: int) -> dict[str, int]:
+        """Every TCP port the cluster listens on, by daemon (``slurmd nK`` per node)."""
+        ports = {"slurmctld": self.slurmctld}
+        if self.accounting:
+            ports |= {"slurmdbd": self.slurmdbd, "MariaDB": self.mariadb}
+        return ports | {f"slurmd n{k}": self.node(k) for k in range(1, nodes + 1)}
+
 
 #: The host's 22.05 dev cluster.
 DEFAULT_PORTS = Ports()
+
+#: Further host 22.05 clusters side by side (:func:`instance_ports`: the test suite runs one per
+#: pytest-xdist worker): instance K listens from ``INSTANCE_PORT_BASE + K x INSTANCE_PORT_STEP``,
+#: between the chroot clusters' ports (up to 17854) and 20000, where jobs' rank-0 stores start
+#: (``job.launcher.PORT_BASE``).
+INSTANCE_PORT_BASE = 17900
+INSTANCE_PORT_STEP = 300
+MAX_INSTANCE = 6
+
+
+def instance_ports(instance: int) -> Ports:
+    """The ports of host cluster number ``instance``: 0 is :data:`DEFAULT_PORTS`; 1..6 are
+    further clusters that run beside it (each with its own state directory, MariaDB and
+    slurmdbd): nodes at ``base + K``, slurmctld/SlurmdPort/slurmdbd/MariaDB at ``base + 260..263``
+    with ``base = 17900 + instance x 300``; job ids from ``instance x 100,000 + 1``.
+
+    :raises DevClusterError: ``instance`` outside 0..6.
+    """
+    if instance == 0:
+        return DEFAULT_PORTS
+    if not 1 <= instance <= MAX_INSTANCE:
+        raise DevClusterError(f"cluster instance must be between 0 and {MAX_INSTANCE}, got {instance}")
+    base = INSTANCE_PORT_BASE + instance * INSTANCE_PORT_STEP
+    return Ports(slurmctld=base + 260, slurmd=base + 261, slurmdbd=base + 262, mariadb=base + 263,
+                 node_base=base, first_job_id=1 + instance * 100_000)
+
 
 #: apt packages installed when a needed binary is missing (never slurm-wlm-emulator, see the notes).
 APT_PACKAGES = ("slurm-wlm", "munge", "slurmdbd", "mariadb-server")
@@ -104,6 +142,7 @@ class Layout:
         self.db_socket = self.db / "mysqld.sock"
         self.slurm_conf = self.etc / "slurm.conf"
         self.manifest = self.root / "cluster.json"
+        self.ports = self.root / "ports.json"
         self.lock = self.root / ".lock"
 
     def pidfile(self, name: str) -> Path:

@@ -5,6 +5,7 @@ started) and lock (flock on ``STATE/.lock``) they share."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -16,14 +17,11 @@ from typing import Any
 
 from hpcsched.slurm.devcluster.base import (
     CLUSTER_NAME,
-    MARIADB_PORT,
-    NODE_PORT_BASE,
+    DEFAULT_PORTS,
     PARTITION,
-    SLURMCTLD_PORT,
-    SLURMD_PORT,
-    SLURMDBD_PORT,
     DevClusterError,
     Layout,
+    Ports,
     need_bin,
     port_open,
     write_file,
@@ -111,7 +109,7 @@ def is_up(state_dir: str | os.PathLike[str] | None = None) -> bool:
 
 
 def up(state_dir: str | os.PathLike[str] | None = None, nodes: int = 4, gpus: int = 4, cpus: int = 8,
-       clean: bool = False, install: bool = True) -> Path:
+       clean: bool = False, install: bool = True, ports: Ports | None = None) -> Path:
     """Start the dev cluster (or find it already up) and return the path of its ``slurm.conf``.
 
     Starts munged (unless one runs), MariaDB (port 16820), slurmdbd (16819), slurmctld (16817) and
@@ -124,6 +122,9 @@ def up(state_dir: str | os.PathLike[str] | None = None, nodes: int = 4, gpus: in
     :param cpus: CPUs per node as Slurm sees them.
     :param clean: start slurmctld with ``-c``: discard saved jobs and node states.
     :param install: apt-get install the packages when a needed binary is missing.
+    :param ports: the ports (and first job id) of a further cluster beside the default one
+        (:func:`~hpcsched.slurm.devcluster.base.instance_ports`; its own ``state_dir`` too).
+        Default: those this state directory was last started with, else the default ports.
     :returns: absolute path of ``STATE/etc/slurm.conf`` (export it as ``SLURM_CONF``).
     :raises DevClusterError: not root; geometry out of range; the cluster is up with another
         geometry (run ``down`` first); a port is taken; install failed; a daemon failed to start
@@ -148,16 +149,18 @@ def up(state_dir: str | os.PathLike[str] | None = None, nodes: int = 4, gpus: in
             layout.manifest.unlink()
 
         t0 = time.monotonic()
+        ports = ports or _last_ports(layout)
         ensure_installed(install)
-        _check_ports_free(nodes)
-        write_configs(layout, nodes, gpus, cpus)
-        daemons = _start_all(layout, nodes, clean)
+        _check_ports_free(ports, nodes)
+        write_configs(layout, nodes, gpus, cpus, ports)
+        write_file(layout.ports, json.dumps(dataclasses.asdict(ports)) + "\n", 0o644)
+        daemons = _start_all(layout, ports, nodes, clean)
         _write_manifest(layout, {
             "version": 1, "state_dir": str(layout.root), "slurm_conf": str(layout.slurm_conf),
             "cluster_name": CLUSTER_NAME, "partition": PARTITION,
             "nodes": nodes, "gpus": gpus, "cpus": cpus, "node_names": node_names(nodes),
-            "ports": {"slurmctld": SLURMCTLD_PORT, "slurmd": SLURMD_PORT, "slurmdbd": SLURMDBD_PORT,
-                      "mariadb": MARIADB_PORT, "nodes": [NODE_PORT_BASE + k for k in range(1, nodes + 1)]},
+            "ports": {"slurmctld": ports.slurmctld, "slurmd": ports.slurmd, "slurmdbd": ports.slurmdbd,
+                      "mariadb": ports.mariadb, "nodes": [ports.node(k) for k in range(1, nodes + 1)]},
             "munged": "started" if "munged" in daemons else "reused",
             "daemons": daemons,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -176,16 +179,23 @@ def _check_same_geometry(layout: Layout, have: tuple[int, int, int], want: tuple
             f"`hpcsched devcluster down --state-dir {layout.root}` first")
 
 
-def _check_ports_free(nodes: int) -> None:
-    ports = {"slurmctld": SLURMCTLD_PORT, "slurmdbd": SLURMDBD_PORT, "MariaDB": MARIADB_PORT,
-             **{f"slurmd {n}": NODE_PORT_BASE + k for k, n in enumerate(node_names(nodes), 1)}}
-    taken = [f"{p} ({who})" for who, p in ports.items() if port_open(p)]
+def _last_ports(layout: Layout) -> Ports:
+    """The ports ``up`` last started this state directory with (``STATE/ports.json``), else the
+    default ones."""
+    try:
+        return Ports(**json.loads(layout.ports.read_text()))
+    except (OSError, ValueError, TypeError):
+        return DEFAULT_PORTS
+
+
+def _check_ports_free(ports: Ports, nodes: int) -> None:
+    taken = [f"{p} ({who})" for who, p in ports.all(nodes).items() if port_open(p)]
     if taken:
         raise DevClusterError(f"port(s) {', '.join(taken)} already in use on 127.0.0.1: another Slurm or "
                               "dev cluster (another --state-dir?) is running; stop it first")
 
 
-def _start_all(layout: Layout, nodes: int, clean: bool) -> list[str]:
+def _start_all(layout: Layout, ports: Ports, nodes: int, clean: bool) -> list[str]:
     """Start every daemon in order and wait for idle nodes; returns what was started, in start
     order (``munged`` only when this call started it). On any failure, stops what was started."""
     daemons: list[str] = []
@@ -193,13 +203,13 @@ def _start_all(layout: Layout, nodes: int, clean: bool) -> list[str]:
         if start_munged(layout):
             daemons.append("munged")
         t1 = time.monotonic()
-        start_mariadb(layout)
+        start_mariadb(layout, ports.mariadb)
         daemons.append("mariadb")
         logger.info("MariaDB up (%.1f s)", time.monotonic() - t1)
-        start_daemon(layout, "slurmdbd", [need_bin("slurmdbd")], SLURMDBD_PORT, layout.log / "slurmdbd.log")
+        start_daemon(layout, "slurmdbd", [need_bin("slurmdbd")], ports.slurmdbd, layout.log / "slurmdbd.log")
         daemons.append("slurmdbd")
         ctld = [need_bin("slurmctld"), "-i"] + (["-c"] if clean else [])
-        start_daemon(layout, "slurmctld", ctld, SLURMCTLD_PORT, layout.log / "slurmctld.log")
+        start_daemon(layout, "slurmctld", ctld, ports.slurmctld, layout.log / "slurmctld.log")
         daemons.append("slurmctld")
         start_slurmds(layout, nodes)
         daemons += [f"slurmd-{n}" for n in node_names(nodes)]

@@ -16,11 +16,9 @@ from hpcsched.slurm.devcluster.base import (
     DB_USER,
     DEFAULT_PORTS,
     GPU_DEVICE_MAJOR,
-    MARIADB_PORT,
     MAX_NODES,
     NODE_REAL_MEMORY_MB,
     PARTITION,
-    SLURMDBD_PORT,
     DevClusterError,
     Layout,
     Ports,
@@ -63,8 +61,9 @@ def render_configs(state_dir: str | os.PathLike[str] | None, nodes: int = 4, gpu
     :returns: ``{"slurm.conf": text, "gres.conf": ..., "cgroup.conf": ..., "slurmdbd.conf": ...}``,
         exactly the configuration measured to work in the notes (§2), with ports 16817 (slurmctld),
         16818 (SlurmdPort, overridden per node), 16819 (slurmdbd), 16820 (MariaDB), 17001+ (nodes).
-    :param ports: other ports for slurmctld, SlurmdPort and the nodes, with ``ports.accounting``
-        False: no slurmdbd (``accounting_storage/none``), as the chroot clusters of other Slurm
+    :param ports: other ports (and ``FirstJobId``): a further host cluster beside the default one
+        (:func:`~hpcsched.slurm.devcluster.base.instance_ports`), or, with ``ports.accounting``
+        False, no slurmdbd (``accounting_storage/none``), as the chroot clusters of other Slurm
         versions run (:mod:`~hpcsched.slurm.devcluster.chroot`). Default :data:`DEFAULT_PORTS`.
     :raises DevClusterError: for a geometry out of range or a state path slurm.conf cannot hold.
     """
@@ -72,14 +71,14 @@ def render_configs(state_dir: str | os.PathLike[str] | None, nodes: int = 4, gpu
     L = Layout(state_dir)
     ports = ports or DEFAULT_PORTS
     return {"slurm.conf": _slurm_conf(L, nodes, gpus, cpus, ports), "gres.conf": _gres_conf(L, nodes, gpus),
-            "cgroup.conf": _cgroup_conf(ports), "slurmdbd.conf": _slurmdbd_conf(L)}
+            "cgroup.conf": _cgroup_conf(ports), "slurmdbd.conf": _slurmdbd_conf(L, ports)}
 
 
 def _accounting(ports: Ports) -> str:
     if not ports.accounting:
         return "AccountingStorageType=accounting_storage/none\n"  # gres/gpu TRES would need slurmdbd
     return (f"AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=localhost\n"
-            f"AccountingStoragePort={SLURMDBD_PORT}\nAccountingStorageTRES=gres/gpu\n"
+            f"AccountingStoragePort={ports.slurmdbd}\nAccountingStorageTRES=gres/gpu\n"
             # QOS preemption, for extension jobs in the lend QOS (daemons.configure_lend_qos)
             "PreemptType=preempt/qos\nPreemptMode=CANCEL\n")
 
@@ -128,6 +127,8 @@ InactiveLimit=0
 KillWait=5
 MinJobAge=300
 """
+    if ports.first_job_id != 1:
+        text += f"FirstJobId={ports.first_job_id}\n"
     if ports.slurm_plugins:
         text += plugin_lines(L)
     gres = f" Gres=gpu:{gpus}" if gpus else ""
@@ -158,21 +159,21 @@ def _cgroup_conf(ports: Ports) -> str:
     return f"# Written by `hpcsched devcluster up`.\nCgroupPlugin={ports.cgroup_plugin}\n"
 
 
-def _slurmdbd_conf(L: Layout) -> str:
+def _slurmdbd_conf(L: Layout, ports: Ports) -> str:
     """``slurmdbd.conf`` (written mode 600: it holds the database password)."""
     return f"""\
 # Written by `hpcsched devcluster up`; mode 600 (it holds the database password).
 AuthType=auth/munge
 DbdHost=localhost
 DbdAddr=127.0.0.1
-DbdPort={SLURMDBD_PORT}
+DbdPort={ports.slurmdbd}
 SlurmUser=root
 DebugLevel=info
 LogFile={L.log}/slurmdbd.log
 PidFile={L.run}/slurmdbd.pid
 StorageType=accounting_storage/mysql
 StorageHost=127.0.0.1
-StoragePort={MARIADB_PORT}
+StoragePort={ports.mariadb}
 StorageUser={DB_USER}
 StoragePass={DB_PASSWORD}
 StorageLoc={DB_NAME}

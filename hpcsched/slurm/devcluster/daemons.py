@@ -5,6 +5,7 @@ fails fast when a daemon dies (``docs/slurm-22.05-notes.md`` §2, §6)."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -19,7 +20,6 @@ from hpcsched.slurm.devcluster.base import (
     DB_USER,
     LEND_GRACE_S,
     LEND_QOS,
-    MARIADB_PORT,
     DevClusterError,
     Layout,
     need_bin,
@@ -45,6 +45,7 @@ logger = logging.getLogger("hpcsched.slurm.devcluster")  # the package's logger 
 
 _MUNGE_RUN_DIR = Path("/run/munge")
 _MUNGE_SOCKET = _MUNGE_RUN_DIR / "munge.socket.2"
+_MUNGE_START_LOCK = Path("/run/lock/hpcsched-devcluster-munged.lock")
 _SLURM_CLIENT_TIMEOUT_S = 5.0  # every sinfo/scontrol call: a dead controller makes them retry for minutes
 
 
@@ -54,7 +55,16 @@ def slurm_env_full(layout: Layout) -> dict[str, str]:
 
 
 def start_munged(layout: Layout) -> bool:
-    """Start munged unless one runs already. Returns True when this call started it."""
+    """Start munged unless one runs already. Returns True when this call started it. Clusters
+    started side by side (the test suite's) take turns (a lock file in ``/run/lock``), so that
+    only one of them starts it."""
+    _MUNGE_START_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(_MUNGE_START_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _start_munged(layout)
+
+
+def _start_munged(layout: Layout) -> bool:
     running = find_procs("munged")
     if running:
         logger.info("reusing running munged (pid %s)", ", ".join(map(str, running)))
@@ -77,8 +87,9 @@ def start_munged(layout: Layout) -> bool:
     return True
 
 
-def start_mariadb(layout: Layout) -> None:
-    """Initialise (once) and start MariaDB on its own datadir/socket/port, create the slurm user."""
+def start_mariadb(layout: Layout, port: int) -> None:
+    """Initialise (once) and start MariaDB on its own datadir/socket and TCP ``port``, create the
+    slurm user."""
     if not (layout.datadir / "mysql").is_dir():
         logger.info("initialising MariaDB in %s", layout.datadir)
         shutil.rmtree(layout.datadir, ignore_errors=True)
@@ -96,14 +107,14 @@ def start_mariadb(layout: Layout) -> None:
     # mariadbd does not daemonize: `setsid --fork` detaches it so that it outlives this process.
     spawn([need_bin("setsid"), "--fork", need_bin("mariadbd"), "--no-defaults", "--user=root",
             f"--datadir={layout.datadir}", f"--socket={layout.db_socket}", "--bind-address=127.0.0.1",
-            f"--port={MARIADB_PORT}", f"--pid-file={pidfile}", f"--log-error={log}",
+            f"--port={port}", f"--pid-file={pidfile}", f"--log-error={log}",
             "--innodb-buffer-pool-size=64M"], layout.log / "mariadb.out")
 
     def ready() -> bool:
         pid = read_pid(pidfile)
         if pid and not alive(pid):
             raise DevClusterError(f"mariadbd exited during start: {tail(log)}")
-        return bool(pid) and unix_socket_open(layout.db_socket) and port_open(MARIADB_PORT)
+        return bool(pid) and unix_socket_open(layout.db_socket) and port_open(port)
 
     wait_for(ready, 60, "MariaDB", on_timeout=lambda: tail(log))
     os.chmod(pidfile, 0o644)  # mariadbd writes it 660; status/is_up need no root

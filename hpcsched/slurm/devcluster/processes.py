@@ -109,11 +109,19 @@ def _stop_group(names: dict[str, int | None]) -> list[str]:
 
 def stop_all(layout: Layout) -> list[str]:
     """Stop every daemon with a PID file under ``run/``, in the order of the notes (§2):
-    slurmd, slurmctld, slurmdbd, MariaDB, munged. PID files are removed. Returns names stopped."""
+    slurmd, slurmctld, slurmdbd, MariaDB, munged. PID files are removed. Returns names stopped.
+    munged is shared by every cluster on the host: it is left running (and no longer this
+    cluster's) while another cluster's Slurm daemons run."""
     daemons = pidfile_daemons(layout)
     stopped: list[str] = []
     for kind in STOP_ORDER:
         group = {n: pid for n, pid in daemons.items() if daemon_kind(n) == kind}
+        if kind == "munged" and group and any(find_procs(COMM[k]) for k in ("slurmd", "slurmctld", "slurmdbd")):
+            # another dev cluster on this host (tests run several side by side) still uses it
+            logger.info("left munged running: other Slurm daemons on this host use it")
+            group = {}
+            with contextlib.suppress(FileNotFoundError):
+                layout.pidfile("munged").unlink()
         t0 = time.monotonic()
         done = _stop_group(group)
         if done:
