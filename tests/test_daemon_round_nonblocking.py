@@ -366,3 +366,32 @@ def test_last_resize_reads_the_journal(tmp_path, journal, last):
             store.set_action_phase(aid, p)
     assert last_resize("7", store) == last
     store.close()
+
+
+def test_a_job_that_requeued_itself_during_a_batch_change_is_started_at_once(daemon, control_dir,
+                                                                             monkeypatch):
+    """Found by the chaos replay: a job that requeues itself on Slurm's pre-timeout signal while
+    a resize that is no requeue (here a batch change) is open used to wait out Slurm's 121 s
+    hold; only the daemon's own requeues set the start time themselves."""
+    from hpcsched.protocol.kinds import LauncherPhase
+
+    d, cluster, _ = daemon
+    jd = make_job(control_dir, "7")
+    changes = (Change("7", "batch", 1, 1, 64, 128, "test: batch"),)
+    calls = []
+
+    def decide(snapshot, policy, costs, seed):
+        calls.append(snapshot)
+        return RoundDecision(None, changes if len(calls) == 1 else (), ())
+
+    monkeypatch.setattr(daemon_round, "decide_round", decide)
+    assert d.round().outcomes == {"7": "requested"}
+    # Slurm's signal: the job checkpoints, its launcher requeues it and says so
+    cluster.jobs["7"] = replace(cluster.jobs["7"], state="PENDING", nodes="", restarts=1,
+                                state_reason="BeginTime")
+    ctl.write_launcher_state(jd.launcher_path, ctl.LauncherState(
+        job_uid=jd.uid, job_id="7", phase=LauncherPhase.REQUEUED, launches=1, resizes=0,
+        restarts=0, time=time.time() - 5, nodelist="n1"))
+    d.round()
+    assert ("update", "7", {"StartTime": "now"}) in cluster.calls
+    assert cluster.jobs["7"].state == "RUNNING"

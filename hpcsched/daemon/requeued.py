@@ -31,7 +31,9 @@ def to_release(jobs: Mapping[str, tuple[slurm.JobInfo, ctl.LauncherState | None]
     said it requeued the job itself (phase ``requeued``, written just before the requeue) more
     than :data:`~hpcsched.daemon.phases.REQUEUE_START_DELAY_S` seconds ago (a job started
     within a second of its requeue is killed by slurmd, ``docs/control-protocol.md``), and
-    with no resize of the daemon's open (``busy``: that resize sets its own start time).
+    with no requeue of the daemon's open (``busy``: a grow or preemption by requeue sets its
+    own start time; a job that requeued itself in the middle of any other resize, such as a
+    reform by extension, is released like any other).
     ``now``: Unix seconds."""
     return sorted(job_id for job_id, (info, state) in jobs.items()
                   if info.state == "PENDING" and info.state_reason == "BeginTime"

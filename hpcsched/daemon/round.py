@@ -71,7 +71,7 @@ from hpcsched.daemon.gpu_status import gpu_rows
 from hpcsched.daemon.ingest import ingest_job
 from hpcsched.daemon.leadership import HostLock, Leadership
 from hpcsched.daemon.metrics import DaemonMetrics
-from hpcsched.daemon.phases import History, ResizePhase, Timeouts
+from hpcsched.daemon.phases import REQUEUES, History, ResizePhase, Timeouts
 from hpcsched.daemon.probes import ProbeWatch
 from hpcsched.daemon.reaper import Reaper
 from hpcsched.daemon.requeued import release_requeued
@@ -273,7 +273,11 @@ class Daemon:
         rep.slurm_states = {job_id: info.state for job_id, (_, _, info) in managed.items()}
         self._keep_up(obs, managed, rep)
         busy = self._resume(managed, rep)
-        release_requeued(managed, busy, self.actuator.slurm, obs.time, self.settings.daemon.dry_run)
+        # only an open requeue of the daemon's sets the job's start time itself: a job that
+        # requeued itself during any other resize (a reform, say) is released here
+        requeuing = {j for j in busy if rep.kinds.get(j) in REQUEUES}
+        release_requeued(managed, requeuing, self.actuator.slurm, obs.time,
+                         self.settings.daemon.dry_run)
         snapshot = views.daemon_snapshot(obs, managed, self.store, busy,
                                          self.settings.daemon.partitions,
                                          self.settings.daemon.throughput_model,
