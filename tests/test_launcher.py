@@ -336,3 +336,61 @@ def test_an_unreachable_controller_is_waited_for_not_fatal():
 
     with pytest.raises(slurm.SlurmError, match="Invalid node"):
         _while_unreachable(refused, "scontrol show node", wait=10, poll=0)
+
+
+# ------------------------------------------------------- workers killed: a lost node
+
+def _killed_then(launcher, monkeypatch, statuses, checkpoints=None):
+    """Run the launcher with workers that end with ``statuses`` in turn; ``checkpoints[i]``
+    names the newest checkpoint written during launch ``i`` (None: none new)."""
+    from dataclasses import replace
+
+    ck = launcher.jd.path / "ck"
+    ck.mkdir()
+    launcher.spec = replace(launcher.spec, checkpoint_dir=str(ck))
+    monkeypatch.setattr(launcher, "_nodes", lambda: ["n1", "n2"])
+    todo = list(statuses)
+    launched = []
+
+    def launch(cfg, nodes):
+        launched.append(len(launched))
+        name = (checkpoints or {}).get(len(launched) - 1)
+        if name:
+            (ck / "latest.json").write_text(json.dumps({"path": name, "step": 1, "time": 1.0}))
+        return todo.pop(0)
+
+    monkeypatch.setattr(launcher, "_launch", launch)
+    return launcher.run(), len(launched)
+
+
+def test_workers_killed_by_a_signal_are_launched_again_from_the_checkpoint(launcher, monkeypatch,
+                                                                            caplog):
+    with caplog.at_level(logging.WARNING):
+        rc, launches = _killed_then(launcher, monkeypatch, [137, 0], {0: "step-000000040.pt"})
+    assert (rc, launches) == (0, 2)
+    assert "launching again from step-000000040.pt" in caplog.text
+    assert launcher.jd.read_launcher_state().phase == LauncherPhase.FINISHED
+
+
+def test_workers_killed_every_time_with_no_newer_checkpoint_end_the_job(launcher, monkeypatch,
+                                                                        caplog):
+    from hpcsched.job.launcher import LOST_RELAUNCHES
+
+    rc, launches = _killed_then(launcher, monkeypatch, [137] * (LOST_RELAUNCHES + 1))
+    assert (rc, launches) == (137, LOST_RELAUNCHES + 1)
+    assert "giving up" in caplog.text
+    assert launcher.jd.read_launcher_state().phase == LauncherPhase.FAILED
+
+
+def test_a_newer_checkpoint_between_kills_starts_the_count_again(launcher, monkeypatch):
+    from hpcsched.job.launcher import LOST_RELAUNCHES
+
+    statuses = [137] * (LOST_RELAUNCHES + 2) + [0]
+    rc, launches = _killed_then(launcher, monkeypatch, statuses,
+                                {LOST_RELAUNCHES - 1: "step-000000090.pt"})
+    assert (rc, launches) == (0, LOST_RELAUNCHES + 3)
+
+
+@pytest.mark.parametrize("status", [0, 1, 2])
+def test_workers_that_end_on_their_own_are_never_launched_again(launcher, monkeypatch, status):
+    assert _killed_then(launcher, monkeypatch, [status]) == (status, 1)

@@ -3,7 +3,9 @@
 It starts one worker per GPU slot with ``srun`` across the allocation, and after the workers
 stop it looks at the acknowledgement they left (see :mod:`hpcsched.protocol.files`):
 
-* training ended (no pending resize) -> exit with srun's status;
+* training ended (no pending resize) -> exit with srun's status; workers killed by a signal
+  (status above 128: a lost node) -> launch again from the newest checkpoint, at most
+  :data:`LOST_RELAUNCHES` times in a row without a newer one;
 * ``checkpointed`` for a ``checkpoint-and-shrink`` -> ``scontrol update
   JobId=$SLURM_JOB_ID NumNodes=<n>`` **from inside the job** (only then does Slurm write
   ``slurm_job_<id>_resize.sh`` with the new environment;
@@ -127,6 +129,10 @@ def effective_config(spec: JobSpec, control: ctl.Control | None, nodes: int) -> 
     return LaunchConfig(generation, nodes, wpn, batch, limits.lr_scale(batch.global_batch_size))
 
 
+#: launches in a row whose workers were killed (no newer checkpoint between them) after which
+#: the launcher gives up (:meth:`Launcher._relaunch_after_loss`)
+LOST_RELAUNCHES = 3
+
 #: the first port :func:`master_port` hands out
 PORT_BASE = 20000
 
@@ -185,6 +191,7 @@ class Launcher:
         state = self.jd.read_launcher_state()  # from the runs before a requeue
         self.launches = state.launches if state is not None else 0
         self.resizes = state.resizes if state is not None else 0
+        self._lost, self._lost_at = 0, None   # killed launches in a row, at which checkpoint
 
     # -------------------------------------------------------------- helpers
     def _save_state(self, phase: LauncherPhase, cfg: LaunchConfig | None = None,
@@ -250,12 +257,38 @@ class Launcher:
                 self._requeue_self(cfg, ack)
                 continue
             pending = self._checkpointed_request(ack, cfg)
+            if pending is None and self._relaunch_after_loss(rc):
+                continue
             if pending is None:
                 self._save_state(LauncherPhase.FINISHED if rc == 0 else LauncherPhase.FAILED, cfg,
                                  exit_code=rc)
                 log.info("workers exited with status %d; job done", rc)
                 return rc
             self._follow(pending, cfg, len(nodes))
+
+    def _relaunch_after_loss(self, rc: int) -> bool:
+        """Whether to launch again after workers that did not end on their own: srun's status
+        above 128 is a task killed by signal ``rc - 128`` (``SIGKILL``: a lost node, an
+        out-of-memory kill). They are launched again on the allocation the job holds, resuming
+        from its newest checkpoint, so a lost node costs at most one checkpoint interval of
+        training; at most :data:`LOST_RELAUNCHES` times in a row with no newer checkpoint (a
+        script that is killed every time ends, with that status)."""
+        if rc <= 128:
+            return False
+        from hpcsched.job.checkpoint import Checkpointer
+
+        latest = Checkpointer.for_job(self.spec.checkpoint_dir, self.jd.path, 0.0).latest_path()
+        same = self._lost_at == latest
+        self._lost_at, self._lost = latest, (self._lost + 1 if same else 1)
+        if self._lost > LOST_RELAUNCHES:
+            log.error("workers killed (status %d) %d times in a row with no newer checkpoint: "
+                      "giving up", rc, self._lost)
+            return False
+        log.warning("workers killed (status %d: a lost node or an out-of-memory kill); "
+                    "launching again from %s (%d of %d with no newer checkpoint)", rc,
+                    latest.name if latest else "the start (no checkpoint yet)", self._lost,
+                    LOST_RELAUNCHES)
+        return True
 
     def _checkpointed_request(self, ack: ctl.Ack | None, cfg: LaunchConfig) -> ctl.Control | None:
         """After the workers of generation ``cfg.generation`` exited: the control request
