@@ -313,7 +313,7 @@ def test_history_times_and_timeouts():
 
 _phases = st.sampled_from([p for p in P if not p.terminal])
 _jobs = st.one_of(st.none(), st.builds(
-    info, state=st.sampled_from(["RUNNING", "PENDING", "COMPLETING", *ENDED]),
+    info, state=st.sampled_from(["RUNNING", "PENDING", "COMPLETING", *sorted(ENDED)]),
     restarts=st.integers(0, 3), node_count=st.integers(1, 3)))
 _acks = st.one_of(st.none(), st.builds(
     ack, generation=st.integers(GEN - 1, GEN + 1),

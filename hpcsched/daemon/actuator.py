@@ -68,7 +68,7 @@ from hpcsched.protocol import files as ctl
 from hpcsched.protocol.batching import BatchConfig, BatchSizeError
 from hpcsched.protocol.extensions import format_layout, parse_layout
 from hpcsched.protocol.jobdir import JobDir, JobSpec
-from hpcsched.protocol.kinds import AckState, ChangeKind, ControlAction
+from hpcsched.protocol.kinds import AckState, ChangeKind, ControlAction, SlurmState
 from hpcsched.slurm.control import (
     CLISlurmControl,
     SlurmControl,
@@ -148,7 +148,7 @@ def plan_resize(spec: JobSpec, current: Current, nodes: int | None = None,
             or ``[min_batch_size, max_batch_size]``, or the job is in a state that cannot be
             resized.
     """
-    if current.state not in ("RUNNING", "PENDING"):
+    if current.state not in (SlurmState.RUNNING, SlurmState.PENDING):
         raise ResizeRefused(f"the job is {current.state}; only RUNNING or PENDING jobs can be resized")
     if layout:
         return _plan_reform(spec, current, batch_size, layout, primary or {})
@@ -172,7 +172,7 @@ def plan_resize(spec: JobSpec, current: Current, nodes: int | None = None,
         raise ResizeRefused(
             f"global batch size {batch_size} cannot be cut evenly over {world} GPUs "
             f"(nearest: {batch.global_batch_size})")
-    if current.state == "PENDING":
+    if current.state == SlurmState.PENDING:
         kind = ChangeKind.PENDING
     elif target_nodes != current.nodes:
         kind = ChangeKind.between(current.nodes, target_nodes)
@@ -190,7 +190,7 @@ def _plan_reform(spec: JobSpec, current: Current, batch_size: int | None,
     requeue onto a layout of the same GPUs on every node (Slurm cannot release part of a
     running job's GRES; a pending job takes ``TresPerNode``); the extensions end with it."""
     lim = spec.limits
-    if current.state != "RUNNING":
+    if current.state != SlurmState.RUNNING:
         raise ResizeRefused("a layout applies to a running job (a pending one: --nodes)")
     gpus = sum(layout.values())
     if not lim.min_gpus <= gpus <= lim.max_gpus:
@@ -288,7 +288,7 @@ def current_from(spec: JobSpec, info: slurm.JobInfo, control: ctl.Control | None
         gbs = control.global_batch_size
     else:
         gbs = spec.batch_size
-    if info.state == "PENDING":
+    if info.state == SlurmState.PENDING:
         nodes = control.nodes if control is not None else (info.node_count or spec.nodes)
     else:
         nodes = info.node_count
@@ -305,13 +305,13 @@ def plan_for(jd: JobDir, spec: JobSpec, info: slurm.JobInfo | None, nodes: int |
     """
     if info is None:
         raise ResizeRefused(f"Slurm no longer knows job {jd.slurm_job_id}")
-    if info.state == "RUNNING" and not jd.ack_path.exists():
+    if info.state == SlurmState.RUNNING and not jd.ack_path.exists():
         raise ResizeRefused(
             f"job {info.job_id} has not reported to hpcsched yet: it is still starting, or "
             "its script does not use hpcsched.elastic (then it runs, but cannot be "
             "resized in place)")
     primary = None
-    if layout and info.state == "RUNNING":
+    if layout and info.state == SlurmState.RUNNING:
         ack = read_or_none(ctl.read_ack, jd.ack_path, jd.uid)
         _, primary = layout_in_force(info, ack, info.gpus_per_node or spec.workers_per_node)
     return plan_resize(spec, current_of(jd, spec, info), nodes, batch_size, layout, primary)

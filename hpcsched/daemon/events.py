@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from hpcsched.model.snapshot import ForeignJob
+from hpcsched.protocol.kinds import SlurmState
 from hpcsched.slurm.parse import ACTIVE_STATES
 
 
@@ -27,7 +28,7 @@ def round_event(before: Mapping[str, str], after: Mapping[str, str]) -> str | No
              if s in ACTIVE_STATES and after.get(j) not in ACTIVE_STATES]
     if ended and not any(s in ACTIVE_STATES for s in after.values()):
         ended = []
-    submitted = [j for j, s in after.items() if j not in before and s == "PENDING"]
+    submitted = [j for j, s in after.items() if j not in before and s == SlurmState.PENDING]
     reasons = [f"job {j} ended" for j in ended] + [f"job {j} submitted" for j in submitted]
     return ", ".join(reasons) or None
 
@@ -40,7 +41,7 @@ def foreign_event(before: frozenset[str], pending: Sequence[ForeignJob],
     what the newcomer needs: :mod:`hpcsched.policies.neighbours`). So another user's job waits
     for at most ``daemon.event_poll`` seconds, not a whole round, before hpcsched yields to it.
     Returns e.g. ``"job 130 of user bob pends"``."""
-    if not any(s == "RUNNING" for s in managed.values()):
+    if not any(s == SlurmState.RUNNING for s in managed.values()):
         return None
     new = [f"job {f.job_id} of user {f.user} pends" for f in pending if f.job_id not in before]
     return ", ".join(new) or None

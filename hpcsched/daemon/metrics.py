@@ -31,7 +31,7 @@ from hpcsched.daemon.phases import ResizePhase
 from hpcsched.model.snapshot import ClusterSnapshot, JobView
 from hpcsched.perf.model import model_for
 from hpcsched.protocol.batching import BatchSizeError, fit_batch
-from hpcsched.protocol.kinds import ChangeKind
+from hpcsched.protocol.kinds import ChangeKind, SlurmState
 from hpcsched.protocol.probes import KIND_CPU, KIND_CUDA, UNITS
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ OUTCOMES = ("applied", "refused", "failed")
 _FLOPS = {UNITS[KIND_CUDA]: 1e12, UNITS[KIND_CPU]: 1e9}
 #: Slurm job states always exported (0 when no job is in them); other states appear while a
 #: managed job is in them.
-BASE_STATES = ("PENDING", "RUNNING")
+BASE_STATES = (SlurmState.PENDING, SlurmState.RUNNING)
 #: In a ``failed`` outcome, the job's own refusal: :mod:`hpcsched.daemon.phases` fails a resize
 #: with "job <id> rejected generation <g>: <message>" when the job's ack says ``rejected``.
 _REFUSED = " rejected generation "
@@ -259,7 +259,7 @@ class DaemonMetrics:
         self.jobs.replace(by_state)
         if snapshot is None:
             return
-        running = [j for j in snapshot.jobs if j.state == "RUNNING"]
+        running = [j for j in snapshot.jobs if j.state == SlurmState.RUNNING]
         self.gpus_held.set(sum(j.gpus for j in running))
         self.gpus_usable.set(sum(n.gpus for n in snapshot.nodes if n.usable))
         self.measured.replace({(j.job_id,): j.throughput for j in running if j.throughput > 0})

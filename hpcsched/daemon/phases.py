@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from hpcsched.protocol.kinds import ACTION_FOR_KIND, AckState, ChangeKind, ControlAction
+from hpcsched.protocol.kinds import ACTION_FOR_KIND, AckState, ChangeKind, ControlAction, SlurmState
 
 if TYPE_CHECKING:
     from hpcsched.protocol.files import Ack
@@ -72,8 +72,7 @@ if TYPE_CHECKING:
 REQUEUE_START_DELAY_S = 2
 
 #: Slurm job states after which a job runs no more (``squeue --json`` ``job_state``)
-ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-         "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+ENDED = SlurmState.ENDED
 
 
 class ResizePhase(StrEnum):
@@ -407,7 +406,7 @@ def _requested(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
     if obs.control_generation is None or obs.control_generation < a.generation:
         return _request(a, obs)
     job = _job(obs)
-    if a.kind == ChangeKind.PENDING and job.state == "PENDING":
+    if a.kind == ChangeKind.PENDING and job.state == SlurmState.PENDING:
         # the launcher starts with this generation; a job hpcsched preempted is released (again,
         # if a daemon died between the generation and the release: StartTime is idempotent)
         return Step(P.RUNNING, _release_held(job))
@@ -426,7 +425,7 @@ def _request(a: Action, obs: Observed) -> Step:
     effects: list[Effect] = []
     placed = a.nodes_placed and held_by_begin_time(job)   # released where the plan puts it
     per_node = a.gpus_per_node and a.gpus_per_node != job.gpus_per_node
-    if a.kind == ChangeKind.PENDING and job.state == "PENDING" and (job.node_count != a.nodes
+    if a.kind == ChangeKind.PENDING and job.state == SlurmState.PENDING and (job.node_count != a.nodes
                                                                      or placed or per_node):
         effects.append(ResizePendingJob(a.nodes, a.nodes_placed, job.cpus_per_task, required=True,
                                         workers_per_node=a.gpus_per_node))
@@ -442,7 +441,7 @@ def held_by_begin_time(job: JobInfo) -> bool:
     guard, or a requeued one in Slurm's 121 s hold), or a requeued job (restart count above 0)
     whose reason is still ``None``: right after ``StartTime=now+<s>`` squeue shows ``None``
     until the scheduler's next pass (about 2 s, measured on 22.05.8)."""
-    if job.state != "PENDING":
+    if job.state != SlurmState.PENDING:
         return False
     return job.state_reason.startswith("BeginTime") or (job.restarts > 0
                                                         and job.state_reason == "None")
@@ -477,7 +476,7 @@ def _checkpointed(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
     if a.kind in REQUEUES:
         if job.restarts > a.restarts_at_plan:   # requeued already (by a daemon that died)
             return Step(P.REQUEUED, note=f"requeued before (restart count {job.restarts})")
-        if job.state == "RUNNING" and job.restarts == a.restarts_at_plan:
+        if job.state == SlurmState.RUNNING and job.restarts == a.restarts_at_plan:
             return Step(P.REQUEUED, (Requeue(),))
     if h.has_timeout(P.REQUESTED, t.ack, obs.now):
         return _late(a)
@@ -488,7 +487,7 @@ def _requeued(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
     if a.kind == ChangeKind.PREEMPT:
         return _hold(a, h, obs, t)
     job = _job(obs)
-    if job.state == "PENDING":
+    if job.state == SlurmState.PENDING:
         # the hold must go whether or not Slurm takes the new size
         return Step(P.RELEASED, (ResizePendingJob(a.nodes, a.nodes_placed, job.cpus_per_task,
                                                   required=False,
@@ -503,7 +502,7 @@ def _hold(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
     ``StartTime=now+<hold>``, the guard that starts it without any daemon. Until then it is in
     Slurm's own 121 s hold, which releases it too."""
     job = _job(obs)
-    if job.state == "PENDING" and obs.now >= requeue_start_due(_requeued_at(h)):
+    if job.state == SlurmState.PENDING and obs.now >= requeue_start_due(_requeued_at(h)):
         return Step(P.RUNNING, (ResizePendingJob(a.nodes, (), job.cpus_per_task, required=False),
                                 SetStartTime(f"now+{math.ceil(t.hold)}")),
                     note=f"job {a.job_id} preempted: held until Slurm starts it in "
@@ -512,7 +511,7 @@ def _hold(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
 
 
 def _released(a: Action, h: History, obs: Observed, t: Timeouts) -> Step:
-    if _job(obs).state == "PENDING" and obs.now >= requeue_start_due(_requeued_at(h)):
+    if _job(obs).state == SlurmState.PENDING and obs.now >= requeue_start_due(_requeued_at(h)):
         # an update wakes the scheduler at once; a begin time that merely passes waits for its
         # next periodic pass (13 s measured)
         return Step(P.RESCHEDULED, (SetStartTime("now"),))

@@ -31,6 +31,7 @@ from pathlib import Path
 from hpcsched import slurm
 from hpcsched.protocol.extensions import parse_extension_comment
 from hpcsched.protocol.jobdir import JobDir
+from hpcsched.protocol.kinds import SlurmState
 from hpcsched.slurm.control import SlurmControl
 from hpcsched.slurm.observe import Observation
 
@@ -145,7 +146,7 @@ class Reaper:
                             "not cancelled: %s", t.job_id, t.primary_job_id, why)
         done = []
         for t in verdict.cancel:
-            if t.state == "COMPLETING" or (self.dry_run and t.job_id in self._cancelled):
+            if t.state == SlurmState.COMPLETING or (self.dry_run and t.job_id in self._cancelled):
                 continue
             if self.dry_run:
                 self._cancelled.add(t.job_id)

@@ -19,7 +19,7 @@ from collections.abc import Collection, Mapping
 from hpcsched import slurm
 from hpcsched.daemon.phases import REQUEUE_START_DELAY_S
 from hpcsched.protocol import files as ctl
-from hpcsched.protocol.kinds import LauncherPhase
+from hpcsched.protocol.kinds import LauncherPhase, SlurmState
 from hpcsched.slurm.control import SlurmControl, set_start_time
 
 log = logging.getLogger("hpcsched.daemon.requeued")
@@ -36,7 +36,7 @@ def to_release(jobs: Mapping[str, tuple[slurm.JobInfo, ctl.LauncherState | None]
     reform by extension, is released like any other).
     ``now``: Unix seconds."""
     return sorted(job_id for job_id, (info, state) in jobs.items()
-                  if info.state == "PENDING" and info.state_reason == "BeginTime"
+                  if info.state == SlurmState.PENDING and info.state_reason == "BeginTime"
                   and job_id not in busy and state is not None
                   and state.phase == LauncherPhase.REQUEUED
                   and now - state.time >= REQUEUE_START_DELAY_S + 1)
@@ -50,7 +50,7 @@ def release_requeued(managed: Mapping[str, tuple], busy: Collection[str], contro
     and left to the next round."""
     jobs = {}
     for job_id, (jd, _spec, info) in managed.items():
-        if info.state != "PENDING":
+        if info.state != SlurmState.PENDING:
             continue
         try:
             jobs[job_id] = (info, ctl.read_launcher_state(jd.launcher_path, jd.uid))

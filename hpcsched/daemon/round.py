@@ -91,7 +91,7 @@ from hpcsched.policies.round import (
 )
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir, JobSpec
-from hpcsched.protocol.kinds import ChangeKind
+from hpcsched.protocol.kinds import ChangeKind, SlurmState
 from hpcsched.slurm.control import CLISlurmControl
 from hpcsched.slurm.observe import Backend, make_backend
 from hpcsched.views.claims import ClaimBook, check_claims
@@ -308,7 +308,7 @@ class Daemon:
         ``daemon.dry_run``, old job directories swept."""
         for job_id, (jd, spec, info) in managed.items():
             self._record_job(jd, spec, info, obs.time)
-            if info.state in ("RUNNING", "COMPLETING") or not info.active:
+            if info.state in (SlurmState.RUNNING, SlurmState.COMPLETING) or not info.active:
                 ingest_job(self.store, job_id, jd.path, application_of(spec))
         self.probes.round()
         rep.reaped = self.reaper.reap(obs, self.actuator.slurm)   # orphaned extension jobs
@@ -348,7 +348,7 @@ class Daemon:
             kind, nodes, placement = realised_action(c, spec.workers_per_node)
         elif (layout := self._by_extension(c, jd, spec, info)) is not None:
             kind, placement = ChangeKind.REFORM, tuple(f"{n}:{g}" for n, g in layout.items())
-        elif kind == ChangeKind.BATCH and info.state == "RUNNING" and (pairs := continue_layout(
+        elif kind == ChangeKind.BATCH and info.state == SlurmState.RUNNING and (pairs := continue_layout(
                 info, read_or_none(ctl.read_ack, jd.ack_path, jd.uid),
                 info.gpus_per_node or spec.workers_per_node)):
             # a job on extensions: a re-form onto the layout it runs, at the new batch
@@ -373,7 +373,7 @@ class Daemon:
         """The layout to reach by extension allocations for ``c`` (None: today's path): a
         grow of a running job when ``daemon.grow`` is ``extension``; a shrink of a job that runs
         on extensions, always (:func:`~hpcsched.daemon.actuator.reform_layout`)."""
-        if info.state != "RUNNING" or c.kind not in (ChangeKind.GROW, ChangeKind.SHRINK):
+        if info.state != SlurmState.RUNNING or c.kind not in (ChangeKind.GROW, ChangeKind.SHRINK):
             return None
         if c.kind == ChangeKind.GROW and self.costs.grow != "extension":
             return None

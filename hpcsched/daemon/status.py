@@ -35,6 +35,7 @@ from hpcsched.daemon.access import Caller, NotYourJob
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.extensions import Extensions, ExtensionState, format_layout, read_extensions
 from hpcsched.protocol.jobdir import JobDir, control_dir
+from hpcsched.protocol.kinds import SlurmState
 
 
 @dataclass
@@ -246,7 +247,7 @@ def _apply_allocations(row: JobStatus, info: slurm.JobInfo | None, ack: ctl.Ack 
         row.allocations.append(_allocation("extension", e.job_id, {e.node: e.gpus}, state, e.state))
         if e.state == ExtensionState.JOINED:
             joined[e.node] = joined.get(e.node, 0) + e.gpus
-    if row.state != "RUNNING":
+    if row.state != SlurmState.RUNNING:
         row.total_gpus = row.gpus
         return
     if ack is not None and ack.layout:
@@ -429,7 +430,7 @@ def table_cells(r: JobStatus) -> tuple[str, ...]:
         batch += f"->{r.target_global_batch_size}"
     gen = f"{r.generation}" + (f"/{r.target_generation}" if r.target_generation > r.generation else "")
     state = r.state
-    if r.phase and r.state == "RUNNING" and r.phase != "running":
+    if r.phase and r.state == SlurmState.RUNNING and r.phase != "running":
         state += f" ({r.phase})"
     return (r.job_id, r.name, state, r.nodelist or "-", _gpus_cell(r), batch, gen,
             str(r.epoch), str(r.samples_processed), f"{r.throughput:.0f}" if r.throughput else "-",

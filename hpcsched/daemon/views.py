@@ -24,7 +24,7 @@ from hpcsched.perf.shared import step_corrections
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.extensions import parse_extension_comment
 from hpcsched.protocol.jobdir import JobDir, JobSpec
-from hpcsched.protocol.kinds import ChangeKind
+from hpcsched.protocol.kinds import ChangeKind, SlurmState
 from hpcsched.slurm.observe import Observation
 from hpcsched.views.build import (  # noqa: F401 - the builder's names, importable from here too
     NOT_ELIGIBLE,
@@ -74,7 +74,7 @@ def held_after_preemption(info: slurm.JobInfo, store: Store) -> bool:
     did not fail is a ``preempt`` that took effect (phase ``running``) at a lower restart count
     than Slurm's now (its requeue). Slurm's reason is not asked: it reads ``None`` for a moment
     after the begin time is set, and ``BeginTime`` after."""
-    if info.state != "PENDING":
+    if info.state != SlurmState.PENDING:
         return False
     last = next((a for a in store.actions(info.job_id, limit=10) if a.phase != "failed"), None)
     return (last is not None and last.kind == "preempt" and last.phase == "running"
@@ -204,7 +204,7 @@ def daemon_job_facts(jd: JobDir, spec: JobSpec, info: slurm.JobInfo, store: Stor
         ack = control = progress = None
         busy = True
     cur = current_from(spec, info, control, ack)
-    if info.state == "RUNNING":
+    if info.state == SlurmState.RUNNING:
         busy = busy or ack is None or _launcher_in_transition(jd, info.job_id) or (
             control is not None and control.generation > ack.generation)
     profile = tuple(ProfilePoint(p.world_size, p.nodes, p.local_batch_size, p.accumulation_steps,
@@ -218,8 +218,8 @@ def daemon_job_facts(jd: JobDir, spec: JobSpec, info: slurm.JobInfo, store: Stor
                     # the job's acknowledgement of the configuration in force is when it took
                     # effect (its start, for generation 0): reconcile's no-thrash hold counts
                     # from it
-                    resized_at=ack.time if ack is not None and info.state == "RUNNING" else None,
-                    last_resize=last_resize(info.job_id, store) if info.state == "RUNNING" else None,
+                    resized_at=ack.time if ack is not None and info.state == SlurmState.RUNNING else None,
+                    last_resize=last_resize(info.job_id, store) if info.state == SlurmState.RUNNING else None,
                     submitted_gpus=spec.nodes * spec.limits.workers_per_node)
 
 
@@ -272,9 +272,9 @@ def extension_jobs(obs: Observation, managed: Mapping[str, ManagedJob]
     uid, run by its Slurm user. A tag naming another uid or user is not the job's."""
     out: dict[str, list[slurm.JobInfo]] = {}
     for info in obs.jobs.values():
-        tag = parse_extension_comment(info.comment) if info.state == "RUNNING" else None
+        tag = parse_extension_comment(info.comment) if info.state == SlurmState.RUNNING else None
         primary = managed.get(tag[0]) if tag is not None else None
-        if (primary is not None and primary[2].state == "RUNNING" and primary[0].uid == tag[1]
+        if (primary is not None and primary[2].state == SlurmState.RUNNING and primary[0].uid == tag[1]
                 and primary[2].user == info.user and info.job_id != tag[0]):
             out.setdefault(tag[0], []).append(info)
     return {k: tuple(sorted(v, key=lambda i: (len(i.job_id), i.job_id))) for k, v in out.items()}
@@ -313,7 +313,7 @@ def gpu_granular_facts(facts: JobFacts, extensions: Sequence[slurm.JobInfo],
     """``facts`` of a running job at GPU granularity: its allocation from Slurm's records
     (:func:`allocation_of`: the primary's GPUs and every extension job's, per node) as its
     nodes, ``layout`` and ``primary``. A pending job's facts are returned as they are."""
-    if facts.info.state != "RUNNING":
+    if facts.info.state != SlurmState.RUNNING:
         return facts
     per, primary = allocation_of(facts.info, extensions, workers_per_node)
     info = dataclasses.replace(facts.info, nodes=",".join(per), node_count=len(per))

@@ -28,6 +28,7 @@ from hpcsched.protocol.extensions import (
 )
 from hpcsched.protocol.files import ProtocolError
 from hpcsched.protocol.jobdir import JobDir, JobSpec
+from hpcsched.protocol.kinds import SlurmState
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 EXTENSION_NICE = 1_000_000
 
 #: Slurm job states in which an extension's workers may still come (``squeue --json``)
-WAITING = ("PENDING", "CONFIGURING", "RUNNING", "REQUEUED", "RESIZING")
+WAITING = (SlurmState.PENDING, SlurmState.CONFIGURING, SlurmState.RUNNING, SlurmState.REQUEUED, SlurmState.RESIZING)
 #: environment variables of the primary that must not leak into an extension's submission
 _SLURM_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "PMI_", "PMIX_", "OMPI_")
 _TORCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")

@@ -23,7 +23,7 @@ from hpcsched.protocol.batching import BatchSizeError, split_global_batch
 from hpcsched.protocol.env import LaunchEnv
 from hpcsched.protocol.extensions import ExtensionState, format_layout
 from hpcsched.protocol.jobdir import JobDir
-from hpcsched.protocol.kinds import ControlAction
+from hpcsched.protocol.kinds import ControlAction, SlurmState
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ class Membership:
                 cache["at"] = time.monotonic()
                 try:
                     cache["running"] = {j for j, i in self.extender.slurm_states().items()
-                                        if i.state == "RUNNING"}
+                                        if i.state == SlurmState.RUNNING}
                 except slurm.SlurmError:
                     cache["running"] = None
             return cache["running"] is not None and m.allocation not in cache["running"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from hpcsched.model.snapshot import ClusterSnapshot, JobTarget, JobView
+from hpcsched.protocol.kinds import SlurmState
 
 
 def capacity(snapshot: ClusterSnapshot) -> int:
@@ -16,12 +17,12 @@ def capacity(snapshot: ClusterSnapshot) -> int:
 
 def running(snapshot: ClusterSnapshot) -> list[JobView]:
     """The running jobs, in snapshot order."""
-    return [j for j in snapshot.jobs if j.state == "RUNNING"]
+    return [j for j in snapshot.jobs if j.state == SlurmState.RUNNING]
 
 
 def pending_fifo(snapshot: ClusterSnapshot) -> list[JobView]:
     """The pending jobs, first submitted first (ties: job id)."""
-    return sorted((j for j in snapshot.jobs if j.state == "PENDING"),
+    return sorted((j for j in snapshot.jobs if j.state == SlurmState.PENDING),
                   key=lambda j: (j.submit_time, j.job_id))
 
 

@@ -47,6 +47,7 @@ from hpcsched.model.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 from hpcsched.perf.model import JobModel, best_at, model_for
 from hpcsched.policies.base import NoParams, stateless
 from hpcsched.policies.common import admit_fifo, capacity, min_gpus, pending_fifo, running
+from hpcsched.protocol.kinds import SlurmState
 
 EPSILON = 1e-6
 
@@ -62,7 +63,7 @@ class Option(NamedTuple):
 
 def _options(job: JobView, model: JobModel | None, lo_nodes: int) -> list[Option]:
     wpn = job.workers_per_node
-    if model is None and job.state == "PENDING":
+    if model is None and job.state == SlurmState.PENDING:
         # not started yet: may start smaller, down to its minimum (it was admitted at that)
         nodes = list(range(max(lo_nodes, job.min_nodes),
                            max(job.min_nodes, min(job.nodes, job.max_nodes)) + 1))
@@ -137,7 +138,7 @@ def _admit(snapshot: ClusterSnapshot, fixed: set[str], k: int
 
 def _held_option(job: JobView) -> Option:
     """The one option of a job held where it is (busy, or no size within its limits)."""
-    return Option(job.gpus if job.state == "RUNNING" else min_gpus(job), 0.0, job.batch_size)
+    return Option(job.gpus if job.state == SlurmState.RUNNING else min_gpus(job), 0.0, job.batch_size)
 
 
 def _target(job: JobView, pick: Option, model: JobModel | None) -> JobTarget:

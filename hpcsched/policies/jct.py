@@ -106,6 +106,7 @@ from hpcsched.perf.model import best_at, best_at_each_of, model_for
 from hpcsched.policies.base import Params, PolicyBase
 from hpcsched.policies.common import capacity, gpu_counts, min_gpus, nodes_spanned, target
 from hpcsched.policies.dp import EPSILON, Option, solve
+from hpcsched.protocol.kinds import SlurmState
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,7 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
     _check_values(hesrpt, tempering, speedup_at, noise_growth)
     snapshot = planning_view(snapshot, noise_growth)
     k = capacity(snapshot)
-    jobs = [j for j in snapshot.jobs if j.state in ("RUNNING", "PENDING")]
+    jobs = [j for j in snapshot.jobs if j.state in (SlurmState.RUNNING, SlurmState.PENDING)]
     restart, shrink, grow = _costs(snapshot, restart_cost, shrink_cost)
     p = _Params(restart, shrink, grow, aging, unknown_remaining, max_options,
                 1.0 if hesrpt else tempering, {},
@@ -257,7 +258,7 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
     total, picks = sol
     targets = [_target(j, o[i], meta, snapshot)
                for j, o, i, meta in zip(jobs, opts, picks, info) if not j.busy]
-    started = sum(1 for j, o, i in zip(jobs, opts, picks) if j.state == "PENDING" and o[i].gpus)
+    started = sum(1 for j, o, i in zip(jobs, opts, picks) if j.state == SlurmState.PENDING and o[i].gpus)
     notes.append(f"jct: {len(jobs)} job(s) on {k} GPU(s), {started} pending job(s) started, "
                  f"{len(forced)} overdue; objective {total:.3g} (weighted speedups)")
     return Plan("jct", tuple(targets), float(total), tuple(notes))
@@ -391,12 +392,12 @@ def _rank_weights(jobs: list[JobView], snapshot: ClusterSnapshot, p: _Params, ex
 
 def _overdue(snapshot: ClusterSnapshot, jobs: list[JobView], max_wait: float) -> set[str]:
     return {j.job_id for j in jobs
-            if j.state == "PENDING" and not j.busy and _waited(j, snapshot) > max_wait}
+            if j.state == SlurmState.PENDING and not j.busy and _waited(j, snapshot) > max_wait}
 
 
 def _waited(job: JobView, snapshot: ClusterSnapshot) -> float:
     """Seconds a pending job has been without GPUs: since submission, or since it last ran."""
-    if job.state != "PENDING":
+    if job.state != SlurmState.PENDING:
         return 0.0
     since = job.resized_at if job.held and job.resized_at is not None else job.submit_time
     return max(0.0, snapshot.time - since)
@@ -428,7 +429,7 @@ def _allowed_now(job: JobView, snapshot: ClusterSnapshot, counts: list[int]) -> 
     size or more, one just shrunk at its size or less. Planned otherwise, the change is held
     back and the GPUs the plan gave elsewhere on its strength stay idle (measured:
     docs/design-notes.md, "policies/jct.py")."""
-    held = held_reversal(job, snapshot.time, snapshot.hold) if job.state == "RUNNING" else None
+    held = held_reversal(job, snapshot.time, snapshot.hold) if job.state == SlurmState.RUNNING else None
     if held == "shrink":
         return [g for g in counts if g >= job.gpus] or counts
     if held == "grow":
@@ -447,7 +448,7 @@ def _job_options(job: JobView, snapshot: ClusterSnapshot, forced: set[str], p: _
                  ) -> tuple[list[Option], dict]:
     """The job's options for the DP: ``(GPUs, value, batch)`` per allowed count (value: its
     weighted speedup after the change's cost), and what its target needs to say."""
-    running = job.state == "RUNNING"
+    running = job.state == SlurmState.RUNNING
     if job.busy:   # held exactly where it is
         return [Option(job.gpus if running else 0, 0.0, job.batch_size)], {}
     model, counts, rates = p.curves[job.job_id]
@@ -489,7 +490,7 @@ def _tempered(counts: list[int], rates: list, remaining: float, p: _Params) -> f
 def _goodput_now(job: JobView, model, counts: list[int], rates: list, snapshot: ClusterSnapshot
                  ) -> float:
     """A running job's best predicted goodput at its current GPUs (samples/s; 0 pending)."""
-    if job.state != "RUNNING":
+    if job.state != SlurmState.RUNNING:
         return 0.0
     if job.gpus in counts:
         return rates[counts.index(job.gpus)][0]

@@ -43,7 +43,7 @@ from dataclasses import replace
 from hpcsched.model.snapshot import ClusterSnapshot, ForeignJob, JobView
 from hpcsched.policies.changes import Change
 from hpcsched.policies.realise import Mechanism, batch_on
-from hpcsched.protocol.kinds import ChangeKind
+from hpcsched.protocol.kinds import ChangeKind, SlurmState
 
 
 def yield_to_foreign(snapshot: ClusterSnapshot) -> tuple[ClusterSnapshot, list[Change], list[str]]:
@@ -106,7 +106,7 @@ def _extension_gpus(snapshot: ClusterSnapshot) -> dict[str, list[tuple[str, int]
     it), so only the node blocks its growth beyond that fill, the last-added nodes first."""
     out: dict[str, list[tuple[str, int]]] = {}
     for j in snapshot.jobs:
-        if j.state != "RUNNING" or j.busy or not j.primary:
+        if j.state != SlurmState.RUNNING or j.busy or not j.primary:
             continue
         primary = j.primary_allocation()
         room = j.gpus - j.submitted_gpus if j.submitted_gpus else j.gpus

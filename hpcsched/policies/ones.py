@@ -41,6 +41,7 @@ from hpcsched.perf.model import best_at, model_for
 from hpcsched.policies import dp
 from hpcsched.policies.base import Params, PolicyBase
 from hpcsched.policies.common import capacity
+from hpcsched.protocol.kinds import SlurmState
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def _kept_size(j: JobView, fixed: set[str], sizes: dict[str, int] | None) -> int
     """The node count where a job that is not evolved (busy: in ``fixed``, or unmeasured)
     stays: a running job where it is, a pending one at its minimum, or, unless busy, the DP's
     size from ``sizes`` (a pending job starts as large as fits)."""
-    n = j.nodes if j.state == "RUNNING" else j.min_nodes
+    n = j.nodes if j.state == SlurmState.RUNNING else j.min_nodes
     if sizes and sizes.get(j.job_id) and j.job_id not in fixed:
         n = sizes[j.job_id]   # a pending job starts as large as fits (DP)
     return n
@@ -100,7 +101,7 @@ def _waits_and_sized(snapshot: ClusterSnapshot, base: Plan) -> tuple[list[JobTar
     waits = [t for t in base.targets if t.nodes == 0]
     waiting = {t.job_id for t in waits}
     jobs = [j for j in snapshot.jobs
-            if j.state == "RUNNING" or (j.state == "PENDING" and j.job_id not in waiting)]
+            if j.state == SlurmState.RUNNING or (j.state == SlurmState.PENDING and j.job_id not in waiting)]
     return waits, jobs
 
 

@@ -57,6 +57,7 @@ from hpcsched.perf.model import JobModel, best_at, model_for
 from hpcsched.policies.base import Params, PolicyBase
 from hpcsched.policies.common import capacity, gpu_counts, max_gpus, min_gpus, nodes_spanned, target
 from hpcsched.policies.pollux_search import Problem, evolve, fitness
+from hpcsched.protocol.kinds import SlurmState
 
 
 @dataclass
@@ -208,7 +209,7 @@ class Pollux(PolicyBase):
     def _round(self, snapshot: ClusterSnapshot) -> _Round | None:
         """This round's search: ``None`` when there is no job or no GPU to allocate."""
         names, cap = _nodes(snapshot)
-        jobs = sorted((j for j in snapshot.jobs if not j.busy and j.state in ("RUNNING", "PENDING")),
+        jobs = sorted((j for j in snapshot.jobs if not j.busy and j.state in (SlurmState.RUNNING, SlurmState.PENDING)),
                       key=lambda j: (j.attained_gpu_seconds, j.submit_time, j.job_id))
         if not jobs or not names or cap.sum() <= 0:
             return None
@@ -237,7 +238,7 @@ class Pollux(PolicyBase):
             cap = max(lo, min(job.gpus, max_gpus(job)))
         elif self.explore:
             measured = max((p.world_size for p in job.profile), default=0)
-            held = job.gpus if job.state == "RUNNING" else 0
+            held = job.gpus if job.state == SlurmState.RUNNING else 0
             cap = max(2 * measured, 1, held)
         else:
             cap = max_gpus(job)
@@ -271,7 +272,7 @@ class Pollux(PolicyBase):
         used = np.nonzero(row)[0]
         g = int(row.sum())
         if g == 0:
-            why = "preempted" if job.state == "RUNNING" else "waits"
+            why = "preempted" if job.state == SlurmState.RUNNING else "waits"
             t = target(job, 0, job.batch_size, f"pollux: {why}: no GPUs in the fittest allocation",
                        snap)
             return replace(t, weight=weight)
@@ -306,7 +307,7 @@ def _base(jobs: list[JobView], names: list[str]) -> np.ndarray:
     index = {n: i for i, n in enumerate(names)}
     base = np.zeros((len(jobs), len(names)), dtype=np.int16)
     for i, j in enumerate(jobs):
-        for name, g in (_layout(j) if j.state == "RUNNING" else ()):
+        for name, g in (_layout(j) if j.state == SlurmState.RUNNING else ()):
             if name in index:
                 base[i, index[name]] = g
     return base

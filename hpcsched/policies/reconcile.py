@@ -76,7 +76,7 @@ from hpcsched.policies import realise
 from hpcsched.policies.changes import ORDER, RESIZES, Candidate, Change
 from hpcsched.policies.feasible import extension_spans, feasible_now, released
 from hpcsched.policies.realise import Mechanism
-from hpcsched.protocol.kinds import ChangeKind
+from hpcsched.protocol.kinds import ChangeKind, SlurmState
 
 
 @dataclass(frozen=True)
@@ -177,9 +177,9 @@ def classify(plan: Plan, snapshot: ClusterSnapshot, costs: Costs = Costs()
         if job is None or job.busy:
             continue
         t = on_grid(t, job, snapshot)
-        if job.state == "PENDING":
+        if job.state == SlurmState.PENDING:
             out = _classify_pending(job, t, costs, snapshot)
-        elif job.state == "RUNNING" and (t.gpus_for(job), t.batch_size) != (job.gpus, job.batch_size):
+        elif job.state == SlurmState.RUNNING and (t.gpus_for(job), t.batch_size) != (job.gpus, job.batch_size):
             out = _classify_running(job, t, costs, snapshot)
         else:
             continue
@@ -338,7 +338,7 @@ def _kept_request(t: JobTarget, snapshot: ClusterSnapshot, changed: set[str]) ->
     target is not such a start: a running, busy or unknown job, one told to wait, or one with
     a pending change of its own in ``changed``)."""
     job = snapshot.job(t.job_id)
-    if job is None or job.busy or job.state != "PENDING" or t.job_id in changed or t.nodes <= 0:
+    if job is None or job.busy or job.state != SlurmState.PENDING or t.job_id in changed or t.nodes <= 0:
         return 0
     return t.gpus_for(job)
 
@@ -392,7 +392,7 @@ def objective_now(snapshot: ClusterSnapshot, plan: Plan | None = None) -> float:
     (weight 1 without a target)."""
     weights = {t.job_id: t.weight for t in plan.targets} if plan is not None else {}
     return sum((predict(j, j.nodes, j.batch_size, j.gpus) or 0.0) * weights.get(j.job_id, 1.0)
-               for j in snapshot.jobs if j.state == "RUNNING")
+               for j in snapshot.jobs if j.state == SlurmState.RUNNING)
 
 
 def gain_test(resizes: list[Candidate], batches: list[Candidate], snapshot: ClusterSnapshot,

@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from hpcsched.model.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 from hpcsched.policies.base import Params, PolicyBase
 from hpcsched.policies.common import capacity
+from hpcsched.protocol.kinds import SlurmState
 
 DEFAULT_QUEUE_THRESHOLDS = (3200.0,)   # GPU-seconds: 2 queues
 
@@ -158,7 +159,7 @@ class Tiresias(PolicyBase):
             waited = max(0.0, now - job.submit_time - ran)
             if ran > 0 and waited >= self.promote_knob * ran:
                 queue, promoted = 0, True
-        return _Entry(job, nodes, gpus, queue, base, promoted, job.state == "RUNNING")
+        return _Entry(job, nodes, gpus, queue, base, promoted, job.state == SlurmState.RUNNING)
 
     def _why_queue(self, e: _Entry, now: float) -> str:
         a = max(0.0, e.job.attained_gpu_seconds)

@@ -1,5 +1,5 @@
 """The vocabulary both sides share, once: kinds of change, control actions, acknowledgement
-states and launcher phases.
+states, launcher phases and Slurm's job states.
 
 Each is a :class:`enum.StrEnum`, so a member compares equal to its string value and is written
 to JSON, the store and logs as that string (``ChangeKind.GROW == "grow"``); the strings are the
@@ -9,6 +9,7 @@ wire format of ``docs/control-protocol.md`` and the store's ``actions.kind`` col
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import ClassVar
 
 
 class ChangeKind(StrEnum):
@@ -106,4 +107,55 @@ class LauncherPhase(StrEnum):
                         LauncherPhase.REQUEUED, LauncherPhase.STOPPED)
 
 
-__all__ = ["ACTION_FOR_KIND", "AckState", "ChangeKind", "ControlAction", "LauncherPhase"]
+class SlurmState(StrEnum):
+    """A Slurm job state as ``squeue --json`` (``job_state``) and ``sacct`` print it (squeue(1),
+    JOB STATE CODES).
+
+    A member compares equal to the string Slurm prints (``SlurmState.RUNNING == "RUNNING"``), so
+    parsed states stay plain strings: Slurm has more states than a release documents, and an
+    unknown one must never raise. :attr:`ACTIVE` and :attr:`ENDED` are the two sets the code
+    asks about.
+    """
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUSPENDED = "SUSPENDED"
+    CONFIGURING = "CONFIGURING"
+    COMPLETING = "COMPLETING"
+    REQUEUED = "REQUEUED"
+    REQUEUE_FED = "REQUEUE_FED"
+    REQUEUE_HOLD = "REQUEUE_HOLD"
+    RESIZING = "RESIZING"
+    STAGE_OUT = "STAGE_OUT"
+    SPECIAL_EXIT = "SPECIAL_EXIT"
+    STOPPED = "STOPPED"
+    REVOKED = "REVOKED"
+    RESV_DEL_HOLD = "RESV_DEL_HOLD"
+    SIGNALING = "SIGNALING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    PREEMPTED = "PREEMPTED"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+
+    #: states in which Slurm still holds resources for the job or may start it again
+    ACTIVE: ClassVar[frozenset[SlurmState]]
+    #: states after which a job runs no more
+    ENDED: ClassVar[frozenset[SlurmState]]
+
+
+SlurmState.ACTIVE = frozenset({
+    SlurmState.PENDING, SlurmState.RUNNING, SlurmState.CONFIGURING, SlurmState.COMPLETING,
+    SlurmState.SUSPENDED, SlurmState.REQUEUED, SlurmState.RESIZING})
+SlurmState.ENDED = frozenset({
+    SlurmState.COMPLETED, SlurmState.FAILED, SlurmState.CANCELLED, SlurmState.TIMEOUT,
+    SlurmState.NODE_FAIL, SlurmState.OUT_OF_MEMORY, SlurmState.PREEMPTED, SlurmState.BOOT_FAIL,
+    SlurmState.DEADLINE})
+
+
+__all__ = ["ACTION_FOR_KIND", "AckState", "ChangeKind", "ControlAction", "LauncherPhase",
+           "SlurmState"]

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hpcsched.protocol.kinds import SlurmState
 from hpcsched.replay import ReplayError
 from hpcsched.replay.watch import Tracked
 from hpcsched.sim import JobResult, SimResult
@@ -75,7 +76,7 @@ def job_rows(tracked: Sequence[Tracked], start: float,
         rec, p = t.record, t.planned
         submit = _rel(t.submit_time, start)
         end = _rel(rec.end, start) if rec else None
-        done = t.state == "COMPLETED" and end is not None and submit is not None
+        done = t.state == SlurmState.COMPLETED and end is not None and submit is not None
         rows.append({"name": p.name, "application": p.application, "job_id": t.job_id,
                      "planned_submit": p.submit_at, "submit_time": submit,
                      "start_time": _rel(rec.start, start) if rec else None, "end_time": end,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from hpcsched.model.snapshot import NodeView
+from hpcsched.protocol.kinds import SlurmState
 from hpcsched.replay import ReplayError
 from hpcsched.replay.plan import ClusterShape
 from hpcsched.slurm import commands
@@ -33,8 +34,7 @@ from hpcsched.slurm.errors import SlurmError
 from hpcsched.slurm.parse import parse_sinfo_json, parse_squeue_json
 
 #: a job in one of these states has ended for good (squeue(1) JOB STATE CODES)
-ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-                   "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
+ENDED = SlurmState.ENDED
 
 
 def cluster_shape(nodes: Sequence[NodeView], partition: str | None) -> ClusterShape:
@@ -102,7 +102,7 @@ class JobRecord:
     first seen), the latest ``start``, the ``end``, the last ``state`` and ``requeues``."""
 
     job_id: str
-    state: str = "PENDING"
+    state: str = SlurmState.PENDING
     submit: float | None = None
     start: float | None = None
     end: float | None = None
@@ -149,7 +149,7 @@ def parse_sacct(text: str) -> dict[str, JobRecord]:
         state = (last[1].split() or ["UNKNOWN"])[0]
         out[job] = JobRecord(job, state, _sacct_time(recs[0][2]), _sacct_time(last[3]),
                              _sacct_time(last[4]) if state in ENDED else None,
-                             sum(1 for r in recs if r[1].startswith("REQUEUED")))
+                             sum(1 for r in recs if r[1].startswith(SlurmState.REQUEUED)))
     return out
 
 

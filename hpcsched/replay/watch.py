@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from hpcsched.protocol.kinds import SlurmState
 from hpcsched.replay import ReplayError
 from hpcsched.replay.plan import PlannedJob
 from hpcsched.replay.slurmread import JobRecord, JobTimes, poll, read_sacct
@@ -59,7 +60,7 @@ class Tracked:
             return "VANISHED"
         if self.job_id is None:
             return "NOT_SUBMITTED"
-        return self.record.state if self.record else "PENDING"
+        return self.record.state if self.record else SlurmState.PENDING
 
     @property
     def done(self) -> bool:
@@ -85,8 +86,8 @@ def counts(tracked: Sequence[Tracked]) -> dict[str, int]:
     out = dict.fromkeys(("waiting", "pending", "running", "finished", "failed"), 0)
     for t in tracked:
         s = t.state
-        key = ("waiting" if s == "NOT_SUBMITTED" else "finished" if s == "COMPLETED"
-               else "failed" if t.done else "running" if s in ("RUNNING", "COMPLETING")
+        key = ("waiting" if s == "NOT_SUBMITTED" else "finished" if s == SlurmState.COMPLETED
+               else "failed" if t.done else "running" if s in (SlurmState.RUNNING, SlurmState.COMPLETING)
                else "pending")
         out[key] += 1
     return out

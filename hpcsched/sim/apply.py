@@ -10,7 +10,7 @@ from __future__ import annotations
 from hpcsched.policies.realise import Mechanism, primary_shape
 from hpcsched.policies.reconcile import Change
 from hpcsched.protocol.batching import BatchConfig, BatchSizeError
-from hpcsched.protocol.kinds import ChangeKind
+from hpcsched.protocol.kinds import ChangeKind, SlurmState
 from hpcsched.sim import resize
 from hpcsched.sim.cluster import SimCluster
 from hpcsched.sim.state import Extension, SimConfig, SimJob
@@ -55,9 +55,9 @@ class ChangeApplier:
             self.notes.append(f"t={self.now:.0f} job {j.wj.name}: {c.kind} not applied: {exc}")
             return
         j.eta = j.st = None
-        if c.kind == ChangeKind.PENDING and j.state == "PENDING":
+        if c.kind == ChangeKind.PENDING and j.state == SlurmState.PENDING:
             self._set_pending(j, c, want, cfg)
-        elif j.state == "RUNNING":
+        elif j.state == SlurmState.RUNNING:
             self._change_running(j, c, want, cfg)
 
     def _set_pending(self, j: SimJob, c: Change, want: int, cfg: BatchConfig) -> None:
@@ -93,7 +93,7 @@ class ChangeApplier:
         if c.kind == ChangeKind.PREEMPT:
             self._log(j, j.size, 0)
             self._release(j)
-            j.state, j.held = "PENDING", True
+            j.state, j.held = SlurmState.PENDING, True
             j.restarts += 1
         elif c.kind == ChangeKind.BATCH:
             j.cfg = cfg
@@ -134,7 +134,7 @@ class ChangeApplier:
         restart cost when it starts again."""
         self._log(j, j.size, gpus)
         self._release(j)
-        j.state = "PENDING"
+        j.state = SlurmState.PENDING
         j.size, j.nodes, j.cfg, j.shape = gpus, nodes, cfg, shape
         j.req_nodes = req_nodes
         j.restarts += 1

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hpcsched.model.snapshot import GPUView, NodeView
+from hpcsched.protocol.kinds import SlurmState
 from hpcsched.sim import physics
 from hpcsched.slurm import JobInfo
 from hpcsched.slurm.observe import Observation
@@ -160,7 +161,7 @@ def job_info(job_id: str, name: str, state: str, nodes: Sequence[str], node_coun
              gpus_per_node: int, restarts: int, priority: int, user: str = "sim") -> JobInfo:
     """A simulated job as ``squeue`` reports it."""
     return JobInfo(job_id=job_id, name=name, user=user, state=state,
-                   state_reason="None" if state == "RUNNING" else "Resources",
+                   state_reason="None" if state == SlurmState.RUNNING else "Resources",
                    partition=PARTITION, nodes=",".join(nodes), node_count=node_count,
                    gpus_per_node=gpus_per_node, restarts=restarts,
                    batch_host=(tuple(nodes) or ("",))[0], priority=priority)

@@ -65,6 +65,7 @@ from hpcsched.perf.shared import StepLedger
 from hpcsched.policies import make_policy
 from hpcsched.policies.base import rounds_on_events
 from hpcsched.policies.round import decide_round
+from hpcsched.protocol.kinds import SlurmState
 from hpcsched.sim import SimResult, WorkloadJob
 from hpcsched.sim.apply import ChangeApplier
 from hpcsched.sim.cluster import (
@@ -132,7 +133,7 @@ class Simulator(ChangeApplier):
 
     def _advance(self, j: SimJob, t: float) -> None:
         """Run ``j`` from ``j.updated`` to ``t`` (:meth:`SimJob.advance`), if it runs."""
-        if j.state == "RUNNING" and t > j.updated:
+        if j.state == SlurmState.RUNNING and t > j.updated:
             # a plain job's steps are its own: the daemon's store never sees them
             j.advance(t, self._slowdown(j), self.cfg.locality_penalty,
                       None if j.wj.rigid else self.ledger)
@@ -153,7 +154,7 @@ class Simulator(ChangeApplier):
                                    len(j.held_nodes(names)) if j.ext else j.nodes,
                                    j.per_node, j.restarts, n - int(j.job_id),
                                    user=FOREIGN_USER if j.wj.rigid else "sim")
-                for j in self.jobs if j.state in ("PENDING", "RUNNING")}
+                for j in self.jobs if j.state in (SlurmState.PENDING, SlurmState.RUNNING)}
 
     def _try_start(self, j: SimJob) -> bool:
         if j.granular and self.costs.by_mechanism:
@@ -176,7 +177,7 @@ class Simulator(ChangeApplier):
         j.nodes, j.size = len(j.node_names), len(j.gpus)
         j.resized_at = self.now
         j.req_nodes = ()
-        j.state = "RUNNING"
+        j.state = SlurmState.RUNNING
         j.updated = self.now
         # a plain job's duration is its run alone: no start cost of hpcsched's model on top
         j.blocked_until = self.now + (0.0 if j.wj.rigid else
@@ -192,7 +193,7 @@ class Simulator(ChangeApplier):
         if not self.cluster.free.any():
             return
         for j in self.jobs:
-            if j.state == "PENDING" and not j.held:
+            if j.state == SlurmState.PENDING and not j.held:
                 self._try_start(j)
                 if not self.cluster.free.any():
                     return
@@ -208,11 +209,11 @@ class Simulator(ChangeApplier):
             profile=j.profile(),
             report=j.report() if self.cfg.early_reports or j.start_time is not None
             else JobReport(),
-            busy=j.state == "RUNNING" and (j.blocked_until > self.now or j.ext is not None),
+            busy=j.state == SlurmState.RUNNING and (j.blocked_until > self.now or j.ext is not None),
             held=j.held,
             requested_nodes=j.req_nodes, start_time=j.start_time,
             layout=j.view_layout(self.cfg.gpus_per_node), primary=j.view_primary(),
-            resized_at=j.resized_at if j.state == "RUNNING" else None,
+            resized_at=j.resized_at if j.state == SlurmState.RUNNING else None,
             last_resize=j.last_resize, step_corrections=tables.get(application_key(j.application_name)),
             submitted_gpus=j.wj.gpus))
 
@@ -229,7 +230,7 @@ class Simulator(ChangeApplier):
 
     def _round(self) -> None:
         for j in self.jobs:
-            if j.state == "RUNNING":
+            if j.state == SlurmState.RUNNING:
                 self._advance(j, self.now)
         snap = self.snapshot()
         if self.cfg.check_claims:
@@ -250,18 +251,18 @@ class Simulator(ChangeApplier):
         j.progress = j.total
         self._release(j)
         self._schedule()
-        if self.event_rounds and any(x.state in ("RUNNING", "PENDING") for x in self.jobs):
+        if self.event_rounds and any(x.state in (SlurmState.RUNNING, SlurmState.PENDING) for x in self.jobs):
             self._round()    # its GPUs go where the policy wants them, not a round later
 
     def _arrive(self, arrivals: list[tuple[float, int]]) -> None:
         came = []
         while arrivals and arrivals[0][0] <= self.now:
             _, i = heapq.heappop(arrivals)
-            self.jobs[i - 1].state = "PENDING"
+            self.jobs[i - 1].state = SlurmState.PENDING
             self.jobs[i - 1].held = self.cfg.hold_new_jobs and not self.jobs[i - 1].wj.rigid
             came.append(self.jobs[i - 1])
         self._schedule()
-        if self.event_rounds and any(j.state == "PENDING" for j in came):
+        if self.event_rounds and any(j.state == SlurmState.PENDING for j in came):
             self._round()    # no room: the policy makes some now, not up to a round later
 
     def run(self, progress: Callable[[float, int, int], None] | None = None) -> SimResult:
@@ -284,8 +285,8 @@ class Simulator(ChangeApplier):
         next_round = 0.0
         while done < total and self.now <= self.cfg.max_time:
             t_arr = arrivals[0][0] if arrivals else math.inf
-            running = [j for j in self.jobs if j.state == "RUNNING"]
-            if not running and not any(j.state == "PENDING" for j in self.jobs):
+            running = [j for j in self.jobs if j.state == SlurmState.RUNNING]
+            if not running and not any(j.state == SlurmState.PENDING for j in self.jobs):
                 # idle cluster: jump to the round at or after the next arrival
                 next_round = max(next_round, math.ceil(t_arr / self.cfg.interval)
                                  * self.cfg.interval)

@@ -20,7 +20,7 @@ from hpcsched.perf.shared import THROUGHPUT_MODELS, StepLedger
 from hpcsched.policies.realise import exact_shape
 from hpcsched.policies.reconcile import Costs
 from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch
-from hpcsched.protocol.kinds import ChangeKind
+from hpcsched.protocol.kinds import ChangeKind, SlurmState
 from hpcsched.protocol.limits import JobLimits
 from hpcsched.sim import JobResult, WorkloadJob
 from hpcsched.sim.physics import Application, FixedWork, application
@@ -262,7 +262,7 @@ class SimJob:
         packed on ``gpus_per_node``-GPU nodes, asked for; ``()`` for a node-granular job."""
         if not self.granular:
             return ()
-        if self.state == "RUNNING":
+        if self.state == SlurmState.RUNNING:
             held = [n for n, _ in self.held_gpus]
             return tuple(held.count(n) for n in self._node_order(self.held_gpus))
         if self.shape is not None:
@@ -273,7 +273,7 @@ class SimJob:
     def view_primary(self) -> tuple[int, ...]:
         """GPUs of its primary job on each of its first nodes, as the daemon's view shows a
         running job that holds extension GPUs too; ``()`` otherwise."""
-        if self.state != "RUNNING" or len(self.primary) == len(self.held_gpus):
+        if self.state != SlurmState.RUNNING or len(self.primary) == len(self.held_gpus):
             return ()
         held = [n for n, _ in self.primary]
         return tuple(held.count(n) for n in self._node_order(self.primary))

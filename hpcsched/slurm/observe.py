@@ -32,6 +32,7 @@ from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 from hpcsched.model.snapshot import NodeView
+from hpcsched.protocol.kinds import SlurmState
 from hpcsched.slurm.commands import DEFAULT_TIMEOUT, count_call, run
 from hpcsched.slurm.errors import SlurmError, SlurmUnavailable, says_unreachable
 from hpcsched.slurm.hostlist import expand_hostlist
@@ -354,7 +355,8 @@ class PyslurmBackend:
             return nodes
         used: dict[str, int] = {}
         for j in jobs.values():
-            if j.state in ("RUNNING", "COMPLETING", "SUSPENDED") and j.gpus_per_node and j.nodes:
+            if (j.state in (SlurmState.RUNNING, SlurmState.COMPLETING, SlurmState.SUSPENDED)
+                    and j.gpus_per_node and j.nodes):
                 for host in expand_hostlist(j.nodes):
                     used[host] = used.get(host, 0) + j.gpus_per_node
         return [NodeView(n.name, n.gpus, min(n.gpus, used.get(n.name, 0)), n.state, n.partitions)

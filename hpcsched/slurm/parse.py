@@ -50,13 +50,13 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from hpcsched.model.snapshot import NodeView
+from hpcsched.protocol.kinds import SlurmState
 from hpcsched.slurm.errors import SlurmError, SlurmUnavailable, says_unreachable
 from hpcsched.slurm.hostlist import split_top
 from hpcsched.slurm.resize_script import parse_resize_script as parse_resize_script
 
 #: Job states in which Slurm still holds resources for the job or may start it again.
-ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED",
-                           "REQUEUED", "RESIZING"})
+ACTIVE_STATES = SlurmState.ACTIVE
 
 
 @dataclass(frozen=True)
@@ -352,8 +352,9 @@ def _int(value: object) -> int:
 #: Flags that 22.05 prints instead of the base state, in its order of precedence
 #: (``job_state_string()`` in Slurm's src/common/slurm_protocol_defs.c); v0.0.40+ lists them
 #: beside the base state, ``["RUNNING", "COMPLETING"]``.
-_STATE_FLAGS = ("COMPLETING", "STAGE_OUT", "CONFIGURING", "RESIZING", "REQUEUED", "REQUEUE_FED",
-                "REQUEUE_HOLD", "SPECIAL_EXIT", "STOPPED", "REVOKED", "RESV_DEL_HOLD", "SIGNALING")
+_STATE_FLAGS = (SlurmState.COMPLETING, SlurmState.STAGE_OUT, SlurmState.CONFIGURING, SlurmState.RESIZING,
+                SlurmState.REQUEUED, SlurmState.REQUEUE_FED, SlurmState.REQUEUE_HOLD, SlurmState.SPECIAL_EXIT,
+                SlurmState.STOPPED, SlurmState.REVOKED, SlurmState.RESV_DEL_HOLD, SlurmState.SIGNALING)
 
 
 def _job_state(j: dict) -> str:
@@ -381,7 +382,7 @@ def _gpus_per_node(j: dict) -> int:
     on a pending job that Slurm starts in the same instant leaves the running job asking 1 GPU
     per node and holding 3 (seen on the dev cluster, Slurm 22.05)."""
     detail = j.get("gres_detail")
-    if _job_state(j) == "RUNNING" and isinstance(detail, list) and detail:
+    if _job_state(j) == SlurmState.RUNNING and isinstance(detail, list) and detail:
         try:
             held = max(gpu_count(d) for d in detail if isinstance(d, str))
         except (SlurmError, ValueError):   # no string entries, or one that does not parse

@@ -26,6 +26,7 @@ from hpcsched.perf.priors import application_key
 from hpcsched.perf.shared import StepCorrections
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.extensions import parse_extension_comment
+from hpcsched.protocol.kinds import SlurmState
 from hpcsched.protocol.limits import JobLimits
 from hpcsched.slurm.observe import Observation
 
@@ -139,7 +140,7 @@ def attained_gpu_seconds(profile: Iterable[ProfilePoint]) -> float:
 
 def job_view(f: JobFacts) -> JobView:
     """The policy's view of one job (see :class:`JobFacts`)."""
-    running = f.info.state == "RUNNING"
+    running = f.info.state == SlurmState.RUNNING
     return JobView(
         job_id=f.info.job_id, state=f.info.state, nodes=f.nodes,
         node_names=tuple(slurm.expand_hostlist(f.info.nodes)) if running else f.requested_nodes,
@@ -191,7 +192,7 @@ def cluster_snapshot(obs: Observation, jobs: Sequence[JobView], partitions: Sequ
     mine = {j.job_id for j in jobs} | set(counted)
     other: dict[str, int] = {}
     for info in obs.jobs.values():
-        if info.job_id not in mine and info.state == "RUNNING" and info.gpus_per_node:
+        if info.job_id not in mine and info.state == SlurmState.RUNNING and info.gpus_per_node:
             for n in slurm.expand_hostlist(info.nodes):
                 other[n] = other.get(n, 0) + info.gpus_per_node
     return ClusterSnapshot(time=obs.time, nodes=obs.nodes, jobs=tuple(jobs),
@@ -210,7 +211,7 @@ def foreign_pending(obs: Observation, mine: Iterable[str], partitions: Sequence[
     return tuple(ForeignJob(i.job_id, i.user, max(1, i.node_count), i.gpus_per_node, i.priority,
                             i.submit_time or 0.0, i.start_time, i.partition)
                  for i in obs.jobs.values()
-                 if i.state == "PENDING" and i.gpus_per_node > 0 and i.job_id not in mine
+                 if i.state == SlurmState.PENDING and i.gpus_per_node > 0 and i.job_id not in mine
                  and (not parts or i.partition in parts) and eligible(i)
                  and parse_extension_comment(i.comment) is None)
 
@@ -219,9 +220,9 @@ def eligible(info: slurm.JobInfo, held: bool = False) -> bool:
     """A job the policy may plan for: running, or pending and free to start (not held, not
     waiting for a begin time, a dependency or a reservation: those are someone else's
     decision), or ``held`` by hpcsched's own preemption (:func:`held_after_preemption`)."""
-    if info.state == "RUNNING":
+    if info.state == SlurmState.RUNNING:
         return True
-    return info.state == "PENDING" and (held or not info.state_reason.startswith(NOT_ELIGIBLE))
+    return info.state == SlurmState.PENDING and (held or not info.state_reason.startswith(NOT_ELIGIBLE))
 
 
 #: slurm-plugins/job_submit.lua's AdminComment on an hpcsub job it holds for placement
@@ -233,6 +234,6 @@ def held_for_placement(info: slurm.JobInfo) -> bool:
     daemon to place it (its AdminComment says ``hpcsched:elastic ... hold=<s>``): the daemon
     plans for it as for a job it holds, and releases it (``StartTime=now``) when the plan gives
     it GPUs; Slurm starts it anyway when the begin time passes."""
-    return (info.state == "PENDING" and info.state_reason.startswith("BeginTime")
+    return (info.state == SlurmState.PENDING and info.state_reason.startswith("BeginTime")
             and info.admin_comment.startswith(PLACEMENT_TAG)
             and PLACEMENT_HOLD in info.admin_comment)

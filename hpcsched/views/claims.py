@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from hpcsched.model.snapshot import ClusterSnapshot, JobView, ProfilePoint
+from hpcsched.protocol.kinds import SlurmState
 
 #: a job that has done more than this times the work it promised, and runs on, broke its promise
 WORK_SLACK = 1.10
@@ -110,7 +111,7 @@ def _observe_work(c: JobClaims, job: JobView, notes: list[str]) -> JobClaims:
 
 def _observe_rate(c: JobClaims, job: JobView, now: float, notes: list[str]) -> JobClaims:
     world, steps, batch = job.gpus, job.steps, job.batch_size
-    if job.busy or job.state != "RUNNING" or world <= 0:
+    if job.busy or job.state != SlurmState.RUNNING or world <= 0:
         return replace(c, last=None)
     config = (world, job.nodes, batch)
     last, c = c.last, replace(c, last=(now, steps, *config))
@@ -166,7 +167,7 @@ def check_claims(snapshot: ClusterSnapshot, book: ClaimBook
     jobs = []
     for job in snapshot.jobs:
         c = book.get(job.job_id, JobClaims())
-        if job.state == "RUNNING":
+        if job.state == SlurmState.RUNNING:
             c = _observe_rate(_observe_work(c, job, notes), job, snapshot.time, notes)
         new[job.job_id] = c
         jobs.append(_judged(job, c))

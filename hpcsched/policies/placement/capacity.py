@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from hpcsched.model.snapshot import ClusterSnapshot, NodeView, Plan
+from hpcsched.protocol.kinds import SlurmState
 
 
 def capacity_left(plan: Plan, snapshot: ClusterSnapshot, replaced: Collection[str],
@@ -19,7 +20,7 @@ def capacity_left(plan: Plan, snapshot: ClusterSnapshot, replaced: Collection[st
     managed_now: dict[str, int] = {}
     stays_on: dict[str, int] = {}
     for j in snapshot.jobs:
-        if j.state != "RUNNING":
+        if j.state != SlurmState.RUNNING:
             continue
         t = targeted.get(j.job_id)
         stays = j.job_id not in replaced and not (t is not None and t.nodes <= 0 and not j.busy)

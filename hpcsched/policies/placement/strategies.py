@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from hpcsched.model.snapshot import ClusterSnapshot, JobTarget, JobView, NodeView
 from hpcsched.policies.placement.binning import Binning, bin_gpus_cached
 from hpcsched.policies.placement.scores import gpus_by_node, locality_factor, node_sort_key, placement_score
+from hpcsched.protocol.kinds import SlurmState
 
 Choice = tuple[list[str], str]     # node names, and why (empty: nothing to add)
 
@@ -26,7 +27,7 @@ class PlacedJob:
 
     @property
     def running(self) -> bool:
-        return self.job.state == "RUNNING"
+        return self.job.state == SlurmState.RUNNING
 
     @property
     def gpus(self) -> int:
