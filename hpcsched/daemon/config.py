@@ -35,6 +35,7 @@ from typing import Any
 from hpcsched.model.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GRANULARITIES, GROW_MODES
 from hpcsched.perf.shared import THROUGHPUT_MODELS
 from hpcsched.policies import DEFAULT_POLICY, POLICIES, PolicyError, make_policy
+from hpcsched.protocol.kinds import Granularity, GrowMode
 
 DEFAULT_PATH = Path("/etc/hpcsched/hpcsched.toml")
 ENV_CONFIG = "HPCSCHED_CONFIG"
@@ -121,7 +122,7 @@ def _choice(*choices: str) -> Callable[[Any], str]:
     def check(v: Any) -> str:
         if not isinstance(v, str) or v.lower() not in choices:
             raise _Bad(expected)
-        return v.lower()
+        return choices[choices.index(v.lower())]   # the choice itself: an enum's member
 
     return check
 
@@ -185,13 +186,13 @@ class DaemonSettings:
     shrink_cost: float = _opt(2.0, _number(ge=0),
                               "seconds an in-place shrink costs until 3 have been measured here; "
                               "then the median of the latest 20 (>= 0)")
-    grow: str = _opt(
-        "extension", _choice(*GROW_MODES),
+    grow: GrowMode = _opt(
+        GrowMode.EXTENSION, _choice(*GROW_MODES),
         "how a running job grows: " + "|".join(GROW_MODES) + "; extension: extension Slurm "
         "jobs whose workers join it, no restart (docs/extensions.md); requeue: checkpoint, "
         "requeue, restart at the new size (priced at restart_cost)")
-    granularity: str = _opt(
-        "auto", _choice("auto", *GRANULARITIES),
+    granularity: Granularity = _opt(
+        Granularity.AUTO, _choice(*Granularity),
         "what the policy's plans may ask for: auto|" + "|".join(GRANULARITIES) + "; gpu: any "
         "number of GPUs on any GPUs per node (4 + 2), realised with extension jobs, so it needs "
         "grow = extension; node: whole nodes x the job's GPUs per node (for sites that forbid "
@@ -284,12 +285,12 @@ class DaemonSettings:
 
 
     @property
-    def plan_granularity(self) -> str:
+    def plan_granularity(self) -> Granularity:
         """What plans may ask for here (``granularity``, its ``auto`` resolved): ``"gpu"``
         with ``grow = extension``, else ``"node"``."""
-        if self.granularity != "auto":
+        if self.granularity != Granularity.AUTO:
             return self.granularity
-        return "gpu" if self.grow == "extension" else "node"
+        return Granularity.GPU if self.grow == GrowMode.EXTENSION else Granularity.NODE
 
 
 @dataclass(frozen=True)
@@ -442,7 +443,7 @@ def load(path: str | Path | None = None, *, env: Mapping[str, str] | None = None
                               f"got {_show(url)}") from None
         daemon = replace(daemon, database_url=url)
 
-    if daemon.granularity == "gpu" and daemon.grow != "extension":
+    if daemon.granularity == Granularity.GPU and daemon.grow != GrowMode.EXTENSION:
         raise ConfigError(f"{where}: [daemon] granularity = \"gpu\" needs grow = \"extension\" "
                           "(a plan of any GPUs per node is realised with extension jobs); "
                           "set granularity = \"node\" or \"auto\"")

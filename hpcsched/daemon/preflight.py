@@ -27,6 +27,7 @@ import click
 from hpcsched.daemon.config import DEFAULT_PATH, ConfigError, DaemonSettings, Settings, load
 from hpcsched.daemon.site_limits import read_site_limits
 from hpcsched.policies import POLICIES, PolicyError
+from hpcsched.protocol.kinds import GrowMode
 from hpcsched.slurm.commands import run
 from hpcsched.slurm.errors import SlurmError, SlurmUnavailable
 from hpcsched.slurm.hostlist import expand_hostlist
@@ -173,7 +174,7 @@ def gather_slurm(d: DaemonSettings) -> SlurmFacts:
         return SlurmFacts(version=version, errors={**errors, "config": "Slurm does not answer"})
     config = ask("config", lambda: parse_config(run(["scontrol", "show", "config"], timeout=t)))
     limits = None
-    if config is not None and d.grow == "extension" and enforces_limits(config):
+    if config is not None and d.grow == GrowMode.EXTENSION and enforces_limits(config):
         sacctmgr = ["sacctmgr", "-n", "-P", "show"]
         limits = ask("limits", lambda: parse_limits(
             run([*sacctmgr, "qos", "format=Name,MaxJobsPU,MaxSubmitJobsPU"], timeout=t),
@@ -333,7 +334,7 @@ def check_extensions(d: DaemonSettings, config: Mapping[str, str] | None,
     """Extension jobs (docs/extensions.md) may run: slurm.conf(5)'s AccountingStorageEnforce,
     then sacctmgr(1)'s per-user job limits (a user held to 1 job cannot add one), and other
     JobSubmitPlugins than lua (not checked: warn). Warns whenever it cannot tell."""
-    if d.grow != "extension":
+    if d.grow != GrowMode.EXTENSION:
         return Result(OK, "extensions", f"grow = {d.grow}: no extension jobs (plans of whole nodes)")
     need = f"granularity {d.plan_granularity}, grow = extension"
     if config is None:
@@ -366,7 +367,7 @@ def check_lending(d: DaemonSettings, s: SlurmFacts) -> Result:
     (sacctmgr(1)), and its ``GraceTime`` leaves the workers time to leave at a step boundary
     (0: Slurm kills them at once, and the step in flight is voided). Without ``extension_qos``
     the daemon gives lent GPUs back at its next look (warn)."""
-    if d.grow != "extension":
+    if d.grow != GrowMode.EXTENSION:
         return Result(OK, "lending", f"grow = {d.grow}: no GPUs lent by extension")
     if s.extension_qos is None:
         return Result(WARN, "lending", "no extension_qos in job_submit_hpcsched.conf: lent GPUs "

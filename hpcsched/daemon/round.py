@@ -91,7 +91,7 @@ from hpcsched.policies.round import (
 )
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir, JobSpec
-from hpcsched.protocol.kinds import ChangeKind, SlurmState
+from hpcsched.protocol.kinds import ChangeKind, GrowMode, SlurmState
 from hpcsched.slurm.control import CLISlurmControl
 from hpcsched.slurm.observe import Backend, make_backend
 from hpcsched.views.claims import ClaimBook, check_claims
@@ -375,7 +375,7 @@ class Daemon:
         on extensions, always (:func:`~hpcsched.daemon.actuator.reform_layout`)."""
         if info.state != SlurmState.RUNNING or c.kind not in (ChangeKind.GROW, ChangeKind.SHRINK):
             return None
-        if c.kind == ChangeKind.GROW and self.costs.grow != "extension":
+        if c.kind == ChangeKind.GROW and self.costs.grow != GrowMode.EXTENSION:
             return None
         ack = read_or_none(ctl.read_ack, jd.ack_path, jd.uid)
         layout, primary = layout_in_force(info, ack, info.gpus_per_node or spec.workers_per_node)

@@ -24,7 +24,7 @@ from hpcsched.perf.shared import step_corrections
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.extensions import parse_extension_comment
 from hpcsched.protocol.jobdir import JobDir, JobSpec
-from hpcsched.protocol.kinds import ChangeKind, SlurmState
+from hpcsched.protocol.kinds import ChangeKind, Granularity, SlurmState
 from hpcsched.slurm.observe import Observation
 from hpcsched.views.build import (  # noqa: F401 - the builder's names, importable from here too
     NOT_ELIGIBLE,
@@ -322,7 +322,7 @@ def gpu_granular_facts(facts: JobFacts, extensions: Sequence[slurm.JobInfo],
 
 
 def _own_extensions(exts: Mapping[str, Sequence[slurm.JobInfo]], managed: Mapping[str, ManagedJob],
-                    granularity: str) -> tuple[dict[str, slurm.JobInfo], list[str]]:
+                    granularity: Granularity) -> tuple[dict[str, slurm.JobInfo], list[str]]:
     """Which extension jobs (``exts``: job id -> its extension jobs) count as their job's own
     GPUs: ``(widened, counted)``, the jobs whose Slurm view is widened to their whole
     allocation (at ``granularity`` ``"node"``, where it is whole nodes:
@@ -332,7 +332,7 @@ def _own_extensions(exts: Mapping[str, Sequence[slurm.JobInfo]], managed: Mappin
     counted: list[str] = []
     for job_id, found in exts.items():
         _, spec, info = managed[job_id]
-        if granularity == "gpu":
+        if granularity == Granularity.GPU:
             counted.extend(e.job_id for e in found)
             continue
         whole = with_extensions(info, found, spec.limits.workers_per_node)
@@ -347,7 +347,7 @@ def _own_extensions(exts: Mapping[str, Sequence[slurm.JobInfo]], managed: Mappin
 
 def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: Store,
                     busy: set[str], partitions: Sequence[str], throughput_model: str = "shared",
-                    granularity: str = "node", site: SiteLimits | None = None) -> ClusterSnapshot:
+                    granularity: Granularity = Granularity.NODE, site: SiteLimits | None = None) -> ClusterSnapshot:
     """The daemon's snapshot: every eligible managed job's view (a job hpcsched preempted and
     holds, or one job_submit.lua holds for placement: ``held``), and the measured GPUs. With
     ``throughput_model`` ``"shared"`` each view carries what its application's jobs measured
@@ -368,7 +368,7 @@ def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: 
 
     def facts(job_id: str, jd: JobDir, spec: JobSpec, info: slurm.JobInfo) -> JobFacts:
         f = daemon_job_facts(jd, spec, widened.get(job_id, info), store, job_id in busy)
-        if granularity == "gpu":
+        if granularity == Granularity.GPU:
             f = gpu_granular_facts(f, exts.get(job_id, ()), spec.limits.workers_per_node)
         limits = job_limits(job_id, spec.limits, info.admin_comment, info.partition, site)
         return dataclasses.replace(f, held=job_id in held, limits=limits)

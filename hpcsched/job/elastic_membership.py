@@ -97,7 +97,15 @@ class ElasticMembership:
                      " (Slurm is ending its extension job)" if preempted else "")
             self._metrics.close()
             leave_now()
-        self._enter(form)
+        try:
+            self._enter(form)
+        except RuntimeError as exc:   # its group never formed: a newcomer did not come
+            if not form.newcomers or self._members.me.id in form.newcomers:
+                raise
+            log.warning("generation %d: its group did not form (%s); going on without the "
+                        "workers that did not come", d.generation, exc)
+            self._go_on_without(form)
+            return True
         self._sync_state(form)
         if self.rank == 0:
             why = ("Slurm ended it (SIGTERM: preempted or cancelled); its workers left at a step "
@@ -127,8 +135,14 @@ class ElasticMembership:
         peers (:meth:`Membership.survivors_form`); otherwise the error stands."""
         if not self.survives_lost_workers:
             raise exc
-        form = self._members.form
         log.warning("a collective failed (%s); re-forming without the lost workers", exc)
+        self._go_on_without(self._members.form)
+
+    def _go_on_without(self, form) -> None:
+        """Every member still running of ``form`` (the group in force, or one being entered
+        whose newcomers never came: their extension job was lost, or its workers killed, before
+        they joined) re-forms without the others (:meth:`Membership.survivors_form`), takes the
+        most advanced survivor's state, and rank 0 acknowledges the smaller group."""
         refit = self._members.refit(self.global_batch_size) if self.rank == 0 else None
         new = self._members.survivors_form(form, self.rank, refit)
         if new.rank_of(self._members.me.id) is None:

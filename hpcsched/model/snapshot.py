@@ -14,6 +14,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
+from hpcsched.protocol.kinds import Granularity, GrowMode
 from hpcsched.protocol.limits import JobLimits
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 #: how a running job grows: ``"extension"``, a second Slurm job whose workers start while the
 #: job trains on and join its process group at a step boundary (issue 10); ``"requeue"``, the
 #: job checkpoints, gives its GPUs back and restarts every worker at the new size
-GROW_MODES = ("extension", "requeue")
+GROW_MODES = (GrowMode.EXTENSION, GrowMode.REQUEUE)
 #: Measured by ``benchmarks/resize_latency.py --repeats 3`` on the dev cluster (medians;
 #: ``docs/extensions.md``; the run: docs/design-notes.md, "model/snapshot.py"): seconds an
 #: extension's new workers take from submission to being ready to join (Slurm scheduling,
@@ -37,7 +38,7 @@ GROW_MODES = ("extension", "requeue")
 #: what a plan may ask for: ``"node"``, whole nodes x the job's workers per node; ``"gpu"``, any
 #: GPU count on any GPUs per node (4 + 2), which the daemon realises with extension jobs
 #: (:mod:`hpcsched.policies.realise`)
-GRANULARITIES = ("node", "gpu")
+GRANULARITIES = (Granularity.NODE, Granularity.GPU)
 EXTENSION_STARTUP = 2.25
 EXTENSION_STALL = 0.09
 
@@ -55,7 +56,7 @@ def held_reversal(job: JobView, now: float, hold: float) -> str | None:
     return "shrink" if job.last_resize == "grow" else "grow"
 
 
-def grow_cost(grow: str, restart_cost: float, startup: float, stall: float, x_from: float,
+def grow_cost(grow: GrowMode, restart_cost: float, startup: float, stall: float, x_from: float,
               x_to: float) -> float:
     """Seconds a grow costs a running job, in seconds of its new rate: what is added to its
     remaining time ``R / x_to`` at the new size (``R``: remaining samples) by making the grow.
@@ -78,7 +79,7 @@ def grow_cost(grow: str, restart_cost: float, startup: float, stall: float, x_fr
         restart_cost, startup, stall: seconds.
         x_from, x_to: the job's goodput before and after the grow, samples/s.
     """
-    if grow != "extension":
+    if grow != GrowMode.EXTENSION:
         return restart_cost
     if x_to <= 0:
         return startup + stall
@@ -287,7 +288,7 @@ class ClusterSnapshot:
     #: what a plan may ask for: ``"node"``, whole nodes x the job's ``workers_per_node`` (what
     #: the actuator does on Slurm today); ``"gpu"``, any GPU count, packed onto as few nodes as
     #: it fits (4 + 2): the simulator's ``--granularity gpu``
-    granularity: str = "node"
+    granularity: Granularity = Granularity.NODE
     #: what a start or grow (requeue) and an in-place shrink cost a job on this cluster,
     #: seconds: the daemon's and the simulator's configured costs, the ones reconcile weighs
     #: a resize with (policies that price changes use them too)
@@ -295,7 +296,7 @@ class ClusterSnapshot:
     shrink_cost: float = 2.0
     #: how running jobs grow here (:data:`GROW_MODES`) and, by extension, the seconds the new
     #: workers take to start and the stall when the group re-forms (:func:`grow_cost`)
-    grow: str = "requeue"
+    grow: GrowMode = GrowMode.REQUEUE
     extension_startup: float = EXTENSION_STARTUP
     extension_stall: float = EXTENSION_STALL
     #: reconcile's no-thrash hold here, seconds (``Costs.hold``, after the policy's

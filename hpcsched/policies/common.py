@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from hpcsched.model.snapshot import ClusterSnapshot, JobTarget, JobView
-from hpcsched.protocol.kinds import SlurmState
+from hpcsched.protocol.kinds import Granularity, SlurmState
 
 
 def capacity(snapshot: ClusterSnapshot) -> int:
@@ -54,7 +54,7 @@ def admit_fifo(jobs: Iterable[JobView], free: int, size: Callable[[JobView], int
 def resizable_by_gpu(job: JobView, snapshot: ClusterSnapshot | None) -> bool:
     """``snapshot`` is GPU-granular and ``job`` may run on more than one GPU count
     (``min_gpus < max_gpus``)."""
-    return snapshot is not None and snapshot.granularity == "gpu" and job.min_gpus < job.max_gpus
+    return snapshot is not None and snapshot.granularity == Granularity.GPU and job.min_gpus < job.max_gpus
 
 
 def min_gpus(job: JobView, snapshot: ClusterSnapshot | None = None) -> int:
@@ -88,7 +88,7 @@ def nodes_spanned(job: JobView, gpus: int, snapshot: ClusterSnapshot) -> int:
     packed onto full nodes (``ceil(gpus / snapshot.node_size)``) at GPU granularity. 0 for 0 GPUs."""
     if gpus <= 0:
         return 0
-    per = snapshot.node_size if snapshot.granularity == "gpu" else job.workers_per_node
+    per = snapshot.node_size if snapshot.granularity == Granularity.GPU else job.workers_per_node
     return -(-gpus // max(1, per))
 
 
@@ -96,6 +96,6 @@ def target(job: JobView, gpus: int, batch_size: int, reason: str, snapshot: Clus
            predicted_goodput: float | None = None, placement: tuple[str, ...] = ()) -> JobTarget:
     """The target giving ``job`` ``gpus`` GPUs (0: none) at global ``batch_size``, at the
     snapshot's granularity (:func:`nodes_spanned`; ``JobTarget.gpus`` set when GPU-granular)."""
-    gpu = snapshot.granularity == "gpu"
+    gpu = snapshot.granularity == Granularity.GPU
     return JobTarget(job.job_id, nodes_spanned(job, gpus, snapshot), batch_size, reason,
                      placement, predicted_goodput, gpus if gpu else None)

@@ -14,7 +14,7 @@ from dataclasses import replace
 from hpcsched.model.snapshot import ClusterSnapshot, JobView
 from hpcsched.policies.changes import ORDER, Candidate, Change
 from hpcsched.policies.realise import Layout, Mechanism
-from hpcsched.protocol.kinds import ChangeKind
+from hpcsched.protocol.kinds import ChangeKind, Granularity, GrowMode
 
 
 def extension_spans(job: JobView, gpus: int, snapshot: ClusterSnapshot) -> int:
@@ -36,7 +36,7 @@ def extension_spans(job: JobView, gpus: int, snapshot: ClusterSnapshot) -> int:
 
 
 
-def feasible_now(chosen: list[Candidate], snapshot: ClusterSnapshot, grow: str = "requeue"
+def feasible_now(chosen: list[Candidate], snapshot: ClusterSnapshot, grow: GrowMode = GrowMode.REQUEUE
                  ) -> tuple[list[Change], list[str]]:
     """``chosen`` in :data:`ORDER` (largest gain first within a kind), without the grows Slurm
     cannot place now, and notes on those. A grow needs ``to_nodes`` usable nodes with the job's
@@ -50,7 +50,7 @@ def feasible_now(chosen: list[Candidate], snapshot: ClusterSnapshot, grow: str =
     free = dict(snapshot.free_gpus)     # claimed change by change
     changes: list[Change] = []
     notes: list[str] = []
-    keep_own = grow == "extension"
+    keep_own = grow == GrowMode.EXTENSION
     for cand in sorted(chosen, key=lambda c: (ORDER[c.kind], -c.gain)):
         c = cand.change
         if c.kind in (ChangeKind.SHRINK, ChangeKind.PREEMPT):
@@ -66,7 +66,7 @@ def feasible_now(chosen: list[Candidate], snapshot: ClusterSnapshot, grow: str =
         elif c.kind == ChangeKind.GROW:
             job = snapshot.job(c.job_id)
             assert job is not None, c.job_id    # and grows them
-            if snapshot.granularity != "gpu":
+            if snapshot.granularity != Granularity.GPU:
                 placed, note = _place_grow(c, job, free, keep_own)
             elif keep_own:
                 placed, note = _place_extension_gpus(c, job, free)
@@ -87,7 +87,7 @@ def _given_back(job: JobView, layout: Layout) -> dict[str, int]:
     return {n: g - after.get(n, 0) for n, g in job.allocation().items() if g > after.get(n, 0)}
 
 
-def released(job: JobView, to_gpus: int, granularity: str) -> dict[str, int]:
+def released(job: JobView, to_gpus: int, granularity: Granularity) -> dict[str, int]:
     """GPUs per node that ``job`` gives back when it shrinks in place to ``to_gpus`` GPUs (0: it
     is preempted). Whole nodes: it keeps its first nodes (Slurm's rule for ``scontrol update
     NumNodes``); GPU-granular: the GPUs on the nodes where it holds fewest go first, the last
@@ -96,7 +96,7 @@ def released(job: JobView, to_gpus: int, granularity: str) -> dict[str, int]:
     held = dict(zip(job.node_names, per))
     if to_gpus <= 0:
         return held
-    if granularity != "gpu":
+    if granularity != Granularity.GPU:
         keep = max(1, to_gpus // max(1, job.workers_per_node))
         return {n: held[n] for n in job.node_names[keep:]}
     out, drop = {}, sum(held.values()) - to_gpus

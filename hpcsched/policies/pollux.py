@@ -57,7 +57,7 @@ from hpcsched.perf.model import JobModel, best_at, model_for
 from hpcsched.policies.base import Params, PolicyBase
 from hpcsched.policies.common import capacity, gpu_counts, max_gpus, min_gpus, nodes_spanned, target
 from hpcsched.policies.pollux_search import Problem, evolve, fitness
-from hpcsched.protocol.kinds import SlurmState
+from hpcsched.protocol.kinds import Granularity, SlurmState
 
 
 @dataclass
@@ -220,7 +220,7 @@ class Pollux(PolicyBase):
         table[:, :, 0] = 0.0
         k = capacity(snapshot)
         fair = np.array([self._fair(j, m, k, len(jobs), snapshot) for j, m in zip(jobs, models)])
-        whole = snapshot.granularity == "node"
+        whole = snapshot.granularity == Granularity.NODE
         prob = Problem(
             cap=cap, base=_base(jobs, names),
             unit=np.array([j.workers_per_node if whole else 1 for j in jobs], dtype=np.int64),
@@ -243,7 +243,7 @@ class Pollux(PolicyBase):
         else:
             cap = max_gpus(job)
         hi = max((c for c in counts if c <= cap), default=counts[0] if counts else 0)
-        if snapshot.granularity == "node":
+        if snapshot.granularity == Granularity.NODE:
             return lo, hi, job.max_nodes
         return lo, hi, max(1, min(hi, len(snapshot.nodes)))
 

@@ -76,7 +76,7 @@ from hpcsched.policies import realise
 from hpcsched.policies.changes import ORDER, RESIZES, Candidate, Change
 from hpcsched.policies.feasible import extension_spans, feasible_now, released
 from hpcsched.policies.realise import Mechanism
-from hpcsched.protocol.kinds import ChangeKind, SlurmState
+from hpcsched.protocol.kinds import ChangeKind, Granularity, GrowMode, SlurmState
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class Costs:
     #: default) costs the new workers' start-up at the old size and the stall when the group
     #: re-forms (:meth:`grow_cost`). Starts, preemptions, releases and requeues always cost
     #: ``restart_cost``; shrinks ``shrink_cost``
-    grow: str = "requeue"
+    grow: GrowMode = GrowMode.REQUEUE
     extension_startup: float = EXTENSION_STARTUP
     extension_stall: float = EXTENSION_STALL
     #: GPU-granular changes carry the mechanism that realises them and are priced by it
@@ -194,7 +194,7 @@ def on_grid(t: JobTarget, job: JobView, snapshot: ClusterSnapshot) -> JobTarget:
     """``t`` as the snapshot's granularity can make it: at ``"node"`` granularity a target
     that speaks GPUs becomes whole nodes of the job's workers per node (rounded down, within
     its node limits; 0 stays 0); otherwise ``t`` itself."""
-    if snapshot.granularity == "gpu" or t.gpus is None:
+    if snapshot.granularity == Granularity.GPU or t.gpus is None:
         return t
     if t.gpus <= 0:
         return replace(t, nodes=0, gpus=None)
@@ -271,8 +271,8 @@ def _classify_running(job: JobView, t: JobTarget, costs: Costs, snapshot: Cluste
     kind = ChangeKind.between(job.gpus, want)
     x_from = predict(job, job.nodes, job.batch_size, job.gpus)
     spans, how = t.nodes, None
-    if kind == ChangeKind.GROW and costs.grow == "extension" and snapshot is not None \
-            and snapshot.granularity == "gpu":
+    if kind == ChangeKind.GROW and costs.grow == GrowMode.EXTENSION and snapshot is not None \
+            and snapshot.granularity == Granularity.GPU:
         spans = extension_spans(job, want, snapshot)
     if _realised(snapshot, costs):
         got = _mechanism(job, t, kind, want, spans, snapshot)
@@ -293,8 +293,8 @@ def _classify_running(job: JobView, t: JobTarget, costs: Costs, snapshot: Cluste
 
 def _realised(snapshot: ClusterSnapshot | None, costs: Costs) -> TypeGuard[ClusterSnapshot]:
     """Changes are GPU-granular and carry their mechanism (:attr:`Costs.by_mechanism`)."""
-    return (costs.by_mechanism and costs.grow == "extension" and snapshot is not None
-            and snapshot.granularity == "gpu")
+    return (costs.by_mechanism and costs.grow == GrowMode.EXTENSION and snapshot is not None
+            and snapshot.granularity == Granularity.GPU)
 
 
 # ----------------------------------------------------------------------------- admission room

@@ -1,5 +1,6 @@
 """The vocabulary both sides share, once: kinds of change, control actions, acknowledgement
-states, launcher phases and Slurm's job states.
+states, launcher phases and Slurm's job states; and the daemon's and simulator's settings of how
+jobs grow (:class:`GrowMode`) and what plans may ask for (:class:`Granularity`).
 
 Each is a :class:`enum.StrEnum`, so a member compares equal to its string value and is written
 to JSON, the store and logs as that string (``ChangeKind.GROW == "grow"``); the strings are the
@@ -157,5 +158,30 @@ SlurmState.ENDED = frozenset({
     SlurmState.DEADLINE})
 
 
-__all__ = ["ACTION_FOR_KIND", "AckState", "ChangeKind", "ControlAction", "LauncherPhase",
-           "SlurmState"]
+class GrowMode(StrEnum):
+    """How a running job grows (``[daemon] grow``, ``simulate --grow``; ``docs/extensions.md``).
+
+    * ``EXTENSION``: a second Slurm job whose workers start while the job trains on and join its
+      process group at a step boundary (no restart).
+    * ``REQUEUE``: checkpoint, requeue, restart at the new size.
+    """
+
+    EXTENSION = "extension"
+    REQUEUE = "requeue"
+
+
+class Granularity(StrEnum):
+    """What a plan may ask for (``[daemon] granularity``, ``simulate --granularity``).
+
+    * ``NODE``: whole nodes x the job's workers per node.
+    * ``GPU``: any GPU count on any GPUs per node, realised with extension jobs.
+    * ``AUTO``: a setting only, resolved to ``GPU`` with ``GrowMode.EXTENSION``, else ``NODE``.
+    """
+
+    AUTO = "auto"
+    NODE = "node"
+    GPU = "gpu"
+
+
+__all__ = ["ACTION_FOR_KIND", "AckState", "ChangeKind", "ControlAction", "Granularity", "GrowMode",
+           "LauncherPhase", "SlurmState"]

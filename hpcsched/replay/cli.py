@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from hpcsched.protocol.kinds import Granularity
 from hpcsched.replay import ReplayError
 from hpcsched.resources import shared
 
@@ -39,7 +40,7 @@ def _default_partition() -> str | None:
     return parts[0] if parts else None
 
 
-def _daemon_granularity() -> str:
+def _daemon_granularity() -> Granularity:
     """What the daemon's plans may ask for (``daemon.plan_granularity``; ``"node"`` when its
     configuration cannot be read): the replay's jobs get the limits the simulator gives them
     there, so the simulated replay and the daemon plan alike."""
@@ -48,7 +49,7 @@ def _daemon_granularity() -> str:
     try:
         return load().daemon.plan_granularity
     except ConfigError:
-        return "node"
+        return Granularity.NODE
 
 
 def _safe(s: str) -> str:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpcsched.protocol.kinds import Granularity, GrowMode
 from hpcsched.replay import ReplayError
 from hpcsched.replay.report import as_result, read_run, summarize_real
 from hpcsched.sim import SimResult
@@ -50,8 +51,8 @@ class Settings:
     params: dict = field(default_factory=dict)
     seed: int = 0
     interval: float = 60.0
-    grow: str = "extension"
-    granularity: str = "node"      # the daemon's plan_granularity
+    grow: GrowMode = GrowMode.EXTENSION
+    granularity: Granularity = Granularity.NODE      # the daemon's plan_granularity
     restart_cost: float = 30.0
     shrink_cost: float = 2.0
     extension_startup: float = 2.25

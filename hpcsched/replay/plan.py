@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcsched.protocol.kinds import Granularity
 from hpcsched.protocol.limits import JobLimits
 from hpcsched.replay import ReplayError
 from hpcsched.sim import WorkloadJob
@@ -186,7 +187,7 @@ def _slurm_args(nodes: int, gpus_per_node: int, job_name: str, time_limit: int,
 
 def make_plan(jobs: Sequence[WorkloadJob], shape: ClusterShape, scale: float, *, script: str,
               seed: int = 0, output_dir: str | None = None,
-              granularity: str = "node") -> list[PlannedJob]:
+              granularity: Granularity = Granularity.NODE) -> list[PlannedJob]:
     """One :class:`PlannedJob` per workload job, in submit order, with the shapes and limits the
     simulator gives it at ``granularity`` (the daemon's: at ``"gpu"`` a resizable job may go
     down to 1 GPU, ``--hpcsched-min-gpus 1``).

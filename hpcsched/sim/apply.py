@@ -10,7 +10,7 @@ from __future__ import annotations
 from hpcsched.policies.realise import Mechanism, primary_shape
 from hpcsched.policies.reconcile import Change
 from hpcsched.protocol.batching import BatchConfig, BatchSizeError
-from hpcsched.protocol.kinds import ChangeKind, SlurmState
+from hpcsched.protocol.kinds import ChangeKind, GrowMode, SlurmState
 from hpcsched.sim import resize
 from hpcsched.sim.cluster import SimCluster
 from hpcsched.sim.state import Extension, SimConfig, SimJob
@@ -107,7 +107,7 @@ class ChangeApplier:
             resize.reach_layout(self.cluster, j, c.layout, cfg, self.now, cost)
         elif c.kind == ChangeKind.SHRINK:
             self._shrink(j, want, cfg)
-        elif c.kind == ChangeKind.GROW and self.cfg.grow == "extension":
+        elif c.kind == ChangeKind.GROW and self.cfg.grow == GrowMode.EXTENSION:
             self._extend(j, c, want, cfg)
         elif c.kind == ChangeKind.GROW:
             self._requeue(j, want, c.to_nodes, cfg, tuple(c.placement))

@@ -33,6 +33,7 @@ from functools import cache
 import numpy as np
 
 from hpcsched.protocol.batching import fit_batch
+from hpcsched.protocol.kinds import Granularity
 from hpcsched.sim import WorkloadJob
 from hpcsched.sim.physics import Application, canonical_placement
 from hpcsched.sim.state import SimConfig, job_limits
@@ -173,7 +174,7 @@ def _bounded(wj: WorkloadJob, cfg: SimConfig):
     return app, lim, min(cfg.nodes * cfg.gpus_per_node, lim.max_nodes * lim.workers_per_node)
 
 
-def isolated_jct(wj: WorkloadJob, cfg: SimConfig = SimConfig(granularity="gpu"), *,
+def isolated_jct(wj: WorkloadJob, cfg: SimConfig = SimConfig(granularity=Granularity.GPU), *,
                  substeps: int = 1, packed: bool = False) -> float:
     """Lower bound on ``wj``'s JCT in seconds (module docstring), under ``cfg``'s cluster, costs,
     granularity and ``work_scale``. ``substeps``: sub-intervals per epoch of the progress
@@ -198,7 +199,7 @@ def isolated_jct(wj: WorkloadJob, cfg: SimConfig = SimConfig(granularity="gpu"),
     return float(t)
 
 
-def mean_isolated_jct(jobs: list[WorkloadJob], cfg: SimConfig = SimConfig(granularity="gpu"),
+def mean_isolated_jct(jobs: list[WorkloadJob], cfg: SimConfig = SimConfig(granularity=Granularity.GPU),
                       **kw) -> float:
     """Mean of :func:`isolated_jct` over ``jobs`` (a lower bound on any policy's average JCT)."""
     return float(np.mean([isolated_jct(j, cfg, **kw) for j in jobs])) if jobs else math.nan
@@ -207,7 +208,7 @@ def mean_isolated_jct(jobs: list[WorkloadJob], cfg: SimConfig = SimConfig(granul
 # --------------------------------------------------------------------------------------------
 # the capacity bound
 
-def least_gpu_seconds(wj: WorkloadJob, cfg: SimConfig = SimConfig(granularity="gpu"), *,
+def least_gpu_seconds(wj: WorkloadJob, cfg: SimConfig = SimConfig(granularity=Granularity.GPU), *,
                       packed: bool = False) -> float:
     """The fewest GPU-seconds job ``wj`` can be trained in on ``cfg``'s cluster: its start (the
     start cost on at least one GPU) plus, epoch by epoch, the epoch's work over the most progress
@@ -270,7 +271,7 @@ def srpt_mean_flow_time(releases: list[float], sizes: list[float]) -> float:
     return flow / len(sizes)
 
 
-def capacity_bound(jobs: list[WorkloadJob], cfg: SimConfig = SimConfig(granularity="gpu"), *,
+def capacity_bound(jobs: list[WorkloadJob], cfg: SimConfig = SimConfig(granularity=Granularity.GPU), *,
                    packed: bool = False) -> float:
     """A lower bound on any policy's average JCT over ``jobs`` (s) from the cluster's capacity:
     job ``j`` needs at least ``W_j`` GPU-seconds (:func:`least_gpu_seconds`) and the cluster
@@ -288,7 +289,7 @@ def capacity_bound(jobs: list[WorkloadJob], cfg: SimConfig = SimConfig(granulari
                                [least_gpu_seconds(j, cfg, packed=packed) / gpus for j in jobs])
 
 
-def lower_bound(jobs: list[WorkloadJob], cfg: SimConfig = SimConfig(granularity="gpu"),
+def lower_bound(jobs: list[WorkloadJob], cfg: SimConfig = SimConfig(granularity=Granularity.GPU),
                 **kw) -> float:
     """The larger of :func:`mean_isolated_jct` and :func:`capacity_bound` (s): both bound any
     policy's average JCT over ``jobs`` from below."""

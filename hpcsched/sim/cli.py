@@ -24,10 +24,11 @@ from pathlib import Path
 
 import click
 
-from hpcsched.model.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GROW_MODES
+from hpcsched.model.snapshot import EXTENSION_STALL, EXTENSION_STARTUP, GRANULARITIES, GROW_MODES
 from hpcsched.perf.shared import THROUGHPUT_MODELS
 from hpcsched.policies import POLICIES, PolicyError
 from hpcsched.policies.placement import PLACEMENTS
+from hpcsched.protocol.kinds import Granularity, GrowMode
 
 # Pollux's re-implementation of Tiresias (simulator/tiresias.py): 2 queues at 16 GPU-hours.
 POLLUX_TIRESIAS = {"queue_thresholds": [16 * 3600.0]}
@@ -51,8 +52,8 @@ class Run:
     seed: int
     max_time: float
     hold_new_jobs: bool = False
-    granularity: str = "node"
-    grow: str = "extension"                 # SimConfig.grow
+    granularity: Granularity = Granularity.NODE
+    grow: GrowMode = GrowMode.EXTENSION     # SimConfig.grow
     extension_startup: float = EXTENSION_STARTUP
     extension_stall: float = EXTENSION_STALL
     scale: float = 1.0                      # arrivals and work x scale (SimConfig.work_scale)
@@ -204,7 +205,8 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
               help="What-if: a job takes the free GPUs of each node that are fastest for its "
                    "class (PAL's simulator places on GPUs); default: the lowest-numbered, as "
                    "Slurm.")
-@click.option("--granularity", type=click.Choice(("node", "gpu")), default="node",
+@click.option("--granularity", type=click.Choice([g.value for g in GRANULARITIES]),
+              default=Granularity.NODE.value,
               show_default=True,
               help="gpu: plans may give a job any GPUs per node (4 + 2), made real by the "
                    "daemon's rules (a start at the job's fewest GPUs, grows by extension, shrinks "
@@ -212,7 +214,8 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
                    "nodes x the GPUs per node it was submitted with (the daemon's granularity = "
                    "node). gpu with --grow requeue is a what-if: the daemon needs extension jobs "
                    "for GPU-granular plans.")
-@click.option("--grow", type=click.Choice(GROW_MODES), default="extension", show_default=True,
+@click.option("--grow", type=click.Choice([g.value for g in GROW_MODES]), default=GrowMode.EXTENSION.value,
+              show_default=True,
               help="How a running job grows: extension, a second Slurm job whose workers start "
                    "while the job trains on, then join it after a short stall; requeue, the job "
                    "gives its GPUs back and restarts at the new size (pays --restart-cost).")
@@ -290,7 +293,7 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
             raise click.UsageError(str(exc)) from None
     runs = [Run(w, p, pl, tuple(sorted(params.get(p, {}).items(), key=lambda kv: kv[0])),
                 nodes, gpus_per_node, interval, costs, shrink_cost, variability,
-                locality_penalty, seed, max_days * 86400.0, hold_new_jobs, granularity, grow,
+                locality_penalty, seed, max_days * 86400.0, hold_new_jobs, Granularity(granularity), GrowMode(grow),
                 extension_startup, extension_stall, scale, soft_consolidate, fastest_gpus,
                 throughput_model, event_rounds, rigid_fraction)
             for w in workloads for p in policies for pl in (placements or (None,))]

@@ -65,7 +65,7 @@ from hpcsched.perf.shared import StepLedger
 from hpcsched.policies import make_policy
 from hpcsched.policies.base import rounds_on_events
 from hpcsched.policies.round import decide_round
-from hpcsched.protocol.kinds import SlurmState
+from hpcsched.protocol.kinds import Granularity, GrowMode, SlurmState
 from hpcsched.sim import SimResult, WorkloadJob
 from hpcsched.sim.apply import ChangeApplier
 from hpcsched.sim.cluster import (
@@ -123,7 +123,7 @@ class Simulator(ChangeApplier):
                              hold=config.hold_rounds * config.interval, grow=config.grow,
                              extension_startup=config.extension_startup,
                              extension_stall=config.extension_stall,
-                             by_mechanism=config.granularity == "gpu" and config.grow == "extension")
+                             by_mechanism=config.granularity == Granularity.GPU and config.grow == GrowMode.EXTENSION)
 
     # ----------------------------------------------------------------------- physics
     def _slowdown(self, j: SimJob) -> float:

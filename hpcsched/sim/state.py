@@ -20,7 +20,7 @@ from hpcsched.perf.shared import THROUGHPUT_MODELS, StepLedger
 from hpcsched.policies.realise import exact_shape
 from hpcsched.policies.reconcile import Costs
 from hpcsched.protocol.batching import BatchConfig, BatchSizeError, fit_batch
-from hpcsched.protocol.kinds import ChangeKind, SlurmState
+from hpcsched.protocol.kinds import ChangeKind, Granularity, GrowMode, SlurmState
 from hpcsched.protocol.limits import JobLimits
 from hpcsched.sim import JobResult, WorkloadJob
 from hpcsched.sim.physics import Application, FixedWork, application
@@ -125,9 +125,9 @@ class SimConfig:
     costs: Costs = Costs(preemption=True, place_pending=True)
     max_time: float = 60 * 86400.0
     hold_new_jobs: bool = False
-    granularity: str = "node"
+    granularity: Granularity = Granularity.NODE
     hold_rounds: int = 3
-    grow: str = "extension"
+    grow: GrowMode = GrowMode.EXTENSION
     extension_startup: float = EXTENSION_STARTUP
     extension_stall: float = EXTENSION_STALL
     work_scale: float = 1.0
@@ -457,7 +457,7 @@ def make_job(job_id: str, wj: WorkloadJob, cfg: SimConfig) -> SimJob:
         raise SimulationError(f"job {wj.name}: {exc}") from None
     return SimJob(wj=wj, job_id=job_id, app=app, fixed=fixed, limits=limits, nodes=nodes,
                   cfg=batch_cfg, size=nodes * limits.workers_per_node,
-                  granular=cfg.granularity == "gpu" and fixed is None and not wj.rigid,
+                  granular=cfg.granularity == Granularity.GPU and fixed is None and not wj.rigid,
                   work_scale=cfg.work_scale)
 
 
@@ -490,14 +490,14 @@ def job_limits(wj: WorkloadJob, cfg: SimConfig) -> tuple[Application | None, Fix
     base = app.init_batch_size
     lo, hi = min(base, wj.batch_size), max(app.max_batch_size, wj.batch_size)
     max_nodes = max(nodes, min(cfg.nodes, hi // max(1, app.min_local_bsz * per_node)))
-    if cfg.granularity == "gpu":
+    if cfg.granularity == Granularity.GPU:
         # any GPU count up to what its largest batch can feed, packed: the node limit only
         # bounds nodes x workers per node, the GPUs
         most = min(cfg.nodes * cfg.gpus_per_node, hi // max(1, app.min_local_bsz))
         max_nodes = max(nodes, most // per_node)
     # GPU-granular: any GPU count down to 1 (hpcsub --hpcsched-min-gpus 1), where the job may
     # change size at all
-    fewest = 1 if cfg.granularity == "gpu" and max_nodes > 1 else None
+    fewest = 1 if cfg.granularity == Granularity.GPU and max_nodes > 1 else None
     try:
         limits = JobLimits(per_node, 1, max_nodes, lo, hi, app.max_local_bsz, base, "sqrt", fewest)
     except ValueError as exc:

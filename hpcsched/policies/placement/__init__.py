@@ -94,6 +94,7 @@ from hpcsched.policies.placement.scores import (
 )
 from hpcsched.policies.placement.strategies import CHOOSERS, Choice, Cluster, PlacedJob, partition_ok
 from hpcsched.policies.variability import profiles_from_views, sensitivity
+from hpcsched.protocol.kinds import Granularity
 
 PLACEMENTS = ("packed", "pm-first", "pal")
 
@@ -120,7 +121,7 @@ def place(plan: Plan, snapshot: ClusterSnapshot, strategy: str, locality_penalty
         return plan
     cluster = Cluster(snapshot, locality_penalty, seed)
     todo, notes = _to_place(plan, snapshot, strategy)
-    if snapshot.granularity == "gpu":
+    if snapshot.granularity == Granularity.GPU:
         got, failed, kept = assign_gpus(todo, snapshot, cluster, strategy)
         todo = [x for x in todo if x.job.job_id in got or x in failed]
         notes += [f"placement {strategy}: job {x.job.job_id} needs {x.target.gpus_for(x.job)} "

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from hpcsched.model.snapshot import ClusterSnapshot
 from hpcsched.policies.placement.scores import node_sort_key
 from hpcsched.policies.placement.strategies import Cluster, PlacedJob, partition_ok
+from hpcsched.protocol.kinds import GrowMode
 
 GpuChoice = tuple[dict[str, int], str]     # GPUs taken per node, and why
 
@@ -59,7 +60,7 @@ def demand(x: PlacedJob, snapshot: ClusterSnapshot) -> Demand | None:
         return Demand(want, x.target.nodes)
     if want <= x.job.gpus:
         return None
-    if snapshot.grow == "extension":
+    if snapshot.grow == GrowMode.EXTENSION:
         return Demand(want - x.job.gpus, None, tuple(x.job.node_names))
     return Demand(want, x.target.nodes)
 
