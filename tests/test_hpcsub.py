@@ -108,7 +108,7 @@ def test_submission_prints_like_sbatch_and_records_the_spec(devcluster, control_
     job_id = r.stdout.split()[-1]
     slurm_jobs.append(job_id)
     spec = JobDir.for_job(job_id).read_spec()
-    assert (spec.nodes, spec.workers_per_node, spec.min_nodes, spec.max_nodes) == (1, 1, 1, 2)
+    assert (spec.nodes, spec.limits.workers_per_node, spec.limits.min_nodes, spec.limits.max_nodes) == (1, 1, 1, 2)
     assert spec.script_args == ("--epochs", "1") and spec.submit_dir == str(tmp_path)
     info = json.loads(cli("hpcsched", "status", "--json", job_id).stdout)["jobs"][0]
     assert info["state"] == "PENDING" and info["name"] == "digits_mlp.py"

@@ -78,7 +78,7 @@ def test_unknown_long_options_reach_sbatch_unchanged(sbatch, script, capsys, con
     assert capsys.readouterr().out == "Submitted batch job 4242\n"
     # what hpcsub reads it still reads: 2 nodes of 4 GPUs, the hpcsched limit
     spec = JobDir.for_job("4242").read_spec()
-    assert (spec.nodes, spec.workers_per_node, spec.max_nodes) == (2, 4, 3)
+    assert (spec.nodes, spec.limits.workers_per_node, spec.limits.max_nodes) == (2, 4, 3)
     assert spec.script_args == ("--lr", "0.1")
     assert "--container-image=nvcr.io/nvidia/pytorch:24.01-py3" in spec.sbatch_args
 
@@ -124,7 +124,7 @@ def test_unknown_directives_reach_sbatch_in_the_rendered_script(sbatch, tmp_path
     assert rendered[start:start + len(user)] == user
     assert sbatch.cmds[0][-2:] == ["--", str(job / "job.sbatch")]
     spec = JobDir.for_job("4242").read_spec()
-    assert (spec.nodes, spec.workers_per_node, spec.max_nodes) == (2, 2, 4)
+    assert (spec.nodes, spec.limits.workers_per_node, spec.limits.max_nodes) == (2, 2, 4)
 
 
 def test_print_script_keeps_unknown_directives(sbatch, tmp_path, capsys):

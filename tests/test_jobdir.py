@@ -117,11 +117,14 @@ def test_old_spec_json_loads_and_writes_back_byte_for_byte():
     assert (spec.checkpoint_interval, spec.record_samples, spec.extra) == (5.0, True, {"k": [1]})
 
 
-def test_flat_names_read_the_limits():
+def test_flat_keys_read_into_the_limits():
     spec = JobSpec.from_json(json.loads(OLD_SPEC_JSON))
-    assert (spec.workers_per_node, spec.min_nodes, spec.max_nodes, spec.batch_size,
-            spec.min_batch_size, spec.max_batch_size, spec.max_local_batch_size,
-            spec.lr_scaling, spec.min_gpus, spec.max_gpus) == (4, 1, 3, 256, 128, 512, None, "sqrt", 4, 12)
+    lim = spec.limits
+    assert (lim.workers_per_node, lim.min_nodes, lim.max_nodes, lim.base_batch_size,
+            lim.min_batch_size, lim.max_batch_size, lim.max_local_batch_size,
+            lim.lr_scaling, lim.min_gpus, lim.max_gpus) == (4, 1, 3, 256, 128, 512, None, "sqrt", 4, 12)
+    # the limits are read from spec.limits only: no flat aliases beside it
+    assert not any(hasattr(spec, n) for n in ("workers_per_node", "min_nodes", "batch_size", "max_gpus"))
 
 
 def test_spec_round_trips_through_a_job_directory(tmp_path):

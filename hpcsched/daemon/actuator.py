@@ -114,7 +114,7 @@ class ResizePlan:
     layout: dict[str, int] = field(default_factory=dict)   # a reform's target
 
     def describe(self, spec: JobSpec) -> str:
-        wpn = spec.workers_per_node
+        wpn = spec.limits.workers_per_node
         parts = []
         if self.layout:
             how = "by requeue, " if self.kind == ChangeKind.GROW else ""
@@ -287,7 +287,7 @@ def current_from(spec: JobSpec, info: slurm.JobInfo, control: ctl.Control | None
     elif control is not None:
         gbs = control.global_batch_size
     else:
-        gbs = spec.batch_size
+        gbs = spec.limits.base_batch_size
     if info.state == SlurmState.PENDING:
         nodes = control.nodes if control is not None else (info.node_count or spec.nodes)
     else:
@@ -313,7 +313,7 @@ def plan_for(jd: JobDir, spec: JobSpec, info: slurm.JobInfo | None, nodes: int |
     primary = None
     if layout and info.state == SlurmState.RUNNING:
         ack = read_or_none(ctl.read_ack, jd.ack_path, jd.uid)
-        _, primary = layout_in_force(info, ack, info.gpus_per_node or spec.workers_per_node)
+        _, primary = layout_in_force(info, ack, info.gpus_per_node or spec.limits.workers_per_node)
     return plan_resize(spec, current_of(jd, spec, info), nodes, batch_size, layout, primary)
 
 
@@ -470,7 +470,7 @@ class Actuator:
         layout = parse_layout(",".join(e.layout)) if e.layout else {}
         batch = (spec.limits.fit_batch_gpus(e.global_batch_size, sum(layout.values())) if layout
                  else spec.limits.fit_batch(e.global_batch_size, e.nodes))
-        wpn = spec.workers_per_node
+        wpn = spec.limits.workers_per_node
         if layout and e.action != ControlAction.REFORM:   # a start or requeue onto k per node
             wpn = next(iter(layout.values()))
         ctl.write_control(jd.control_path, ctl.Control(
@@ -484,7 +484,7 @@ class Actuator:
     def _cancel(self, action: Action, e: CancelGeneration, jd: JobDir, spec: JobSpec) -> None:
         ctl.write_control(jd.control_path, ctl.Control(
             job_uid=jd.uid, generation=e.generation, action=ControlAction.CONTINUE,
-            nodes=e.nodes, workers_per_node=spec.workers_per_node,
+            nodes=e.nodes, workers_per_node=spec.limits.workers_per_node,
             global_batch_size=e.global_batch_size, local_batch_size=e.local_batch_size,
             accumulation_steps=e.accumulation_steps,
             lr_scale=spec.limits.lr_scale(e.global_batch_size),
@@ -493,7 +493,7 @@ class Actuator:
     def _resize_pending(self, action: Action, e: ResizePendingJob, jd: JobDir,
                         spec: JobSpec) -> None:
         resize_pending_job(self.slurm, action.job_id, e.nodes,
-                           e.workers_per_node or spec.workers_per_node, e.placement,
+                           e.workers_per_node or spec.limits.workers_per_node, e.placement,
                            e.cpus_per_task, gpus_per_node=e.workers_per_node or None)
 
     def _requeue(self, action: Action, e: Requeue, jd: JobDir, spec: JobSpec) -> None:

@@ -235,10 +235,10 @@ def _owned_job(job_id: str, control: SlurmControl) -> slurm.JobInfo:
 
 
 def _nodes_for(gpus: int, spec: JobSpec) -> int:
-    if gpus % spec.workers_per_node:
+    if gpus % spec.limits.workers_per_node:
         raise ResizeRefused(f"--gpus {gpus} is not a multiple of the job's "
-                            f"{spec.workers_per_node} GPUs per node")
-    return gpus // spec.workers_per_node
+                            f"{spec.limits.workers_per_node} GPUs per node")
+    return gpus // spec.limits.workers_per_node
 
 
 def _as_json(result: ResizeResult) -> str:

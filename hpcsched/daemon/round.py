@@ -345,12 +345,12 @@ class Daemon:
         nodes = c.from_nodes if kind == ChangeKind.PREEMPT else c.to_nodes
         placement = tuple(c.placement)
         if c.mechanism is not None:   # GPU-granular: the mechanism reconcile priced it by
-            kind, nodes, placement = realised_action(c, spec.workers_per_node)
+            kind, nodes, placement = realised_action(c, spec.limits.workers_per_node)
         elif (layout := self._by_extension(c, jd, spec, info)) is not None:
             kind, placement = ChangeKind.REFORM, tuple(f"{n}:{g}" for n, g in layout.items())
         elif kind == ChangeKind.BATCH and info.state == SlurmState.RUNNING and (pairs := continue_layout(
                 info, read_or_none(ctl.read_ack, jd.ack_path, jd.uid),
-                info.gpus_per_node or spec.workers_per_node)):
+                info.gpus_per_node or spec.limits.workers_per_node)):
             # a job on extensions: a re-form onto the layout it runs, at the new batch
             kind, nodes, placement = ChangeKind.REFORM, len(pairs), pairs
         rid = rep.round_id
@@ -378,9 +378,9 @@ class Daemon:
         if c.kind == ChangeKind.GROW and self.costs.grow != GrowMode.EXTENSION:
             return None
         ack = read_or_none(ctl.read_ack, jd.ack_path, jd.uid)
-        layout, primary = layout_in_force(info, ack, info.gpus_per_node or spec.workers_per_node)
+        layout, primary = layout_in_force(info, ack, info.gpus_per_node or spec.limits.workers_per_node)
         return reform_layout(ChangeKind(c.kind), c.to_nodes, tuple(c.placement), layout, primary,
-                             spec.workers_per_node)
+                             spec.limits.workers_per_node)
 
     def _drive(self, aid: int, action: Action, history: History, jd: JobDir, spec: JobSpec,
                info: slurm.JobInfo) -> str:

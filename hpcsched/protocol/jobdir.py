@@ -167,8 +167,8 @@ class JobSpec:
             name): the daemon's key for throughput priors and the GPU-variability class.
 
     ``spec.json`` is flat: the limits' fields are top-level keys, the base batch size under
-    ``batch_size``. The flat names (``spec.workers_per_node``, ``spec.batch_size``, ...) are
-    also read-only properties here, for callers not yet moved to ``spec.limits``.
+    ``batch_size``; in Python they are read from ``spec.limits`` only
+    (``spec.limits.workers_per_node``, ``spec.limits.base_batch_size``, ...).
     """
 
     job_uid: str
@@ -188,18 +188,6 @@ class JobSpec:
     mtbf: float = 0.0
     schema: str = SPEC_SCHEMA
     extra: dict = field(default_factory=dict)
-
-    # the flat names of spec.json (same values as ``limits``)
-    workers_per_node = property(lambda self: self.limits.workers_per_node)
-    min_nodes = property(lambda self: self.limits.min_nodes)
-    max_nodes = property(lambda self: self.limits.max_nodes)
-    batch_size = property(lambda self: self.limits.base_batch_size)
-    min_batch_size = property(lambda self: self.limits.min_batch_size)
-    max_batch_size = property(lambda self: self.limits.max_batch_size)
-    max_local_batch_size = property(lambda self: self.limits.max_local_batch_size)
-    lr_scaling = property(lambda self: self.limits.lr_scaling)
-    min_gpus = property(lambda self: self.limits.min_gpus)
-    max_gpus = property(lambda self: self.limits.max_gpus)
 
     def to_json(self) -> dict:
         """``spec.json``'s object: flat, keys in the order hpcsub has always written them."""
