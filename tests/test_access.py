@@ -18,6 +18,7 @@ from hpcsched.daemon import access, config, resize_cli, status
 from hpcsched.daemon.access import Caller, NotYourJob
 from hpcsched.protocol.jobdir import JobDir, JobSpec
 from hpcsched.protocol.limits import JobLimits
+from tests.fakes import FakeSlurm
 
 ALICE = Caller("alice", admin=False)
 BOB = Caller("bob", admin=False)
@@ -182,30 +183,19 @@ def _job(control_dir, job_id, user):
     return d
 
 
-class OneJob:
-    """The SlurmControl resize asks: it knows one job, and counts the questions."""
-
-    def __init__(self, job):
-        self.info, self.asked = job, 0
-
-    def job(self, job_id):
-        self.asked += 1
-        return self.info if job_id == self.info.job_id else None
-
-
 def test_resize_refuses_another_users_job_before_reading_its_files(monkeypatch, control_dir):
-    sl = OneJob(info("5", "alice"))
+    sl = FakeSlurm(info("5", "alice"))
     monkeypatch.setattr(resize_cli, "CLISlurmControl", lambda: sl)
     monkeypatch.setattr(Caller, "current", classmethod(lambda cls: BOB))
     # no job directory at all: had resize read the job's files first it would say "not found"
     r = CliRunner().invoke(resize_cli.resize_command, ["5", "--batch-size", "128"])
     assert r.exit_code == 2
     assert "hpcsched resize: refused: job 5 is not yours" in r.output and "Traceback" not in r.output
-    assert sl.asked == 1
+    assert sl.count("job") == 1
 
 
 def test_resize_of_a_job_slurm_does_not_know_is_refused(monkeypatch, control_dir):
-    monkeypatch.setattr(resize_cli, "CLISlurmControl", lambda: OneJob(info("5", "alice")))
+    monkeypatch.setattr(resize_cli, "CLISlurmControl", lambda: FakeSlurm(info("5", "alice")))
     r = CliRunner().invoke(resize_cli.resize_command, ["6", "--batch-size", "128"])
     assert (r.exit_code, "Slurm does not know job 6" in r.output) == (2, True), r.output
 

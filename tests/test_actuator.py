@@ -7,7 +7,6 @@ functions ``plan_resize`` and ``current_from``."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -25,6 +24,7 @@ from hpcsched.daemon.actuator import (
 from hpcsched.daemon.phases import (
     ENDED,
     PATHS,
+    REQUEUE_START_DELAY_S,
     TRANSITIONS,
     Action,
     CancelGeneration,
@@ -44,6 +44,7 @@ from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir, JobSpec, current_user
 from hpcsched.protocol.kinds import AckState, ChangeKind, ControlAction
 from hpcsched.protocol.limits import JobLimits
+from tests.fakes import FakeSlurm
 
 ME = current_user()   # Slurm's user of the test jobs: they live in this user's subtree
 
@@ -342,53 +343,7 @@ def test_next_step_invariants(kind, phase, job, a, control, restarts, now):
     assert (step.phase == P.FAILED) == bool(step.why)
 
 
-# -- the executor: real job files, a fake Slurm, a real journal --------------------------------
-
-
-class FakeSlurm:
-    """A :class:`~hpcsched.slurm.control.SlurmControl` over one job: records every call; a
-    requeue makes the job PENDING with one more restart; ``StartTime=now`` starts it at its
-    requested size."""
-
-    def __init__(self, job: slurm.JobInfo, refuse: dict[str, Exception] | None = None):
-        self.info = job
-        self.calls: list[tuple] = []
-        self.refuse = refuse or {}
-
-    def _call(self, *call):
-        self.calls.append(call)
-        exc = self.refuse.get(call[0])
-        if exc is not None:
-            raise exc
-
-    def job(self, job_id):
-        self._call("job", job_id)
-        return self.info
-
-    def update(self, job_id, **fields):
-        self._call("update", job_id, tuple(sorted(fields.items())))
-        if "NumNodes" in fields:
-            self.info = replace(self.info, node_count=int(str(fields["NumNodes"]).split("-")[0]))
-        if fields.get("StartTime") == "now" and self.info.state == "PENDING":
-            self.info = replace(self.info, state="RUNNING", state_reason="None")
-
-    def requeue(self, job_id):
-        self._call("requeue", job_id)
-        self.info = replace(self.info, state="PENDING", restarts=self.info.restarts + 1,
-                            state_reason="BeginTime")
-
-    def hold(self, job_id):
-        self._call("hold", job_id)
-
-    def release(self, job_id):
-        self._call("release", job_id)
-
-    def cancel(self, job_id):
-        self._call("cancel", job_id)
-
-    def count(self, name, **fields):
-        return sum(1 for c in self.calls if c[0] == name
-                   and all((k, v) in (c[2] if len(c) > 2 else ()) for k, v in fields.items()))
+# -- the executor: real job files, a fake Slurm (tests/fakes.py), a real journal ----------------
 
 
 def job_side(jd: JobDir, sl: FakeSlurm) -> None:
@@ -399,7 +354,8 @@ def job_side(jd: JobDir, sl: FakeSlurm) -> None:
         return
     answer = None
     if a is None or a.generation < c.generation:
-        answer = "applied" if c.action == ControlAction.CONTINUE else "checkpointed"
+        answer = ("applied" if c.action in (ControlAction.CONTINUE, ControlAction.REFORM)
+                  else "checkpointed")
     elif a.state == "checkpointed" and c.action == ControlAction.CHECKPOINT_AND_SHRINK:
         answer = "applied"
     elif a.state == "checkpointed" and sl.info.state == "RUNNING" and sl.info.restarts > 0:
@@ -450,19 +406,20 @@ class Crash(Exception):
 
 
 def run_action(jd, spec, sl, store, kind, nodes, batch, crash_at=None, crash_before_commit=False,
-               clock=None, steps=40, generation=1):
+               clock=None, steps=40, generation=1, placement=()):
     """Journal a change as the daemon does, then advance it once per 'round' (1.5 s apart) with
     the job answering in between, until it ends. ``crash_at``: the daemon dies at its n-th
     journal write (after committing it, or just before: its effects done, the journal not), and
     a fresh actuator resumes from the journal. A ``preempt`` is journaled as reconcile makes it
     (to 0 nodes) and its action asks for ``nodes``, the job's size now."""
     clock = clock or Clock()
-    a = Action(JOB, ChangeKind(kind), generation, nodes, batch, sl.info.restarts, "test", "test")
+    a = Action(JOB, ChangeKind(kind), generation, nodes, batch, sl.info.restarts, "test", "test",
+               tuple(placement))
     aid = store.plan_action(job_id=JOB, kind=kind, generation=generation,
                             from_nodes=sl.info.node_count,
                             to_nodes=0 if kind == "preempt" else nodes, from_batch_size=64,
                             to_batch_size=batch, restarts_at_plan=sl.info.restarts, reason="test",
-                            created_at=clock())
+                            placement=tuple(placement), created_at=clock())
     writes = [0]
 
     def journal(phase, at, why):
@@ -519,6 +476,42 @@ def test_each_kind_runs_its_path_once(jd, store, writes, kind, nodes, batch, sta
                 "pending": {"update": 1}}[kind]
     assert {k: sl.count(k) for k in ("requeue", "update")} == {
         "requeue": expected.get("requeue", 0), "update": expected.get("update", 0)}
+    assert sl.count("job") == 0, "the actuator asks Slurm nothing: the round observed it"
+
+
+#: the simulator's outcome of each kind for the Slurm job (sim/apply.py): its state, restarts
+#: and node count after the change, from a job running on 1 node (pending: submitted for 1)
+SIM_OUTCOME = {
+    ChangeKind.BATCH: ("RUNNING", 0, 1),
+    ChangeKind.SHRINK: ("RUNNING", 0, 2),       # the job releases its nodes itself
+    ChangeKind.GROW: ("RUNNING", 1, 2),         # requeued, restarted at the new size
+    ChangeKind.PENDING: ("PENDING", 0, 2),      # resized while pending; Slurm starts it
+    ChangeKind.PREEMPT: ("PENDING", 1, 1),      # requeued and held until a plan gives GPUs
+    ChangeKind.REFORM: ("RUNNING", 0, 1),       # a new layout, no restart
+}
+
+
+@pytest.mark.parametrize("kind", list(ChangeKind))
+def test_every_kind_runs_its_path_on_the_fake_slurm(jd, store, writes, kind):
+    """The resize state machine (phases + actuator) on the one Slurm fake (tests/fakes.py),
+    whose clock is the daemon's: each kind visits exactly PATHS[kind], and leaves the Slurm job
+    as the simulator's rules do. A requeued job would wait out Slurm's 121 s hold: only the
+    actuator's StartTime=now starts it (a grow), and a preemption's StartTime=now+1800 holds
+    it."""
+    clock = Clock()
+    start = {ChangeKind.SHRINK: info(node_count=2), ChangeKind.PENDING: info("PENDING")}
+    sl = FakeSlurm(start.get(kind, info()), clock=clock)
+    nodes = {ChangeKind.SHRINK: 1, ChangeKind.GROW: 2, ChangeKind.PENDING: 2}.get(kind, 1)
+    placement = ("n1:1",) if kind == ChangeKind.REFORM else ()
+    row = run_action(jd, jd.read_spec(), sl, store, kind.value, nodes, 64, clock=clock,
+                     placement=placement)
+    assert (row.phase, tuple(p for p, _ in row.history)) == ("running", PATHS[kind])
+    assert writes == [1]
+    assert (sl.info.state, sl.info.restarts, sl.info.node_count) == SIM_OUTCOME[kind]
+    if kind == ChangeKind.GROW:
+        assert sl.info.nodes == "n[1-2]" and sl.info.start_time >= T0 + REQUEUE_START_DELAY_S
+    if kind == ChangeKind.PREEMPT:
+        assert sl.info.state_reason == "BeginTime" and sl.info.start_time >= T0 + 1800
     assert sl.count("job") == 0, "the actuator asks Slurm nothing: the round observed it"
 
 
@@ -586,7 +579,7 @@ def test_preempt_holds_the_job_with_a_deadline_then_a_pending_change_releases_it
     # a later plan gives it GPUs: a pending change writes its generation, then StartTime=now
     row = run_action(jd, jd.read_spec(), sl, store, "pending", 2, 64, clock=clock, generation=2)
     assert (row.phase, tuple(p for p, _ in row.history)) == ("running", PATHS[ChangeKind.PENDING])
-    assert sl.calls[-1] == ("update", JOB, (("StartTime", "now"),)) and sl.info.state == "RUNNING"
+    assert sl.calls[-1] == ("update", JOB, {"StartTime": "now"}) and sl.info.state == "RUNNING"
     assert writes == [1, 2] and sl.count("requeue") == 1
 
 
@@ -621,7 +614,7 @@ def test_release_interrupted_between_generation_and_start_time_is_completed(jd, 
     sl.refuse.clear()
     adv = actuator.advance(a, History.begin(T0), jd, spec, sl.info)
     assert adv.phase == P.RUNNING and writes == [1]
-    assert sl.calls[-1] == ("update", JOB, (("StartTime", "now"),)) and sl.info.state == "RUNNING"
+    assert sl.calls[-1] == ("update", JOB, {"StartTime": "now"}) and sl.info.state == "RUNNING"
 
 
 def test_refused_effects_fail_the_action_with_slurms_reason(jd, store, writes):
@@ -642,7 +635,7 @@ def test_refused_resize_after_requeue_still_releases(jd, store, writes):
     class Picky(FakeSlurm):
         def update(self, job_id, **fields):
             if "NumNodes" in fields:
-                self.calls.append(("update", job_id, ()))
+                self.calls.append(("update", job_id, {}))
                 raise slurm.SlurmError("Requested node configuration is not available")
             super().update(job_id, **fields)
 

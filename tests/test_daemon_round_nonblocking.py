@@ -1,6 +1,6 @@
 """The daemon's round acts without waiting for any job: two resizes requested in one round, one
 of them slow to answer, each advanced one step per later round on the round's own observation,
-journaled at every transition. Slurm is a fake (the observation and a
+journaled at every transition. Slurm is the fake of ``tests/fakes.py`` (the observation and a
 :class:`~hpcsched.slurm.control.SlurmControl`); the job files, the journal and the round are real.
 The same scenario runs on the dev cluster in ``tests/test_daemon_actuation_slurm.py``."""
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from types import MappingProxyType
 
 import pytest
 
@@ -27,7 +26,7 @@ from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir, JobSpec, current_user
 from hpcsched.protocol.kinds import ChangeKind, ControlAction
 from hpcsched.protocol.limits import JobLimits
-from hpcsched.slurm.observe import Observation
+from tests.fakes import FakeSlurm
 
 ME = current_user()   # Slurm's user of the test jobs: they live in this user's subtree
 
@@ -39,44 +38,14 @@ def info(job_id, state="RUNNING", node_count=1, restarts=0) -> slurm.JobInfo:
                          batch_host="n1", priority=1)
 
 
-class FakeCluster:
-    """Slurm for the round (``observe``) and for the actuator (:class:`SlurmControl`): a requeue
-    makes a job PENDING with one more restart, ``StartTime=now`` starts it."""
-
-    name = "fake"
-
-    def __init__(self, *infos: slurm.JobInfo):
-        self.jobs = {i.job_id: i for i in infos}
-        self.calls: list[tuple] = []
-
-    def observe(self) -> Observation:
-        return Observation(time.time(), (), MappingProxyType(dict(self.jobs)), 2)
-
-    def job(self, job_id):
-        raise AssertionError("the round's observation must do: no second squeue")
-
-    def update(self, job_id, **fields):
-        self.calls.append(("update", job_id, fields))
-        j = self.jobs[job_id]
-        if "NumNodes" in fields:
-            self.jobs[job_id] = j = replace(j, node_count=int(fields["NumNodes"].split("-")[0]))
-        if fields.get("StartTime") == "now":
-            self.jobs[job_id] = replace(j, state="RUNNING", nodes="n[1-2]", state_reason="None")
-
-    def requeue(self, job_id):
-        """Slurm's requeue: PENDING with one more restart, waiting for its begin time."""
-        self.calls.append(("requeue", job_id))
-        j = self.jobs[job_id]
-        self.jobs[job_id] = replace(j, state="PENDING", nodes="", restarts=j.restarts + 1,
-                                    state_reason="BeginTime")
-
-    def hold(self, job_id):
-        raise AssertionError("no hold")
-
-    release = cancel = hold
+def FakeCluster(*infos: slurm.JobInfo) -> FakeSlurm:
+    """Slurm for the round (``observe``) and for the actuator (:class:`SlurmControl`), the one
+    fake of ``tests/fakes.py``: the round's observation must do (no second squeue), and no
+    hold, release or cancel."""
+    return FakeSlurm(*infos, forbid=("job", "hold", "release", "cancel"))
 
 
-def answer(jd: JobDir, cluster: FakeCluster, job_id: str) -> None:
+def answer(jd: JobDir, cluster: FakeSlurm, job_id: str) -> None:
     """The job's side: acknowledge the generation as ElasticJob and the launcher do."""
     c = ctl.read_control(jd.control_path, jd.uid)
     a = ctl.read_ack(jd.ack_path, jd.uid)

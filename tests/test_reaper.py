@@ -22,6 +22,7 @@ from hpcsched.protocol.extensions import extension_comment
 from hpcsched.protocol.jobdir import JobDir, JobSpec, current_user
 from hpcsched.protocol.limits import JobLimits
 from hpcsched.slurm.observe import Observation
+from tests.fakes import FakeSlurm
 
 ME = current_user()
 UID = "u-primary"
@@ -101,17 +102,10 @@ def test_an_orphans_tag_is_read_whole():
 # -- the executor --------------------------------------------------------------------------------
 
 
-class FakeControl:
-    """SlurmControl's ``cancel``; ``fail``: job id -> the exception its scancel raises."""
-
-    def __init__(self, fail=None):
-        self.cancelled: list[str] = []
-        self.fail = fail or {}
-
-    def cancel(self, job_id):
-        if job_id in self.fail:
-            raise self.fail[job_id]
-        self.cancelled.append(job_id)
+def FakeControl(fail=None) -> FakeSlurm:
+    """SlurmControl's ``cancel`` (the one fake of ``tests/fakes.py``); ``fail``: job id -> the
+    exception its scancel raises."""
+    return FakeSlurm(refuse={("cancel", j): exc for j, exc in (fail or {}).items()})
 
 
 @pytest.fixture
@@ -194,17 +188,9 @@ def test_slurm_down_stops_the_reaping(control_dir, primary):
 # -- in the daemon's round -----------------------------------------------------------------------
 
 
-class FakeCluster(FakeControl):
+def FakeCluster(*infos) -> FakeSlurm:
     """The round's observation and the actuator's SlurmControl."""
-
-    name = "fake"
-
-    def __init__(self, *infos):
-        super().__init__()
-        self.jobs = jobs(*infos)
-
-    def observe(self):
-        return Observation(time.time(), (), MappingProxyType(dict(self.jobs)), 2)
+    return FakeSlurm(*infos)
 
 
 @pytest.fixture
