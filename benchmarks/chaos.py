@@ -10,8 +10,9 @@ last ``--minutes``. The daemon runs its defaults (``jct``, GPU granularity, grow
 with ``--interval`` s rounds. Jobs take the cluster's node MTBF from ``--node-mtbf`` (the rate of
 the faults below that lose workers), so their periodic checkpoints follow it (Young/Daly).
 
-Faults (:data:`KINDS`), one every ``0.5 x --minutes x 60 / --faults`` s on average (exponential gaps),
-each kind as often as the others (a shuffled round-robin), at least ``--faults`` applied:
+Faults (:data:`KINDS`), one every ``0.5 x --minutes x 60 / --faults`` s on average (exponential gaps;
+a fault with no target gives way to the next kind 5 s later),
+each kind as often as the others (a shuffled round-robin), at least ``--min-faults`` (30) applied:
 
 * ``daemon-kill``: SIGKILL of the daemon, started again 2 s later;
 * ``slurmctld-restart``: slurmctld stopped (SIGTERM, as ``systemctl restart`` does) and started
@@ -29,7 +30,8 @@ each kind as often as the others (a shuffled round-robin), at least ``--faults``
 * ``metrics-garbage``: a truncated JSON line and a line of bytes that are no JSON appended to a
   random running job's step records.
 
-A fault with no target at its time (no extension job running, say) is tried again 10 s later.
+A fault with no target at its time (no extension job running, say) gives way to the next kind,
+5 s later; it comes back in the next round of kinds.
 
 Checks, after every job has ended (``chaos.json`` and the printed table):
 
@@ -45,8 +47,9 @@ Checks, after every job has ended (``chaos.json`` and the printed table):
   whole cluster), by kind; each at most the job's checkpoint interval (Young/Daly with the
   assumed 10 s cost before any measurement: an upper bound) plus one step.
 
-    .venv/bin/python benchmarks/chaos.py --seed 1 [--jobs 24] [--minutes 30] [--faults 32]
-        [--interval 5] [--instance K] [--out bench-results/chaos]
+    .venv/bin/python benchmarks/chaos.py --seed 1 [--jobs 24] [--minutes 30] [--faults 64]
+        [--min-faults 30] [--interval 5] [--instance K] [--out bench-results/chaos]
+    .venv/bin/python benchmarks/chaos.py --judge bench-results/chaos/seed-1/chaos.json
 
 ``--instance K`` runs on dev-cluster instance K (its own state directory and ports), so that two
 seeds run side by side. Writes ``OUT/seed-N/chaos.json`` and prints the table.
@@ -81,7 +84,7 @@ KINDS = ("daemon-kill", "slurmctld-restart", "slurmdbd-down", "extension-cancel"
 #: faults that hit the whole cluster, not one job (work lost after them is theirs when no fault
 #: hit the job itself)
 CLUSTER_KINDS = ("daemon-kill", "slurmctld-restart", "slurmdbd-down", "node-drain")
-RETRY_S = 10.0
+RETRY_S = 5.0
 DBD_DOWN_S = 60.0
 DRAIN_S = 90.0
 
@@ -196,8 +199,9 @@ class Injector(threading.Thread):
             except Exception as exc:   # noqa: BLE001 - a fault that failed is reported, not fatal
                 self.errors.append(f"{kind}: {exc!r}")
                 fault = None
-            if fault is None:
+            if fault is None:   # nothing to hit now: the next kind, soon (this one comes back)
                 self.skipped[kind] += 1
+                kind = next(order)
                 due = time.time() + RETRY_S
                 continue
             fault.at = round(time.time() - self.start_t, 1)
@@ -633,7 +637,11 @@ def main() -> None:
     p.add_argument("--workload", type=int, default=3, help="Pollux workload number (1..8)")
     p.add_argument("--offset", type=int, default=3, help="first job of the sample")
     p.add_argument("--minutes", type=float, default=30.0, help="the static run's length (scale)")
-    p.add_argument("--faults", type=int, default=32, help="at least this many faults")
+    p.add_argument("--faults", type=int, default=64,
+                   help="the fault rate: this many over half the static run's length")
+    p.add_argument("--min-faults", type=int, default=30, help="a run must apply at least this many")
+    p.add_argument("--judge", type=Path, default=None, metavar="CHAOS_JSON",
+                   help="judge a finished run's chaos.json again; run nothing")
     p.add_argument("--interval", type=float, default=5.0, help="daemon round (s)")
     p.add_argument("--node-mtbf", type=float, default=1800.0,
                    help="the jobs' node MTBF (s; $HPCSCHED_NODE_MTBF): their checkpoint interval")
@@ -641,10 +649,15 @@ def main() -> None:
                    help="dev-cluster instance (0: the default cluster)")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "chaos")
     args = p.parse_args()
+    if args.judge:
+        doc = json.loads(args.judge.read_text())
+        checks = verdicts(doc, args.min_faults)
+        _print(doc, checks)
+        sys.exit(0 if all(ok for _, ok, _ in checks) else 1)
     if os.geteuid() != 0:
         sys.exit("chaos.py runs the dev cluster's daemons: run it as root")
     doc = run(args)
-    checks = verdicts(doc, args.faults)
+    checks = verdicts(doc, args.min_faults)
     doc["checks"] = [{"check": n, "pass": ok, "detail": t} for n, ok, t in checks]
     path = args.out / f"seed-{args.seed}" / "chaos.json"
     write_report(path, "chaos", **doc)
