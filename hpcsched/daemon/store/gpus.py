@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import String, cast, func, insert, select
+from sqlalchemy import String, cast, func, select
 
-from hpcsched.daemon.store.rows import GpuProbeRow, check_keys, columns, require, to_row
+from hpcsched.daemon.store.rows import GpuProbeRow, insert_checked, to_row
 from hpcsched.daemon.store.schema import GpuMeasurement, GpuProbe
 
 _GPU_REQUIRED = ("job_id", "time", "node", "local_rank", "relative_speed")
@@ -28,21 +28,16 @@ class GpuMixin:
         median rank; >1 = faster); optional ``gpu_index`` (str, e.g. from
         CUDA_VISIBLE_DEVICES), ``gpu_uuid``, ``app_class`` (""), ``steps`` (>= 1, default 1).
         The job must exist."""
-        allowed = columns(GpuMeasurement) - {"id"}
-        batch = []
-        for r in rows:
-            check_keys("add_gpu_measurements", r, allowed)
-            require("add_gpu_measurements", r, _GPU_REQUIRED)
+        def prepare(r: dict) -> dict:
             r = {"gpu_index": None, "gpu_uuid": None, "app_class": "", "steps": 1, **r}
             if r["gpu_index"] is not None:
                 r["gpu_index"] = str(r["gpu_index"])
             if r["steps"] < 1:
                 raise ValueError(f"add_gpu_measurements: steps must be >= 1, got {r['steps']}")
-            batch.append(r)
-        if batch:
-            with self._write() as s:
-                s.execute(insert(GpuMeasurement), batch)
-        return len(batch)
+            return r
+
+        return insert_checked(self._write, "add_gpu_measurements", GpuMeasurement, rows,
+                              _GPU_REQUIRED, prepare)
 
     def gpu_speeds(self, app_class: str | None = None, since: float | None = None
                    ) -> dict[tuple[str, str], float]:
@@ -72,20 +67,15 @@ class GpuMixin:
         Raises:
             ValueError: an unknown or missing key, or a score that is not > 0.
         """
-        allowed = columns(GpuProbe) - {"id"}
-        batch = []
-        for r in rows:
-            check_keys("add_gpu_probes", r, allowed)
-            require("add_gpu_probes", r, _PROBE_REQUIRED)
+        def prepare(r: dict) -> dict:
             r = {"model": "", "job_id": None, **r, "gpu_index": str(r["gpu_index"]),
                  "gpu_uuid": r.get("gpu_uuid") or None}
             if not r["score"] > 0:
                 raise ValueError(f"add_gpu_probes: score must be > 0, got {r['score']}")
-            batch.append(r)
-        if batch:
-            with self._write() as s:
-                s.execute(insert(GpuProbe), batch)
-        return len(batch)
+            return r
+
+        return insert_checked(self._write, "add_gpu_probes", GpuProbe, rows, _PROBE_REQUIRED,
+                              prepare)
 
     def latest_gpu_probes(self) -> list[GpuProbeRow]:
         """The latest probe of every GPU ever probed, one row per GPU (its UUID, else its node

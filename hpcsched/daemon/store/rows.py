@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,3 +165,27 @@ def require(what: str, given: dict, required: Iterable[str]) -> None:
     missing = [k for k in required if given.get(k) is None]
     if missing:
         raise ValueError(f"{what}: missing field(s) {', '.join(missing)}")
+
+
+def insert_checked(write: Callable, what: str, model: type, rows: Iterable[dict],
+                   required: Iterable[str], prepare: Callable[[dict], dict]) -> int:
+    """Insert ``rows`` into ``model``'s table in one write transaction (``write()``: the store's
+    session context), each checked first: keys among the table's columns, ``required`` present,
+    then ``prepare(row)`` (defaults, conversions, range checks) gives what is stored. Returns
+    how many rows.
+
+    Raises:
+        ValueError: an unknown or missing key, or what ``prepare`` refuses (nothing is stored).
+    """
+    from sqlalchemy import insert
+
+    allowed = columns(model) - {"id"}
+    batch = []
+    for r in rows:
+        check_keys(what, r, allowed)
+        require(what, r, tuple(required))
+        batch.append(prepare(r))
+    if batch:
+        with write() as s:
+            s.execute(insert(model), batch)
+    return len(batch)

@@ -47,7 +47,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Self
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from hpcsched.daemon.store.gpus import GpuMixin
@@ -59,6 +59,7 @@ from hpcsched.daemon.store.rows import (
     RoundRow,
     check_keys,
     columns,
+    insert_checked,
     require,
     to_row,
 )
@@ -230,22 +231,17 @@ class Store(JournalMixin, LeaseMixin, GpuMixin):
         (how many step records the row aggregates, >= 1, default 1), ``launch`` (0),
         ``generation`` (0), ``global_batch_size`` (default world_size x local_batch_size x
         accumulation_steps). The job must exist."""
-        allowed = columns(ProfileSample) - {"id"}
-        batch = []
-        for r in rows:
-            check_keys("add_profile_samples", r, allowed)
-            require("add_profile_samples", r, _SAMPLE_REQUIRED)
+        def prepare(r: dict) -> dict:
             r = {"launch": 0, "generation": 0, "accumulation_steps": 1, "steps": 1, **r}
             if r.get("global_batch_size") is None:
                 r["global_batch_size"] = (r["world_size"] * r["local_batch_size"]
                                           * r["accumulation_steps"])
             if r["steps"] < 1:
                 raise ValueError(f"add_profile_samples: steps must be >= 1, got {r['steps']}")
-            batch.append(r)
-        if batch:
-            with self._write() as s:
-                s.execute(insert(ProfileSample), batch)
-        return len(batch)
+            return r
+
+        return insert_checked(self._write, "add_profile_samples", ProfileSample, rows,
+                              _SAMPLE_REQUIRED, prepare)
 
     def profile(self, job_id: str) -> list[ProfileRow]:
         """The job's profile: one row per (world_size, nodes, local_batch_size,
