@@ -439,12 +439,13 @@ def restarts_lost(redone: list[dict], kept: list[dict]) -> list[tuple[float, flo
 # ------------------------------------------------------------------ the checks
 
 def journal_twice(store, job_ids) -> list[str]:
-    """Actions of the daemon's journal applied twice: two actions of one job for one generation,
-    or an action that entered a phase twice."""
+    """Actions of the daemon's journal applied twice: two actions of one job for one generation
+    that did not fail (a failed action's generation is handed out again), or an action that
+    entered a phase twice."""
     bad = []
     for job in job_ids:
         acts = store.actions(job, limit=10_000)
-        gens = Counter(a.generation for a in acts)
+        gens = Counter(a.generation for a in acts if a.phase != "failed")
         bad += [f"job {job}: {n} actions for generation {g}" for g, n in gens.items() if n > 1]
         for a in acts:
             phases = [p for p, _ in a.history]

@@ -84,3 +84,30 @@ def test_a_newcomer_whose_group_never_formed_still_fails():
     job = _Job(NEW, 2, entering, survivors)
     with pytest.raises(RuntimeError, match="wait timeout"):
         job._reform(Decision(5, ControlAction.REFORM, 2, 0, 4, 1, 1.0, 3, form=3))
+
+
+class _SurvivorsMissing(_Job):
+    """Entering the survivors' form fails once more (a member cancelled meanwhile)."""
+
+    def __init__(self, *a, again: rf.Form):
+        super().__init__(*a)
+        self._again = again
+        self.failed = []
+
+    def _enter(self, form):
+        if form.form == 4 and not self.failed:
+            self.failed.append(form.form)
+            raise RuntimeError("wait timeout after 30000ms, keys: /hpcsched/f4//0//cpu//0/1")
+        super()._enter(form)
+
+
+def test_a_member_lost_while_the_survivors_re_form_is_left_behind_too():
+    entering, survivors = _forms()
+    again = rf.Form(5, 5, (P0,), (), 16, 1, 1.0)
+    job = _SurvivorsMissing(P0, 0, entering, survivors, again=again)
+    results = iter([survivors, again])
+    job._members.survivors_form = lambda old, rank, refit: (
+        job._members.asked.append(old.form) or next(results))
+    job._reform(Decision(5, ControlAction.REFORM, 2, 0, 4, 1, 1.0, 3, form=3))
+    assert job._members.asked == [3, 4] and job.entered == [5]
+    assert job.acks == [(AckState.APPLIED, 5, "lost workers: went on with 1 on n1:1")]

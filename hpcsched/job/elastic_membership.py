@@ -148,7 +148,13 @@ class ElasticMembership:
         if new.rank_of(self._members.me.id) is None:
             log.error("this worker was counted as lost; leaving")
             leave_now(1)
-        self._enter(new)
+        try:
+            self._enter(new)
+        except RuntimeError as exc:   # another member went missing while the survivors re-formed
+            log.warning("the survivors' group did not form (%s); going on without the workers "
+                        "that did not come", exc)
+            self._go_on_without(new)
+            return
         try:
             self._resync_survivors()
         except RuntimeError as again:   # lost another worker while re-forming
