@@ -30,7 +30,9 @@ each kind as often as the others (a shuffled round-robin), at least ``--min-faul
 * ``metrics-garbage``: a truncated JSON line and a line of bytes that are no JSON appended to a
   random running job's step records.
 
-A fault with no target at its time (no extension job running, say) gives way to the next kind,
+A fault that stops a job or loses its workers spares a job another hit within 120 s
+(:data:`JOB_COOLDOWN_S`). A fault with no target at its time (no extension job running, say)
+gives way to the next kind,
 5 s later; it comes back in the next round of kinds.
 
 Checks, after every job has ended (``chaos.json`` and the printed table):
@@ -84,7 +86,14 @@ KINDS = ("daemon-kill", "slurmctld-restart", "slurmdbd-down", "extension-cancel"
 #: faults that hit the whole cluster, not one job (work lost after them is theirs when no fault
 #: hit the job itself)
 CLUSTER_KINDS = ("daemon-kill", "slurmctld-restart", "slurmdbd-down", "node-drain")
+#: faults that cannot make a job redo training: garbage in its records (the daemon skips it),
+#: an extension cancelled (Slurm's SIGTERM: its workers leave at a step boundary)
+HARMLESS_TO_WORK = ("metrics-garbage", "extension-cancel")
 RETRY_S = 5.0
+#: seconds between two faults that lose a job's workers or stop it (node MTBF well above its
+#: checkpoint interval, 60 s here, as on a real cluster): without it the last jobs of the
+#: workload drew every fault, several a minute
+JOB_COOLDOWN_S = 120.0
 DBD_DOWN_S = 60.0
 DRAIN_S = 90.0
 
@@ -179,6 +188,7 @@ class Injector(threading.Thread):
         self.timers: list[threading.Thread] = []
         self.cut: dict[str, int] = {}   # job id -> its own time limit (minutes), to give back
         self.errors: list[str] = []
+        self.last_hit: dict[str, float] = {}   # job id -> when a fault last hit it
 
     def _order(self):
         while True:
@@ -206,6 +216,8 @@ class Injector(threading.Thread):
                 continue
             fault.at = round(time.time() - self.start_t, 1)
             self.applied.append(fault)
+            if fault.job and fault.kind != "metrics-garbage":
+                self.last_hit[fault.job] = time.time()
             print(f"[chaos {fault.at:7.1f} s] {fault.kind} {fault.job or ''} {fault.detail}", flush=True)
             kind = next(order)
             due = time.time() + self.rng.expovariate(1.0 / self.mean_gap)
@@ -232,7 +244,11 @@ class Injector(threading.Thread):
 
     def _running_primaries(self) -> list:
         ids = set(self.tracked_ids())
-        return [i for j, i in self._running().items() if j in ids]
+        return [i for j, i in self._running().items() if j in ids and self._cool(j)]
+
+    def _cool(self, job: str | None) -> bool:
+        """No fault has hit ``job`` (a primary's id) for :data:`JOB_COOLDOWN_S`."""
+        return job is None or time.time() - self.last_hit.get(job, 0.0) >= JOB_COOLDOWN_S
 
     # the faults ------------------------------------------------------------------------
     def _daemon_kill(self) -> Fault:
@@ -255,7 +271,8 @@ class Injector(threading.Thread):
         return Fault("slurmdbd-down", 0.0, detail=f"{DBD_DOWN_S:g} s")
 
     def _extension_cancel(self) -> Fault | None:
-        ext = [i for i in self._running().values() if i.name.endswith("+ext")]
+        ext = [i for i in self._running().values()
+               if i.name.endswith("+ext") and self._cool(_primary_of(i))]
         if not ext:
             return None
         e = self.rng.choice(ext)
@@ -266,7 +283,9 @@ class Injector(threading.Thread):
         from hpcsched.slurm.hostlist import expand_hostlist
 
         ids = set(self.tracked_ids())
-        jobs = [i for i in self._running().values() if i.job_id in ids or i.name.endswith("+ext")]
+        jobs = [i for i in self._running().values()
+                if (i.job_id in ids and self._cool(i.job_id))
+                or (i.name.endswith("+ext") and self._cool(_primary_of(i)))]
         self.rng.shuffle(jobs)
         for info in jobs:
             node = self.rng.choice(expand_hostlist(info.nodes))
@@ -466,8 +485,9 @@ def leftovers() -> dict:
 
 def attribute(job: str, at: float, faults: list[Fault], start: float) -> Fault | None:
     """The fault a restart of ``job`` at ``at`` (Unix s) follows: the latest before it that hit
-    the job, else the latest that hit the cluster."""
-    before = [f for f in faults if start + f.at <= at + 1.0]
+    the job, else the latest that hit the cluster; never one that cannot make a job redo work
+    (:data:`HARMLESS_TO_WORK`)."""
+    before = [f for f in faults if start + f.at <= at + 1.0 and f.kind not in HARMLESS_TO_WORK]
     own = [f for f in before if f.job == job]
     if own:
         return own[-1]

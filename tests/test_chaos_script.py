@@ -82,7 +82,8 @@ def test_garbage_lines_are_counted_not_read(tmp_path):
 
 def test_a_restart_is_given_to_the_latest_fault_that_hit_the_job_else_the_clusters():
     F = chaos.Fault
-    faults = [F("node-drain", 10.0), F("worker-kill", 20.0, job="5"), F("daemon-kill", 30.0)]
+    faults = [F("node-drain", 10.0), F("worker-kill", 20.0, job="5"), F("daemon-kill", 30.0),
+              F("metrics-garbage", 35.0, job="5")]
     assert chaos.attribute("5", 1040.0, faults, 1000.0).kind == "worker-kill"
     assert chaos.attribute("6", 1040.0, faults, 1000.0).kind == "daemon-kill"
     assert chaos.attribute("6", 1015.0, faults, 1000.0).kind == "node-drain"
