@@ -394,3 +394,33 @@ def test_a_newer_checkpoint_between_kills_starts_the_count_again(launcher, monke
 @pytest.mark.parametrize("status", [0, 1, 2])
 def test_workers_that_end_on_their_own_are_never_launched_again(launcher, monkeypatch, status):
     assert _killed_then(launcher, monkeypatch, [status]) == (status, 1)
+
+
+def test_workers_killed_near_the_time_limit_requeue_the_job_instead(launcher, monkeypatch, caplog):
+    """Slurm's pre-timeout signal goes to the workers' step once; workers launched again after
+    it would never get it (seen in the chaos replay: the job was killed at its limit)."""
+    asked = []
+    monkeypatch.setattr(slurm, "time_left", lambda job_id, **_: "1:30")
+    monkeypatch.setattr(slurm, "requeue", lambda job_id, **_: asked.append(job_id))
+    launcher.requeue_timeout = 0.0   # Slurm would end this step; here the launcher goes on
+    with caplog.at_level(logging.WARNING):
+        rc, launches = _killed_then(launcher, monkeypatch, [137, 0], {0: "step-000000040.pt"})
+    assert asked == ["4242"] and (rc, launches) == (0, 2)
+    assert "within 120 s of the time limit: requeueing job 4242 to resume from step-000000040.pt" \
+        in caplog.text
+
+
+@pytest.mark.parametrize("text, seconds", [("1:30", 90), ("0:05", 5), ("2:03:04", 7384),
+                                           ("1-00:00:10", 86410), (" 10:00 ", 600)])
+def test_slurm_durations_read_as_seconds(text, seconds):
+    from hpcsched.slurm.parse import duration_seconds
+
+    assert duration_seconds(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "UNLIMITED", "1:2:3:4", "a:b", "-1:00"])
+def test_what_is_no_slurm_duration_is_refused(text):
+    from hpcsched.slurm.parse import duration_seconds
+
+    with pytest.raises(ValueError):
+        duration_seconds(text)

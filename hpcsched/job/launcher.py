@@ -55,11 +55,13 @@ from pathlib import Path
 from hpcsched import slurm
 from hpcsched.job.allocation import shrink_from_inside
 from hpcsched.job.extension import cancel_all
+from hpcsched.job.submit import PRE_TIMEOUT_S
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.batching import BatchConfig, BatchSizeError
 from hpcsched.protocol.env import LaunchEnv
 from hpcsched.protocol.jobdir import JobDir, JobSpec
 from hpcsched.protocol.kinds import AckState, ControlAction, LauncherPhase
+from hpcsched.slurm.parse import duration_seconds
 
 log = logging.getLogger("hpcsched.job.launcher")
 
@@ -284,6 +286,14 @@ class Launcher:
             log.error("workers killed (status %d) %d times in a row with no newer checkpoint: "
                       "giving up", rc, self._lost)
             return False
+        if self._near_time_limit():
+            # Slurm's pre-timeout signal goes to the workers' step once: one that comes
+            # between two launches is lost, and the job would be killed at its limit
+            log.warning("workers killed (status %d) within %d s of the time limit: requeueing "
+                        "job %s to resume from %s", rc, PRE_TIMEOUT_S, self.job_id,
+                        latest.name if latest else "the start (no checkpoint yet)")
+            self._requeue_now(None)
+            return True
         log.warning("workers killed (status %d: a lost node or an out-of-memory kill); "
                     "launching again from %s (%d of %d with no newer checkpoint)", rc,
                     latest.name if latest else "the start (no checkpoint yet)", self._lost,
@@ -403,6 +413,15 @@ class Launcher:
                              "SLURM_JOB_NUM_NODES": str(info.node_count),
                              "SLURM_NNODES": str(info.node_count)})
 
+    def _near_time_limit(self) -> bool:
+        """Less than :data:`~hpcsched.job.submit.PRE_TIMEOUT_S` seconds are left before the
+        job's time limit (``squeue %L``; False when there is none or Slurm cannot say)."""
+        try:
+            left = slurm.time_left(self.job_id)
+            return left is not None and duration_seconds(left) < PRE_TIMEOUT_S
+        except (slurm.SlurmError, ValueError):
+            return False
+
     def _requeue_self(self, cfg: LaunchConfig, ack: ctl.Ack) -> None:
         """The workers checkpointed and stopped on Slurm's signal: ``scontrol requeue`` this job
         (Slurm ends this batch step and reruns the script, which resumes from the checkpoint)
@@ -410,6 +429,11 @@ class Launcher:
         end the step within ``--requeue-timeout`` seconds: the caller relaunches."""
         log.info("workers checkpointed at step %d on Slurm's signal (%s); requeueing job %s",
                  ack.step, ack.checkpoint or "no checkpoint directory", self.job_id)
+        self._requeue_now(cfg)
+
+    def _requeue_now(self, cfg: LaunchConfig | None) -> None:
+        """``scontrol requeue`` this job and wait for Slurm to end this step (see
+        :meth:`_requeue_self`)."""
         self._save_state(LauncherPhase.REQUEUED, cfg)
         try:
             _while_unreachable(lambda: slurm.requeue(self.job_id), "scontrol requeue")

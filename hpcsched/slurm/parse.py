@@ -576,3 +576,22 @@ def parse_sinfo_json(text: str | bytes) -> tuple[NodeView, ...]:
                             max(old.gpus_allocated, node.gpus_allocated), old.state, parts)
         merged[node.name] = node
     return tuple(merged.values())
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds in a Slurm duration as ``squeue -o %L`` prints it: ``[days-]hours:minutes:seconds``
+    or ``minutes:seconds`` (squeue(1), "%L").
+
+    Raises:
+        ValueError: not such a duration.
+    """
+    days, sep, clock = text.strip().rpartition("-")
+    try:
+        parts = [int(p) for p in clock.split(":")]
+        whole_days = int(days) if sep else 0
+    except ValueError:
+        raise ValueError(f"not a Slurm duration: {text!r}") from None
+    if not 2 <= len(parts) <= 3 or any(p < 0 for p in parts) or whole_days < 0:
+        raise ValueError(f"not a Slurm duration: {text!r}")
+    h, m, sec = ([0] * (3 - len(parts)) + parts)
+    return float((whole_days * 24 + h) * 3600 + m * 60 + sec)
