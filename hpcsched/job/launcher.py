@@ -280,6 +280,7 @@ class Launcher:
         from hpcsched.job.checkpoint import Checkpointer
 
         latest = Checkpointer.for_job(self.spec.checkpoint_dir, self.jd.path, 0.0).latest_path()
+        source = latest.name if latest else "the start (no checkpoint yet)"
         same = self._lost_at == latest
         self._lost_at, self._lost = latest, (self._lost + 1 if same else 1)
         if self._lost > LOST_RELAUNCHES:
@@ -290,14 +291,12 @@ class Launcher:
             # Slurm's pre-timeout signal goes to the workers' step once: one that comes
             # between two launches is lost, and the job would be killed at its limit
             log.warning("workers killed (status %d) within %d s of the time limit: requeueing "
-                        "job %s to resume from %s", rc, PRE_TIMEOUT_S, self.job_id,
-                        latest.name if latest else "the start (no checkpoint yet)")
+                        "job %s to resume from %s", rc, PRE_TIMEOUT_S, self.job_id, source)
             self._requeue_now(None)
             return True
         log.warning("workers killed (status %d: a lost node or an out-of-memory kill); "
-                    "launching again from %s (%d of %d with no newer checkpoint)", rc,
-                    latest.name if latest else "the start (no checkpoint yet)", self._lost,
-                    LOST_RELAUNCHES)
+                    "launching again from %s (%d of %d with no newer checkpoint)", rc, source,
+                    self._lost, LOST_RELAUNCHES)
         return True
 
     def _checkpointed_request(self, ack: ctl.Ack | None, cfg: LaunchConfig) -> ctl.Control | None:
