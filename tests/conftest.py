@@ -146,11 +146,29 @@ def running_job_dir(control_dir, job_id: str = "10", script: str = "/s/train.py"
 
 @pytest.fixture
 def slurm_jobs():
-    """Collects Slurm job ids to cancel when the test ends, whatever happened."""
+    """Collects Slurm job ids to cancel when the test ends, whatever happened, then waits (up
+    to 30 s) until they have left the queue and no node is still completing a job, so that
+    the next test on this worker's cluster starts on idle nodes."""
     ids: list[str] = []
     yield ids
     if ids:
         subprocess.run(["scancel", *ids], capture_output=True, timeout=30)
+        _wait_until_settled(ids, 30.0)
+
+
+def _wait_until_settled(ids: list[str], timeout: float) -> None:
+    """Poll squeue until none of ``ids`` is listed and no job is COMPLETING, at most
+    ``timeout`` s (then go on: the next test waits for what it needs itself)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True,
+                             timeout=30)
+        if out.returncode != 0:
+            return
+        rows = [ln.split() for ln in out.stdout.splitlines() if ln.strip()]
+        if not any(r[0] in ids or r[-1] == "COMPLETING" for r in rows):
+            return
+        time.sleep(0.5)
 
 
 def cli(*args: str, timeout: float = 600, check: bool = True, **kw) -> subprocess.CompletedProcess:
