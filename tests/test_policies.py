@@ -130,7 +130,8 @@ def test_capacity_excludes_unusable_nodes_and_foreign_jobs():
 
 
 def test_registry_has_one_line_per_policy_and_every_policy_decides():
-    assert POLICIES == tuple(REGISTRY) == ("static", "tiresias", "dp", "ones", "ones-pal", "pollux", "jct")
+    assert POLICIES == tuple(REGISTRY) == ("static", "tiresias", "dp", "ones", "ones-pal", "pollux", "sia",
+                                            "jct", "wham")
     snap = _contended()
     for name in POLICIES:
         policy = make_policy(name)

@@ -164,6 +164,8 @@ BAD = {
     "pollux": [{"population": 2.5}, {"mutation": "wild"}, {"max_work": 0}],
     "jct": [{"aging": None}, {"hesrpt": 1.0}, {"noise_growth": 0.5}, {"max_options": 0},
             {"speedup_at": "max"}, {"restart_cost": -1}],
+    "sia": [{"p": "low"}, {"p": 0}, {"lambda_n": -1}, {"configs": "some"}],
+    "wham": [{"holding_costs": ["x"]}, {"noise_growth": 0.5}, {"aging": 0}, {"max_options": 0}],
 }
 
 

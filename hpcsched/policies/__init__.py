@@ -37,7 +37,9 @@ REGISTRY: dict[str, str] = {
     "ones": "hpcsched.policies.ones:ONES",
     "ones-pal": "hpcsched.policies.composite:OnesPal",
     "pollux": "hpcsched.policies.pollux:Pollux",
+    "sia": "hpcsched.policies.sia:Sia",
     "jct": "hpcsched.policies.jct:JCT",
+    "wham": "hpcsched.policies.wham:WHAM",
 }
 POLICIES = tuple(REGISTRY)
 DEFAULT_POLICY = "jct"
