@@ -14,8 +14,18 @@ import pytest
 from tests.gloo_workers import free_port
 
 WORKER = Path(__file__).resolve().parent / "ddp_check_worker.py"
+BATCH = Path(__file__).resolve().parent / "ddp_check_batch_worker.py"
 LOST_PEER = Path(__file__).resolve().parent / "ddp_lost_peer_worker.py"
 ROOT = WORKER.parent.parent
+
+# (n, local, accum, reform_at, padded) of test_ddp_matches_the_explicit_reduction
+REDUCTION_CASES = [
+    (41, 3, 2, -1, 0),   # last step of each epoch: 5 samples, 3 on rank 0 and 2 on rank 1
+    (37, 3, 2, -1, 2),   # last step: 1 sample; rank 1 runs a zero-weight padding micro-batch
+    (46, 3, 2, -1, 0),   # last step: 10 samples, micro-batches of 3 then 2 on each rank
+    (41, 6, 1, 4, 0),    # no accumulation; the group is re-formed at step 4: DDP wraps again
+]
+MODES = ["builtin", "hooked"]
 
 
 def _run(world: int, n: int, epochs: int, reform_at: int, local: int, accum: int,
@@ -41,15 +51,67 @@ def _run(world: int, n: int, epochs: int, reform_at: int, local: int, accum: int
     return outs
 
 
-@pytest.mark.parametrize("n, local, accum, reform_at, padded", [
-    (41, 3, 2, -1, 0),   # last step of each epoch: 5 samples, 3 on rank 0 and 2 on rank 1
-    (37, 3, 2, -1, 2),   # last step: 1 sample; rank 1 runs a zero-weight padding micro-batch
-    (46, 3, 2, -1, 0),   # last step: 10 samples, micro-batches of 3 then 2 on each rank
-    (41, 6, 1, 4, 0),    # no accumulation; the group is re-formed at step 4: DDP wraps again
-])
-@pytest.mark.parametrize("mode", ["builtin", "hooked"])
-def test_ddp_matches_the_explicit_reduction(n, local, accum, reform_at, padded, mode):
-    outs = _run(2, n, 2, reform_at, local, accum, WORKER, mode)
+def _check_cases() -> list[dict]:
+    """Every case of ddp_check_worker.py that the tests below check: (n, epochs, reform_at,
+    local, accum, mode[, noise_every])."""
+    cases = [(n, 2, reform_at, local, accum, mode)
+             for mode in MODES for n, local, accum, reform_at, _ in REDUCTION_CASES]
+    cases += [(41, 2, -1, 3, 2, mode, 3) for mode in MODES]
+    return [{"key": repr(c), "local": c[3], "accum": c[4],
+             "argv": [str(c[0]), str(c[1]), str(c[2]), *map(str, c[5:])]} for c in cases]
+
+
+@pytest.fixture(scope="module")
+def ddp_checks() -> dict[str, list]:
+    """All cases of ddp_check_worker.py, run by one pair of gloo ranks one after the other
+    (ddp_check_batch_worker.py: each case as in a fresh process, with a TCPStore of its own),
+    instead of a pair of processes per case: each process imports torch (and torch._dynamo)
+    once, about 3 s of the 7 s a case took. ``{key: [rank 0's line, rank 1's line]}``; a case
+    the ranks did not reach, or that raised, has ``{"error": ...}`` in place of a line."""
+    cases = _check_cases()
+    for c in cases:
+        c["port"] = free_port()
+    procs = []
+    for rank in range(2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HPCSCHED_")}
+        env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", PYTHONPATH=str(ROOT))
+        procs.append(subprocess.Popen([sys.executable, str(BATCH), json.dumps(cases)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    results: dict[str, list] = {c["key"]: [None, None] for c in cases}
+    tails = []
+    for rank, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=120 * len(cases))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        tails.append(f"rank {rank}, exit {p.returncode}:\n{out[-3000:]}")
+        for line in out.splitlines():
+            if line.startswith('{"key"'):
+                d = json.loads(line)
+                results[d["key"]][rank] = d.get("out", {"error": d.get("error")})
+    for key, pair in results.items():
+        for rank in range(2):
+            if pair[rank] is None:
+                pair[rank] = {"error": "case not reached\n" + "\n".join(tails)}
+    return results
+
+
+def _outs(ddp_checks, n, epochs, reform_at, local, accum, *extra) -> list[dict]:
+    outs = ddp_checks[repr((n, epochs, reform_at, local, accum, *extra))]
+    for o in outs:
+        assert "error" not in o, o["error"]
+    return outs
+
+
+@pytest.mark.parametrize("n, local, accum, reform_at, padded", REDUCTION_CASES)
+@pytest.mark.parametrize("mode", MODES)
+def test_ddp_matches_the_explicit_reduction(n, local, accum, reform_at, padded, mode,
+                                            ddp_checks):
+    outs = _outs(ddp_checks, n, 2, reform_at, local, accum, mode)
     for o in outs:
         assert o["grad_diff"] < 1e-12, o
         assert o["wraps"] == (2 if reform_at >= 0 else 1)
@@ -60,11 +122,11 @@ def test_ddp_matches_the_explicit_reduction(n, local, accum, reform_at, padded, 
     assert outs[0]["steps"] == outs[1]["steps"]
 
 
-@pytest.mark.parametrize("mode", ["builtin", "hooked"])
-def test_steps_not_measured_keep_the_exact_gradient(mode):
+@pytest.mark.parametrize("mode", MODES)
+def test_steps_not_measured_keep_the_exact_gradient(mode, ddp_checks):
     """noise_every 3: two steps in three run without the noise hooks (DDP's own all-reduce:
     no hook at all), on full steps with accumulation and on short ones."""
-    outs = _run(2, 41, 2, -1, 3, 2, WORKER, mode, "3")
+    outs = _outs(ddp_checks, 41, 2, -1, 3, 2, mode, 3)
     for o in outs:
         assert o["grad_diff"] < 1e-12, o
         assert o["gns"] is not None
