@@ -25,8 +25,11 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("HPCSCHED_CONTROL_DIR", str(tmp_path / "jobs"))
     monkeypatch.setenv("HPCSCHED_DATABASE_URL", f"sqlite:///{tmp_path}/db.sqlite")
     cfg = tmp_path / "hpcsched.toml"
+    # slurm_timeout 1 s: Slurm never answers here (squeue and scontrol retry a missing
+    # SLURM_CONF for 60 s), so every Slurm call ends on the timeout whatever its length; each
+    # round (and the partitions' check at start and at a reload) then waits 1 s, not 5
     cfg.write_text(f'[daemon]\nround_interval = 60\nlock_file = "{tmp_path}/lock"\n'
-                   'slurm_timeout = 5\n[policy]\nname = "dp"\n')
+                   'slurm_timeout = 1\n[policy]\nname = "dp"\n')
     return tmp_path, cfg
 
 
