@@ -18,6 +18,10 @@ from tests.conftest import wait_for
 
 EXE = str(Path(sys.executable).parent / "hpcsched")
 LEASE = 3.0
+# Slurm never answers here (squeue and scontrol retry a missing SLURM_CONF for 60 s): every
+# Slurm call ends on this timeout, whatever its length; 1 s keeps the rounds short (and a's
+# renewals, one before each round, closer together than with a longer timeout)
+SLURM_TIMEOUT = 1
 
 
 def test_the_lease_is_one_holders_at_a_time(tmp_path):
@@ -49,7 +53,7 @@ def two(tmp_path, monkeypatch):
         cfg = tmp_path / f"{name}.toml"
         cfg.write_text(f'[daemon]\nround_interval = 1\nactuation_interval = 0.5\n'
                        f'lease_seconds = {LEASE}\nlock_file = "{tmp_path}/{name}.lock"\n'
-                       'slurm_timeout = 2\n[policy]\nname = "static"\n')
+                       f'slurm_timeout = {SLURM_TIMEOUT}\n[policy]\nname = "static"\n')
         cfgs.append(cfg)
     return tmp_path, cfgs
 
@@ -90,11 +94,11 @@ def test_a_standby_takes_over_within_one_lease(two, end):
     log = (tmp_path / "b.log").read_text()
     assert "lease taken: this daemon" in log
     # the lease lapses LEASE s after a's last renewal; b tries every LEASE / 4 s; b's round
-    # itself waits for Slurm up to slurm_timeout (2 s) before it is logged
-    assert took <= LEASE + LEASE / 4 + 2 + 2, took
+    # itself waits for Slurm up to slurm_timeout before it is logged; 2 s more to spare
+    assert took <= LEASE + LEASE / 4 + SLURM_TIMEOUT + 2, took
     if end == "stopped":
         assert "lease released" in (tmp_path / "a.log").read_text()
-        assert took <= LEASE / 4 + 2 + 2, took
+        assert took <= LEASE / 4 + SLURM_TIMEOUT + 2, took
 
 
 def test_a_daemon_of_this_host_that_died_hands_over_at_once(tmp_path):
