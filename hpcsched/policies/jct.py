@@ -106,6 +106,7 @@ from hpcsched.perf.model import best_at, best_at_each_of, model_for
 from hpcsched.policies.base import Params, PolicyBase
 from hpcsched.policies.common import capacity, gpu_counts, min_gpus, nodes_spanned, target
 from hpcsched.policies.dp import EPSILON, Option, solve
+from hpcsched.policies.jct_tail import critical_floors, in_tail
 from hpcsched.protocol.kinds import SlurmState
 
 
@@ -132,6 +133,8 @@ class JCTParams(Params):
     noise_growth: float = 2.0
     work_noise: float = 0.0
     work_known: bool = True
+    makespan_guard: float | None = None   # >= 1: the tail's floors (jct_tail); None: off
+    tail_after: float = 0.0               # s without a submission before the tail begins
 
     def check(self) -> None:
         if self.hesrpt is not None and not 0 < self.hesrpt < 1 or not 0 <= self.tempering <= 1 \
@@ -145,6 +148,9 @@ class JCTParams(Params):
             raise ValueError("aging and unknown_remaining must be > 0, max_options >= 1")
         if not self.work_noise >= 0:
             raise ValueError("work_noise must be >= 0")
+        if self.makespan_guard is not None and not self.makespan_guard >= 1 \
+                or not self.tail_after >= 0:
+            raise ValueError("makespan_guard must be >= 1 or None, tail_after >= 0")
 
 
 @dataclass(frozen=True)
@@ -160,6 +166,8 @@ class _Params:
     share: int = 0      # speedups over the goodput at this many GPUs (0: at the smallest size)
     work_noise: float = 0.0     # sigma of the log-normal error on each job's reported work
     work_known: bool = True     # False: no job's reported work is used
+    #: job id -> the fewest GPUs the makespan guard gives it (:mod:`.jct_tail`)
+    floors: dict = field(default_factory=dict)
     #: job id -> its curve this decision (:func:`_curves`), computed once for the rank weights
     #: and the options
     curves: dict = field(default_factory=dict)
@@ -204,7 +212,8 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
            shrink_cost: float | None = None, aging: float = 3600.0, max_wait: float = 4 * 3600.0,
            unknown_remaining: float = 3600.0, max_options: int = 24, tempering: float = 0.0,
            hesrpt: float | None = 0.5, speedup_at: str = "fair", noise_growth: float = 2.0,
-           work_noise: float = 0.0, work_known: bool = True) -> Plan:
+           work_noise: float = 0.0, work_known: bool = True,
+           makespan_guard: float | None = None, tail_after: float = 0.0) -> Plan:
     """The ``jct`` plan for ``snapshot`` (module docstring). ``seed`` is unused (the search is
     exact).
 
@@ -234,6 +243,10 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
             job); with ``work_known=False`` no job's report is used: every job's remaining
             work is ``unknown_remaining`` seconds at its goodput, as for a job that reports
             none.
+        makespan_guard, tail_after: the makespan guard (:mod:`hpcsched.policies.jct_tail`):
+            once nothing is pending and nothing was submitted for ``tail_after`` seconds, each
+            job is given at least the GPUs that end it within ``makespan_guard`` (``>= 1``)
+            times the jobs' earliest common finish; ``None``: off.
 
     Raises:
         ValueError: a value :class:`JCTParams` refuses (the :class:`JCT` policy checks them
@@ -250,6 +263,9 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
     _curves([j for j in jobs if not j.busy], snapshot, p)
     if hesrpt:
         p = replace(p, rank=_rank_weights(jobs, snapshot, p, hesrpt))
+    if makespan_guard and in_tail(jobs, snapshot.time, tail_after):
+        p = replace(p, floors=critical_floors(jobs, p.curves, lambda j, m: _remaining(j, m, p),
+                                              k, makespan_guard))
     forced = _overdue(snapshot, jobs, max_wait)
     sol, opts, info, notes = _search(jobs, snapshot, forced, p, k)
     if sol is None:
@@ -272,6 +288,8 @@ def _search(jobs: list[JobView], snapshot: ClusterSnapshot, forced: set[str], p:
     opts: list[list[Option]] = [o for o, _ in options]
     info: list[dict] = [meta for _, meta in options]
     sol = solve(opts, k) if jobs else (0.0, [])
+    if sol is None and p.floors:
+        return _search(jobs, snapshot, forced, replace(p, floors={}), k)
     if sol is not None or not forced:
         return sol, opts, info, []
     note = (f"jct: {len(forced)} overdue job(s) do not fit beside the running jobs' minimums; "
@@ -467,6 +485,9 @@ def _job_options(job: JobView, snapshot: ClusterSnapshot, forced: set[str], p: _
                           cfg.global_batch_size)
                   for g, (x, cfg) in zip(counts, rates)
                   if cfg is not None and x > 0 and g in allowed]
+    floor = p.floors.get(job.job_id, 0)
+    if floor:
+        out = [o for o in out if o.gpus >= floor] or out
     if not out:   # no size within its limits: held where it is
         out = [Option(job.gpus if running else 0, 0.0, job.batch_size)]
     return out, {"measured": True, "age": age, "weight": weight, "remaining": remaining,

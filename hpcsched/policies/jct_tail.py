@@ -1,0 +1,75 @@
+"""``jct``'s makespan guard: once the queue drains, the jobs left get at least the GPUs that
+let them all end together.
+
+``jct`` ranks jobs by remaining time (heSRPT's weights), which finishes the jobs left at the end
+one after another: optimal for their mean completion time, but each last job then runs alone at
+a size where its speedup has flattened, and the makespan stretches (``jct`` +6-8% over
+``pollux`` at loads 1.0-2.0 on Pollux's workloads: docs/evaluation.md). For a fixed set of
+malleable jobs with concave speedups the makespan-optimal allocation ends them all at the same
+time (Berg, Vesilo, Harchol-Balter, heSRPT, SIGMETRICS'20, §3, the makespan case). So in the
+tail (:func:`in_tail`: nothing pending and nothing submitted for ``tail_after`` seconds) each
+job's options are floored at the fewest GPUs that end it within ``guard x T*``, ``T*`` the
+earliest common finish (:func:`critical_floors`); ``jct``'s search places the GPUs above the
+floors as before, so the shorter jobs still go first where that costs the last job nothing.
+Off unless ``makespan_guard`` is set: measured, it trades average JCT for makespan
+(docs/evaluation.md, "Makespan"). Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from hpcsched.model.snapshot import JobView
+from hpcsched.protocol.kinds import SlurmState
+
+
+def critical_floors(jobs: Sequence[JobView], curves: dict, remaining: Callable[[JobView, object], float],
+                    k: int, guard: float) -> dict[str, int]:
+    """GPUs each job is given at least so that every job can end by ``guard x T*``: ``job id
+    -> GPUs`` (module docstring).
+
+    ``T*`` is the earliest common finish: the smallest horizon ``T`` at which the fewest GPUs
+    finishing each job within ``T`` (``R_j / X_j(g) <= T``) add up to at most ``k``.
+
+    Args:
+        jobs: the jobs the search plans (busy and unmeasured ones are skipped).
+        curves: ``job id -> (model, counts, rates)`` as :func:`hpcsched.policies.jct._curves`
+            fills them (``rates[i] = (goodput samples/s, config or None)`` at ``counts[i]``).
+        remaining: the job's remaining work, samples, from ``(job, model)``.
+        k: GPUs the plan may use.
+        guard: ``>= 1``: the floors finish each job within ``guard x T*``.
+    """
+    times: dict[str, list[tuple[float, int]]] = {}
+    for j in jobs:
+        if j.busy or j.job_id not in curves:
+            continue
+        model, counts, rates = curves[j.job_id]
+        ok = [(g, x) for g, (x, cfg) in zip(counts, rates) if cfg is not None and x > 0 and g > 0]
+        if model is None or not ok:
+            continue
+        r = remaining(j, model)
+        times[j.job_id] = sorted((r / x, g) for g, x in ok)
+    if not times or k <= 0:
+        return {}
+
+    def floors_at(horizon: float) -> dict[str, int] | None:
+        out = {}
+        for job_id, tg in times.items():
+            fit = [g for t, g in tg if t <= horizon]
+            if not fit:
+                return None
+            out[job_id] = min(fit)
+        return out if sum(out.values()) <= k else None
+
+    for t in sorted({t for tg in times.values() for t, _ in tg}):
+        if floors_at(t) is not None:
+            return floors_at(guard * t) or {}
+    return {}
+
+
+def in_tail(jobs: Sequence[JobView], now: float, tail_after: float) -> bool:
+    """Whether the queue has drained: no job pending, and none of ``jobs`` submitted within the
+    last ``tail_after`` seconds (``now``: the snapshot's time, Unix seconds)."""
+    if any(j.state == SlurmState.PENDING for j in jobs):
+        return False
+    return not jobs or now - max(j.submit_time for j in jobs) >= tail_after
