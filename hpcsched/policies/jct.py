@@ -148,6 +148,9 @@ class JCTParams(Params):
             raise ValueError("aging and unknown_remaining must be > 0, max_options >= 1")
         if not self.work_noise >= 0:
             raise ValueError("work_noise must be >= 0")
+        self._check_guard()
+
+    def _check_guard(self) -> None:
         if self.makespan_guard is not None and not self.makespan_guard >= 1 \
                 or not self.tail_after >= 0:
             raise ValueError("makespan_guard must be >= 1 or None, tail_after >= 0")
@@ -263,9 +266,7 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
     _curves([j for j in jobs if not j.busy], snapshot, p)
     if hesrpt:
         p = replace(p, rank=_rank_weights(jobs, snapshot, p, hesrpt))
-    if makespan_guard and in_tail(jobs, snapshot.time, tail_after):
-        p = replace(p, floors=critical_floors(jobs, p.curves, lambda j, m: _remaining(j, m, p),
-                                              k, makespan_guard))
+    p = _with_floors(p, jobs, snapshot, k, makespan_guard, tail_after)
     forced = _overdue(snapshot, jobs, max_wait)
     sol, opts, info, notes = _search(jobs, snapshot, forced, p, k)
     if sol is None:
@@ -278,6 +279,16 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
     notes.append(f"jct: {len(jobs)} job(s) on {k} GPU(s), {started} pending job(s) started, "
                  f"{len(forced)} overdue; objective {total:.3g} (weighted speedups)")
     return Plan("jct", tuple(targets), float(total), tuple(notes))
+
+
+def _with_floors(p: _Params, jobs: list[JobView], snapshot: ClusterSnapshot, k: int,
+                 guard: float | None, tail_after: float) -> _Params:
+    """``p`` with the makespan guard's floors when it is on and the queue has drained
+    (:mod:`hpcsched.policies.jct_tail`)."""
+    if not guard or not in_tail(jobs, snapshot.time, tail_after):
+        return p
+    return replace(p, floors=critical_floors(jobs, p.curves, lambda j, m: _remaining(j, m, p),
+                                             k, guard))
 
 
 def _search(jobs: list[JobView], snapshot: ClusterSnapshot, forced: set[str], p: _Params, k: int
@@ -485,13 +496,16 @@ def _job_options(job: JobView, snapshot: ClusterSnapshot, forced: set[str], p: _
                           cfg.global_batch_size)
                   for g, (x, cfg) in zip(counts, rates)
                   if cfg is not None and x > 0 and g in allowed]
-    floor = p.floors.get(job.job_id, 0)
-    if floor:
-        out = [o for o in out if o.gpus >= floor] or out
+    out = _floored(out, p.floors.get(job.job_id, 0))
     if not out:   # no size within its limits: held where it is
         out = [Option(job.gpus if running else 0, 0.0, job.batch_size)]
     return out, {"measured": True, "age": age, "weight": weight, "remaining": remaining,
                  "model": model, "goodput": {g: x for g, (x, _) in zip(counts, rates)}}
+
+
+def _floored(options: list[Option], floor: int) -> list[Option]:
+    """The options with at least ``floor`` GPUs (all of them when none has)."""
+    return [o for o in options if o.gpus >= floor] or options if floor else options
 
 
 def _tempered(counts: list[int], rates: list, remaining: float, p: _Params) -> float:

@@ -39,6 +39,19 @@ def critical_floors(jobs: Sequence[JobView], curves: dict, remaining: Callable[[
         k: GPUs the plan may use.
         guard: ``>= 1``: the floors finish each job within ``guard x T*``.
     """
+    times = _finish_times(jobs, curves, remaining)
+    if not times or k <= 0:
+        return {}
+    for t in sorted({t for tg in times.values() for t, _ in tg}):
+        if _floors_at(times, t, k) is not None:
+            return _floors_at(times, guard * t, k) or {}
+    return {}
+
+
+def _finish_times(jobs: Sequence[JobView], curves: dict, remaining: Callable[[JobView, object], float]
+                  ) -> dict[str, list[tuple[float, int]]]:
+    """``job id -> [(remaining seconds at g GPUs, g), ...]`` ascending, for every measured job
+    that is not busy."""
     times: dict[str, list[tuple[float, int]]] = {}
     for j in jobs:
         if j.busy or j.job_id not in curves:
@@ -49,22 +62,20 @@ def critical_floors(jobs: Sequence[JobView], curves: dict, remaining: Callable[[
             continue
         r = remaining(j, model)
         times[j.job_id] = sorted((r / x, g) for g, x in ok)
-    if not times or k <= 0:
-        return {}
+    return times
 
-    def floors_at(horizon: float) -> dict[str, int] | None:
-        out = {}
-        for job_id, tg in times.items():
-            fit = [g for t, g in tg if t <= horizon]
-            if not fit:
-                return None
-            out[job_id] = min(fit)
-        return out if sum(out.values()) <= k else None
 
-    for t in sorted({t for tg in times.values() for t, _ in tg}):
-        if floors_at(t) is not None:
-            return floors_at(guard * t) or {}
-    return {}
+def _floors_at(times: dict[str, list[tuple[float, int]]], horizon: float, k: int
+               ) -> dict[str, int] | None:
+    """The fewest GPUs ending each job within ``horizon`` s; ``None`` if some job cannot or
+    they add up to more than ``k``."""
+    out = {}
+    for job_id, tg in times.items():
+        fit = [g for t, g in tg if t <= horizon]
+        if not fit:
+            return None
+        out[job_id] = min(fit)
+    return out if sum(out.values()) <= k else None
 
 
 def in_tail(jobs: Sequence[JobView], now: float, tail_after: float) -> bool:
