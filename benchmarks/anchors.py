@@ -101,15 +101,17 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     loads = args.loads.split(",")
     anchor = pollux_means(args.evaluation, loads)
-    runs = {(v, w, load): make_run(f"pollux:{w}@{load}", pol, granularity="gpu", params=params)
+    # keys (variant, policy, workload, load): execute_all runs pollux and high loads first
+    runs = {(v, pol, w, load): make_run(f"pollux:{w}@{load}", pol, granularity="gpu", params=params)
             for v, (pol, params) in VARIANTS.items() for load in loads for w in WORKLOADS}
-    runs |= {("pollux", w, load): make_run(f"pollux:{w}@{load}", "pollux", granularity="gpu")
+    runs |= {("pollux", "pollux", w, load): make_run(f"pollux:{w}@{load}", "pollux", granularity="gpu")
              for load in loads if load not in anchor for w in WORKLOADS}
     t0 = time.time()
     with single_threaded_blas():
         out = execute_all(runs, args.jobs, RunCache(code_version()))
-    means = {(v, load): {f: statistics.mean(out[(v, w, load)][1][f] for w in WORKLOADS) for f in FIGURES}
-             for (v, w, load) in out if w == 1}
+    means = {(v, load): {f: statistics.mean(out[(v, pol, w, load)][1][f] for w in WORKLOADS)
+                         for f in FIGURES}
+             for (v, pol, w1, load) in out if w1 == 1}
     for load, m in anchor.items():
         means[("pollux", load)] = m
     names = ("pollux", *VARIANTS)
@@ -126,7 +128,7 @@ def main(argv=None) -> None:
                  means={f"{v}@{x}": means[(v, x)] for v in names for x in loads},
                  checks=[{"check": n, "pass": ok, "detail": t} for n, ok, t in results],
                  wall_seconds=time.time() - t0,
-                 per_workload={f"{k[0]}@{k[2]}/w{k[1]}": {f: s[f] for f in FIGURES}
+                 per_workload={f"{k[0]}@{k[3]}/w{k[2]}": {f: s[f] for f in FIGURES}
                                for k, (_, s) in out.items()})
     if args.docs:
         doc = args.docs / "evaluation.md"
