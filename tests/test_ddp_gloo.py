@@ -3,6 +3,7 @@ gradient-noise estimate as the explicit reduce_gradients path, on uneven sample 
 rank that has no sample in a step, and across a re-formed process group; with DDP's own
 all-reduce (the default) and with ElasticDDP's communication hook (extension members)."""
 
+import fcntl
 import json
 import os
 import subprocess
@@ -62,12 +63,27 @@ def _check_cases() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def ddp_checks() -> dict[str, list]:
+def ddp_checks(tmp_path_factory) -> dict[str, list]:
     """All cases of ddp_check_worker.py, run by one pair of gloo ranks one after the other
     (ddp_check_batch_worker.py: each case as in a fresh process, with a TCPStore of its own),
     instead of a pair of processes per case: each process imports torch (and torch._dynamo)
     once, about 3 s of the 7 s a case took. ``{key: [rank 0's line, rank 1's line]}``; a case
-    the ranks did not reach, or that raised, has ``{"error": ...}`` in place of a line."""
+    the ranks did not reach, or that raised, has ``{"error": ...}`` in place of a line.
+
+    Under pytest-xdist, once per session: the first worker to get here runs them (the others
+    wait on a lock) and leaves the lines in the session's shared temporary directory."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return _run_checks()
+    root = tmp_path_factory.getbasetemp().parent   # the session's, above each worker's own
+    with open(root / "ddp_checks.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = root / "ddp_checks.json"
+        if not done.is_file():
+            done.write_text(json.dumps(_run_checks()))
+        return json.loads(done.read_text())
+
+
+def _run_checks() -> dict[str, list]:
     cases = _check_cases()
     for c in cases:
         c["port"] = free_port()
