@@ -4,8 +4,8 @@
 # dev clusters, which tests/conftest.py starts (needs root) and stops again. Prints the wall time
 # at the end. Extra arguments go to pytest.
 #
-#   tools/test.sh           everything (about 17 min on 2 cores)
-#   tools/test.sh --quick   no dev cluster and no root: every test not marked slurm (about 4 min)
+#   tools/test.sh           everything (about 15 min on 2 cores)
+#   tools/test.sh --quick   no dev cluster and no root: every test not marked slurm (about 3 min)
 #
 # Three pytest-xdist workers ($HPCSCHED_TEST_WORKERS, at most 7), each with a dev cluster of its
 # own (state directory and ports: tests/conftest.py), so the cluster tests' waits overlap;
