@@ -29,7 +29,6 @@ Writes JSON (default ``bench-results/knowledge_whatif.json``).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -40,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _evaluation_render as render  # noqa: E402
+import anchors  # noqa: E402
 from _evaluation_runs import execute_all, make_run  # noqa: E402
 from _report import write_report  # noqa: E402
 from _run_cache import RunCache, code_version  # noqa: E402
@@ -53,18 +53,8 @@ WORKLOADS = range(1, 9)
 
 def pollux_means(path: Path, loads) -> dict[str, float]:
     """``load -> pollux``'s mean average JCT over workloads 1-8 at ``gpu`` granularity, from an
-    evaluation results file (loads it lacks are left out)."""
-    if not path.exists():
-        return {}
-    rows = [r for r in json.loads(path.read_text())["runs"]
-            if r.get("experiment") == "grid" and r.get("policy") == "pollux"
-            and r.get("granularity") == "gpu"]
-    out = {}
-    for load in loads:
-        vals = [r["avg_jct"] for r in rows if r["load"] == load]
-        if len(vals) == len(WORKLOADS):
-            out[load] = statistics.mean(vals)
-    return out
+    evaluation results file (loads it lacks are left out; :func:`anchors.pollux_means`)."""
+    return {load: m["avg_jct"] for load, m in anchors.pollux_means(path, loads).items()}
 
 
 def main(argv=None) -> None:
