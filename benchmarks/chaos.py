@@ -609,6 +609,7 @@ def run(args) -> dict:
     state = devcluster.default_state_dir()
     if args.instance:
         state = Path(f"{state}-chaos{args.instance}")
+    was_up = devcluster.is_up(state)
     os.environ["SLURM_CONF"] = str(devcluster.up(state, ports=ports))
     control = out / "jobs"
     os.environ.update(HPCSCHED_CONTROL_DIR=str(control), HPCSCHED_CONFIG=str(_config(out, args.interval)),
@@ -637,6 +638,8 @@ def run(args) -> dict:
         time.sleep(15)   # an extension's end after its primary's
         left = leftovers()
         procs.stop_daemon()
+        if not was_up and os.environ.get("HPCSCHED_KEEP_DEVCLUSTER") != "1":
+            devcluster.down(state)      # a cluster this run started is not left running
     faults = inj.applied
     checked = check_jobs(replay.tracked, control, faults, replay.start, args.node_mtbf, scale)
     store = Store(f"sqlite:///{out}/hpcsched.db")
