@@ -18,7 +18,10 @@ Runs, on Pollux's workloads 1-8 at ``gpu`` granularity (the daemon's rules; the 
 
 and takes ``pollux``'s from the evaluation's results (``--evaluation``, default
 ``bench-results/evaluation.json``, its ``gpu`` grid rows; runs ``pollux`` here for a load the
-file lacks). Prints, per load, each policy's mean average JCT, mean p99 JCT and mean makespan
+file lacks). With ``--bound`` (default ``bench-results/jct_bound.json``, written by
+``benchmarks/jct_bound.py``) also each policy's average JCT over the lower bound of
+``docs/evaluation.md`` section 6 (the larger of the isolated and the capacity bound, per
+workload). Prints, per load, each policy's mean average JCT, mean p99 JCT and mean makespan
 over the workloads, and checks issue 35's targets for each ``jct`` variant: average JCT at
 most 0.85 x min(``pollux``, ``sia``) and at most ``wham``'s; p99 no worse than any of them;
 makespan at most 1.02 x ``pollux``'s.
@@ -73,6 +76,15 @@ def pollux_means(path: Path, loads) -> dict[str, dict[str, float]]:
     return out
 
 
+def lower_bounds(path: Path, loads) -> dict[str, float]:
+    """``load -> the mean lower bound on average JCT`` (s) from ``benchmarks/jct_bound.py``'s
+    results (``lower_bound_s``); loads it lacks, or no file, are left out."""
+    if not path.exists():
+        return {}
+    got = json.loads(path.read_text()).get("lower_bound_s", {})
+    return {x: float(got[x]) for x in loads if x in got}
+
+
 def checks(means: dict, loads) -> list[tuple[str, bool, str]]:
     """Issue 35's targets for each ``jct`` variant, at every load run."""
     out = []
@@ -96,6 +108,8 @@ def main(argv=None) -> None:
     p.add_argument("--jobs", type=int, default=2, help="simulations at once (processes)")
     p.add_argument("--evaluation", type=Path, default=ROOT / "bench-results" / "evaluation.json")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "anchors.json")
+    p.add_argument("--bound", type=Path, default=ROOT / "bench-results" / "jct_bound.json",
+                   help="benchmarks/jct_bound.py's results: the lower bound per load")
     p.add_argument("--docs", type=Path, default=None,
                    help="also write section 11 of DOCS/evaluation.md from this run")
     args = p.parse_args(argv)
@@ -120,6 +134,11 @@ def main(argv=None) -> None:
         for v in names:
             m = means[(v, load)]
             print(f"          {v:<15} {m['avg_jct']:>10,.0f} {m['p99_jct']:>10,.0f} {m['makespan']:>10,.0f}")
+    bound = lower_bounds(args.bound, loads)
+    if bound:
+        print("\navg JCT / lower bound: " + "; ".join(
+            f"{v} " + " ".join(f"{means[(v, x)]['avg_jct'] / bound[x]:.2f}" for x in loads if x in bound)
+            for v in names))
     results = checks(means, loads)
     print()
     for name, ok, text in results:
@@ -133,14 +152,14 @@ def main(argv=None) -> None:
     if args.docs:
         doc = args.docs / "evaluation.md"
         doc.write_text(render.replace_section(doc.read_text() if doc.exists() else "",
-                                              SECTION, section(loads, means, results, args)))
+                                              SECTION, section(loads, means, results, bound)))
         print(f"wrote section 11 of {doc}")
 
 
 SECTION = "## 11. The anchors `sia` and `wham`, and `jct`'s makespan guard"
 
 
-def section(loads, means, results, args) -> list[str]:
+def section(loads, means, results, bound) -> list[str]:
     """Section 11 of docs/evaluation.md from this run's figures."""
     names = ("pollux", *VARIANTS)
     parts = [f"{SECTION}\n"]
@@ -159,6 +178,16 @@ def section(loads, means, results, args) -> list[str]:
                 "|---|" + "---:|" * len(loads)]
         for v in names:
             rows.append(f"| `{v}` | " + " | ".join(f"{means[(v, x)][fig]:,.0f}" for x in loads) + " |")
+        parts.append("\n".join(rows) + "\n")
+    if all(x in bound for x in loads):
+        rows = ["**Average JCT over the lower bound** (section 6: the larger of the isolated and "
+                "the capacity bound, per workload; " + ", ".join(f"{bound[x]:,.0f} s at load {x}"
+                                                                for x in loads) + ")\n",
+                "| policy | " + " | ".join(f"load {x}" for x in loads) + " |",
+                "|---|" + "---:|" * len(loads)]
+        for v in names:
+            rows.append(f"| `{v}` | " + " | ".join(f"{means[(v, x)]['avg_jct'] / bound[x]:.2f}"
+                                                    for x in loads) + " |")
         parts.append("\n".join(rows) + "\n")
     parts.append("Issue 35's targets, at every load:\n\n" + "\n".join(
         f"* {'PASS' if ok else 'FAIL'}: {name} ({text})" for name, ok, text in results) + "\n")

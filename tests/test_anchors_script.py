@@ -61,3 +61,10 @@ def test_pollux_figures_come_from_the_gpu_grid_rows_of_a_complete_load(tmp_path)
     assert set(got) == {"1.0"}
     assert got["1.0"] == {"avg_jct": 450.0, "p99_jct": 45.0, "makespan": 1004.5}
     assert anchors.pollux_means(tmp_path / "missing.json", ["1.0"]) == {}
+
+
+def test_the_lower_bound_per_load_comes_from_jct_bound_results(tmp_path):
+    path = tmp_path / "jct_bound.json"
+    path.write_text(json.dumps({"lower_bound_s": {"0.5": 816.0, "1.0": 914.5}}))
+    assert anchors.lower_bounds(path, ["0.5", "1.0", "2.0"]) == {"0.5": 816.0, "1.0": 914.5}
+    assert anchors.lower_bounds(tmp_path / "missing.json", ["0.5"]) == {}
