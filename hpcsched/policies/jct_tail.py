@@ -12,7 +12,7 @@ job's options are floored at the fewest GPUs that end it within ``guard x T*``, 
 earliest common finish (:func:`critical_floors`); ``jct``'s search places the GPUs above the
 floors as before, so the shorter jobs still go first where that costs the last job nothing.
 Off unless ``makespan_guard`` is set: measured, it trades average JCT for makespan
-(docs/evaluation.md, "Makespan"). Pure.
+(``docs/evaluation.md``, section 11). Pure.
 """
 
 from __future__ import annotations
@@ -42,10 +42,19 @@ def critical_floors(jobs: Sequence[JobView], curves: dict, remaining: Callable[[
     times = _finish_times(jobs, curves, remaining)
     if not times or k <= 0:
         return {}
-    for t in sorted({t for tg in times.values() for t, _ in tg}):
-        if _floors_at(times, t, k) is not None:
-            return _floors_at(times, guard * t, k) or {}
-    return {}
+    # T* is one of the finish times; whether the floors fit only improves with the horizon
+    # (each job's fewest GPUs can only fall), so the first that fits is found by bisection
+    horizons = sorted({t for tg in times.values() for t, _ in tg})
+    lo, hi = 0, len(horizons)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _floors_at(times, horizons[mid], k) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == len(horizons):
+        return {}
+    return _floors_at(times, guard * horizons[lo], k) or {}
 
 
 def _finish_times(jobs: Sequence[JobView], curves: dict, remaining: Callable[[JobView, object], float]
