@@ -309,7 +309,25 @@ def _search(jobs: list[JobView], snapshot: ClusterSnapshot, forced: set[str], p:
     return solve(opts, k), opts, info, [note]
 
 
-class JCT(PolicyBase):
+class PlannedOnGrownNoise(PolicyBase):
+    """A policy that plans on :func:`planning_view` (its parameters' ``noise_growth``) and so is
+    judged on it: reconcile weighs a change by the goodputs the plan was made with
+    (:func:`hpcsched.policies.round.decide_round`). ``jct`` and ``wham``."""
+
+    _view: tuple[ClusterSnapshot, ClusterSnapshot] | None = None
+
+    def judged_view(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
+        """The snapshot reconcile judges this policy's plans on: the one the plan was made on
+        (:func:`planning_view`), so both weigh a change by the same predicted goodputs
+        (:func:`hpcsched.policies.round.decide_round`). Built once per snapshot: the plan and
+        reconcile of a round ask for the same one (the last is remembered)."""
+        if self._view is None or self._view[0] is not snapshot:
+            growth = self.params.noise_growth  # type: ignore[attr-defined]
+            self._view = (snapshot, planning_view(snapshot, growth))
+        return self._view[1]
+
+
+class JCT(PlannedOnGrownNoise):
     """The ``jct`` policy (module docstring) with its parameters (:class:`JCTParams`) bound.
 
     Raises (constructor):
@@ -337,20 +355,10 @@ class JCT(PolicyBase):
         super().__init__(**values)
         # the plan is made on the judged view, which has the noise growth already
         self._kwargs = {**asdict(self.params), "noise_growth": 1.0}
-        self._view: tuple[ClusterSnapshot, ClusterSnapshot] | None = None
 
     def decide(self, snapshot: ClusterSnapshot, seed: int = 0) -> Plan:
         """The ``jct`` plan for ``snapshot`` (:func:`decide`), made on :meth:`judged_view`."""
         return decide(self.judged_view(snapshot), seed, **self._kwargs)
-
-    def judged_view(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
-        """The snapshot reconcile judges this policy's plans on: the one the plan was made on
-        (:func:`planning_view`), so both weigh a change by the same predicted goodputs
-        (:func:`hpcsched.policies.round.decide_round`). Built once per snapshot: the plan and
-        reconcile of a round ask for the same one (the last is remembered)."""
-        if self._view is None or self._view[0] is not snapshot:
-            self._view = (snapshot, planning_view(snapshot, self.params.noise_growth))
-        return self._view[1]
 
 
 def planning_view(snapshot: ClusterSnapshot, noise_growth: float) -> ClusterSnapshot:

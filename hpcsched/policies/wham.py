@@ -71,16 +71,15 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
 
 import numpy as np
 
 from hpcsched.model.snapshot import ClusterSnapshot, JobTarget, JobView, Plan
 from hpcsched.perf.model import best_at, best_at_each_of, model_for
 from hpcsched.perf.priors import application_key
-from hpcsched.policies.base import Params, PolicyBase
+from hpcsched.policies.base import Params
 from hpcsched.policies.common import capacity, gpu_counts, min_gpus, nodes_spanned, target
-from hpcsched.policies.jct import _allowed_now, _counts, _waited, planning_view
+from hpcsched.policies.jct import PlannedOnGrownNoise, _allowed_now, _counts, _waited
 from hpcsched.protocol.kinds import SlurmState
 
 #: value per GPU of a job nothing predicts yet (1/s): below any measured job's completion rate
@@ -363,7 +362,7 @@ def _target(c: _Curve, margin: float | None, snapshot: ClusterSnapshot) -> JobTa
     return replace(t, weight=c.weight)
 
 
-class WHAM(PolicyBase):
+class WHAM(PlannedOnGrownNoise):
     """The ``wham`` policy (module docstring) with its parameters (:class:`WHAMParams`).
 
     Raises (constructor):
@@ -380,22 +379,10 @@ class WHAM(PolicyBase):
     #: largest index at once (as ``jct``)
     round_on_events = True
 
-    def __init__(self, **values: Any) -> None:
-        super().__init__(**values)
-        self._view: tuple[ClusterSnapshot, ClusterSnapshot] | None = None
-
     def decide(self, snapshot: ClusterSnapshot, seed: int = 0) -> Plan:
         """The ``wham`` plan for ``snapshot`` (:func:`decide`), made on :meth:`judged_view`;
         ``seed`` is unused (the allocation is deterministic)."""
         return decide(self.judged_view(snapshot), self.params)
-
-    def judged_view(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
-        """``snapshot`` with the gradient noise scale times ``noise_growth``
-        (:func:`hpcsched.policies.jct.planning_view`), the view the plan is made on; the last
-        one is remembered (the plan and reconcile of a round ask for the same)."""
-        if self._view is None or self._view[0] is not snapshot:
-            self._view = (snapshot, planning_view(snapshot, self.params.noise_growth))
-        return self._view[1]
 
 
 __all__ = ["WHAM", "WHAMParams", "decide", "holding_table"]
