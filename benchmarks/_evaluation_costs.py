@@ -52,8 +52,7 @@ def costs_main(args, wls) -> None:
     saved = json.loads(path.read_text())
     doc = Path(args.docs) / "evaluation.md"
     section = costs_section(saved)
-    doc.write_text(render.replace_section(doc.read_text() if doc.exists() else "", COSTS_SECTION,
-                                          section))
+    render.write_section(doc, COSTS_SECTION, section)
     print("\n".join(section))
     print(f"wrote section 8 of {doc} from {path}")
 

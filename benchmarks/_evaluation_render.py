@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 
 def fmt(x: float | None, spec: str = ".0f") -> str:
@@ -308,3 +309,9 @@ def replace_section(doc: str, heading: str, section: Sequence[str]) -> str:
         return doc.rstrip("\n") + "\n\n" + text
     end = doc.find("\n## ", start + len(heading))
     return doc[:start] + text + (doc[end:] if end >= 0 else "")
+
+
+def write_section(doc: Path, heading: str, section: Sequence[str]) -> None:
+    """Write ``section`` into the document at ``doc`` (created if missing) in place of its
+    section ``heading``, or at its end (:func:`replace_section`)."""
+    doc.write_text(replace_section(doc.read_text() if doc.exists() else "", heading, section))

@@ -393,7 +393,7 @@ def grow_main(args, wls, loads) -> None:
     saved = json.loads(path.read_text())
     doc = Path(args.docs) / "evaluation.md"
     section, means = grow_render(saved)
-    doc.write_text(render.replace_section(doc.read_text() if doc.exists() else "", GROW_SECTION, section))
+    render.write_section(doc, GROW_SECTION, section)
     for ld in saved["loads"]:
         print(f"load {ld}: " + ", ".join(f"{mode} avg {render.fmt(means[('avg_jct', mode, ld)])} s "
                                          f"p99 {render.fmt(means[('p99_jct', mode, ld)])} s" for mode in GROW_MODES))
@@ -483,7 +483,7 @@ def main() -> None:
     if args.timings:
         doc = Path(args.docs) / "evaluation.md"
         section = timing_section(Path(args.results).parent)
-        doc.write_text(render.replace_section(doc.read_text() if doc.exists() else "", TIMING_SECTION, section))
+        render.write_section(doc, TIMING_SECTION, section)
         print(f"wrote section 7 of {doc}")
         return
     if args.grow_modes:

@@ -99,8 +99,7 @@ def main(argv=None) -> None:
                  per_workload={f"{k[0]}@{k[3]}/w{k[2]}": s["avg_jct"] for k, (_, s) in out.items()})
     if args.docs:
         doc = args.docs / "evaluation.md"
-        doc.write_text(render.replace_section(doc.read_text() if doc.exists() else "",
-                                              SECTION, section(loads, anchor, figures, args)))
+        render.write_section(doc, SECTION, section(loads, anchor, figures, args))
         print(f"wrote section 9 of {doc}")
 
 

@@ -68,3 +68,19 @@ def test_the_lower_bound_per_load_comes_from_jct_bound_results(tmp_path):
     path.write_text(json.dumps({"lower_bound_s": {"0.5": 816.0, "1.0": 914.5}}))
     assert anchors.lower_bounds(path, ["0.5", "1.0", "2.0"]) == {"0.5": 816.0, "1.0": 914.5}
     assert anchors.lower_bounds(tmp_path / "missing.json", ["0.5"]) == {}
+
+
+def test_the_reading_of_section_11_is_computed_from_the_run():
+    """Ratios in the prose come from the means: jct 800 / min(pollux 1000, sia 950) = 0.84,
+    its makespan 1,020 / 1,000 = 1.02, the guard's 20% more average JCT, the bound 400 s."""
+    means = _means(sia=(950.0, 950.0, 1000.0))
+    means[("jct-guard", "1.0")] = {"avg_jct": 960.0, "p99_jct": 900.0, "makespan": 990.0}
+    means[("jct", "1.0")]["makespan"] = 1020.0
+    text = anchors.reading(["1.0"], means, {"1.0": 400.0})
+    assert "average JCT 0.84 x\n  min(`pollux`, `sia`)" in text
+    assert "makespan 1.02 x `pollux`'s" in text
+    assert "0.99 x\n  `pollux`'s for 20% more average JCT" in text
+    assert "the closest of all to the lower bound (2.00 x it)" in text
+    far = anchors.reading(["1.0"], {**means, ("wham", "1.0"): {**means[("wham", "1.0")],
+                                                               "avg_jct": 700.0}}, {"1.0": 400.0})
+    assert "2.00 x the lower bound" in far and "closest" not in far
