@@ -8,6 +8,7 @@ modules share it, so nothing here ever calls ``down`` on it.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -90,7 +91,7 @@ def test_render_configs_single_node_and_no_gpus(tmp_path):
     assert "Name=gpu" not in none["gres.conf"]
 
 
-@pytest.mark.parametrize("geometry", [(0, 4, 8), (255, 4, 8), (4, -1, 8), (4, 4, 0)])
+@pytest.mark.parametrize("geometry", [(0, 4, 8), (1025, 4, 8), (4, -1, 8), (4, 4, 0)])
 def test_render_configs_rejects_bad_geometry(tmp_path, geometry):
     with pytest.raises(dc.DevClusterError, match="must be between"):
         dc.render_configs(tmp_path, *geometry)
@@ -256,7 +257,7 @@ def test_host_cluster_wires_the_plugins_off_until_turned_on(tmp_path):
 
 def test_chroot_ports_meet_neither_the_host_cluster_nor_each_other():
     def used(p: dc.base.Ports) -> set[int]:
-        return {p.slurmctld, p.slurmd, *range(p.node(1), p.node(dc.base.MAX_NODES) + 1)}
+        return {p.slurmctld, p.slurmd, *(p.node(k) for k in range(1, dc.base.SMALL_NODES + 1))}
 
     host = used(dc.base.DEFAULT_PORTS) | {dc.base.SLURMDBD_PORT, dc.base.MARIADB_PORT}
     sets = [used(v.ports) for v in chroot.VERSIONS.values()]
@@ -270,7 +271,7 @@ def test_instance_clusters_meet_no_other_cluster_nor_the_jobs_ports():
     from hpcsched.job.launcher import PORT_BASE
 
     def used(p: dc.base.Ports) -> set[int]:
-        return ({p.slurmctld, p.slurmd, *range(p.node(1), p.node(dc.base.MAX_NODES) + 1)}
+        return ({p.slurmctld, p.slurmd, *(p.node(k) for k in range(1, dc.base.SMALL_NODES + 1))}
                 | ({p.slurmdbd, p.mariadb} if p.accounting else set()))
 
     clusters = [dc.base.instance_ports(k) for k in range(dc.base.MAX_INSTANCE + 1)]
@@ -280,6 +281,25 @@ def test_instance_clusters_meet_no_other_cluster_nor_the_jobs_ports():
     assert len({p.first_job_id for p in clusters}) == len(clusters)
     with pytest.raises(dc.DevClusterError, match="between 0 and"):
         dc.base.instance_ports(dc.base.MAX_INSTANCE + 1)
+
+
+def test_a_large_cluster_puts_nodes_past_254_on_addresses_and_ports_of_their_own(tmp_path):
+    """Up to n254 a node is at 127.0.0.K, port base + K, as always; past it (a scale cluster,
+    ``--nodes 256``..1024) at other loopback addresses and at ports above the kernel's ephemeral
+    range and the jobs' rank-0 stores, every one distinct."""
+    from hpcsched.job.launcher import PORT_BASE, port_range
+
+    conf = dc.render_configs(tmp_path, nodes=dc.base.MAX_NODES)["slurm.conf"]
+    lines = [ln for ln in conf.splitlines() if ln.startswith("NodeName=")]
+    assert len(lines) == dc.base.MAX_NODES
+    addrs = [re.search(r"NodeAddr=(\S+)", ln).group(1) for ln in lines]
+    ports = [int(re.search(r" Port=(\d+)", ln).group(1)) for ln in lines]
+    assert len(set(addrs)) == len(addrs) and len(set(ports)) == len(ports)
+    assert addrs[253] == "127.0.0.254" and ports[253] == 17254
+    assert all(ipaddress.ip_address(a) in ipaddress.ip_network("127.0.0.0/8") for a in addrs)
+    large = ports[dc.base.SMALL_NODES:]
+    assert min(large) > max(PORT_BASE, port_range()[1], 60999) and max(large) <= 65535
+    assert f"Nodes=n[1-{dc.base.MAX_NODES}] " in conf
 
 
 def test_an_instance_cluster_config_names_its_own_ports_and_first_job_id(tmp_path):

@@ -416,8 +416,9 @@ def _default_directives(geo: Geometry, wpn: int, given: Sequence[str], script_na
 
 
 def render(spec: JobSpec, job_dir: Path, directives: Sequence[str], defaults: Sequence[str],
-           argv: Sequence[str]) -> str:
-    """The batch script for ``spec`` from the template."""
+           argv: Sequence[str], launcher: str = "hpcsched.launcher") -> str:
+    """The batch script for ``spec`` from the template; ``launcher``: the module its last line
+    runs (``hpcsched.job.standin`` for the scale benchmark's stand-in jobs)."""
     def lines(opts):
         return "\n".join(f"#SBATCH {quote_directive_word(o)}" for o in opts) or "#   (none)"
     return Template(template_path().read_text()).substitute(
@@ -432,12 +433,17 @@ def render(spec: JobSpec, job_dir: Path, directives: Sequence[str], defaults: Se
         job_dir_q=shlex.quote(str(job_dir)),
         python_q=shlex.quote(spec.python),
         min_gpus=spec.limits.min_gpus, max_gpus=spec.limits.max_gpus,
-        max_nodes=spec.limits.max_nodes,
+        max_nodes=spec.limits.max_nodes, launcher=launcher,
     )
 
 
-def submit(argv: Sequence[str]) -> int:
-    """Everything ``hpcsub`` does; returns the exit status."""
+def submit(argv: Sequence[str], *, launcher: str = "hpcsched.launcher",
+           files: dict[str, str] | None = None) -> int:
+    """Everything ``hpcsub`` does; returns the exit status.
+
+    ``launcher`` and ``files`` are for the scale benchmark's stand-in jobs only
+    (:mod:`hpcsched.job.standin`): the module the batch script runs, and files (name -> text)
+    written into the job directory before submission."""
     if any(a in ("-h", "--help") for a in argv[: _script_index(argv)]):
         print(help_text())
         return 0
@@ -457,7 +463,7 @@ def submit(argv: Sequence[str]) -> int:
         return 1
     try:
         spec, sbatch_args, extra = build_spec(argv, jd.uid, jd.path)
-        script = render(spec, jd.path, extra["directives"], extra["defaults"], argv)
+        script = render(spec, jd.path, extra["directives"], extra["defaults"], argv, launcher)
     except UsageError as exc:
         shutil.rmtree(jd.path, ignore_errors=True)
         print(f"hpcsub: error: {exc}", file=sys.stderr)
@@ -467,6 +473,8 @@ def submit(argv: Sequence[str]) -> int:
         sys.stdout.write(script)
         return 0
     jd.write_spec(spec)
+    for name, text in (files or {}).items():
+        (jd.path / name).write_text(text)
     jd.script_path.write_text(script)
     return _run_sbatch(jd, sbatch_args, extra["geometry"].parsable)
 

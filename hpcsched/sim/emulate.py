@@ -154,3 +154,28 @@ class Emulation:
         ``total x max(M, M0)`` samples; one epoch more for the short steps."""
         most = self.total * max(int(max_batch_size), self.base_batch_size)
         return int(most // dataset_size) + 2
+
+    def step_table(self, max_gpus: int, gpus_per_node: int, points: int = 12) -> dict:
+        """The physics a torch-free stand-in job needs (:mod:`hpcsched.job.standin`), as plain
+        JSON: for every GPU count ``1..max_gpus``, packed ``gpus_per_node`` to a node,
+        ``[local_bsz, step_s, sync_s]`` at ``points`` local batch sizes spaced geometrically
+        over the application's measured range (:meth:`Application.step_sync_time`); the
+        stand-in interpolates between them. Also ``M0`` (``base_batch_size``, samples) and the
+        gradient statistics at ``M0`` in the first epoch (``grad_sqr``, ``grad_var`` per sample).
+
+        Raises:
+            ValueError: ``max_gpus``, ``gpus_per_node`` or ``points`` < 1 (``points`` < 2).
+        """
+        if max_gpus < 1 or gpus_per_node < 1 or points < 2:
+            raise ValueError(f"need max_gpus, gpus_per_node >= 1 and points >= 2, got "
+                             f"{max_gpus}, {gpus_per_node}, {points}")
+        lo, hi = self.app.min_local_bsz, max(self.app.max_local_bsz, self.app.min_local_bsz + 1)
+        grid = sorted({max(1, round(lo * (hi / lo) ** (i / (points - 1)))) for i in range(points)})
+        steps = {}
+        for g in range(1, max_gpus + 1):
+            placement = (gpus_per_node,) * (g // gpus_per_node) + ((g % gpus_per_node,) if g % gpus_per_node else ())
+            steps[str(g)] = [[m, *self.app.step_sync_time(placement, m)] for m in grid]
+        sqr, var = self.grad_stats(self.base_batch_size, 0.0)
+        return {"application": self.app.name, "base_batch_size": self.base_batch_size,
+                "grad_sqr": sqr, "grad_var": var, "steps": steps}
+

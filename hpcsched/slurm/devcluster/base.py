@@ -38,7 +38,23 @@ NODE_PORT_BASE = 17000  # node nK listens on NODE_PORT_BASE + K
 NODE_REAL_MEMORY_MB = 16000
 GPU_DEVICE_MAJOR = 195  # the NVIDIA character-device major number
 DB_USER, DB_PASSWORD, DB_NAME = "slurm", "slurmpw", "slurm_acct_db"
-MAX_NODES = 254  # NodeAddr is 127.0.0.K
+#: nodes on one host; node nK of a cluster over :data:`SMALL_NODES` nodes has its address and
+#: port from :func:`node_addr` and :meth:`Ports.node` (``docs/devcluster.md``, "A large cluster")
+MAX_NODES = 1024
+#: nodes n1..n254 are at 127.0.0.K and port ``node_base + K``, as the small clusters always were
+SMALL_NODES = 254
+#: nodes n255 and up listen from here (``LARGE_NODE_PORT_BASE + K - 254``): above the kernel's
+#: ephemeral range (32768-60999 by default, where jobs' outgoing connections take ports) and
+#: the jobs' rank-0 stores (20000 up to that range), so only one large cluster runs per host
+LARGE_NODE_PORT_BASE = 61000
+
+
+def node_addr(k: int) -> str:
+    """Loopback address of node ``nK``: ``127.0.0.K`` up to :data:`SMALL_NODES`, then
+    ``127.0.(K // 254).(K % 254 + 1)`` (the whole of 127/8 answers on loopback, no setup)."""
+    if k <= SMALL_NODES:
+        return f"127.0.0.{k}"
+    return f"127.0.{k // SMALL_NODES}.{k % SMALL_NODES + 1}"
 
 
 @dataclass(frozen=True)
@@ -61,8 +77,9 @@ class Ports:
     slurm_plugins: bool = True
 
     def node(self, k: int) -> int:
-        """Port of node ``nK``."""
-        return self.node_base + k
+        """Port of node ``nK``: ``node_base + K`` up to :data:`SMALL_NODES`, then
+        ``LARGE_NODE_PORT_BASE + K - SMALL_NODES``."""
+        return self.node_base + k if k <= SMALL_NODES else LARGE_NODE_PORT_BASE + k - SMALL_NODES
 
     def all(self, nodes: int) -> dict[str, int]:
         """Every TCP port the cluster listens on, by daemon (``slurmd nK`` per node)."""

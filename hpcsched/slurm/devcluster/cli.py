@@ -81,8 +81,10 @@ def devcluster() -> None:
 
 
 @devcluster.command("up")
-@click.option("--nodes", type=int, default=4, show_default=True, help="Emulated nodes n1..nN.")
-@click.option("--gpus", type=int, default=4, show_default=True, help="Fake GPUs per node.")
+@click.option("--nodes", type=int, default=4, show_default=True,
+              help="Emulated nodes n1..nN (up to 1024: one slurmd each, about 5.5 MB of memory apiece).")
+@click.option("--gpus-per-node", "--gpus", "gpus", type=int, default=4, show_default=True,
+              help="Fake GPUs per node.")
 @click.option("--cpus", type=int, default=8, show_default=True, help="CPUs per node.")
 @_state_dir_option
 @click.option("--clean", is_flag=True, help="Discard saved Slurm jobs and node states (slurmctld -c).")

@@ -118,7 +118,7 @@ def up(state_dir: str | os.PathLike[str] | None = None, nodes: int = 4, gpus: in
     the reference machine once installed (notes, §2); the first job is scheduled about 3 s later.
 
     :param state_dir: state directory (default :func:`default_state_dir`).
-    :param nodes: emulated nodes (1..254). :param gpus: fake GPUs per node (0..64).
+    :param nodes: emulated nodes (1..1024). :param gpus: fake GPUs per node (0..64).
     :param cpus: CPUs per node as Slurm sees them.
     :param clean: start slurmctld with ``-c``: discard saved jobs and node states.
     :param install: apt-get install the packages when a needed binary is missing.

@@ -22,6 +22,7 @@ from hpcsched.slurm.devcluster.base import (
     DevClusterError,
     Layout,
     Ports,
+    node_addr,
     write_file,
 )
 from hpcsched.slurm.devcluster.plugins import plugin_lines, write_plugin_hooks
@@ -40,9 +41,9 @@ def node_names(nodes: int) -> list[str]:
 
 
 def check_geometry(nodes: int, gpus: int, cpus: int) -> None:
-    """:raises DevClusterError: nodes outside 1..254, GPUs per node outside 0..64 or CPUs outside 1..1024."""
+    """:raises DevClusterError: nodes outside 1..1024, GPUs per node outside 0..64 or CPUs outside 1..1024."""
     if not 1 <= nodes <= MAX_NODES:
-        raise DevClusterError(f"--nodes must be between 1 and {MAX_NODES} (NodeAddr is 127.0.0.K), got {nodes}")
+        raise DevClusterError(f"--nodes must be between 1 and {MAX_NODES}, got {nodes}")
     if not 0 <= gpus <= 64:
         raise DevClusterError(f"--gpus must be between 0 and 64 per node, got {gpus}")
     if not 1 <= cpus <= 1024:
@@ -54,7 +55,7 @@ def render_configs(state_dir: str | os.PathLike[str] | None, nodes: int = 4, gpu
     """Render the cluster's configuration files; pure (touches nothing).
 
     :param state_dir: the state directory every path in the files points into.
-    :param nodes: emulated nodes ``n1..nN`` (1..254).
+    :param nodes: emulated nodes ``n1..nN`` (1..1024; past 254, ``base.node_addr`` and ``Ports.node``).
     :param gpus: fake GPUs per node (0..64); 0 configures no GRES on the nodes.
     :param cpus: CPUs per node as Slurm sees them (``SlurmdParameters=config_overrides`` lets
         2 real cores pose as any number).
@@ -85,7 +86,8 @@ def _accounting(ports: Ports) -> str:
 
 def _slurm_conf(L: Layout, nodes: int, gpus: int, cpus: int, ports: Ports = DEFAULT_PORTS) -> str:
     """``slurm.conf``: one controller on 127.0.0.1, accounting through slurmdbd, cons_tres with a
-    ``gpu`` GRES, and one line per node ``nK`` at ``127.0.0.K:17000+K``."""
+    ``gpu`` GRES, and one line per node ``nK`` at ``base.node_addr(K)``, port ``Ports.node(K)``
+    (``127.0.0.K:17000+K`` up to n254)."""
     text = f"""\
 # Written by `hpcsched devcluster up` ({nodes} nodes x {gpus} GPUs x {cpus} CPUs); do not edit:
 # it is rewritten on every start. Facts behind every line: slurm-22.05-notes.md, section 2.
@@ -133,7 +135,7 @@ MinJobAge=300
         text += plugin_lines(L)
     gres = f" Gres=gpu:{gpus}" if gpus else ""
     for k in range(1, nodes + 1):
-        text += (f"NodeName=n{k} NodeHostname=n{k} NodeAddr=127.0.0.{k} Port={ports.node_base + k} "
+        text += (f"NodeName=n{k} NodeHostname=n{k} NodeAddr={node_addr(k)} Port={ports.node(k)} "
                  f"CPUs={cpus} RealMemory={NODE_REAL_MEMORY_MB}{gres} State=UNKNOWN\n")
     text += (f"PartitionName={PARTITION} Nodes=n{_span(1, nodes)} Default=YES MaxTime=INFINITE "
              "State=UP OverSubscribe=NO\n")

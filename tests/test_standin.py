@@ -1,0 +1,117 @@
+"""The light job stand-in for scale runs (hpcsched/job/standin.py): its step times are the
+simulator's physics, and on the real dev cluster it speaks the protocol a real job speaks --
+acknowledgements, progress, a metrics line per step for every rank, a reform grow through a real
+extension job and its release -- and ends once its work is done."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcsched import slurm
+from hpcsched.job.standin import StepPhysics
+from hpcsched.job.submit import submit as hpcsub
+from hpcsched.protocol import files as ctl
+from hpcsched.protocol.jobdir import JobDir
+from hpcsched.sim.emulate import Emulation
+from tests.conftest import cli, wait_for
+
+EMULATED = Path(__file__).resolve().parent.parent / "jobscripts" / "examples" / "emulated.py"
+
+
+@pytest.mark.parametrize("app", ["cifar10", "bert", "ncf"])
+def test_step_times_are_the_physics_at_the_table_points_and_between_them(app):
+    emu = Emulation.of(app)
+    table = emu.step_table(8, 4, points=6)
+    phys = StepPhysics(json.loads(json.dumps(table)))   # through JSON, as the job reads it
+    for gpus, placement in ((1, (1,)), (4, (4,)), (6, (4, 2)), (8, (4, 4))):
+        rows = table["steps"][str(gpus)]
+        for m, _, _ in rows:
+            for accum in (1, 3):
+                want = emu.app.step_time(placement, m, accum)
+                got, compute = phys.step_time(gpus, m, accum)
+                assert got == pytest.approx(want, rel=1e-9)
+                assert 0 < compute <= got
+        (m0, s0, _), (m1, s1, _) = rows[1], rows[2]
+        mid, _ = phys.step_time(gpus, (m0 + m1) / 2, 1)
+        assert min(s0, s1) <= mid <= max(s0, s1)
+    # outside the table: clamped; a GPU count it lacks: the nearest one's
+    assert phys.step_time(4, 10 ** 9, 1) == phys.step_time(4, table["steps"]["4"][-1][0], 1)
+    assert phys.step_time(9, 64, 1) == phys.step_time(8, 64, 1)
+
+
+def test_the_table_is_refused_for_a_bad_geometry():
+    with pytest.raises(ValueError, match="max_gpus"):
+        Emulation.of("cifar10").step_table(0, 4)
+
+
+def test_hpcsub_writes_the_stand_in_batch_script_only_when_asked(control_dir, monkeypatch):
+    """``submit(launcher=..., files=...)``: the batch script's last line runs the stand-in and
+    its table is in the job directory; hpcsub's own scripts still run the launcher."""
+    monkeypatch.setenv("PATH", "/nonexistent")   # no sbatch: the job directory is removed after
+    for launcher in ("hpcsched.launcher", "hpcsched.job.standin"):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            hpcsub(["--hpcsched-print-script", str(EMULATED)], launcher=launcher)
+        assert out.getvalue().rstrip().endswith(f'-m {launcher} --job-dir "$HPCSCHED_JOB_DIR"')
+
+
+def _submit(tmp_path: Path, total: int) -> tuple[str, JobDir]:
+    table = Emulation.of("cifar10").step_table(8, 4) | {"total_samples": total, "dataset_size": 50_000}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = hpcsub(["--parsable", "-N", "1", "--gres=gpu:2", "--hpcsched-max-gpus", "8",
+                     "--hpcsched-application", "cifar10", f"--output={tmp_path}/slurm-%j.out",
+                     str(EMULATED)], launcher="hpcsched.job.standin",
+                    files={"standin.json": json.dumps(table)})
+    assert rc == 0, out.getvalue()
+    job = out.getvalue().strip()
+    return job, JobDir.for_job(job)
+
+
+def _ack(jd: JobDir, generation: int) -> ctl.Ack | None:
+    a = ctl.read_ack(jd.ack_path, jd.uid)
+    return a if a is not None and a.generation == generation and a.state == "applied" else None
+
+
+@pytest.mark.slurm
+def test_a_stand_in_job_grows_by_extension_is_released_and_finishes(devcluster, control_dir,
+                                                                    slurm_jobs, tmp_path):
+    job, jd = _submit(tmp_path, total=40_000)
+    slurm_jobs.append(job)
+    first = wait_for(lambda: _ack(jd, 0), 60, "the stand-in's acknowledgement of generation 0")
+    assert first.world_size == 2 and first.nodes == 1
+    node = slurm.job_info(job).nodes
+    other = next(n for n in ("n1", "n2", "n3", "n4") if n != node)
+    cli("hpcsched", "resize", job, "--layout", f"{node}:2,{other}:2", "--reason", "test")
+    grown = wait_for(lambda: _ack(jd, 1), 60, "the reform onto an extension")
+    assert grown.world_size == 4 and grown.layout == {node: 2, other: 2}
+    ext = ctl.load_json_object(jd.extensions_path)["extensions"]
+    assert [(e["node"], e["gpus"], e["state"]) for e in ext] == [(other, 2, "joined")]
+    slurm_jobs.append(ext[0]["job_id"])
+    time.sleep(3)   # some steps on 4 GPUs
+    cli("hpcsched", "resize", job, "--layout", f"{node}:2", "--reason", "test")
+    wait_for(lambda: _ack(jd, 2), 60, "the release of the extension")
+    wait_for(lambda: (i := slurm.squeue().get(ext[0]["job_id"])) is None or not i.active, 60,
+             "the released extension job's end")
+    done = wait_for(lambda: (p := ctl.read_progress(jd.progress_path, jd.uid)) and p.finished and p,
+                    120, "the stand-in's end")
+    assert done.samples_processed >= 40_000 and done.total_samples == 40_000
+    assert ctl.read_launcher_state(jd.launcher_path, jd.uid).phase == "finished"
+    files = sorted(p.name for p in jd.metrics_dir.iterdir())
+    ext_id = ext[0]["job_id"]
+    assert files == ["launch-1-ext-" + ext_id + "-rank-0.jsonl", "launch-1-ext-" + ext_id + "-rank-1.jsonl",
+                     "launch-1-rank-0.jsonl", "launch-1-rank-1.jsonl"]
+    rank0 = [json.loads(ln) for ln in (jd.metrics_dir / "launch-1-rank-0.jsonl").read_text().splitlines()]
+    rank1 = [json.loads(ln) for ln in (jd.metrics_dir / "launch-1-rank-1.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rank0] == list(range(1, len(rank0) + 1)) == [r["step"] for r in rank1]
+    assert sum(r["global_samples"] for r in rank0) == done.samples_processed
+    assert {r["world_size"] for r in rank0} == {2, 4}
+    on4 = [r for r in rank0 if r["world_size"] == 4]
+    ext0 = [json.loads(ln) for ln in (jd.metrics_dir / f"launch-1-ext-{ext_id}-rank-0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in ext0] == [r["step"] for r in on4] and ext0[0]["device"]["node"] == other
