@@ -21,7 +21,7 @@ class _LazyGroup(click.Group):
     _lazy = {
         "check": ("hpcsched.daemon.preflight", "check_command"),
         "install-files": ("hpcsched.resources", "install_files_command"),
-        "daemon": ("hpcsched.daemon.round", "daemon_command"),
+        "daemon": ("hpcsched.daemon.service", "daemon_command"),
         "db": ("hpcsched.daemon.store", "db_group"),
         "devcluster": ("hpcsched.slurm.devcluster", "devcluster"),
         "replay": ("hpcsched.replay.cli", "replay_command"),

@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from hpcsched import slurm
-from hpcsched.daemon import round as daemon_round
+from hpcsched.daemon import service as daemon_service
 from hpcsched.daemon.config import ConfigError, DaemonSettings, load
 from hpcsched.daemon.round import Daemon, foreign_event, round_event
 from hpcsched.daemon.store import Store
@@ -96,7 +96,7 @@ def _settings(**kw):
 
 def _wait(stub, d) -> tuple[str | None, float]:
     t0 = time.monotonic()
-    reason = daemon_round._between_rounds(stub, d, t0, {"stop": False, "reload": False})
+    reason = daemon_service._between_rounds(stub, d, t0, {"stop": False, "reload": False})
     return reason, time.monotonic() - t0
 
 
@@ -153,16 +153,16 @@ def test_an_early_round_keeps_the_periodic_rounds_times(tmp_path, monkeypatch):
         state["stop"] = len(waits) == len(returns)
         return returns[len(waits) - 1]
 
-    monkeypatch.setattr(daemon_round, "Daemon", Fake)
-    monkeypatch.setattr(daemon_round, "_between_rounds", between)
+    monkeypatch.setattr(daemon_service, "Daemon", Fake)
+    monkeypatch.setattr(daemon_service, "_between_rounds", between)
     monkeypatch.delenv("HPCSCHED_DATABASE_URL", raising=False)
     cfg = tmp_path / "hpcsched.toml"
     cfg.write_text(f'[daemon]\nlock_file = "{tmp_path / "d.lock"}"\n'
                    f'database_url = "sqlite:///{tmp_path / "h.db"}"\n')
-    monkeypatch.setattr(daemon_round.signal, "signal", lambda *a: None)   # pytest's own stay
+    monkeypatch.setattr(daemon_service.signal, "signal", lambda *a: None)   # pytest's own stay
     root, level = logging.getLogger(), logging.getLogger().level
     try:
-        r = CliRunner().invoke(daemon_round.daemon_command, ["--config", str(cfg)])
+        r = CliRunner().invoke(daemon_service.daemon_command, ["--config", str(cfg)])
     finally:
         root.setLevel(level)   # the command sets the daemon's log level
     assert r.exit_code == 0, r.output
@@ -187,8 +187,8 @@ def daemon(tmp_path, control_dir, monkeypatch):
 
 def test_jct_asks_for_event_rounds(daemon):
     d, _ = daemon
-    assert daemon_round._rounds_on_events(d, d.settings.daemon)
-    assert not daemon_round._rounds_on_events(d, replace(d.settings.daemon, event_rounds=False))
+    assert daemon_service._rounds_on_events(d, d.settings.daemon)
+    assert not daemon_service._rounds_on_events(d, replace(d.settings.daemon, event_rounds=False))
 
 
 def test_the_daemon_sees_a_job_end_and_a_submission(daemon, control_dir):

@@ -13,6 +13,7 @@ import pytest
 
 from hpcsched import slurm
 from hpcsched.daemon import round as daemon_round
+from hpcsched.daemon import service as daemon_service
 from hpcsched.daemon.actuator import Actuator
 from hpcsched.daemon.config import load
 from hpcsched.daemon.phases import PATHS, Timeouts
@@ -113,6 +114,9 @@ def test_two_resizes_in_one_round_proceed_over_later_rounds(daemon, control_dir,
 
     rep = d.round()
     assert rep.error is None and rep.outcomes == {"7": "requested", "8": "requested"}
+    # every part of the round is timed (the scale benchmark's table), and no part twice
+    assert set(rep.phases) == set(daemon_round.PHASES)
+    assert all(v >= 0 for v in rep.phases.values()) and sum(rep.phases.values()) <= rep.duration
     assert [ctl.read_control(jd.control_path, jd.uid).generation for jd in jobs.values()] == [1, 1]
     assert cluster.calls == [], "nothing but files in the round that decided"
 
@@ -260,11 +264,11 @@ def test_between_rounds_ticks_every_actuation_interval_until_the_next_round():
     settings = replace(load(None).daemon, round_interval=0.6, actuation_interval=0.1)
     d = Counting()
     t0 = time.monotonic()
-    daemon_round._between_rounds(d, settings, t0, {"stop": False, "reload": False})
+    daemon_service._between_rounds(d, settings, t0, {"stop": False, "reload": False})
     assert 0.6 <= time.monotonic() - t0 < 1.5
     assert 2 <= d.ticks <= 6, d.ticks   # ~5; fewer only if the machine is very slow
     stopped = Counting()
-    daemon_round._between_rounds(stopped, settings, time.monotonic(), {"stop": True, "reload": False})
+    daemon_service._between_rounds(stopped, settings, time.monotonic(), {"stop": True, "reload": False})
     assert stopped.ticks == 0
 
 

@@ -24,7 +24,8 @@ from hpcsched.daemon.actuator import Actuator
 from hpcsched.daemon.gpu_status import GpuStatus
 from hpcsched.daemon.metrics import DaemonMetrics, outcome_of, predicted_throughput
 from hpcsched.daemon.phases import Timeouts
-from hpcsched.daemon.round import RoundReport, daemon_command
+from hpcsched.daemon.round import RoundReport
+from hpcsched.daemon.service import daemon_command
 from hpcsched.daemon.store import Store
 from hpcsched.model.snapshot import ClusterSnapshot, GPUView, JobView, NodeView, ProfilePoint
 from hpcsched.policies.reconcile import Change

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpcsched.daemon import preflight as pf
-from hpcsched.daemon import round as daemon_round
+from hpcsched.daemon import service as daemon_service
 from hpcsched.daemon.config import DaemonSettings, load
 from hpcsched.slurm.errors import SlurmError, SlurmUnavailable
 
@@ -314,7 +314,7 @@ def test_start_refusal(site, monkeypatch):
 
 def test_the_daemon_exits_2_on_a_missing_partition(site, monkeypatch):
     monkeypatch.setattr(pf, "read_partitions", lambda timeout: GPU)
-    r = CliRunner().invoke(daemon_round.daemon_command, ["--config", str(site), "--once"])
+    r = CliRunner().invoke(daemon_service.daemon_command, ["--config", str(site), "--once"])
     assert r.exit_code == 2, r.output
     assert r.stderr.strip().splitlines() == [
         f"Error: nosuch: not a Slurm partition (Slurm has: gpu); fix [daemon] partitions in {site}"]
@@ -336,8 +336,8 @@ def test_the_daemon_starts_when_slurm_fails_at_start(site, monkeypatch):
             raise Reached   # the daemon went on past the check: stop it here
 
     monkeypatch.setattr(pf, "read_partitions", broken)
-    monkeypatch.setattr(daemon_round, "HostLock", Lock)
-    r = CliRunner().invoke(daemon_round.daemon_command, ["--config", str(site), "--once"])
+    monkeypatch.setattr(daemon_service, "HostLock", Lock)
+    r = CliRunner().invoke(daemon_service.daemon_command, ["--config", str(site), "--once"])
     assert isinstance(r.exception, Reached), r.output
 
 

@@ -1,8 +1,9 @@
 """The login-node service: the round, the resize state machine, the store, configuration and
 status (``docs/architecture.md`` shows one round call by call).
 
-* :mod:`hpcsched.daemon.round`: :class:`~hpcsched.daemon.round.Daemon`, one round top to bottom,
-  and the service loop (``hpcsched daemon``).
+* :mod:`hpcsched.daemon.round`: :class:`~hpcsched.daemon.round.Daemon`, one round top to bottom
+  (each part timed: ``RoundReport.phases``); :mod:`hpcsched.daemon.service`: the service loop
+  (``hpcsched daemon``: settings, lock and lease, metrics endpoint, rounds and ticks).
 * :mod:`hpcsched.daemon.views`: the one job-view builder (the daemon's and the simulator's).
 * :mod:`hpcsched.daemon.ingest`: job metrics into the store.
 * :mod:`hpcsched.daemon.phases`: the resize state machine, pure (phases, transitions,

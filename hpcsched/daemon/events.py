@@ -1,6 +1,6 @@
 """When the daemon wants a round before the next periodic one (``daemon.event_rounds``, for a
 policy that rounds on events, and ``daemon.event_poll``): a managed job ended or found no room,
-or another user's GPU job started pending (pure; :func:`hpcsched.daemon.round._between_rounds`
+or another user's GPU job started pending (pure; :func:`hpcsched.daemon.service._between_rounds`
 looks between rounds).
 """
 

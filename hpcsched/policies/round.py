@@ -14,6 +14,7 @@ rounds) carries its own state, which is the only state a round changes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, NamedTuple
@@ -32,11 +33,14 @@ class RoundDecision(NamedTuple):
             was no job to decide for (the policy is not called).
         changes: the changes to make now, in the order to make them (reconcile's output).
         notes: the policy's notes, then reconcile's (why something was or was not changed).
+        reconcile_seconds: wall time of reconcile (the rest of the round's decision is the
+            policy's own), for the daemon's per-phase timings.
     """
 
     plan: Plan | None
     changes: tuple[Change, ...]
     notes: tuple[str, ...]
+    reconcile_seconds: float = 0.0
 
 
 def decide_round(snapshot: ClusterSnapshot, policy: Policy, costs: Costs, seed: int) -> RoundDecision:
@@ -73,9 +77,10 @@ def decide_round(snapshot: ClusterSnapshot, policy: Policy, costs: Costs, seed: 
     snapshot, releases, yielded = yield_to_foreign(snapshot)
     plan = policy.decide(snapshot, seed=seed)
     # a policy that plans on its own view of the jobs (``jct``'s noise growth) is judged on it
+    t = time.perf_counter()
     changes, notes = reconcile(plan, policy.judged_view(snapshot), costs)
     return RoundDecision(plan, tuple(releases + changes),
-                         tuple(yielded) + tuple(plan.notes) + tuple(notes))
+                         tuple(yielded) + tuple(plan.notes) + tuple(notes), time.perf_counter() - t)
 
 
 class PartitionOverlap(ValueError):
@@ -146,8 +151,10 @@ def decide_by_partition(snapshot: ClusterSnapshot, policy: Policy,
     changes: list[Change] = []
     notes: list[str] = []
     objective: float | None = None
+    reconciling = 0.0
     for label, pol, view in views:
         d = decide_round(view, pol, costs, seed)
+        reconciling += d.reconcile_seconds
         if d.plan is not None:
             targets += d.plan.targets
             if d.plan.objective is not None:
@@ -156,7 +163,7 @@ def decide_by_partition(snapshot: ClusterSnapshot, policy: Policy,
         notes += [f"[{label}] {n}" for n in d.notes]
     plan = Plan(policy="+".join(p.name for _, p in groups), targets=tuple(targets),
                 objective=objective) if targets else None
-    return RoundDecision(plan, tuple(changes), tuple(notes))
+    return RoundDecision(plan, tuple(changes), tuple(notes), reconciling)
 
 
 __all__ = ["PartitionOverlap", "RoundDecision", "decide_by_partition", "decide_round",
