@@ -246,18 +246,45 @@ def test_read_new_lines_refuses_what_is_not_a_regular_file(tmp_path, make):
         read_new_lines(tmp_path / "m.jsonl", 0)
 
 
-def test_ingest_job_reads_at_most_the_budget_per_pass(tmp_path, store, monkeypatch, caplog):
-    monkeypatch.setattr(ingest, "MAX_ROUND_BYTES", 200_000)
+def test_ingest_job_reads_the_newest_lines_within_the_budget_per_pass(tmp_path, store, monkeypatch,
+                                                                     caplog):
+    """Where more is unread than the budget, a pass reads the newest lines only, from a line's
+    start; what it passed over is never read; a backlog within the budget is read whole."""
+    monkeypatch.setattr(ingest, "FRESH_BYTES", 200_000)
     metrics = tmp_path / "job" / "metrics"
     metrics.mkdir(parents=True)
     f = metrics / "launch-1-rank-0.jsonl"
-    f.write_bytes(b"\xff" * 100 + b"\n" + b"garbage\n" * 100_000)   # 800 kB
-    offsets = []
-    for _ in range(5):
-        assert ingest_job(store, "7", tmp_path / "job") == (0, 0)
-        offsets.append(store.ingest_offset(str(f)))
-    assert offsets == [199_997, 399_997, 599_997, 799_997, f.stat().st_size]
-    assert "job 7" in caplog.text and "1 not UTF-8" in caplog.text and str(f) in caplog.text
+    f.write_bytes(b"\xfe" * 100 + b"\n" + b"garbage\n" * 100_000 + b"\xff" * 100 + b"\n")   # 800 kB
+    assert ingest_job(store, "7", tmp_path / "job") == (0, 0)
+    assert store.ingest_offset(str(f)) == f.stat().st_size
+    assert caplog.text.count("not UTF-8") == 1 and "1 not UTF-8" in caplog.text   # the newest only
+    assert f"skipped {1 + (200_000 - 101) // 8} line(s)" in caplog.text           # from a line's start
+    caplog.clear()
+    with open(f, "ab") as fh:
+        fh.write(b"\xfe\n" + b"garbage\n" * 10)   # within the budget: read whole
+    assert ingest_job(store, "7", tmp_path / "job") == (0, 0)
+    assert "skipped 11 line(s)" in caplog.text and store.ingest_offset(str(f)) == f.stat().st_size
+
+
+@pytest.mark.parametrize("data,offset,window,want", [
+    (b"aaaa\nbbbb\ncccc\n", 0, 100, 0),            # all of it fits
+    (b"aaaa\nbbbb\ncccc\n", 0, 6, 10),             # the last line only
+    (b"aaaa\nbbbb\ncccc\n", 0, 5, 10),             # a window starting at a line's start
+    (b"aaaa\nbbbb\ncccc\n", 0, 4, 10),             # no line begins in it: look back further
+    (b"aaaa\nbbbb\ncccc", 0, 6, 10),                # the newest bytes, a line being written
+    (b"aaaa\nbbbb\ncccc\n", 12, 2, 12),            # the offset is newer than the window
+], ids=["fits", "last line", "window at a line start", "looks back", "line being written", "offset"])
+def test_newest_offset(tmp_path, data, offset, window, want):
+    f = tmp_path / "m.jsonl"
+    f.write_bytes(data)
+    assert ingest.newest_offset(f, offset, window) == want
+
+
+def test_newest_offset_passes_over_a_line_longer_than_the_bound(tmp_path):
+    f = tmp_path / "m.jsonl"
+    f.write_bytes(b"a\n" + b"x" * (MAX_LINE_BYTES + 5) + b"\n")
+    assert ingest.newest_offset(f, 0, 100) == f.stat().st_size
+    assert ingest.newest_offset(tmp_path / "missing", 7, 100) == 7
 
 
 def test_ingest_job_does_not_follow_a_linked_metrics_directory(tmp_path, store, caplog):

@@ -219,6 +219,26 @@ def test_foreign_keys_are_enforced(db):
         _plan(db, job_id="ghost")
 
 
+def test_a_batch_is_one_transaction_and_a_failed_write_in_it_rolls_back_alone(db, tmp_path):
+    other = Store(_url(tmp_path / "hpcsched.db"))   # another process's view of the file
+    with db.batch():
+        _job(db, "1")
+        db.set_ingest_offset("/m/launch-1-rank-0.jsonl", 450)
+        assert db.job("1") is not None and db.ingest_offset("/m/launch-1-rank-0.jsonl") == 450
+        assert other.job("1") is None, "nothing is committed before the batch ends"
+        with pytest.raises(IntegrityError):   # rolled back to its savepoint; the batch goes on
+            db.add_profile_samples([dict(job_id="ghost", time=1.0, world_size=1, nodes=1,
+                                         local_batch_size=1, step_time=1.0, throughput=1.0)])
+        _job(db, "2")
+    assert [j.job_id for j in other.jobs()] == ["1", "2"]
+    assert other.ingest_offset("/m/launch-1-rank-0.jsonl") == 450
+    with pytest.raises(RuntimeError), db.batch():   # an exception leaving it: nothing kept
+        _job(db, "3")
+        raise RuntimeError("the round failed")
+    assert other.job("3") is None and db.job("3") is None
+    other.close()
+
+
 def test_script_location_is_the_repo_db_folder():
     loc = st.script_location()
     assert (loc / "env.py").is_file() and (loc / "versions").is_dir()

@@ -19,10 +19,11 @@ its last complete line, so a line being written is never half-read and nothing i
 **The files are untrusted**: a job's user writes them. :func:`ingest_job` reads them with
 bounds and never raises for what they hold (see :func:`read_new_lines` and the metrics section of
 ``docs/daemon.md``): a file is opened without following a symbolic link and only if it is a
-regular file (:func:`hpcsched.protocol.files.open_regular`); at most :data:`MAX_ROUND_BYTES` of a
-job's metrics are read per pass, lines over :data:`MAX_LINE_BYTES` are skipped whole, lines that
-are not UTF-8 or not JSON are skipped, and the stored offset always moves past what was read, so
-no line is read twice, garbage included. The records are then **claims**, checked by
+regular file (:func:`hpcsched.protocol.files.open_regular`); about :data:`FRESH_BYTES` of a
+job's newest metrics lines are read per pass (older unread ones are passed over: the daemon's
+ingest costs the same however fast the jobs step), lines over :data:`MAX_LINE_BYTES` are skipped
+whole, lines that are not UTF-8 or not JSON are skipped, and the stored offset always moves past
+what was read, so no line is read twice, garbage included. The records are then **claims**, checked by
 :func:`claim_problems` before they count; every skipped line or rejected record is a warning
 naming the job and the file.
 """
@@ -48,6 +49,15 @@ WARMUP_STEPS = 2
 #: bytes of one job's metrics read in one pass, all its files together (later bytes wait for
 #: the next pass; a healthy job writes a few hundred bytes per step and rank)
 MAX_ROUND_BYTES = 4 << 20
+#: bytes of a job's **newest** lines read in one pass, all its files together (each file at
+#: least :data:`MIN_FILE_WINDOW`): where more is unread, the older lines are passed over, never
+#: read (a job writing faster than this per round is measured on its latest steps). A healthy
+#: rank writes about 450 bytes per step: this is about 70 steps of a 1-GPU job per round. It
+#: bounds the daemon's ingest by the number of jobs, not by how fast they step: at 1,000 jobs,
+#: every rank writing each of its 20 steps a second, reading every line took 15 us each, 40 s a
+#: minute (``benchmarks/daemon_scale.py``, ``docs/daemon.md``, "At scale")
+FRESH_BYTES = 32 << 10
+MIN_FILE_WINDOW = 2 << 10
 #: the longest metrics line read (bytes); a longer one is skipped whole, even across passes
 MAX_LINE_BYTES = 64 << 10
 #: metrics files read per job and pass (one per launch and rank; more are left for later passes)
@@ -150,6 +160,42 @@ def read_new_lines(path: Path, offset: int, limit: int = MAX_ROUND_BYTES, *,
     """
     values, new_offset, skipped = _read_lines(path, offset, limit, dir_fd)
     return values, new_offset, sum(skipped.values())
+
+
+def newest_offset(path, offset: int, window: int, dir_fd: int | None = None) -> int:
+    """Where to read ``path`` from so that about ``window`` bytes, its newest lines, are read:
+    ``offset`` itself when no more than ``window`` bytes are unread; else the start of the first
+    line that begins in the last ``window`` bytes; when none does (a line longer than the window
+    ends the file), the start of the newest complete line if it is within :data:`MAX_LINE_BYTES`,
+    else the end of the file. A missing or unreadable file: ``offset`` (the read that follows
+    reports it).
+    """
+    try:
+        fd = open_regular(path, dir_fd=dir_fd)
+    except ProtocolError:
+        return offset
+    if fd is None:
+        return offset
+    try:
+        size = os.fstat(fd).st_size
+        if size - offset <= window:
+            return offset
+        start = size - window
+        chunk = os.pread(fd, window + 1, start - 1)   # with the byte before the window
+        nl = chunk.find(b"\n")
+        if 0 <= nl < len(chunk) - 1:
+            return start + nl
+        start = max(offset, size - MAX_LINE_BYTES - 2)
+        tail = os.pread(fd, size - start, start)
+        end = tail.rfind(b"\n")
+        before = tail.rfind(b"\n", 0, max(end, 0))
+        if end < 0 or (before < 0 and start > offset):
+            return size
+        return start + before + 1
+    except OSError:
+        return offset
+    finally:
+        os.close(fd)
 
 
 def _read_lines(path, offset: int, limit: int, dir_fd: int | None) -> tuple[list, int, Counter]:
@@ -390,7 +436,8 @@ def ingest_job(store, job_id: str, job_dir: Path, app_class: str = "") -> tuple[
 
     Never raises for what the job's files hold (the store's own errors propagate): every problem
     is a warning naming the job and the file, and the job's offsets still move past what was
-    read. At most :data:`MAX_ROUND_BYTES` are read in all, shared among the files.
+    read. About :data:`FRESH_BYTES` of the newest lines are read in all, shared among the
+    files (:func:`newest_offset`); older unread lines are passed over (logged at debug level).
     """
     metrics = Path(job_dir) / "metrics"
     dfd, names = _metrics_files(job_id, metrics)
@@ -398,14 +445,17 @@ def ingest_job(store, job_id: str, job_dir: Path, app_class: str = "") -> tuple[
         return 0, 0
     records = []
     advanced: list[tuple[str, int]] = []
-    share = max(MAX_LINE_BYTES + 1, MAX_ROUND_BYTES // max(1, len(names)))
+    share = max(MIN_FILE_WINDOW, FRESH_BYTES // max(1, len(names)))
     now = time.time()
     try:
         for name in names:
             key = str(metrics / name)  # the store's key: the file's path, as before
             off = store.ingest_offset(key)
+            start = newest_offset(name, off, share, dfd)
+            if start != off:
+                log.debug("job %s: %s: %d bytes of older steps passed over", job_id, key, start - off)
             try:
-                values, new_off, skipped = _read_lines(name, off, share, dfd)
+                values, new_off, skipped = _read_lines(name, start, share, dfd)
             except ProtocolError as exc:
                 log.warning("job %s: %s", job_id, str(exc).replace(name, key, 1))
                 continue

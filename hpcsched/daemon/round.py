@@ -325,12 +325,13 @@ class Daemon:
         it runs or once it ended, its new step records ingested; the GPU probes read;
         orphaned extension jobs reaped (into ``rep.reaped``); and, about once an hour unless
         ``daemon.dry_run``, old job directories swept."""
-        for job_id, (jd, spec, info) in managed.items():
-            with _timed(rep, "record"):
-                self._record_job(jd, spec, info, obs.time)
-            if info.state in (SlurmState.RUNNING, SlurmState.COMPLETING) or not info.active:
-                with _timed(rep, "ingest"):
-                    ingest_job(self.store, job_id, jd.path, application_of(spec))
+        with self.store.batch():   # one commit for every job's record and metrics
+            for job_id, (jd, spec, info) in managed.items():
+                with _timed(rep, "record"):
+                    self._record_job(jd, spec, info, obs.time)
+                if info.state in (SlurmState.RUNNING, SlurmState.COMPLETING) or not info.active:
+                    with _timed(rep, "ingest"):
+                        ingest_job(self.store, job_id, jd.path, application_of(spec))
         with _timed(rep, "probes"):
             self.probes.round()
             rep.reaped = self.reaper.reap(obs, self.actuator.slurm)   # orphaned extension jobs

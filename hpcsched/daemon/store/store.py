@@ -99,6 +99,7 @@ class Store(JournalMixin, LeaseMixin, GpuMixin):
         self.url = url
         self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._batch: Session | None = None
 
     def close(self) -> None:
         """Close every pooled connection."""
@@ -111,13 +112,44 @@ class Store(JournalMixin, LeaseMixin, GpuMixin):
         self.close()
 
     @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Every read and write of this store inside the block is one transaction, committed at
+        its end: the round's bookkeeping of thousands of jobs costs one commit (one ``fsync``),
+        not one per job. A write that fails inside is rolled back alone (a savepoint) and its
+        exception propagates as without a batch; an exception that leaves the block rolls the
+        whole batch back. A batch inside a batch is part of the outer one. Not for threads
+        sharing one Store."""
+        if self._batch is not None:
+            yield
+            return
+        with self._sessions() as s:
+            s.connection(execution_options={"hpcsched_write": True})
+            self._batch = s
+            try:
+                yield
+                s.commit()
+            except BaseException:
+                s.rollback()
+                raise
+            finally:
+                self._batch = None
+
+    @contextmanager
     def _read(self) -> Iterator[Session]:
+        if self._batch is not None:
+            yield self._batch
+            return
         with self._sessions() as s:
             yield s
 
     @contextmanager
     def _write(self) -> Iterator[Session]:
-        """A session whose transaction takes SQLite's write lock at once and commits on exit."""
+        """A session whose transaction takes SQLite's write lock at once and commits on exit
+        (inside :meth:`batch`: the batch's, under a savepoint)."""
+        if self._batch is not None:
+            with self._batch.begin_nested():
+                yield self._batch
+            return
         with self._sessions() as s:
             s.connection(execution_options={"hpcsched_write": True})
             try:

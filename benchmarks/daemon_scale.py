@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""Benchmark: the daemon's real rounds at production scale (issue 36).
+
+For each scale (GPUs, 4 per node by default: 64, 256 and 1,024 GPUs = 16, 64 and 256 nodes of
+the dev cluster, ``hpcsched devcluster up --nodes N``), a Philly-like mix of light job stand-ins
+(:mod:`hpcsched.job.standin`: the real protocol, a metrics line per step for every rank at the
+simulator's step times, real extension jobs; ``benchmarks/_scale_jobs.py``) is submitted with
+hpcsub as the Unix user ``--user``, ``--jobs`` x GPUs / 1,024 of them (2,000 at 1,024 GPUs:
+about half run, half wait), and the real daemon (its default settings and policy, a fresh
+SQLite store; in this process, with the service loop's actuation ticks and early rounds between
+rounds, ``hpcsched.daemon.service``) runs for ``--minutes``. Per round: wall time per part
+(``RoundReport.phases``), the Slurm commands it issued, the changes applied, the jobs running
+and pending, the daemon's RSS. At the end, slurmctld's RPCs from ``sdiag`` (reset at the start),
+by message type and by user; hpcsched's share: the daemon's commands (counted per command) x
+their RPCs each (measured with ``sdiag`` around one of each), and the jobs' own (``--user``).
+
+Targets (issue 36, at 256 x 4): round time excluding the policy <= 2 s median, <= 5 s max;
+policy <= 1 s; Slurm calls per round <= 3 + one per change; RSS growth < 10% over the run;
+hpcsched's RPCs <= 10% of slurmctld's total.
+
+    .venv/bin/python benchmarks/daemon_scale.py [--scales 64,256,1024] [--minutes 30]
+        [--jobs 2000] [--user alice --user-python /opt/hpcsched-multiuser-venv/bin/python]
+
+Prints a table per scale and writes JSON to ``--out`` (default ``bench-results/daemon_scale.json``).
+Needs root (the dev cluster; the jobs run as ``--user``, whose Python must import this checkout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _report import write_report  # noqa: E402
+from _scale_jobs import plan_jobs  # noqa: E402
+
+from hpcsched.daemon import service  # noqa: E402
+from hpcsched.daemon.config import defaults  # noqa: E402
+from hpcsched.daemon.round import PHASES, Daemon  # noqa: E402
+from hpcsched.daemon.store import Store  # noqa: E402
+from hpcsched import slurm  # noqa: E402
+from hpcsched.slurm import commands, devcluster, observe  # noqa: E402
+
+STATE_DIR = Path("/var/lib/hpcsched/devcluster-scale")
+WORK = Path("/var/tmp/hpcsched-scale")
+
+
+def rss_mib() -> float:
+    """This process's resident set (the daemon's), MiB."""
+    text = Path("/proc/self/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+)", text, re.M).group(1)) / 1024
+
+
+def sdiag() -> dict[str, dict[str, int]]:
+    """slurmctld's RPC counts since the last reset: ``{"types": {...}, "users": {...}}``."""
+    out = subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout
+    part = {"types": out.split("by message type", 1)[-1].split("by user", 1)[0],
+            "users": out.split("by user", 1)[-1].split("Pending RPC", 1)[0]}
+    return {k: {m.group(1): int(m.group(2)) for m in re.finditer(r"^\s*(\S+)\s+\(\s*\d+\)\s+count:(\d+)", v, re.M)}
+            for k, v in part.items()}
+
+
+def rpc_cost(argv: list[str]) -> int:
+    """slurmctld RPCs of one run of ``argv`` (``sdiag`` before and after; its own
+    ``REQUEST_STATS_INFO`` not counted)."""
+    def count() -> int:
+        return sum(n for t, n in sdiag()["types"].items() if t != "REQUEST_STATS_INFO")
+
+    before = count()
+    subprocess.run(argv, capture_output=True, timeout=60)
+    return count() - before
+
+
+class CommandLog:
+    """Counts the daemon's Slurm commands by their first two words (``squeue --json``, ``scontrol
+    update``): wraps ``hpcsched.slurm.commands.run`` where the daemon's modules call it, for this
+    benchmark only (:meth:`close` puts it back)."""
+
+    PLACES = (commands, slurm, observe)   # the modules that hold a reference to run
+
+    def __init__(self):
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.examples: dict[str, list[str]] = {}
+        self._run = commands.run
+
+        def run(args, *a, **k):
+            key = " ".join(str(x) for x in list(args)[:2])
+            self.counts[key] += 1
+            self.examples.setdefault(key, [str(x) for x in args])
+            return self._run(args, *a, **k)
+
+        for module in self.PLACES:
+            module.run = run
+
+    def close(self) -> None:
+        for module in self.PLACES:
+            module.run = self._run
+
+
+def submit_jobs(jobs: list[dict], user: str, python: str, control: Path, conf: Path) -> tuple[list[str], float]:
+    """Submit the plan as ``user`` (one process, hpcsub in-process); their ids and the seconds."""
+    plan = WORK / "plan.json"
+    plan.write_text(json.dumps(jobs))
+    plan.chmod(0o644)
+    env = ["env", f"SLURM_CONF={conf}", f"HPCSCHED_CONTROL_DIR={control}", "HPCSCHED_LOG_LEVEL=WARNING",
+           f"PYTHONPATH={ROOT}",  # the user's Python imports this checkout (jobs inherit it)
+           f"PATH={os.environ['PATH']}"]
+    cmd = [*env, python, str(ROOT / "benchmarks" / "_scale_jobs.py"), str(plan)]
+    if user != "root":
+        cmd = ["runuser", "-u", user, "--", *cmd]
+    t = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd="/tmp")
+    ids = [ln for ln in out.stdout.split() if ln.isdigit()]
+    if out.returncode != 0 or len(ids) != len(jobs):
+        raise SystemExit(f"submission as {user} failed ({len(ids)} of {len(jobs)} submitted):\n"
+                         f"{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    return ids, time.perf_counter() - t
+
+
+def run_daemon(minutes: float, control: Path, cmds: CommandLog) -> list[dict]:
+    """The daemon's rounds (default settings) for ``minutes``; one record per round."""
+    base = defaults()
+    settings = replace(base, daemon=replace(base.daemon, partitions=(), control_dir=str(control),
+                                            database_url=f"sqlite:///{WORK}/daemon.db",
+                                            lock_file=str(WORK / "daemon.lock")))
+    store = Store(settings.daemon.database_url)
+    store.upgrade()
+    daemon = Daemon(settings, store=store)
+    rounds, state, end = [], {"stop": False, "reload": False}, time.monotonic() + 60 * minutes
+    while time.monotonic() < end:
+        t0, calls0 = time.monotonic(), commands.calls()
+        before = collections.Counter(cmds.counts)
+        rep = daemon.round()
+        states = collections.Counter(rep.slurm_states.values())
+        rounds.append({
+            "t": round(time.time(), 3), "duration": rep.duration, "policy": rep.policy_seconds,
+            "phases": rep.phases, "slurm_calls": rep.slurm_calls, "changes": len(rep.changes),
+            "commands": dict(cmds.counts - before), "error": rep.error, "jobs": rep.jobs,
+            "running": states.get("RUNNING", 0), "pending": states.get("PENDING", 0),
+            "rss_mib": rss_mib()})
+        r = rounds[-1]
+        print(f"  round {len(rounds):3d}: {r['duration']:6.2f} s (policy {r['policy']:5.2f}), "
+              f"{r['slurm_calls']} calls, {r['changes']} changes, {r['running']} running / "
+              f"{r['pending']} pending, RSS {r['rss_mib']:.0f} MiB" + (f", error {r['error']}" if r["error"] else ""),
+              flush=True)
+        why = service._between_rounds(daemon, settings.daemon, t0, state)
+        r["between_calls"], r["next"] = commands.calls() - calls0 - rep.slurm_calls, why or "interval"
+    store.close()
+    return rounds
+
+
+def summarise(rounds: list[dict]) -> dict:
+    """Medians and maxima per phase, the Slurm-call check, RSS growth."""
+    ok = [r for r in rounds if r["error"] is None] or rounds
+    nopol = [r["duration"] - r["policy"] for r in ok]
+    phases = {p: {"median": statistics.median(r["phases"].get(p, 0.0) for r in ok),
+                  "max": max(r["phases"].get(p, 0.0) for r in ok)} for p in PHASES}
+    over = [r["slurm_calls"] - 3 - r["changes"] for r in ok]
+    steady = ok[1:] or ok   # the first round builds the store and imports the policy
+    return {
+        "rounds": len(rounds), "errors": len(rounds) - len([r for r in rounds if r["error"] is None]),
+        "round_without_policy_s": {"median": statistics.median(nopol), "max": max(nopol)},
+        "policy_s": {"median": statistics.median(r["policy"] for r in ok), "max": max(r["policy"] for r in ok)},
+        "phases_s": phases,
+        "slurm_calls": {"max": max(r["slurm_calls"] for r in ok), "max_over_3_plus_changes": max(over)},
+        "changes": {"total": sum(r["changes"] for r in ok), "max": max(r["changes"] for r in ok)},
+        "running": {"median": statistics.median(r["running"] for r in ok), "max": max(r["running"] for r in ok)},
+        "pending": {"median": statistics.median(r["pending"] for r in ok), "max": max(r["pending"] for r in ok)},
+        "rss_mib": {"first": steady[0]["rss_mib"], "last": steady[-1]["rss_mib"],
+                    "growth": steady[-1]["rss_mib"] / steady[0]["rss_mib"] - 1},
+    }
+
+
+def rpc_share(rpcs: dict, cmds: CommandLog, user: str, span_s: float, job_id: str) -> dict:
+    """hpcsched's share of slurmctld's RPCs: the daemon's (its commands x each one's measured
+    RPCs: an ``squeue``/``sinfo`` run again as the daemon ran it; any ``scontrol`` command as a
+    no-op ``scontrol update`` of job ``job_id``) and the jobs' (``user``'s, from sdiag's table by
+    user)."""
+    total = sum(rpcs["types"].values())
+    noop = ["scontrol", "update", f"JobId={job_id}", "Comment=hpcsched-scale-benchmark"]
+    cost = {k: rpc_cost(argv if k.split()[0] in ("squeue", "sinfo") else noop)
+            for k, argv in cmds.examples.items()}
+    daemon = sum(n * cost[k] for k, n in cmds.counts.items())
+    jobs = rpcs["users"].get(user, 0) if user != "root" else None
+    return {"total": total, "per_s": total / span_s, "daemon": daemon, "daemon_share": daemon / total,
+            "jobs": jobs, "jobs_share": None if jobs is None else jobs / total,
+            "daemon_commands": dict(cmds.counts), "rpc_per_command": cost,
+            "by_type": dict(sorted(rpcs["types"].items(), key=lambda kv: -kv[1])[:15]),
+            "by_user": rpcs["users"]}
+
+
+def one_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, args) -> dict:
+    nodes = gpus // gpus_per_node
+    print(f"\n== {gpus} GPUs ({nodes} nodes x {gpus_per_node}), {jobs} jobs, {minutes:g} min", flush=True)
+    devcluster.down(STATE_DIR)
+    conf = devcluster.up(STATE_DIR, nodes=nodes, gpus=gpus_per_node, clean=True)
+    os.environ["SLURM_CONF"] = str(conf)
+    shutil.rmtree(WORK, ignore_errors=True)
+    control = WORK / "jobs"
+    control.mkdir(parents=True)
+    for d in (WORK, control):
+        d.chmod(0o1777)
+    if args.job_output:
+        (WORK / "out").mkdir(mode=0o1777)
+        (WORK / "out").chmod(0o1777)
+    plan = plan_jobs(jobs, gpus_per_node, seed=args.seed,
+                     output=str(WORK / "out" / "slurm-%j.out") if args.job_output else "/dev/null")
+    ids, took = submit_jobs(plan, args.user, args.user_python, control, conf)
+    print(f"submitted {len(ids)} jobs as {args.user} in {took:.0f} s", flush=True)
+    subprocess.run(["sdiag", "--reset"], check=True, capture_output=True)
+    cmds, t0 = CommandLog(), time.monotonic()
+    try:
+        rounds = run_daemon(minutes, control, cmds)
+        span = time.monotonic() - t0
+        rpcs = sdiag()
+        cmds.close()
+        share = rpc_share(rpcs, cmds, args.user, span, ids[-1])
+    finally:
+        cmds.close()
+        subprocess.run(["scancel", "-u", args.user], capture_output=True)
+    return {"gpus": gpus, "nodes": nodes, "jobs": jobs, "minutes": minutes, "submit_s": took,
+            "summary": summarise(rounds), "rpcs": share, "rounds": rounds}
+
+
+def print_table(results: list[dict]) -> None:
+    print(f"\n{'part of the round (s)':<24}" + "".join(f"{r['gpus']:>8} GPUs med/max" for r in results))
+    for p in PHASES:
+        cells = (r["summary"]["phases_s"][p] for r in results)
+        print(f"{p:<24}" + "".join(f"{c['median']:>11.3f}/{c['max']:<7.3f}" for c in cells))
+    rows = [("round w/o policy", lambda s: (s["round_without_policy_s"]["median"], s["round_without_policy_s"]["max"])),
+            ("policy", lambda s: (s["policy_s"]["median"], s["policy_s"]["max"]))]
+    for name, f in rows:
+        print(f"{name:<24}" + "".join(f"{f(r['summary'])[0]:>11.3f}/{f(r['summary'])[1]:<7.3f}" for r in results))
+    for r in results:
+        s, q = r["summary"], r["rpcs"]
+        print(f"{r['gpus']} GPUs: {s['rounds']} rounds, running {s['running']['median']:.0f} / pending "
+              f"{s['pending']['median']:.0f} (median), {s['changes']['total']} changes; Slurm calls per round max "
+              f"{s['slurm_calls']['max']} (max over 3 + changes: {s['slurm_calls']['max_over_3_plus_changes']}); "
+              f"RSS {s['rss_mib']['first']:.0f} -> {s['rss_mib']['last']:.0f} MiB "
+              f"({100 * s['rss_mib']['growth']:+.1f}%); "
+              f"slurmctld {q['total']} RPCs ({q['per_s']:.1f}/s), daemon {100 * q['daemon_share']:.1f}%"
+              + ("" if q["jobs_share"] is None else f", the jobs {100 * q['jobs_share']:.1f}%"))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--scales", default="64,256,1024", help="GPU counts, comma-separated")
+    p.add_argument("--gpus-per-node", type=int, default=4)
+    p.add_argument("--jobs", type=int, default=2000, help="jobs at 1,024 GPUs (proportionally fewer below)")
+    p.add_argument("--minutes", default="30", help="minutes per scale: one value, or one per scale")
+    p.add_argument("--user", default="root", help="Unix user the jobs run as (e.g. alice)")
+    p.add_argument("--user-python", default=sys.executable,
+                   help="a Python the user can run that imports this checkout's hpcsched")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep", action="store_true", help="leave the dev cluster up at the end")
+    p.add_argument("--job-output", action="store_true",
+                   help=f"keep each job's output in {WORK}/out (default: /dev/null)")
+    p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "daemon_scale.json")
+    args = p.parse_args()
+    scales = [int(x) for x in args.scales.split(",")]
+    minutes = [float(x) for x in args.minutes.split(",")]
+    minutes = minutes * len(scales) if len(minutes) == 1 else minutes
+    if len(minutes) != len(scales) or any(g % args.gpus_per_node for g in scales):
+        p.error("--minutes needs one value or one per scale; every scale a multiple of --gpus-per-node")
+    results = []
+    try:
+        for gpus, mins in zip(scales, minutes):
+            results.append(one_scale(gpus, args.gpus_per_node, max(1, round(args.jobs * gpus / 1024)), mins, args))
+            write_report(args.out, "daemon_scale", results=results)
+    finally:
+        if not args.keep:
+            devcluster.down(STATE_DIR)
+    print_table(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
