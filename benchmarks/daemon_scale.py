@@ -47,11 +47,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import write_report  # noqa: E402
 from _scale_jobs import plan_jobs  # noqa: E402
 
+from hpcsched import slurm  # noqa: E402
 from hpcsched.daemon import service  # noqa: E402
 from hpcsched.daemon.config import defaults  # noqa: E402
 from hpcsched.daemon.round import PHASES, Daemon  # noqa: E402
 from hpcsched.daemon.store import Store  # noqa: E402
-from hpcsched import slurm  # noqa: E402
 from hpcsched.slurm import commands, devcluster, observe  # noqa: E402
 
 STATE_DIR = Path("/var/lib/hpcsched/devcluster-scale")
