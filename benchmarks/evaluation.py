@@ -37,6 +37,12 @@ run; the document says so). ``--policies a,b``: only those policies in section 2
 granularity with grows by extension and by requeue over the same workloads and loads, and
 rewrites only that section of docs/evaluation.md (the others are left as they are); summaries to
 bench-results/evaluation-grow.json. ``--pal`` likewise runs and rewrites only section 4.
+
+    .venv/bin/python benchmarks/evaluation.py --executor slurm --slurm-time 1:00:00   # on a cluster
+
+``--executor slurm`` simulates what the run cache lacks as one Slurm job array
+(:mod:`_evaluation_slurm`; the cache, this checkout and this Python on a shared file system),
+then renders exactly as a local run: the same runs, the same cache.
 """
 
 from __future__ import annotations
@@ -64,6 +70,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _evaluation_render as render  # noqa: E402
+import _evaluation_runs  # noqa: E402
+import _evaluation_slurm  # noqa: E402
 import pal_artifact  # noqa: E402
 from _evaluation_costs import COSTS_SECTION, costs_main  # noqa: E402
 from _evaluation_runs import _cache, _params, _ran, execute_all, make_run  # noqa: E402
@@ -475,9 +483,13 @@ def main() -> None:
                          "summaries of the last run")
     ap.add_argument("--no-cache", action="store_true",
                     help="simulate every run again, even those the cache holds for this code")
+    ap.add_argument("--cache-dir", default=None,
+                    help="the run cache's directory (default bench-results/evaluation-cache)")
+    _evaluation_slurm.add_options(ap)
     ap.add_argument("--docs", default=str(ROOT / "docs"))
     ap.add_argument("--results", default=str(ROOT / "bench-results" / "evaluation.json"))
     args = ap.parse_args()
+    _evaluation_runs.SLURM = _evaluation_slurm.options(args)
     wls = [1, 2] if args.quick else list(range(1, 9))
     loads = ("1.0",) if args.quick else LOADS
     if args.timings:
