@@ -230,7 +230,8 @@ def one_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, args) ->
         share = rpc_share(rpcs, cmds, args.user, span, ids[-1])
     finally:
         cmds.close()
-        subprocess.run(["scancel", "-u", args.user], capture_output=True)
+        if not args.keep:
+            subprocess.run(["scancel", "-u", args.user], capture_output=True)
     return {"gpus": gpus, "nodes": nodes, "jobs": jobs, "minutes": minutes, "submit_s": took,
             "summary": summarise(rounds), "rpcs": share, "rounds": rounds}
 
@@ -265,7 +266,7 @@ def main() -> int:
     p.add_argument("--user-python", default=sys.executable,
                    help="a Python the user can run that imports this checkout's hpcsched")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--keep", action="store_true", help="leave the dev cluster up at the end")
+    p.add_argument("--keep", action="store_true", help="leave the dev cluster and the last scale's jobs running at the end")
     p.add_argument("--job-output", action="store_true",
                    help=f"keep each job's output in {WORK}/out (default: /dev/null)")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "daemon_scale.json")

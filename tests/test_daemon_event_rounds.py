@@ -15,7 +15,8 @@ import pytest
 from hpcsched import slurm
 from hpcsched.daemon import service as daemon_service
 from hpcsched.daemon.config import ConfigError, DaemonSettings, load
-from hpcsched.daemon.round import Daemon, foreign_event, round_event
+from hpcsched.daemon.events import foreign_event, round_event
+from hpcsched.daemon.round import Daemon
 from hpcsched.daemon.store import Store
 from hpcsched.model.snapshot import ForeignJob
 from hpcsched.policies.base import PolicyBase

@@ -182,6 +182,30 @@ def test_actuate_between_rounds_advances_open_resizes_and_decides_nothing(daemon
     assert len(observed) == 1 + len(phases)
 
 
+def test_a_tick_asks_slurm_nothing_while_every_resize_waits_for_its_job(daemon, control_dir,
+                                                                         monkeypatch):
+    """A resize waiting for the job's acknowledgement needs no Slurm: ticks stat the job's
+    ack.json only, until the job answers (or the acknowledgement is due)."""
+    d, cluster, shift = daemon
+    jd = make_job(control_dir, "7")
+    make_job(control_dir, "8")
+    monkeypatch.setattr(daemon_round, "decide_round", lambda *a: RoundDecision(
+        None, (Change("7", "grow", 1, 2, 64, 64, "test: grow"),), ()))
+    observed = []
+    real_observe = cluster.observe
+    monkeypatch.setattr(cluster, "observe", lambda: observed.append(1) or real_observe())
+    d.round()
+    monkeypatch.setattr(daemon_round, "decide_round", lambda *a: RoundDecision(None, (), ()))
+    assert [a.phase for a in d.store.open_actions()] == ["requested"]
+    for _ in range(3):
+        assert d.actuate() == {}
+    assert observed == [1], "three ticks, no observation: the job has not answered"
+    time.sleep(0.01)
+    answer(jd, cluster, "7")   # it checkpointed: the next tick takes the requeue step
+    assert d.actuate() == {"7": "requeued"} and observed == [1, 1]
+    assert d.actuate() != {} and len(observed) == 3, "past requested: every tick observes"
+
+
 class Scripted(PolicyBase):
     """A policy that gives job 7 the node counts of ``script``, one per round (the last one
     after that), at batch 64; it records what it saw."""

@@ -236,6 +236,9 @@ def test_a_batch_is_one_transaction_and_a_failed_write_in_it_rolls_back_alone(db
         _job(db, "3")
         raise RuntimeError("the round failed")
     assert other.job("3") is None and db.job("3") is None
+    db.touch_jobs(["1", "2", "ghost"], at=5000.0)   # last_seen only, in one statement
+    assert [(j.job_id, j.last_seen, j.state) for j in other.jobs()] == [
+        ("1", 5000.0, db.job("1").state), ("2", 5000.0, db.job("2").state)]
     other.close()
 
 
@@ -333,6 +336,31 @@ def test_profile_aggregation_worked_example(db):
     assert b.global_batch_size == 256 and b.steps == 5 and b.throughput == pytest.approx(426.0)
     assert all(isinstance(r, st.ProfileRow) and r.job_id == "1" for r in rows)
     assert db.profile("nope") == []
+
+
+def test_bulk_reads_answer_as_the_per_job_ones(db):
+    """profiles / recent_actions (one query for many jobs) and the round's Prefetched view give
+    what profile / actions give job by job."""
+    from hpcsched.daemon.store.prefetch import Prefetched
+
+    for j in ("1", "2", "3"):
+        _job(db, j)
+    db.add_profile_samples([_sample(step_time=0.5, throughput=256.0, steps=10),
+                            _sample(world_size=8, nodes=2, step_time=0.6, throughput=426.0, steps=5),
+                            _sample(job_id="2", step_time=9.0, throughput=1.0, steps=100)])
+    for i in range(14):
+        _plan(db, job_id="1" if i % 3 else "2", generation=i + 1, created_at=5.0 + i)
+    assert db.profiles(["1", "2", "3"]) == {"1": db.profile("1"), "2": db.profile("2")}
+    recent = db.recent_actions(["1", "2", "3"], limit=4)
+    assert recent == {"1": db.actions("1", limit=4), "2": db.actions("2", limit=4)}
+    assert db.profiles([]) == {} and db.recent_actions([]) == {}
+    view = Prefetched(db, ["1", "2", "3"])
+    _plan(db, job_id="1", generation=99)          # written after: the view does not see it
+    assert view.profile("1") == db.profile("1") and view.profile("3") == []
+    assert view.actions("2", limit=10) == db.actions("2", limit=10)
+    assert view.actions("1", limit=10) != db.actions("1", limit=10)
+    assert view.actions("1", limit=50) == db.actions("1", limit=50)   # more than it holds: the store's
+    assert view.job("1") == db.job("1")                                  # everything else: the store's
 
 
 def test_profile_sample_validation(db):

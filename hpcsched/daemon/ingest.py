@@ -38,6 +38,7 @@ import re
 import statistics
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
@@ -52,11 +53,11 @@ MAX_ROUND_BYTES = 4 << 20
 #: bytes of a job's **newest** lines read in one pass, all its files together (each file at
 #: least :data:`MIN_FILE_WINDOW`): where more is unread, the older lines are passed over, never
 #: read (a job writing faster than this per round is measured on its latest steps). A healthy
-#: rank writes about 450 bytes per step: this is about 70 steps of a 1-GPU job per round. It
+#: rank writes about 450 bytes per step: this is about 35 steps of a 1-GPU job per round. It
 #: bounds the daemon's ingest by the number of jobs, not by how fast they step: at 1,000 jobs,
 #: every rank writing each of its 20 steps a second, reading every line took 15 us each, 40 s a
 #: minute (``benchmarks/daemon_scale.py``, ``docs/daemon.md``, "At scale")
-FRESH_BYTES = 32 << 10
+FRESH_BYTES = 16 << 10
 MIN_FILE_WINDOW = 2 << 10
 #: the longest metrics line read (bytes); a longer one is skipped whole, even across passes
 MAX_LINE_BYTES = 64 << 10
@@ -431,8 +432,10 @@ def _metrics_files(job_id: str, metrics: Path) -> tuple[int | None, list[str]]:
     return dfd, sorted(names)[:MAX_FILES]
 
 
-def ingest_job(store, job_id: str, job_dir: Path, app_class: str = "") -> tuple[int, int]:
-    """Read a job's new metrics into ``store``; returns (profile rows, GPU rows) added.
+def ingest_job(store, job_id: str, job_dir: Path, app_class: str = "",
+               sink: Pending | None = None) -> tuple[int, int]:
+    """Read a job's new metrics into ``store`` (or, given ``sink``, into it, for the caller to
+    write: :meth:`Pending.flush`); returns (profile rows, GPU rows) found.
 
     Never raises for what the job's files hold (the store's own errors propagate): every problem
     is a warning naming the job and the file, and the job's offsets still move past what was
@@ -447,10 +450,11 @@ def ingest_job(store, job_id: str, job_dir: Path, app_class: str = "") -> tuple[
     advanced: list[tuple[str, int]] = []
     share = max(MIN_FILE_WINDOW, FRESH_BYTES // max(1, len(names)))
     now = time.time()
+    offsets = store.ingest_offsets([str(metrics / name) for name in names])
     try:
         for name in names:
             key = str(metrics / name)  # the store's key: the file's path, as before
-            off = store.ingest_offset(key)
+            off = offsets[key]
             start = newest_offset(name, off, share, dfd)
             if start != off:
                 log.debug("job %s: %s: %d bytes of older steps passed over", job_id, key, start - off)
@@ -468,8 +472,31 @@ def ingest_job(store, job_id: str, job_dir: Path, app_class: str = "") -> tuple[
     finally:
         os.close(dfd)
     profile, gpus = aggregate(records, job_id, app_class)
-    n_p = store.add_profile_samples(profile) if profile else 0
-    n_g = store.add_gpu_measurements(gpus) if gpus else 0
-    for path, off in advanced:  # after the rows are stored: a crash re-reads, never skips
-        store.set_ingest_offset(path, off)
-    return n_p, n_g
+    rows = sink if sink is not None else Pending()
+    rows.profile += profile
+    rows.gpus += gpus
+    rows.offsets.update(advanced)
+    if sink is None:
+        rows.flush(store)
+    return len(profile), len(gpus)
+
+
+@dataclass
+class Pending:
+    """What ingest passes found, to be written to the store together (:meth:`flush`): a round
+    ingests every job into one ``Pending`` and writes it with three statements, where writing
+    job by job cost several per job."""
+
+    profile: list[dict] = field(default_factory=list)
+    gpus: list[dict] = field(default_factory=list)
+    offsets: dict[str, int] = field(default_factory=dict)
+
+    def flush(self, store) -> None:
+        """Write the rows, then the offsets (in the caller's transaction, if any: a crash in
+        between re-reads, never skips); empty afterwards."""
+        if self.profile:
+            store.add_profile_samples(self.profile)
+        if self.gpus:
+            store.add_gpu_measurements(self.gpus)
+        store.set_ingest_offsets(self.offsets)
+        self.profile, self.gpus, self.offsets = [], [], {}

@@ -47,6 +47,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hpcsched import slurm
 from hpcsched.daemon import views
@@ -61,11 +62,11 @@ from hpcsched.daemon.actuator import (
     realised_action,
     reform_layout,
 )
+from hpcsched.daemon.between import BetweenRounds, _mtime_ns
 from hpcsched.daemon.config import Settings
 from hpcsched.daemon.costs import measured_costs
-from hpcsched.daemon.events import foreign_event, round_event
 from hpcsched.daemon.gpu_status import gpu_rows
-from hpcsched.daemon.ingest import ingest_job
+from hpcsched.daemon.ingest import Pending, ingest_job
 from hpcsched.daemon.metrics import DaemonMetrics
 from hpcsched.daemon.phases import REQUEUES, History, ResizePhase, Timeouts
 from hpcsched.daemon.probes import ProbeWatch
@@ -74,6 +75,7 @@ from hpcsched.daemon.requeued import release_requeued
 from hpcsched.daemon.retention import Retention
 from hpcsched.daemon.site_limits import read_site_limits
 from hpcsched.daemon.store import Store
+from hpcsched.daemon.store.prefetch import Prefetched
 from hpcsched.daemon.views import application_of
 from hpcsched.model.snapshot import ClusterSnapshot
 from hpcsched.policies import make_policy
@@ -151,7 +153,7 @@ def _log_change(round_id: int, c: Change, dry_run: bool) -> None:
              c.from_nodes, c.to_nodes, gpus, c.from_batch_size, c.to_batch_size, c.reason)
 
 
-class Daemon:
+class Daemon(BetweenRounds):
     """The round loop (see module docstring). Collaborators can be injected for tests."""
 
     def __init__(self, settings: Settings, *, backend: Backend | None = None,
@@ -169,6 +171,8 @@ class Daemon:
                                  Timeouts(ack=d.ack_timeout, start=max(300.0, d.ack_timeout),
                                           hold=d.preemption_deadline))
         self._stepped: set[int] = set()   # journal ids this process has advanced
+        self._acks: dict[str, tuple[Path, int | None]] = {}   # job -> its ack.json, mtime at its last step
+        self._recorded: dict[str, tuple[str, str, str]] = {}   # job -> (uid, user, state) last written
         self.control_dir = settings.control_dir_path()
         # a plan's 0 GPUs for a running job is applied (checkpoint, requeue, hold with a deadline)
         self.costs = Costs(restart_cost=d.restart_cost, shrink_cost=d.shrink_cost,
@@ -192,7 +196,13 @@ class Daemon:
         self._round_foreign: frozenset[str] = frozenset()
 
     # ----------------------------------------------------------------- jobs
-    def _record_job(self, jd: JobDir, spec: JobSpec, info: slurm.JobInfo, now: float) -> None:
+    def _record_job(self, jd: JobDir, spec: JobSpec, info: slurm.JobInfo, now: float) -> bool:
+        """Write the job's row (spec, limits, Slurm state) to the store; False, writing nothing,
+        when this process last wrote it with the same job directory, user and state (the
+        caller renews ``last_seen`` of those in one statement: :meth:`Store.touch_jobs`)."""
+        seen = (jd.uid, info.user, str(info.state))
+        if self._recorded.get(info.job_id) == seen:
+            return False
         # the store's job columns are JobLimits' fields, by name
         fields = dict(job_id=info.job_id, job_uid=jd.uid, user=info.user, script=spec.script,
                       **dataclasses.asdict(spec.limits),
@@ -202,6 +212,8 @@ class Daemon:
         if not info.active:
             fields["finished_at"] = now
         self.store.upsert_job(**fields)
+        self._recorded[info.job_id] = seen
+        return True
 
     # ---------------------------------------------------------------- round
     def round(self) -> RoundReport:
@@ -234,50 +246,6 @@ class Daemon:
             self.metrics.record_round(rep, dry_run=d.dry_run)
         return rep
 
-    def actuate(self) -> dict[str, str]:
-        """Between rounds: advance every open resize one step, deciding nothing.
-
-        A resize moves one phase per step, and its next step is often due within a second (the
-        job checkpointed, the requeue hold is over): waiting a whole round for it would leave
-        the job idle. Costs one observation, and nothing at all while no resize is open.
-        Returns the outcome per job (as :attr:`RoundReport.outcomes`); never raises for Slurm
-        trouble (the next round or tick tries again).
-        """
-        if not self.store.open_actions():
-            return {}
-        rep = RoundReport(0, time.time())
-        try:
-            managed = self.managed.find(self.backend.observe())
-            self._resume(managed, rep)
-        except slurm.SlurmError as exc:
-            log.warning("resizes in flight not advanced: Slurm: %s; next round or tick retries", exc)
-        if self.metrics is not None:
-            self.metrics.record_actions(rep)
-        return rep.outcomes
-
-    def event_since_round(self) -> str | None:
-        """Between rounds: did a managed job end, or a new one pend, or another user's GPU job
-        pend, since the last round?
-
-        Observes Slurm once (``squeue`` + ``sinfo``) and compares its jobs with the last good
-        round's (:func:`round_event`, :func:`foreign_event`). Returns the reason for a round now, or None: also
-        before any round has observed Slurm, and when Slurm does not answer (logged; never
-        raises for Slurm trouble, the next check or round tries again).
-        """
-        if self._round_states is None:
-            return None
-        try:
-            obs = self.backend.observe()
-            managed = self.managed.find(obs)
-        except slurm.SlurmError as exc:
-            log.warning("job ends and submissions not checked: Slurm: %s; next check retries", exc)
-            return None
-        states = {job_id: info.state for job_id, (_, _, info) in managed.items()}
-        foreign = views.foreign_pending(obs, managed, self.settings.daemon.partitions)
-        reasons = [r for r in (round_event(self._round_states, states),
-                               foreign_event(self._round_foreign, foreign, states)) if r]
-        return ", ".join(reasons) or None
-
     def _round(self, rep: RoundReport) -> None:
         """One round into ``rep``: observe Slurm and keep the store up to date
         (:meth:`_keep_up`), take every open action a step (:meth:`_resume`), build the snapshot
@@ -296,7 +264,7 @@ class Daemon:
             release_requeued(managed, requeuing, self.actuator.slurm, obs.time,
                              self.settings.daemon.dry_run)
         with _timed(rep, "snapshot"):
-            snapshot = views.daemon_snapshot(obs, managed, self.store, busy,
+            snapshot = views.daemon_snapshot(obs, managed, Prefetched(self.store, managed), busy,
                                              self.settings.daemon.partitions,
                                              self.settings.daemon.throughput_model,
                                              self.settings.daemon.plan_granularity,
@@ -325,13 +293,20 @@ class Daemon:
         it runs or once it ended, its new step records ingested; the GPU probes read;
         orphaned extension jobs reaped (into ``rep.reaped``); and, about once an hour unless
         ``daemon.dry_run``, old job directories swept."""
-        with self.store.batch():   # one commit for every job's record and metrics
+        self._recorded = {j: v for j, v in self._recorded.items() if j in managed}
+        with self.store.batch(managed):   # one commit for every job's record and metrics
+            unchanged, found = [], Pending()
             for job_id, (jd, spec, info) in managed.items():
                 with _timed(rep, "record"):
-                    self._record_job(jd, spec, info, obs.time)
+                    if not self._record_job(jd, spec, info, obs.time):
+                        unchanged.append(job_id)
                 if info.state in (SlurmState.RUNNING, SlurmState.COMPLETING) or not info.active:
                     with _timed(rep, "ingest"):
-                        ingest_job(self.store, job_id, jd.path, application_of(spec))
+                        ingest_job(self.store, job_id, jd.path, application_of(spec), found)
+            with _timed(rep, "record"):
+                self.store.touch_jobs(unchanged, obs.time)
+            with _timed(rep, "ingest"):
+                found.flush(self.store)
         with _timed(rep, "probes"):
             self.probes.round()
             rep.reaped = self.reaper.reap(obs, self.actuator.slurm)   # orphaned extension jobs
@@ -412,6 +387,8 @@ class Daemon:
         """One step of journal entry ``aid``, each transition journaled; returns the outcome."""
         def journal(phase: ResizePhase, at: float, why: str) -> None:
             self.store.set_action_phase(aid, phase, error=why or None, at=at)
+
+        self._acks[action.job_id] = (jd.ack_path, _mtime_ns(jd.ack_path))   # answered as of this step
 
         try:
             adv = self.actuator.advance(action, history, jd, spec, info, journal)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from hpcsched.daemon.phases import IllegalTransition, ResizePhase, check_transition
 from hpcsched.daemon.store.rows import (
@@ -104,6 +105,22 @@ class JournalMixin:
             q = q.where(Action.job_id == job_id)
         with self._read() as s:
             return [action_row(a) for a in s.scalars(q)]
+
+    def recent_actions(self, job_ids: Iterable[str], limit: int = 10) -> dict[str, list[ActionRow]]:
+        """The latest ``limit`` actions of each job of ``job_ids``, newest first (as
+        :meth:`actions` per job), in one query; a job without any is absent."""
+        ids = list(dict.fromkeys(job_ids))
+        if not ids:
+            return {}
+        rank = func.row_number().over(partition_by=Action.job_id, order_by=Action.id.desc()).label("rank")
+        inner = select(Action.id, rank).where(Action.job_id.in_(ids)).subquery()
+        q = (select(Action).join(inner, inner.c.id == Action.id).where(inner.c.rank <= limit)
+             .order_by(Action.job_id, Action.id.desc()))
+        out: dict[str, list[ActionRow]] = {}
+        with self._read() as s:
+            for a in s.scalars(q):
+                out.setdefault(a.job_id, []).append(action_row(a))
+        return out
 
     def actions(self, job_id: str | None = None, limit: int = 50) -> list[ActionRow]:
         """The latest ``limit`` actions (of one job, or all), newest first."""

@@ -47,12 +47,13 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Self
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from hpcsched.daemon.store.gpus import GpuMixin
 from hpcsched.daemon.store.journal import JournalMixin
 from hpcsched.daemon.store.lease import LeaseMixin
+from hpcsched.daemon.store.offsets import OffsetsMixin
 from hpcsched.daemon.store.rows import (
     JobRow,
     ProfileRow,
@@ -65,7 +66,6 @@ from hpcsched.daemon.store.rows import (
 )
 from hpcsched.daemon.store.schema import (
     STORE_DIR_MODE,
-    IngestOffset,
     Job,
     ProfileSample,
     Round,
@@ -87,7 +87,7 @@ _ROUND_END_FIELDS = {"duration", "objective", "jobs", "actions", "slurm_calls",
                      "policy_seconds", "error"}
 
 
-class Store(JournalMixin, LeaseMixin, GpuMixin):
+class Store(JournalMixin, LeaseMixin, GpuMixin, OffsetsMixin):
     """The daemon's database. ``url``: any SQLAlchemy URL (SQLite on a local disk by default).
 
     Creating a Store opens nothing and creates no tables; run :meth:`upgrade` once (or
@@ -112,19 +112,24 @@ class Store(JournalMixin, LeaseMixin, GpuMixin):
         self.close()
 
     @contextmanager
-    def batch(self) -> Iterator[None]:
+    def batch(self, jobs: Iterable[str] = ()) -> Iterator[None]:
         """Every read and write of this store inside the block is one transaction, committed at
         its end: the round's bookkeeping of thousands of jobs costs one commit (one ``fsync``),
-        not one per job. A write that fails inside is rolled back alone (a savepoint) and its
-        exception propagates as without a batch; an exception that leaves the block rolls the
-        whole batch back. A batch inside a batch is part of the outer one. Not for threads
-        sharing one Store."""
+        not one per job; the rows of ``jobs`` (Slurm job ids) are read up front, in one query.
+        A write that fails inside is rolled back alone (a savepoint) and its exception
+        propagates as without a batch; an exception that leaves the block rolls the whole batch
+        back. A batch inside a batch is part of the outer one. Not for threads sharing one
+        Store."""
         if self._batch is not None:
             yield
             return
         with self._sessions() as s:
             s.connection(execution_options={"hpcsched_write": True})
             self._batch = s
+            ids = list(jobs)
+            # into the session's identity map (which holds them weakly: hence the name), where
+            # upsert_job's get() finds them without a query each
+            held = s.scalars(select(Job).where(Job.job_id.in_(ids))).all() if ids else []
             try:
                 yield
                 s.commit()
@@ -133,6 +138,7 @@ class Store(JournalMixin, LeaseMixin, GpuMixin):
                 raise
             finally:
                 self._batch = None
+                del held
 
     @contextmanager
     def _read(self) -> Iterator[Session]:
@@ -229,6 +235,15 @@ class Store(JournalMixin, LeaseMixin, GpuMixin):
                 for k, v in fields.items():
                     setattr(job, k, v)
 
+    def touch_jobs(self, job_ids: Iterable[str], at: float | None = None) -> None:
+        """Set ``last_seen`` of the jobs ``job_ids`` (those that exist) to ``at`` (Unix s,
+        default now), in one statement."""
+        ids = list(job_ids)
+        if ids:
+            with self._write() as s:
+                s.execute(update(Job).where(Job.job_id.in_(ids)).values(last_seen=time.time() if at is None else at)
+                          .execution_options(synchronize_session=False))
+
     def prune(self, before: float) -> dict[str, int]:
         """Delete the jobs that finished before ``before`` (Unix s) with their history (profile,
         GPU measurements, journal: ``ON DELETE CASCADE``), and the rounds that started before it
@@ -279,20 +294,28 @@ class Store(JournalMixin, LeaseMixin, GpuMixin):
         """The job's profile: one row per (world_size, nodes, local_batch_size,
         accumulation_steps), with steps-weighted mean step time (s) and throughput
         (samples/s), total steps and the latest sample time; ordered by those keys."""
+        return self.profiles([job_id]).get(job_id, [])
+
+    def profiles(self, job_ids: Iterable[str]) -> dict[str, list[ProfileRow]]:
+        """:meth:`profile` of each job of ``job_ids``, in one query; a job without samples is
+        absent."""
+        ids = list(dict.fromkeys(job_ids))
+        if not ids:
+            return {}
         P = ProfileSample
         total = func.sum(P.steps)
-        q = (select(P.world_size, P.nodes, P.local_batch_size, P.accumulation_steps,
-                    func.max(P.global_batch_size),
+        keys = (P.job_id, P.world_size, P.nodes, P.local_batch_size, P.accumulation_steps)
+        q = (select(*keys, func.max(P.global_batch_size),
                     func.sum(P.step_time * P.steps) / total,
                     func.sum(P.throughput * P.steps) / total,
                     total, func.count(), func.max(P.time))
-             .where(P.job_id == job_id)
-             .group_by(P.world_size, P.nodes, P.local_batch_size, P.accumulation_steps)
-             .order_by(P.world_size, P.nodes, P.local_batch_size, P.accumulation_steps))
+             .where(P.job_id.in_(ids)).group_by(*keys).order_by(*keys))
+        out: dict[str, list[ProfileRow]] = {}
         with self._read() as s:
-            return [ProfileRow(job_id, ws, n, lbs, acc, int(gbs), float(st), float(tp),
-                               int(steps), int(count), float(t))
-                    for ws, n, lbs, acc, gbs, st, tp, steps, count, t in s.execute(q)]
+            for job, ws, n, lbs, acc, gbs, st, tp, steps, count, t in s.execute(q):
+                out.setdefault(job, []).append(ProfileRow(job, ws, n, lbs, acc, int(gbs), float(st),
+                                                          float(tp), int(steps), int(count), float(t)))
+        return out
 
     def application_profile(self, applications: Iterable[str]) -> dict[str, list[Measured]]:
         """What every job of each of ``applications`` measured (finished jobs' included): per
@@ -346,21 +369,3 @@ class Store(JournalMixin, LeaseMixin, GpuMixin):
             return [to_row(RoundRow, r) for r in s.scalars(q)]
 
     # -- ingest bookkeeping ------------------------------------------------------------------
-
-    def ingest_offset(self, path: str) -> int:
-        """How many bytes of the file at ``path`` were ingested (0 if never seen)."""
-        with self._read() as s:
-            row = s.get(IngestOffset, str(path))
-            return 0 if row is None else row.offset
-
-    def set_ingest_offset(self, path: str, offset: int, *, at: float | None = None) -> None:
-        """Record that ``offset`` bytes of ``path`` are ingested (``at``: Unix s, default now)."""
-        if offset < 0:
-            raise ValueError(f"offset must be >= 0, got {offset}")
-        now = time.time() if at is None else at
-        with self._write() as s:
-            row = s.get(IngestOffset, str(path))
-            if row is None:
-                s.add(IngestOffset(path=str(path), offset=offset, updated_at=now))
-            else:
-                row.offset, row.updated_at = offset, now
