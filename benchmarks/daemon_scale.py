@@ -266,7 +266,8 @@ def main() -> int:
     p.add_argument("--user-python", default=sys.executable,
                    help="a Python the user can run that imports this checkout's hpcsched")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--keep", action="store_true", help="leave the dev cluster and the last scale's jobs running at the end")
+    p.add_argument("--keep", action="store_true",
+                   help="leave the dev cluster and the last scale's jobs running at the end")
     p.add_argument("--job-output", action="store_true",
                    help=f"keep each job's output in {WORK}/out (default: /dev/null)")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "daemon_scale.json")
