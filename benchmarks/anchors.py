@@ -45,6 +45,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _evaluation_render as render  # noqa: E402
+import _evaluation_runs  # noqa: E402
+import _evaluation_slurm  # noqa: E402
 from _evaluation_runs import execute_all, make_run  # noqa: E402
 from _report import write_report  # noqa: E402
 from _run_cache import RunCache, code_version  # noqa: E402
@@ -112,7 +114,9 @@ def main(argv=None) -> None:
                    help="benchmarks/jct_bound.py's results: the lower bound per load")
     p.add_argument("--docs", type=Path, default=None,
                    help="also write section 11 of DOCS/evaluation.md from this run")
+    _evaluation_slurm.add_options(p)
     args = p.parse_args(argv)
+    _evaluation_runs.SLURM = _evaluation_slurm.options(args)
     loads = args.loads.split(",")
     anchor = pollux_means(args.evaluation, loads)
     # keys (variant, policy, workload, load): execute_all runs pollux and high loads first

@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _evaluation_runs  # noqa: E402
+import _evaluation_slurm  # noqa: E402
 from _evaluation_runs import execute_all, make_run  # noqa: E402
 from _report import write_report  # noqa: E402
 from _run_cache import RunCache, code_version  # noqa: E402
@@ -115,7 +117,9 @@ def main() -> None:
     p.add_argument("--rigid-fraction", type=float, default=0.3)
     p.add_argument("--no-cache", action="store_true", help="simulate everything again")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "mixed_workload.json")
+    _evaluation_slurm.add_options(p)
     args = p.parse_args()
+    _evaluation_runs.SLURM = _evaluation_slurm.options(args)
     with single_threaded_blas():
         results = execute_all(runs(args.rigid_fraction), args.jobs,
                               RunCache(None if args.no_cache else code_version()))
