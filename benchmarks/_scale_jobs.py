@@ -10,7 +10,7 @@ summary (:func:`hpcsched.sim.workload.sample_philly`: 1 to 64 GPUs, a Pollux app
 GPU-time, the tuned batch size); each asks for its GPUs as whole nodes of ``gpus_per_node``
 (fewer GPUs: one node), may grow to twice its GPUs, and has the work its application does in
 ``duration`` seconds at its submitted size, ``duration`` log-normal (median ``median_s``,
-sigma 1, between 2 minutes and 2 hours; seeded), so that some end and pending ones start within
+sigma 1, between 5 minutes and 2 hours; seeded), so that some end and pending ones start within
 a run of minutes while most outlast it. The submission side imports nothing but hpcsub.
 """
 
@@ -48,7 +48,7 @@ def plan_jobs(count: int, gpus_per_node: int, seed: int = 0, median_s: float = 9
         batch = max(emu.base_batch_size, min(wj.batch_size, emu.app.max_batch_size))
         local = max(1, batch // gpus)
         step, _ = _step(tables[app], gpus, local)
-        duration = float(np.clip(rng.lognormal(math.log(median_s), 1.0), 120.0, 7200.0))
+        duration = float(np.clip(rng.lognormal(math.log(median_s), 1.0), 300.0, 7200.0))
         most = min(2 * gpus, 128)
         table = dict(tables[app], total_samples=int(duration / step * local * gpus),
                      dataset_size=emu.dataset_size(batch),

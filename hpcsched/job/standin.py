@@ -7,7 +7,8 @@ job has it (:mod:`hpcsched.protocol.files`, :func:`hpcsched.job.launcher.effecti
 :class:`hpcsched.job.extension.Extender`, :func:`hpcsched.job.allocation.shrink_from_inside`):
 
 * ``launcher.json`` at each phase change; ``ack.json`` ``applied`` for the generation each launch
-  starts with; ``progress.json`` every 2 s and at the end (``total_samples``, gradient noise);
+  starts with; ``progress.json`` every ``PROGRESS_S`` (10 s: a real job's rank 0 writes it every
+  2 s, the daemon reads it once a round) and at the end (``total_samples``, gradient noise);
 * one metrics line per optimizer step **for every rank** (``metrics/launch-<L>-rank-<R>.jsonl``;
   extension ranks ``launch-<L>-ext-<J>-rank-<T>.jsonl``), at the step time the simulator's
   physics gives the job's application at its GPU count and local batch size
@@ -62,10 +63,14 @@ from hpcsched.protocol.kinds import AckState, ControlAction, LauncherPhase
 
 log = logging.getLogger("hpcsched.job.standin")
 
-#: seconds between two wake-ups: metrics lines, control file, extensions
-TICK_S = 1.0
-#: seconds between two progress.json writes (as rank 0's, ``docs/control-protocol.md``)
-PROGRESS_S = 2.0
+#: seconds between two wake-ups: metrics lines, control file (read only when its modification
+#: time changed), extensions. A thousand stand-ins share two cores: every wake-up counts
+TICK_S = 2.0
+#: seconds between two progress.json writes (an atomic write with ``fsync``: a real job's rank 0
+#: writes it every 2 s, ``docs/control-protocol.md``; the daemon reads it once a round)
+PROGRESS_S = 10.0
+#: seconds between an extension's looks at its primary's ``launcher.json`` (has it ended?)
+PRIMARY_POLL_S = 10.0
 #: steps written per rank and tick at most; a longer stall is skipped (not back-filled)
 MAX_STEPS_PER_TICK = 400
 #: seconds an extension may take to start before the generation is rejected (the real job's
@@ -157,6 +162,7 @@ class Primary:
         self.ext = Joined(jd, self.spec, self.job_id)
         self.ranks: Ranks | None = None
         self.control_seen: int | None = None
+        self.control_stamp: int | None = None   # control.json's mtime when last read
 
     def _read(self, reader, path: Path):
         try:
@@ -299,6 +305,13 @@ class Primary:
 
     # ------------------------------------------------------------ control
     def _check_control(self) -> None:
+        try:
+            stamp = os.stat(self.jd.control_path).st_mtime_ns
+        except OSError:
+            return
+        if stamp == self.control_stamp:
+            return
+        self.control_stamp = stamp
         control = self._read(ctl.read_control, self.jd.control_path)
         if control is None or control.generation <= (self.control_seen or 0):
             return
@@ -513,10 +526,13 @@ class Extension:
         d = self.jd.extensions_dir
         signal.signal(signal.SIGTERM, self._terminated)
         (d / f"ready-{self.job_id}").touch()
+        looked = time.monotonic()
         while not (d / f"release-{self.job_id}").exists():
-            state = self.jd.read_launcher_state()
-            if state is not None and state.phase in (LauncherPhase.FINISHED, LauncherPhase.FAILED):
-                break
+            if time.monotonic() - looked >= PRIMARY_POLL_S:
+                looked = time.monotonic()
+                state = self.jd.read_launcher_state()
+                if state is not None and state.phase in (LauncherPhase.FINISHED, LauncherPhase.FAILED):
+                    break
             time.sleep(TICK_S)
         return 0
 
