@@ -84,6 +84,24 @@ def rpc_cost(argv: list[str]) -> int:
     return count() - before
 
 
+def command_kind(args) -> str:
+    """``scontrol update``, ``squeue``, ``scancel``: a Slurm command by what it asks."""
+    words = [str(x) for x in args]
+    return " ".join(words[:2]) if words[0] == "scontrol" and len(words) > 1 else words[0]
+
+
+def calibrate() -> dict[str, int]:
+    """slurmctld RPCs of one of each command the daemon issues, on the cluster before any job
+    runs (so that nothing else is counted): ``squeue`` and ``sinfo`` as the daemon runs them,
+    ``scontrol`` commands as a no-op ``scontrol update`` of a held job, ``scancel`` of it."""
+    held = subprocess.run(["sbatch", "--parsable", "-H", "--output=/dev/null", "--wrap", "true"],
+                          capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+    cost = {"squeue": rpc_cost(["squeue", "--json", "--states=all"]), "sinfo": rpc_cost(["sinfo", "--json"]),
+            "scontrol": rpc_cost(["scontrol", "update", f"JobId={held}", "Comment=hpcsched-scale-benchmark"])}
+    cost["scancel"] = rpc_cost(["scancel", held])
+    return cost
+
+
 class CommandLog:
     """Counts the daemon's Slurm commands by their first two words (``squeue --json``, ``scontrol
     update``): wraps ``hpcsched.slurm.commands.run`` where the daemon's modules call it, for this
@@ -97,7 +115,7 @@ class CommandLog:
         self._run = commands.run
 
         def run(args, *a, **k):
-            key = " ".join(str(x) for x in list(args)[:2])
+            key = command_kind(args)
             self.counts[key] += 1
             self.examples.setdefault(key, [str(x) for x in args])
             return self._run(args, *a, **k)
@@ -106,6 +124,7 @@ class CommandLog:
             module.run = run
 
     def close(self) -> None:
+        """Put Slurm's ``run`` back where it was wrapped."""
         for module in self.PLACES:
             module.run = self._run
 
@@ -170,6 +189,8 @@ def summarise(rounds: list[dict]) -> dict:
                   "max": max(r["phases"].get(p, 0.0) for r in ok)} for p in PHASES}
     over = [r["slurm_calls"] - 3 - r["changes"] for r in ok]
     steady = ok[1:] or ok   # the first round builds the store and imports the policy
+    warm = next((r for r in steady if r["t"] >= steady[0]["t"] + (steady[-1]["t"] - steady[0]["t"]) / 10),
+                steady[0])
     return {
         "rounds": len(rounds), "errors": len(rounds) - len([r for r in rounds if r["error"] is None]),
         "round_without_policy_s": {"median": statistics.median(nopol), "max": max(nopol)},
@@ -180,20 +201,17 @@ def summarise(rounds: list[dict]) -> dict:
         "running": {"median": statistics.median(r["running"] for r in ok), "max": max(r["running"] for r in ok)},
         "pending": {"median": statistics.median(r["pending"] for r in ok), "max": max(r["pending"] for r in ok)},
         "rss_mib": {"first": steady[0]["rss_mib"], "last": steady[-1]["rss_mib"],
-                    "growth": steady[-1]["rss_mib"] / steady[0]["rss_mib"] - 1},
+                    "growth": steady[-1]["rss_mib"] / steady[0]["rss_mib"] - 1,
+                    # from the first round after a tenth of the run: caches filled once
+                    "growth_after_warmup": steady[-1]["rss_mib"] / warm["rss_mib"] - 1},
     }
 
 
-def rpc_share(rpcs: dict, cmds: CommandLog, user: str, span_s: float, job_id: str) -> dict:
-    """hpcsched's share of slurmctld's RPCs: the daemon's (its commands x each one's measured
-    RPCs: an ``squeue``/``sinfo`` run again as the daemon ran it; any ``scontrol`` command as a
-    no-op ``scontrol update`` of job ``job_id``) and the jobs' (``user``'s, from sdiag's table by
-    user)."""
+def rpc_share(rpcs: dict, cmds: CommandLog, user: str, span_s: float, cost: dict[str, int]) -> dict:
+    """hpcsched's share of slurmctld's RPCs: the daemon's (its commands x each one's RPCs,
+    :func:`calibrate`) and the jobs' (``user``'s, from sdiag's table by user)."""
     total = sum(rpcs["types"].values())
-    noop = ["scontrol", "update", f"JobId={job_id}", "Comment=hpcsched-scale-benchmark"]
-    cost = {k: rpc_cost(argv if k.split()[0] in ("squeue", "sinfo") else noop)
-            for k, argv in cmds.examples.items()}
-    daemon = sum(n * cost[k] for k, n in cmds.counts.items())
+    daemon = sum(n * cost.get(k.split()[0], 1) for k, n in cmds.counts.items())
     jobs = rpcs["users"].get(user, 0) if user != "root" else None
     return {"total": total, "per_s": total / span_s, "daemon": daemon, "daemon_share": daemon / total,
             "jobs": jobs, "jobs_share": None if jobs is None else jobs / total,
@@ -216,6 +234,7 @@ def one_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, args) ->
     if args.job_output:
         (WORK / "out").mkdir(mode=0o1777)
         (WORK / "out").chmod(0o1777)
+    cost = calibrate()
     plan = plan_jobs(jobs, gpus_per_node, seed=args.seed,
                      output=str(WORK / "out" / "slurm-%j.out") if args.job_output else "/dev/null")
     ids, took = submit_jobs(plan, args.user, args.user_python, control, conf)
@@ -227,7 +246,7 @@ def one_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, args) ->
         span = time.monotonic() - t0
         rpcs = sdiag()
         cmds.close()
-        share = rpc_share(rpcs, cmds, args.user, span, ids[-1])
+        share = rpc_share(rpcs, cmds, args.user, span, cost)
     finally:
         cmds.close()
         if not args.keep:

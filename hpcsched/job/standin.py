@@ -261,6 +261,7 @@ class Primary:
             time.sleep(TICK_S)
         self._progress(finished=True)
         self.ext.release_all("job finished")
+        cancel_all(self.jd)   # as the launcher: no extension outlives the job, joined or not
         self._save_state(LauncherPhase.FINISHED, exit_code=0)
         log.info("job %s done: %d samples in %d steps", self.job_id, self.samples, self.step)
         return 0
