@@ -111,13 +111,11 @@ class CommandLog:
 
     def __init__(self):
         self.counts: collections.Counter[str] = collections.Counter()
-        self.examples: dict[str, list[str]] = {}
         self._run = commands.run
 
         def run(args, *a, **k):
             key = command_kind(args)
             self.counts[key] += 1
-            self.examples.setdefault(key, [str(x) for x in args])
             return self._run(args, *a, **k)
 
         for module in self.PLACES:

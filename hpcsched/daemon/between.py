@@ -18,13 +18,12 @@ from hpcsched.daemon.phases import ResizePhase
 log = logging.getLogger("hpcsched.daemon")
 
 
-def _mtime_ns(path: Path) -> int | None:
+def mtime_ns(path: Path) -> int | None:
     """``path``'s modification time (ns), None when it cannot be read."""
     try:
         return os.stat(path).st_mtime_ns
     except OSError:
         return None
-
 
 
 class BetweenRounds:
@@ -69,7 +68,7 @@ class BetweenRounds:
             if a.phase != ResizePhase.REQUESTED or now - a.updated_at >= self.settings.daemon.ack_timeout:
                 return True
             seen = self._acks.get(a.job_id)
-            if seen is None or _mtime_ns(seen[0]) != seen[1]:
+            if seen is None or mtime_ns(seen[0]) != seen[1]:
                 return True
         return False
 

@@ -62,7 +62,7 @@ from hpcsched.daemon.actuator import (
     realised_action,
     reform_layout,
 )
-from hpcsched.daemon.between import BetweenRounds, _mtime_ns
+from hpcsched.daemon.between import BetweenRounds, mtime_ns
 from hpcsched.daemon.config import Settings
 from hpcsched.daemon.costs import measured_costs
 from hpcsched.daemon.gpu_status import gpu_rows
@@ -293,7 +293,9 @@ class Daemon(BetweenRounds):
         it runs or once it ended, its new step records ingested; the GPU probes read;
         orphaned extension jobs reaped (into ``rep.reaped``); and, about once an hour unless
         ``daemon.dry_run``, old job directories swept."""
+        # what this process remembers of jobs: those Slurm still lists
         self._recorded = {j: v for j, v in self._recorded.items() if j in managed}
+        self._acks = {j: v for j, v in self._acks.items() if j in managed}
         with self.store.batch(managed):   # one commit for every job's record and metrics
             unchanged, found = [], Pending()
             for job_id, (jd, spec, info) in managed.items():
@@ -388,7 +390,7 @@ class Daemon(BetweenRounds):
         def journal(phase: ResizePhase, at: float, why: str) -> None:
             self.store.set_action_phase(aid, phase, error=why or None, at=at)
 
-        self._acks[action.job_id] = (jd.ack_path, _mtime_ns(jd.ack_path))   # answered as of this step
+        self._acks[action.job_id] = (jd.ack_path, mtime_ns(jd.ack_path))   # answered as of this step
 
         try:
             adv = self.actuator.advance(action, history, jd, spec, info, journal)

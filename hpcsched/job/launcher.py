@@ -61,6 +61,7 @@ from hpcsched.protocol.batching import BatchConfig, BatchSizeError
 from hpcsched.protocol.env import LaunchEnv
 from hpcsched.protocol.jobdir import JobDir, JobSpec
 from hpcsched.protocol.kinds import AckState, ControlAction, LauncherPhase
+from hpcsched.protocol.limits import JobLimits
 from hpcsched.slurm.parse import duration_seconds
 
 log = logging.getLogger("hpcsched.job.launcher")
@@ -123,12 +124,23 @@ def effective_config(spec: JobSpec, control: ctl.Control | None, nodes: int) -> 
         wpn = control.workers_per_node
     world = nodes * wpn
     generation = control.generation if control is not None else 0
-    if control is not None and control.world_size == world:
-        batch = BatchConfig(world, control.local_batch_size, control.accumulation_steps)
-    else:
-        target = control.global_batch_size if control is not None else limits.base_batch_size
-        batch = limits.fit_batch_gpus(target, world)
+    batch = launch_batch(limits, control, world, limits.base_batch_size)
     return LaunchConfig(generation, nodes, wpn, batch, limits.lr_scale(batch.global_batch_size))
+
+
+def launch_batch(limits: JobLimits, control: ctl.Control | None, world: int,
+                 default: int) -> BatchConfig:
+    """The batch configuration at ``world`` workers (pure): ``control``'s own when its world
+    size is ``world``, else its global batch size (``default`` without a control) refitted to
+    ``world`` within ``limits`` (:meth:`~hpcsched.protocol.limits.JobLimits.fit_batch_gpus`).
+
+    Raises:
+        BatchSizeError: no batch configuration fits the limits at this world size.
+    """
+    if control is not None and control.world_size == world:
+        return BatchConfig(world, control.local_batch_size, control.accumulation_steps)
+    target = control.global_batch_size if control is not None else default
+    return limits.fit_batch_gpus(target, world)
 
 
 #: launches in a row whose workers were killed (no newer checkpoint between them) after which

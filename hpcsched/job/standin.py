@@ -54,9 +54,8 @@ from pathlib import Path
 from hpcsched import slurm
 from hpcsched.job.allocation import shrink_from_inside
 from hpcsched.job.extension import Extender, LayoutRefused, cancel_all, plan_layout
-from hpcsched.job.launcher import LaunchConfig, effective_config
+from hpcsched.job.launcher import LaunchConfig, effective_config, launch_batch
 from hpcsched.protocol import files as ctl
-from hpcsched.protocol.batching import BatchConfig
 from hpcsched.protocol.extensions import ExtensionState
 from hpcsched.protocol.jobdir import JobDir
 from hpcsched.protocol.kinds import AckState, ControlAction, LauncherPhase
@@ -231,16 +230,13 @@ class Primary:
         self.next_t = time.time() + self.step_s
 
     def _refit(self, control, nodes: list[str]):
+        """The launcher's configuration on ``nodes``, over the joined extensions' GPUs too."""
         cfg = effective_config(self.spec, control, len(nodes))
         world = len(nodes) * cfg.workers_per_node + sum(g for _, g in self.ext.members.values())
         if world != cfg.world_size:   # a reform's world, or extensions that stay
-            if control is not None and control.world_size == world:
-                batch = BatchConfig(world, control.local_batch_size, control.accumulation_steps)
-            else:
-                target = control.global_batch_size if control is not None else cfg.batch.global_batch_size
-                batch = self.spec.limits.fit_batch_gpus(target, world)
+            batch = launch_batch(self.spec.limits, control, world, cfg.batch.global_batch_size)
             cfg = LaunchConfig(cfg.generation, cfg.nodes, cfg.workers_per_node, batch,
-                            self.spec.limits.lr_scale(batch.global_batch_size))
+                               self.spec.limits.lr_scale(batch.global_batch_size))
         return cfg
 
     # ------------------------------------------------------------------- run

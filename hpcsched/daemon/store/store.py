@@ -127,8 +127,8 @@ class Store(JournalMixin, LeaseMixin, GpuMixin, OffsetsMixin):
             s.connection(execution_options={"hpcsched_write": True})
             self._batch = s
             ids = list(jobs)
-            # into the session's identity map (which holds them weakly: hence the name), where
-            # upsert_job's get() finds them without a query each
+            # into the session's identity map, where upsert_job's get() finds them without a
+            # query each; the map holds them weakly, so ``held`` keeps them for the batch
             held = s.scalars(select(Job).where(Job.job_id.in_(ids))).all() if ids else []
             try:
                 yield
@@ -367,5 +367,3 @@ class Store(JournalMixin, LeaseMixin, GpuMixin, OffsetsMixin):
         with self._read() as s:
             q = select(Round).order_by(Round.id.desc()).limit(limit)
             return [to_row(RoundRow, r) for r in s.scalars(q)]
-
-    # -- ingest bookkeeping ------------------------------------------------------------------
