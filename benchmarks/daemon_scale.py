@@ -9,8 +9,11 @@ hpcsub as the Unix user ``--user``, ``--jobs`` x GPUs / 1,024 of them (2,000 at 
 about half run, half wait), and the real daemon (its default settings and policy, a fresh
 SQLite store; in this process, with the service loop's actuation ticks and early rounds between
 rounds, ``hpcsched.daemon.service``) runs for ``--minutes``. Per round: wall time per part
-(``RoundReport.phases``), the Slurm commands it issued, the changes applied, the jobs running
-and pending, the daemon's RSS. At the end, slurmctld's RPCs from ``sdiag`` (reset at the start),
+(``RoundReport.phases``), the CPU seconds of the daemon and its Slurm commands, the Slurm
+commands it issued, the changes applied, the jobs running and pending, the daemon's RSS. The
+daemon and slurmctld run at nice ``--login-nice`` (-15), the emulated compute nodes (slurmd and
+the jobs) at 0: on a real cluster they do not share the login node's or the controller's cores.
+At the end, slurmctld's RPCs from ``sdiag`` (reset at the start),
 by message type and by user; hpcsched's share: the daemon's commands (counted per command) x
 their RPCs each (measured with ``sdiag`` around one of each), and the jobs' own (``--user``).
 
@@ -53,9 +56,31 @@ from hpcsched.daemon.config import defaults  # noqa: E402
 from hpcsched.daemon.round import PHASES, Daemon  # noqa: E402
 from hpcsched.daemon.store import Store  # noqa: E402
 from hpcsched.slurm import commands, devcluster, observe  # noqa: E402
+from hpcsched.slurm.devcluster.base import Layout  # noqa: E402
+from hpcsched.slurm.devcluster.processes import read_pid  # noqa: E402
 
 STATE_DIR = Path("/var/lib/hpcsched/devcluster-scale")
 WORK = Path("/var/tmp/hpcsched-scale")
+
+
+def cpu_seconds() -> float:
+    """CPU seconds this process (the daemon) and the children it waited for (its Slurm
+    commands) have used: the round's cost apart from what else the host runs."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def login_priority(nice: int) -> None:
+    """Give this process (the daemon) and slurmctld the CPU before the emulated compute nodes
+    (slurmd and the jobs, at 0): on a real cluster the daemon has the login node and slurmctld
+    the controller to themselves, here all share the host's cores. ``nice`` 0 leaves them equal."""
+    if nice == 0:
+        return
+    os.setpriority(os.PRIO_PROCESS, 0, nice)
+    pid = read_pid(Layout(STATE_DIR).pidfile("slurmctld"))
+    if pid:
+        for task in os.listdir(f"/proc/{pid}/task"):   # every thread of slurmctld
+            os.setpriority(os.PRIO_PROCESS, int(task), nice)
 
 
 def rss_mib() -> float:
@@ -158,18 +183,19 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog) -> list[dict]:
     daemon = Daemon(settings, store=store)
     rounds, state, end = [], {"stop": False, "reload": False}, time.monotonic() + 60 * minutes
     while time.monotonic() < end:
-        t0, calls0 = time.monotonic(), commands.calls()
+        t0, calls0, cpu0 = time.monotonic(), commands.calls(), cpu_seconds()
         before = collections.Counter(cmds.counts)
         rep = daemon.round()
+        cpu = cpu_seconds() - cpu0
         states = collections.Counter(rep.slurm_states.values())
         rounds.append({
-            "t": round(time.time(), 3), "duration": rep.duration, "policy": rep.policy_seconds,
+            "t": round(time.time(), 3), "duration": rep.duration, "policy": rep.policy_seconds, "cpu": cpu,
             "phases": rep.phases, "slurm_calls": rep.slurm_calls, "changes": len(rep.changes),
             "commands": dict(cmds.counts - before), "error": rep.error, "jobs": rep.jobs,
             "running": states.get("RUNNING", 0), "pending": states.get("PENDING", 0),
             "rss_mib": rss_mib()})
         r = rounds[-1]
-        print(f"  round {len(rounds):3d}: {r['duration']:6.2f} s (policy {r['policy']:5.2f}), "
+        print(f"  round {len(rounds):3d}: {r['duration']:6.2f} s (policy {r['policy']:5.2f}, CPU {cpu:5.2f}), "
               f"{r['slurm_calls']} calls, {r['changes']} changes, {r['running']} running / "
               f"{r['pending']} pending, RSS {r['rss_mib']:.0f} MiB" + (f", error {r['error']}" if r["error"] else ""),
               flush=True)
@@ -193,6 +219,7 @@ def summarise(rounds: list[dict]) -> dict:
         "rounds": len(rounds), "errors": len(rounds) - len([r for r in rounds if r["error"] is None]),
         "round_without_policy_s": {"median": statistics.median(nopol), "max": max(nopol)},
         "policy_s": {"median": statistics.median(r["policy"] for r in ok), "max": max(r["policy"] for r in ok)},
+        "cpu_s": {"median": statistics.median(r["cpu"] for r in ok), "max": max(r["cpu"] for r in ok)},
         "phases_s": phases,
         "slurm_calls": {"max": max(r["slurm_calls"] for r in ok), "max_over_3_plus_changes": max(over)},
         "changes": {"total": sum(r["changes"] for r in ok), "max": max(r["changes"] for r in ok)},
@@ -232,6 +259,7 @@ def one_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, args) ->
     if args.job_output:
         (WORK / "out").mkdir(mode=0o1777)
         (WORK / "out").chmod(0o1777)
+    login_priority(args.login_nice)
     cost = calibrate()
     plan = plan_jobs(jobs, gpus_per_node, seed=args.seed,
                      output=str(WORK / "out" / "slurm-%j.out") if args.job_output else "/dev/null")
@@ -259,7 +287,8 @@ def print_table(results: list[dict]) -> None:
         cells = (r["summary"]["phases_s"][p] for r in results)
         print(f"{p:<24}" + "".join(f"{c['median']:>11.3f}/{c['max']:<7.3f}" for c in cells))
     rows = [("round w/o policy", lambda s: (s["round_without_policy_s"]["median"], s["round_without_policy_s"]["max"])),
-            ("policy", lambda s: (s["policy_s"]["median"], s["policy_s"]["max"]))]
+            ("policy", lambda s: (s["policy_s"]["median"], s["policy_s"]["max"])),
+            ("round's CPU", lambda s: (s["cpu_s"]["median"], s["cpu_s"]["max"]))]
     for name, f in rows:
         print(f"{name:<24}" + "".join(f"{f(r['summary'])[0]:>11.3f}/{f(r['summary'])[1]:<7.3f}" for r in results))
     for r in results:
@@ -283,6 +312,9 @@ def main() -> int:
     p.add_argument("--user-python", default=sys.executable,
                    help="a Python the user can run that imports this checkout's hpcsched")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--login-nice", type=int, default=-15,
+                   help="nice value of the daemon and slurmctld (the compute nodes' processes run at 0): "
+                        "they have hosts of their own on a real cluster; 0: all share the cores equally")
     p.add_argument("--keep", action="store_true",
                    help="leave the dev cluster and the last scale's jobs running at the end")
     p.add_argument("--job-output", action="store_true",

@@ -14,13 +14,16 @@ from hpcsched.daemon import ingest
 from hpcsched.daemon.ingest import (
     MAX_LINE_BYTES,
     WARMUP_STEPS,
+    Pending,
     aggregate,
     claim_problem,
     ingest_job,
+    ingest_jobs,
     read_new_lines,
     sequence_problems,
 )
 from hpcsched.daemon.store import Store
+from hpcsched.daemon.store import offsets as offsets_module
 from hpcsched.protocol.files import ProtocolError
 
 
@@ -201,6 +204,40 @@ def test_ingest_job_reads_each_line_once(tmp_path, store):
     assert (row.world_size, row.steps) == (2, 6 - WARMUP_STEPS)
     size = (metrics / "launch-1-rank-0.jsonl").stat().st_size
     assert store.ingest_offset(str(metrics / "launch-1-rank-0.jsonl")) == size - len(b'{"step": 6, "ra')
+
+
+def test_ingest_jobs_reads_many_jobs_with_one_offsets_query_as_ingest_job_does_each(tmp_path, store,
+                                                                                    monkeypatch):
+    for j in ("8", "9"):
+        store.upsert_job(job_id=j, job_uid=f"u{j}", workers_per_node=2, min_nodes=1, max_nodes=2,
+                         min_batch_size=32, max_batch_size=64, base_batch_size=32)
+    jobs = []
+    for j, steps in (("7", 6), ("8", 5), ("9", 0)):   # job 9 has no metrics directory
+        if steps:
+            (tmp_path / j / "metrics").mkdir(parents=True)
+            for r in two_ranks(steps, 0.1, 0.2):
+                _write(tmp_path / j / "metrics" / f"launch-1-rank-{r['rank']}.jsonl", [r])
+        jobs.append((j, tmp_path / j, "B"))
+    queries = []
+    real = store.ingest_offsets
+    monkeypatch.setattr(store, "ingest_offsets", lambda paths: queries.append(list(paths)) or real(queries[-1]))
+    found = Pending()
+    assert ingest_jobs(store, jobs, found) == {"7": (1, 2), "8": (1, 2), "9": (0, 0)}
+    assert len(queries) == 1 and len(queries[0]) == 4
+    found.flush(store)
+    assert [(r.world_size, r.steps) for r in store.profile("8")] == [(2, 5 - WARMUP_STEPS)]
+    assert ingest_jobs(store, jobs, Pending()) == {"7": (0, 0), "8": (0, 0), "9": (0, 0)}   # nothing new
+    size = (tmp_path / "8" / "metrics" / "launch-1-rank-1.jsonl").stat().st_size
+    assert real([str(tmp_path / "8" / "metrics" / "launch-1-rank-1.jsonl")]) == {
+        str(tmp_path / "8" / "metrics" / "launch-1-rank-1.jsonl"): size}
+
+
+def test_ingest_offsets_over_more_paths_than_one_query_holds(store, monkeypatch):
+    monkeypatch.setattr(offsets_module, "CHUNK", 3)
+    paths = {f"/j/metrics/launch-1-rank-{i}.jsonl": 100 + i for i in range(8)}
+    store.set_ingest_offsets(dict(list(paths.items())[:5]), at=1.0)
+    store.set_ingest_offsets({p: o + 1 for p, o in paths.items()}, at=2.0)   # 5 updated, 3 new
+    assert store.ingest_offsets([*paths, "/never"]) == {**{p: o + 1 for p, o in paths.items()}, "/never": 0}
 
 
 # -- bounds: untrusted files -------------------------------------------------------------------

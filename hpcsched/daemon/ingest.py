@@ -249,6 +249,9 @@ _COUNTS = {  # field: (required, minimum) of the integer fields aggregate reads
 }
 
 
+_ABSENT = object()
+
+
 def _is_int(v) -> bool:
     """An integer the store's columns hold (32-bit, as PostgreSQL's INTEGER)."""
     return isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**31
@@ -288,9 +291,13 @@ def _count_problem(r: dict) -> str | None:
     """Why one of record ``r``'s counts (:data:`_COUNTS`: required, or optional when absent)
     is not an integer the store holds at or above its minimum; None if none."""
     for name, (required, minimum) in _COUNTS.items():
-        if name not in r and not required:
+        v = r.get(name, _ABSENT)
+        if v is _ABSENT:
+            if not required:
+                continue
+            v = None
+        if type(v) is int and minimum <= v < 2**31:   # the common case, as _is_int (minimum >= 0)
             continue
-        v = r[name] if name in r else None
         if not _is_int(v) or v < minimum:
             return f"{name} {v!r:.40} is not an integer >= {minimum}"
     return None
@@ -402,18 +409,25 @@ def credible(records: list, job_id: str, where: str, now: float | None = None) -
 # -- reading a job's metrics -------------------------------------------------------------------
 
 
-def _metrics_files(job_id: str, metrics: Path) -> tuple[int | None, list[str]]:
-    """(descriptor of ``metrics/``, names of its metrics files, at most :data:`MAX_FILES`); the
-    directory is opened without following a symbolic link. (None, []) when there is none or it
-    cannot be used (logged)."""
+def _open_metrics_dir(job_id: str, metrics: Path) -> int | None:
+    """A descriptor of ``metrics/``, opened without following a symbolic link; None when there
+    is none or it cannot be used (logged)."""
     try:
-        dfd = os.open(metrics, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return os.open(metrics, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
-        return None, []
+        return None
     except OSError as exc:
         log.warning("job %s: %s: not read: %s (a symbolic link or not a directory?)", job_id,
                     metrics, exc.strerror)
-        return None, []
+        return None
+
+
+def _metrics_files(job_id: str, metrics: Path) -> list[str]:
+    """Names of the metrics files in ``metrics/`` (:func:`_open_metrics_dir`), at most
+    :data:`MAX_FILES`, sorted; [] when there is none or it cannot be used (logged)."""
+    dfd = _open_metrics_dir(job_id, metrics)
+    if dfd is None:
+        return []
     names = []
     try:
         with os.scandir(dfd) as it:
@@ -426,10 +440,12 @@ def _metrics_files(job_id: str, metrics: Path) -> tuple[int | None, list[str]]:
                     names.append(entry.name)
     except OSError as exc:
         log.warning("job %s: %s: cannot list: %s", job_id, metrics, exc.strerror)
+    finally:
+        os.close(dfd)
     if len(names) > MAX_FILES:
         log.warning("job %s: %s: %d metrics files; %d read this pass", job_id, metrics,
                     len(names), MAX_FILES)
-    return dfd, sorted(names)[:MAX_FILES]
+    return sorted(names)[:MAX_FILES]
 
 
 def ingest_job(store, job_id: str, job_dir: Path, app_class: str = "",
@@ -442,15 +458,36 @@ def ingest_job(store, job_id: str, job_dir: Path, app_class: str = "",
     read. About :data:`FRESH_BYTES` of the newest lines are read in all, shared among the
     files (:func:`newest_offset`); older unread lines are passed over (logged at debug level).
     """
-    metrics = Path(job_dir) / "metrics"
-    dfd, names = _metrics_files(job_id, metrics)
+    rows = sink if sink is not None else Pending()
+    found = ingest_jobs(store, [(job_id, Path(job_dir), app_class)], rows)[job_id]
+    if sink is None:
+        rows.flush(store)
+    return found
+
+
+def ingest_jobs(store, jobs: Iterable[tuple[str, Path, str]], sink: Pending) -> dict[str, tuple[int, int]]:
+    """:func:`ingest_job` of each (Slurm job id, job directory, application class) into
+    ``sink``, with the stored offsets of all their files read in one query (a round of a
+    thousand jobs asked the store a thousand times); per job id, (profile rows, GPU rows)
+    found."""
+    listed = [(job_id, Path(job_dir) / "metrics", app) for job_id, job_dir, app in jobs]
+    names = {job_id: _metrics_files(job_id, metrics) for job_id, metrics, _ in listed}
+    offsets = store.ingest_offsets([str(metrics / n) for job_id, metrics, _ in listed
+                                    for n in names[job_id]])
+    now = time.time()
+    return {job_id: _ingest_files(job_id, metrics, names[job_id], offsets, app, sink, now)
+            if names[job_id] else (0, 0) for job_id, metrics, app in listed}
+
+
+def _ingest_files(job_id: str, metrics: Path, names: list[str], offsets: dict[str, int],
+                  app_class: str, sink: Pending, now: float) -> tuple[int, int]:
+    """One job's part of :func:`ingest_jobs`: its files ``names`` in ``metrics/`` read from
+    ``offsets`` (keyed by path) into ``sink``."""
+    dfd = _open_metrics_dir(job_id, metrics)
     if dfd is None:
         return 0, 0
     records = []
-    advanced: list[tuple[str, int]] = []
     share = max(MIN_FILE_WINDOW, FRESH_BYTES // max(1, len(names)))
-    now = time.time()
-    offsets = store.ingest_offsets([str(metrics / name) for name in names])
     try:
         for name in names:
             key = str(metrics / name)  # the store's key: the file's path, as before
@@ -467,17 +504,13 @@ def ingest_job(store, job_id: str, job_dir: Path, app_class: str = "",
                 log.warning("job %s: %s: skipped %d line(s): %s", job_id, key, sum(skipped.values()),
                             ", ".join(f"{n} {why}" for why, n in sorted(skipped.items())))
             if new_off != off:
-                advanced.append((key, new_off))
+                sink.offsets[key] = new_off
             records.extend(credible(values, job_id, key, now))
     finally:
         os.close(dfd)
     profile, gpus = aggregate(records, job_id, app_class)
-    rows = sink if sink is not None else Pending()
-    rows.profile += profile
-    rows.gpus += gpus
-    rows.offsets.update(advanced)
-    if sink is None:
-        rows.flush(store)
+    sink.profile += profile
+    sink.gpus += gpus
     return len(profile), len(gpus)
 
 

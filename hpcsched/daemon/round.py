@@ -66,7 +66,7 @@ from hpcsched.daemon.between import BetweenRounds, mtime_ns
 from hpcsched.daemon.config import Settings
 from hpcsched.daemon.costs import measured_costs
 from hpcsched.daemon.gpu_status import gpu_rows
-from hpcsched.daemon.ingest import Pending, ingest_job
+from hpcsched.daemon.ingest import Pending, ingest_jobs
 from hpcsched.daemon.metrics import DaemonMetrics
 from hpcsched.daemon.phases import REQUEUES, History, ResizePhase, Timeouts
 from hpcsched.daemon.probes import ProbeWatch
@@ -78,6 +78,7 @@ from hpcsched.daemon.store import Store
 from hpcsched.daemon.store.prefetch import Prefetched
 from hpcsched.daemon.views import application_of
 from hpcsched.model.snapshot import ClusterSnapshot
+from hpcsched.perf.model import clear_caches
 from hpcsched.policies import make_policy
 from hpcsched.policies.reconcile import Change, Costs
 from hpcsched.policies.round import (
@@ -297,17 +298,16 @@ class Daemon(BetweenRounds):
         self._recorded = {j: v for j, v in self._recorded.items() if j in managed}
         self._acks = {j: v for j, v in self._acks.items() if j in managed}
         with self.store.batch(managed):   # one commit for every job's record and metrics
-            unchanged, found = [], Pending()
-            for job_id, (jd, spec, info) in managed.items():
-                with _timed(rep, "record"):
+            unchanged, found, stepping = [], Pending(), []
+            with _timed(rep, "record"):
+                for job_id, (jd, spec, info) in managed.items():
                     if not self._record_job(jd, spec, info, obs.time):
                         unchanged.append(job_id)
-                if info.state in (SlurmState.RUNNING, SlurmState.COMPLETING) or not info.active:
-                    with _timed(rep, "ingest"):
-                        ingest_job(self.store, job_id, jd.path, application_of(spec), found)
-            with _timed(rep, "record"):
+                    if info.state in (SlurmState.RUNNING, SlurmState.COMPLETING) or not info.active:
+                        stepping.append((job_id, jd.path, application_of(spec)))
                 self.store.touch_jobs(unchanged, obs.time)
             with _timed(rep, "ingest"):
+                ingest_jobs(self.store, stepping, found)
                 found.flush(self.store)
         with _timed(rep, "probes"):
             self.probes.round()
@@ -333,6 +333,11 @@ class Daemon(BetweenRounds):
         except PartitionOverlap as exc:   # hpcsched check says so too: one policy plans all
             log.error("round %d: %s; [policy] plans every partition", rep.round_id, exc)
         decision = decision or decide_round(snapshot, self.policy, costs, seed)
+        # the performance model's caches serve the simulator's many decisions on one fit; the
+        # daemon refits every round, so a round's entries are seldom asked for again, and kept
+        # they grew its memory with the jobs and configurations it had seen (docs/daemon.md,
+        # "At scale"); a decision from cold costs about 0.2 s at 4,096 GPUs / 1,000 jobs
+        clear_caches()
         rep.policy_seconds = time.perf_counter() - t
         rep.phases["reconcile"] = decision.reconcile_seconds
         rep.phases["policy"] = rep.policy_seconds - decision.reconcile_seconds

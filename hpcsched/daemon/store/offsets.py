@@ -4,15 +4,15 @@ read, in bytes), a mixin of :class:`~hpcsched.daemon.store.Store`."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
-from sqlalchemy import select
+from sqlalchemy import insert, select, update
 
 from hpcsched.daemon.store.schema import IngestOffset
 
 
 class OffsetsMixin:
-    """Ingest offsets, read and written many files at a time (one query each way per job), for
+    """Ingest offsets, read and written many files at a time (a few queries each way per round), for
     :class:`~hpcsched.daemon.store.Store` (which provides ``_read`` and ``_write`` sessions)."""
 
     def ingest_offset(self, path: str) -> int:
@@ -20,11 +20,13 @@ class OffsetsMixin:
         return self.ingest_offsets([path])[str(path)]
 
     def ingest_offsets(self, paths: Iterable[str]) -> dict[str, int]:
-        """:meth:`ingest_offset` of each of ``paths``, in one query."""
+        """:meth:`ingest_offset` of each of ``paths``, in one query per :data:`CHUNK` paths."""
         keys = [str(p) for p in paths]
+        found: dict[str, int] = {}
         with self._read() as s:
-            found = dict(s.execute(select(IngestOffset.path, IngestOffset.offset)
-                                   .where(IngestOffset.path.in_(keys))).all()) if keys else {}
+            for part in _chunks(keys):
+                found.update(s.execute(select(IngestOffset.path, IngestOffset.offset)
+                                       .where(IngestOffset.path.in_(part))).tuples().all())
         return {k: found.get(k, 0) for k in keys}
 
     def set_ingest_offset(self, path: str, offset: int, *, at: float | None = None) -> None:
@@ -42,12 +44,23 @@ class OffsetsMixin:
         if not offsets:
             return
         now = time.time() if at is None else at
+        rows = [{"path": str(p), "offset": off, "updated_at": now} for p, off in offsets.items()]
         with self._write() as s:
-            rows = {r.path: r for r in s.scalars(select(IngestOffset)
-                                                 .where(IngestOffset.path.in_([str(p) for p in offsets])))}
-            for path, offset in offsets.items():
-                row = rows.get(str(path))
-                if row is None:
-                    s.add(IngestOffset(path=str(path), offset=offset, updated_at=now))
-                else:
-                    row.offset, row.updated_at = offset, now
+            known: set[str] = set()
+            for part in _chunks([r["path"] for r in rows]):
+                known.update(s.scalars(select(IngestOffset.path).where(IngestOffset.path.in_(part))))
+            old = [r for r in rows if r["path"] in known]
+            new = [r for r in rows if r["path"] not in known]
+            if old:   # ORM bulk UPDATE by primary key: one executemany
+                s.execute(update(IngestOffset), old)
+            if new:
+                s.execute(insert(IngestOffset), new)
+
+
+#: paths per ``IN (...)`` query (SQLite allows 32,766 bound parameters since 3.32)
+CHUNK = 10_000
+
+
+def _chunks(keys: list[str]) -> Iterator[list[str]]:
+    for i in range(0, len(keys), CHUNK):
+        yield keys[i:i + CHUNK]
