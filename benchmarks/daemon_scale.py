@@ -11,8 +11,9 @@ SQLite store; in this process, with the service loop's actuation ticks and early
 rounds, ``hpcsched.daemon.service``) runs for ``--minutes``. Per round: wall time per part
 (``RoundReport.phases``), the CPU seconds of the daemon and its Slurm commands, the Slurm
 commands it issued, the changes applied, the jobs running and pending, the daemon's RSS. The
-daemon and slurmctld run at nice ``--login-nice`` (-15), the emulated compute nodes (slurmd and
-the jobs) at 0: on a real cluster they do not share the login node's or the controller's cores.
+daemon runs in the real-time ``SCHED_RR`` class (``--no-daemon-rt``: at nice ``--login-nice``)
+and slurmctld at nice ``--login-nice`` (-20), the emulated compute nodes (slurmd and the jobs)
+at 0: on a real cluster the jobs do not share the login node's or the controller's cores.
 At the end, slurmctld's RPCs from ``sdiag`` (reset at the start),
 by message type and by user; hpcsched's share: the daemon's commands (counted per command) x
 their RPCs each (measured with ``sdiag`` around one of each), and the jobs' own (``--user``).
@@ -70,17 +71,21 @@ def cpu_seconds() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def login_priority(nice: int) -> None:
-    """Give this process (the daemon) and slurmctld the CPU before the emulated compute nodes
-    (slurmd and the jobs, at 0): on a real cluster the daemon has the login node and slurmctld
-    the controller to themselves, here all share the host's cores. ``nice`` 0 leaves them equal."""
-    if nice == 0:
-        return
-    os.setpriority(os.PRIO_PROCESS, 0, nice)
+def login_priority(nice: int, realtime: bool) -> None:
+    """Give the daemon (this process) and slurmctld the CPU before the emulated compute nodes
+    (slurmd and the jobs, at nice 0): on a real cluster the daemon has a login node's core and
+    slurmctld the controller to themselves, here all share the host's cores. slurmctld (every
+    thread) at nice ``nice``; the daemon at ``nice``, or with ``realtime`` in the ``SCHED_RR``
+    class at priority 1 (sched(7): it runs whenever it is ready, as on a core of its own; the
+    kernel keeps 5% of each second for everything else), inherited by its Slurm commands."""
     pid = read_pid(Layout(STATE_DIR).pidfile("slurmctld"))
-    if pid:
-        for task in os.listdir(f"/proc/{pid}/task"):   # every thread of slurmctld
+    if pid and nice:
+        for task in os.listdir(f"/proc/{pid}/task"):
             os.setpriority(os.PRIO_PROCESS, int(task), nice)
+    if realtime:
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
+    elif nice:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
 
 
 def rss_mib() -> float:
@@ -259,7 +264,7 @@ def one_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, args) ->
     if args.job_output:
         (WORK / "out").mkdir(mode=0o1777)
         (WORK / "out").chmod(0o1777)
-    login_priority(args.login_nice)
+    login_priority(args.login_nice, args.daemon_rt)
     cost = calibrate()
     plan = plan_jobs(jobs, gpus_per_node, seed=args.seed,
                      output=str(WORK / "out" / "slurm-%j.out") if args.job_output else "/dev/null")
@@ -312,9 +317,12 @@ def main() -> int:
     p.add_argument("--user-python", default=sys.executable,
                    help="a Python the user can run that imports this checkout's hpcsched")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--login-nice", type=int, default=-15,
-                   help="nice value of the daemon and slurmctld (the compute nodes' processes run at 0): "
-                        "they have hosts of their own on a real cluster; 0: all share the cores equally")
+    p.add_argument("--login-nice", type=int, default=-20,
+                   help="nice value of slurmctld (and of the daemon with --no-daemon-rt); the compute "
+                        "nodes' processes run at 0: slurmctld has a host of its own on a real cluster")
+    p.add_argument("--daemon-rt", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the daemon in the SCHED_RR class, as on a login node core of its own "
+                        "(default); --no-daemon-rt: at --login-nice")
     p.add_argument("--keep", action="store_true",
                    help="leave the dev cluster and the last scale's jobs running at the end")
     p.add_argument("--job-output", action="store_true",

@@ -45,6 +45,7 @@ import bisect
 import json
 import logging
 import os
+import random
 import shlex
 import signal
 import sys
@@ -63,7 +64,9 @@ from hpcsched.protocol.kinds import AckState, ControlAction, LauncherPhase
 log = logging.getLogger("hpcsched.job.standin")
 
 #: seconds between two wake-ups: metrics lines, control file (read only when its modification
-#: time changed), extensions. A thousand stand-ins share two cores: every wake-up counts
+#: time changed), extensions. A thousand stand-ins share two cores: every wake-up counts. Each
+#: sleep is drawn within +-25% of it (:func:`_nap`), so that the hundreds Slurm starts in one
+#: scheduling pass do not all wake at the same instant, as real jobs do not
 TICK_S = 2.0
 #: seconds between two progress.json writes (an atomic write with ``fsync``: a real job's rank 0
 #: writes it every 2 s, ``docs/control-protocol.md``; the daemon reads it once a round)
@@ -133,6 +136,11 @@ class Ranks:
         for fh in self.files:
             fh.close()
         self.files = []
+
+
+def _nap() -> None:
+    """Sleep about :data:`TICK_S` seconds (within +-25%)."""
+    time.sleep(TICK_S * random.uniform(0.75, 1.25))
 
 
 def _stop(*_: object) -> None:
@@ -254,7 +262,7 @@ class Primary:
                  self.jd.uid, self.launches, self.world, self.samples, self.total)
         while self.samples < self.total:
             self._tick(time.time())
-            time.sleep(TICK_S)
+            _nap()
         self._progress(finished=True)
         self.ext.release_all("job finished")
         cancel_all(self.jd)   # as the launcher: no extension outlives the job, joined or not
@@ -530,7 +538,7 @@ class Extension:
                 state = self.jd.read_launcher_state()
                 if state is not None and state.phase in (LauncherPhase.FINISHED, LauncherPhase.FAILED):
                     break
-            time.sleep(TICK_S)
+            _nap()
         return 0
 
     def _terminated(self, *_: object) -> None:
