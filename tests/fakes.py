@@ -84,9 +84,10 @@ class FakeSlurm:
 
     # -- what the daemon sees -----------------------------------------------------------------
 
-    def observe(self) -> Observation:
-        """``squeue`` and ``sinfo``: every job, no nodes (2 Slurm calls)."""
-        return Observation(time.time(), (), MappingProxyType(dict(self.jobs)), 2)
+    def observe(self, jobs_only: bool = False) -> Observation:
+        """``squeue`` and ``sinfo`` (``jobs_only``: ``squeue``): every job, no nodes (2 Slurm
+        calls, 1 with ``jobs_only``)."""
+        return Observation(time.time(), (), MappingProxyType(dict(self.jobs)), 1 if jobs_only else 2)
 
     def job(self, job_id: str) -> slurm.JobInfo | None:
         self._call("job", job_id)
@@ -127,9 +128,22 @@ class FakeSlurm:
     def release(self, job_id: str) -> None:
         self._call("release", job_id)
 
-    def cancel(self, job_id: str) -> None:
-        self._call("cancel", job_id)
-        self.cancelled.append(job_id)
+    def cancel(self, *job_ids: str) -> None:
+        """``scancel`` of each, in one command as Slurm's: a refused job does not stop the
+        others, and the error names each refused one as scancel does (``Kill job error on job
+        id <id>: ...``); an unreachable controller cancels none."""
+        errors = []
+        for job_id in job_ids:
+            try:
+                self._call("cancel", job_id)
+            except slurm.SlurmUnavailable:
+                raise
+            except slurm.SlurmError as exc:
+                errors.append(f"scancel: error: Kill job error on job id {job_id}: {exc}")
+                continue
+            self.cancelled.append(job_id)
+        if errors:
+            raise slurm.SlurmError("\n".join(errors))
 
     # -- Slurm's rules ------------------------------------------------------------------------
 

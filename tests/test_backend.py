@@ -93,6 +93,16 @@ def test_cli_backend_observe_with_fakes(fake_slurm):
     assert b.calls == 4
 
 
+def test_cli_backend_observes_the_jobs_alone_with_squeue_alone(fake_slurm):
+    fake_slurm.install("squeue", _serve(SQUEUE_RUNNING))
+    fake_slurm.install("sinfo", _serve(SINFO_RUNNING))
+    b, before = SlurmCLIBackend(timeout=10), slurm.calls()
+    obs = b.observe(jobs_only=True)
+    assert (obs.calls, b.calls, slurm.calls() - before) == (1, 1, 1)
+    assert fake_slurm.calls() == ["--json --states=all"]   # squeue; no sinfo
+    assert obs.jobs["61"].state == "RUNNING" and obs.nodes == ()
+
+
 def test_cli_backend_partitions_filter(fake_slurm):
     fake_slurm.install("squeue", _serve(SQUEUE_RUNNING))
     fake_slurm.install("sinfo", _serve(sinfo(node("a1", partitions=["gpu"]),

@@ -207,6 +207,15 @@ def test_the_daemon_sees_a_job_end_and_a_submission(daemon, control_dir):
     assert d.event_since_round() is None, "the round took them in"
 
 
+def test_the_event_check_asks_slurm_for_the_jobs_alone(daemon, monkeypatch):
+    d, cluster = daemon
+    assert d.round().error is None
+    asked, real = [], cluster.observe
+    monkeypatch.setattr(cluster, "observe", lambda jobs_only=False: asked.append(jobs_only) or real(jobs_only))
+    assert d.event_since_round() is None
+    assert asked == [True], "squeue alone (1 RPC), not squeue + sinfo (3)"
+
+
 def test_the_daemon_sees_another_users_job_pend(daemon):
     d, cluster = daemon
     cluster.jobs["20"] = replace(info("20", "PENDING"), user="bob", state_reason="Resources")
@@ -224,7 +233,7 @@ def test_the_daemon_check_never_raises_for_slurm(daemon, monkeypatch, caplog):
     d, cluster = daemon
     assert d.round().error is None
 
-    def down():
+    def down(jobs_only=False):
         raise slurm.SlurmUnavailable("Unable to contact slurm controller")
 
     monkeypatch.setattr(cluster, "observe", down)

@@ -12,6 +12,7 @@ from types import MappingProxyType
 import pytest
 
 from hpcsched import slurm
+from hpcsched.daemon import reaper as reaper_module
 from hpcsched.daemon import round as daemon_round
 from hpcsched.daemon.config import load
 from hpcsched.daemon.reaper import Reaper, decide, suspects
@@ -176,6 +177,41 @@ def test_a_refused_scancel_is_retried_next_round(control_dir, primary):
     assert reaper.reaped == 1
     assert reaper.reap(obs(mine("11", primary)), FakeControl()) == ["11"]
     assert reaper.reaped == 2
+
+
+class BatchLog(FakeSlurm):
+    """The fake, with each ``scancel`` command's job ids recorded in ``batches``."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.batches: list[tuple[str, ...]] = []
+
+    def cancel(self, *job_ids: str) -> None:
+        self.batches.append(job_ids)
+        super().cancel(*job_ids)
+
+
+def test_a_rounds_orphans_go_in_one_scancel_of_at_most_cancel_batch(control_dir, primary, monkeypatch):
+    ids = [str(i) for i in range(11, 16)]
+    control = BatchLog()
+    assert Reaper(control_dir).reap(obs(*(mine(i, primary) for i in ids)), control) == ids
+    assert control.batches == [tuple(ids)]
+    monkeypatch.setattr(reaper_module, "CANCEL_BATCH", 2)
+    control, reaper = BatchLog(), Reaper(control_dir)
+    assert reaper.reap(obs(*(mine(i, primary) for i in ids)), control) == ids
+    assert control.batches == [("11", "12"), ("13", "14"), ("15",)] and reaper.reaped == 5
+
+
+def test_a_refusal_that_names_no_job_retries_the_whole_batch(control_dir, primary):
+    class Vague(BatchLog):
+        def cancel(self, *job_ids: str) -> None:
+            self.batches.append(job_ids)
+            raise slurm.SlurmError("scancel: error: Socket timed out on send/recv operation")
+
+    reaper = Reaper(control_dir)
+    assert reaper.reap(obs(mine("11", primary), mine("12", primary)), Vague()) == []
+    assert reaper.reaped == 0
+    assert reaper.reap(obs(mine("11", primary), mine("12", primary)), FakeControl()) == ["11", "12"]
 
 
 def test_slurm_down_stops_the_reaping(control_dir, primary):

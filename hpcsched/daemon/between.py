@@ -76,7 +76,7 @@ class BetweenRounds:
         """Between rounds: did a managed job end, or a new one pend, or another user's GPU job
         pend, since the last round?
 
-        Observes Slurm once (``squeue`` + ``sinfo``) and compares its jobs with the last good
+        Observes Slurm's jobs once (``squeue``: 1 RPC; the nodes are not needed) and compares them with the last good
         round's (:func:`round_event`, :func:`foreign_event`). Returns the reason for a round now, or None: also
         before any round has observed Slurm, and when Slurm does not answer (logged; never
         raises for Slurm trouble, the next check or round tries again).
@@ -84,7 +84,7 @@ class BetweenRounds:
         if self._round_states is None:
             return None
         try:
-            obs = self.backend.observe()
+            obs = self.backend.observe(jobs_only=True)
             managed = self.managed.find(obs)
         except slurm.SlurmError as exc:
             log.warning("job ends and submissions not checked: Slurm: %s; next check retries", exc)

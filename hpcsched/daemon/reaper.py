@@ -18,12 +18,13 @@ logged once.
 
 :func:`suspects` and :func:`decide` are pure (observation and job-directory uids in, ids to
 cancel out); :class:`Reaper` looks the job directories up and cancels through the daemon's
-:class:`~hpcsched.slurm.control.SlurmControl` (``scancel``, one call per orphan).
+:class:`~hpcsched.slurm.control.SlurmControl` (one ``scancel`` for a round's orphans).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,7 +145,7 @@ class Reaper:
                 self._said.add(t.job_id)
                 log.warning("job %s is tagged as an extension of job %s, which is not active; "
                             "not cancelled: %s", t.job_id, t.primary_job_id, why)
-        done = []
+        todo = []
         for t in verdict.cancel:
             if t.state == SlurmState.COMPLETING or (self.dry_run and t.job_id in self._cancelled):
                 continue
@@ -153,42 +154,58 @@ class Reaper:
                 log.warning("dry run: would cancel job %s, an extension of job %s (not active)",
                             t.job_id, t.primary_job_id)
                 continue
+            todo.append(t)
+        done = []
+        for at in range(0, len(todo), CANCEL_BATCH):
+            part = todo[at:at + CANCEL_BATCH]
             try:
-                if self._cancel(t, control):
-                    done.append(t.job_id)
+                refused = self._cancel(part, control)
             except slurm.SlurmUnavailable as exc:
-                log.warning("orphaned extension %s of job %s not cancelled: Slurm did not "
-                            "answer (%s); next round retries", t.job_id, t.primary_job_id, exc)
+                log.warning("%d orphaned extension(s) not cancelled: Slurm did not answer (%s); "
+                            "next round retries", len(todo) - at, exc)
                 break
+            done += [t.job_id for t in part if t.job_id not in refused]
         active = {j for j, info in obs.jobs.items() if info.active}
         self._cancelled &= active
         self._said &= active
         return done
 
-    def _cancel(self, t: Tagged, control: SlurmControl) -> bool:
-        """``scancel`` orphan ``t``, counted and logged at WARNING the first time; False when
-        Slurm refused (logged).
+    def _cancel(self, orphans: list[Tagged], control: SlurmControl) -> set[str]:
+        """One ``scancel`` of ``orphans``, each counted and logged at WARNING the first time;
+        the ids Slurm refused (logged; all of them when its error names none).
 
         Raises:
             SlurmUnavailable: the controller did not answer.
         """
+        refused: set[str] = set()
         try:
-            control.cancel(t.job_id)
+            control.cancel(*(t.job_id for t in orphans))
         except slurm.SlurmUnavailable:
             raise
         except slurm.SlurmError as exc:
-            log.warning("orphaned extension %s of job %s: scancel refused: %s; next round "
-                        "retries", t.job_id, t.primary_job_id, exc)
-            return False
-        if t.job_id in self._cancelled:
-            log.info("job %s, an orphaned extension of job %s, still %s: cancelled again",
-                     t.job_id, t.primary_job_id, t.state)
-            return True
-        self._cancelled.add(t.job_id)
-        self.reaped += 1
-        log.warning("cancelled job %s, an extension of job %s (%s), which is not active: an "
-                    "orphan (%d reaped so far)", t.job_id, t.primary_job_id, t.job_uid, self.reaped)
-        return True
+            named = set(_REFUSED.findall(str(exc)))
+            refused = {t.job_id for t in orphans if t.job_id in named} or {t.job_id for t in orphans}
+            log.warning("orphaned extension(s) %s: scancel refused: %s; next round retries",
+                        ", ".join(sorted(refused)), exc)
+        for t in orphans:
+            if t.job_id in refused:
+                continue
+            if t.job_id in self._cancelled:
+                log.info("job %s, an orphaned extension of job %s, still %s: cancelled again",
+                         t.job_id, t.primary_job_id, t.state)
+                continue
+            self._cancelled.add(t.job_id)
+            self.reaped += 1
+            log.warning("cancelled job %s, an extension of job %s (%s), which is not active: an "
+                        "orphan (%d reaped so far)", t.job_id, t.primary_job_id, t.job_uid, self.reaped)
+        return refused
+
+
+#: orphans per ``scancel`` (one command for a round's orphans: 250 of them came at once at
+#: 1,024 GPUs, one command each; ``benchmarks/daemon_scale.py``)
+CANCEL_BATCH = 200
+#: how scancel names a job it refused: ``scancel: error: Kill job error on job id 11: ...``
+_REFUSED = re.compile(r"job id (\d+)")
 
 
 __all__ = ["Reaper", "Tagged", "Verdict", "decide", "suspects"]

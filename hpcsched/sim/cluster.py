@@ -151,9 +151,9 @@ class SimBackend:
         self._sim = sim
         self.calls = 0
 
-    def observe(self) -> Observation:
+    def observe(self, jobs_only: bool = False) -> Observation:
         self.calls += 1
-        return Observation(time=self._sim.now, nodes=self._sim.cluster.node_views(),
+        return Observation(time=self._sim.now, nodes=() if jobs_only else self._sim.cluster.node_views(),
                            jobs=MappingProxyType(self._sim.job_infos()), calls=1)
 
 

@@ -35,8 +35,14 @@ class SlurmControl(Protocol):
     def release(self, job_id: str) -> None:
         """``scontrol release``: undo a hold."""
 
-    def cancel(self, job_id: str) -> None:
-        """``scancel``."""
+    def cancel(self, *job_ids: str) -> None:
+        """``scancel`` of every job given, in one command: a job Slurm refuses does not stop
+        the others (scancel(1)); the error names each refused one (``... on job id <id>: ...``).
+
+        Raises:
+            SlurmUnavailable: the controller did not answer.
+            SlurmError: Slurm refused one or more of them.
+        """
 
 
 class CLISlurmControl:
@@ -60,8 +66,9 @@ class CLISlurmControl:
     def release(self, job_id: str) -> None:
         slurm.run(["scontrol", "release", str(job_id)], timeout=self.timeout)
 
-    def cancel(self, job_id: str) -> None:
-        slurm.run(["scancel", str(job_id)], timeout=self.timeout)
+    def cancel(self, *job_ids: str) -> None:
+        if job_ids:
+            slurm.run(["scancel", *map(str, job_ids)], timeout=self.timeout)
 
 
 def resize_pending_job(control: SlurmControl, job_id: str, nodes: int, workers_per_node: int,

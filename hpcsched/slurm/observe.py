@@ -100,7 +100,10 @@ class Backend(Protocol):
     name: str
     calls: int
 
-    def observe(self) -> Observation: ...
+    def observe(self, jobs_only: bool = False) -> Observation:
+        """Every job and, unless ``jobs_only``, every node (``jobs_only``: ``nodes`` is empty;
+        one Slurm call, where the jobs are all that is asked, e.g. whether one ended)."""
+        ...
 
 
 def _restrict(nodes: tuple[NodeView, ...], partitions: Sequence[str]) -> tuple[NodeView, ...]:
@@ -156,8 +159,11 @@ class SlurmCLIBackend:
             self.calls += 1
         return run(args, timeout=self.timeout, env=self.env)
 
-    def observe(self) -> Observation:
+    def observe(self, jobs_only: bool = False) -> Observation:
         t = time.time()
+        if jobs_only:   # squeue alone: 1 RPC where squeue + sinfo are 3 (benchmarks/daemon_scale.py)
+            jobs = parse_squeue_json(self._run(["squeue", "--json", "--states=all"]))
+            return Observation(time=t, nodes=(), jobs=MappingProxyType(jobs), calls=1)
         fut_jobs = self._pool.submit(self._run, ["squeue", "--json", "--states=all"])
         fut_nodes = self._pool.submit(self._run, ["sinfo", "--json"])
         # Wait for both before raising, so no command outlives this call.
@@ -299,12 +305,14 @@ class PyslurmBackend:
         # pyslurm 22.5: a dict by id/name; >= 23.2.2 a MultiClusterMap whose values() spans clusters
         return list(coll.values()) if hasattr(coll, "values") else list(coll)
 
-    def observe(self) -> Observation:
+    def observe(self, jobs_only: bool = False) -> Observation:
         t = time.time()
         jobs_raw = self._load("Jobs.load()", self._ps.Jobs.load)
-        nodes_raw = self._load("Nodes.load()", self._ps.Nodes.load)
+        nodes_raw = None if jobs_only else self._load("Nodes.load()", self._ps.Nodes.load)
         try:
             jobs = {j.job_id: j for j in map(self._job, self._values(jobs_raw))}
+            if nodes_raw is None:
+                return Observation(time=t, nodes=(), jobs=MappingProxyType(jobs), calls=1)
             nodes = [self._node(n) for n in self._values(nodes_raw)]
         except SlurmError:
             raise
