@@ -329,6 +329,25 @@ def test_held_after_preemption_reads_the_journal(tmp_path, journal, job, held):
     store.close()
 
 
+def _journal_of_job_7(tmp_path, journal) -> Store:
+    """A store whose job 7 has the journal ``journal``: (kind, phase[, from, to nodes]), oldest
+    first, each entry taken along its kind's path up to that phase."""
+    store = Store(f"sqlite:///{tmp_path / 'h.db'}")
+    store.upgrade()
+    store.upsert_job(job_id="7", job_uid="u", workers_per_node=2, min_nodes=1, max_nodes=2,
+                     min_batch_size=16, max_batch_size=256, base_batch_size=64)
+    for kind, phase, *nodes in journal:
+        from_nodes, to_nodes = nodes or (1, 2)
+        aid = store.plan_action(job_id="7", kind=kind, generation=1, from_nodes=from_nodes,
+                                to_nodes=to_nodes, from_batch_size=64, to_batch_size=64,
+                                restarts_at_plan=0)
+        path = PATHS[ChangeKind(kind)]
+        steps = path[1:path.index(phase) + 1] if phase != "failed" else ("failed",)
+        for p in steps:
+            store.set_action_phase(aid, p)
+    return store
+
+
 @pytest.mark.parametrize("journal, last", [
     # (kind, phase) oldest first -> the direction reconcile's no-thrash hold reads
     ([("grow", "running")], "grow"),
@@ -348,20 +367,28 @@ def test_held_after_preemption_reads_the_journal(tmp_path, journal, job, held):
 def test_last_resize_reads_the_journal(tmp_path, journal, last):
     from hpcsched.daemon.views import last_resize
 
-    store = Store(f"sqlite:///{tmp_path / 'h.db'}")
-    store.upgrade()
-    store.upsert_job(job_id="7", job_uid="u", workers_per_node=2, min_nodes=1, max_nodes=2,
-                     min_batch_size=16, max_batch_size=256, base_batch_size=64)
-    for kind, phase, *nodes in journal:
-        from_nodes, to_nodes = nodes or (1, 2)
-        aid = store.plan_action(job_id="7", kind=kind, generation=1, from_nodes=from_nodes,
-                                to_nodes=to_nodes, from_batch_size=64, to_batch_size=64,
-                                restarts_at_plan=0)
-        path = PATHS[ChangeKind(kind)]
-        steps = path[1:path.index(phase) + 1] if phase != "failed" else ("failed",)
-        for p in steps:
-            store.set_action_phase(aid, p)
+    store = _journal_of_job_7(tmp_path, journal)
     assert last_resize("7", store) == last
+    store.close()
+
+
+@pytest.mark.parametrize("journal, failed", [
+    ([("grow", "failed")], True),
+    ([("shrink", "running"), ("reform", "failed", 1, 2)], True),     # an extension refused
+    ([("grow", "failed"), ("batch", "running")], True),              # a batch change: skipped
+    ([("reform", "failed", 2, 1)], False),                           # a failed shrink
+    ([("grow", "failed"), ("grow", "running")], False),              # grown since
+    ([("shrink", "failed")], False),
+    ([], False),
+])
+def test_grow_failed_at_reads_the_journal(tmp_path, journal, failed):
+    from hpcsched.daemon.views import grow_failed_at
+
+    store = _journal_of_job_7(tmp_path, journal)
+    at = grow_failed_at("7", store)
+    assert (at is not None) == failed
+    if failed:
+        assert at == pytest.approx(time.time(), abs=60)
     store.close()
 
 

@@ -459,6 +459,24 @@ def test_held_reversal_names_the_resize_the_hold_forbids(resized_at, last, hold,
     assert held_reversal(job, 0.0, hold) == held
 
 
+@pytest.mark.parametrize(("failed_at", "resized_at", "last", "held"), [
+    (-100.0, None, None, "grow"),         # a grow failed 100 s ago: not tried again yet
+    (-180.0, None, None, None),           # the hold is over
+    (None, None, None, None),
+    (-100.0, -50.0, "grow", "shrink"),    # grown since: the no-thrash hold comes first
+])
+def test_a_job_whose_grow_failed_is_not_grown_again_within_the_hold(failed_at, resized_at, last, held):
+    from hpcsched.model.snapshot import held_reversal
+
+    job = replace(_job("B", 1, batch=96, profile=SCALES, names=("n1",)), grow_failed_at=failed_at,
+                  resized_at=resized_at, last_resize=last)
+    assert held_reversal(job, 0.0, 180.0) == held
+    changes, notes = reconcile(Plan("x", (JobTarget("B", 2, 96, "r"),)), _cluster(jobs=[job]),
+                               Costs(hold=180.0))
+    assert bool(changes) == (held != "grow")
+    assert any("grow waits: a grow failed 100 s ago" in n for n in notes) == (held == "grow")
+
+
 def test_the_policy_sees_the_hold_reconcile_applies_after_its_gate():
     """decide_round tells the policy the hold its plans are judged with: Costs.hold, or 0 for
     a policy whose gate turns it off (the policy can then plan around it: ``jct``)."""

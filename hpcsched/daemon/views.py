@@ -69,6 +69,19 @@ def last_resize(job_id: str, store: Store) -> str | None:
     return ChangeKind.GROW.value if released else None
 
 
+def grow_failed_at(job_id: str, store: Store) -> float | None:
+    """When hpcsched's latest resize of the job failed, if it was a grow (a ``grow``, or a
+    ``reform`` to more nodes: an extension Slurm refused, a job that did not answer), Unix
+    seconds; ``None`` otherwise. Batch-only changes are skipped, as in :func:`last_resize`."""
+    acts = [a for a in store.actions(job_id, limit=10) if a.kind != ChangeKind.BATCH]
+    if not acts or acts[0].phase != "failed":
+        return None
+    a = acts[0]
+    grew = a.kind == ChangeKind.GROW or (a.kind == ChangeKind.REFORM and a.to_nodes > a.from_nodes) \
+        or a.mechanism == "extend"
+    return a.updated_at if grew else None
+
+
 def held_after_preemption(info: slurm.JobInfo, store: Store) -> bool:
     """The job pends after hpcsched's preemption: PENDING, and its newest journal entry that
     did not fail is a ``preempt`` that took effect (phase ``running``) at a lower restart count
@@ -220,6 +233,7 @@ def daemon_job_facts(jd: JobDir, spec: JobSpec, info: slurm.JobInfo, store: Stor
                     # from it
                     resized_at=ack.time if ack is not None and info.state == SlurmState.RUNNING else None,
                     last_resize=last_resize(info.job_id, store) if info.state == SlurmState.RUNNING else None,
+                    grow_failed_at=grow_failed_at(info.job_id, store) if info.state == SlurmState.RUNNING else None,
                     submitted_gpus=spec.nodes * spec.limits.workers_per_node)
 
 

@@ -49,11 +49,16 @@ def held_reversal(job: JobView, now: float, hold: float) -> str | None:
     (:class:`~hpcsched.protocol.kinds.ChangeKind` values); ``None`` when it may go either way
     (``hold`` <= 0, not resized since it started, or resized longer ago). A resize in the same
     direction as the last one is never held (issue 9: a flip-flop is a resize undone within
-    two rounds); nor is the first resize after a start, which the user or Slurm sized."""
-    if hold <= 0 or job.resized_at is None or job.last_resize is None \
-            or now - job.resized_at >= hold:
+    two rounds); nor is the first resize after a start, which the user or Slurm sized. A job
+    whose latest grow failed less than ``hold`` seconds ago (:attr:`JobView.grow_failed_at`)
+    is not grown (``"grow"``), unless a resize before holds it the other way."""
+    if hold <= 0:
         return None
-    return "shrink" if job.last_resize == "grow" else "grow"
+    if job.resized_at is not None and job.last_resize is not None and now - job.resized_at < hold:
+        return "shrink" if job.last_resize == "grow" else "grow"
+    if job.grow_failed_at is not None and now - job.grow_failed_at < hold:
+        return "grow"   # not retried at once (JobView.grow_failed_at)
+    return None
 
 
 def grow_cost(grow: GrowMode, restart_cost: float, startup: float, stall: float, x_from: float,
@@ -185,6 +190,11 @@ class JobView:
     #: values); ``None``: not resized since it was submitted, or unknown. With ``resized_at``
     #: it tells reconcile's no-thrash hold which change would undo the last one
     last_resize: str | None = None
+    #: when hpcsched's last attempt to grow the job failed (Slurm refused the extension, the
+    #: job did not answer), Unix seconds, if that is the job's latest resize; ``None``: none.
+    #: The grow is not tried again within reconcile's hold (:func:`held_reversal`): a refused
+    #: grow retried every round is one more submission a round that Slurm refuses
+    grow_failed_at: float | None = None
     #: what the jobs of its application measured on this cluster against the application's
     #: prior (:mod:`hpcsched.perf.shared`); ``None``: not gathered (the job's model is then fitted
     #: to its own measurements alone)

@@ -366,11 +366,18 @@ def hold_back(resizes: list[Candidate], snapshot: ClusterSnapshot, costs: Costs
     for c in resizes:
         job = snapshot.job(c.change.job_id)
         if job is not None and held_reversal(job, snapshot.time, costs.hold) == c.kind:
-            assert job.resized_at is not None   # held_reversal holds only a resized job
-            done = "grown" if job.last_resize == ChangeKind.GROW else "shrunk"
-            notes.append(f"job {c.change.job_id}: {c.kind} waits: {done} "
-                         f"{snapshot.time - job.resized_at:.0f} s ago, less than the "
-                         f"{costs.hold:.0f} s hold (no thrash)")
+            held_since = job.resized_at if job.last_resize is not None and job.resized_at is not None \
+                and snapshot.time - job.resized_at < costs.hold else None
+            if held_since is not None:
+                done = "grown" if job.last_resize == ChangeKind.GROW else "shrunk"
+                notes.append(f"job {c.change.job_id}: {c.kind} waits: {done} "
+                             f"{snapshot.time - held_since:.0f} s ago, less than the "
+                             f"{costs.hold:.0f} s hold (no thrash)")
+            else:
+                assert job.grow_failed_at is not None   # held_reversal's other reason
+                notes.append(f"job {c.change.job_id}: grow waits: a grow failed "
+                             f"{snapshot.time - job.grow_failed_at:.0f} s ago, less than the "
+                             f"{costs.hold:.0f} s hold (not retried every round)")
         else:
             kept.append(c)
     return kept, notes

@@ -104,6 +104,7 @@ class JobFacts:
             last grew; a shrink in place is not seen there).
         last_resize: ``"grow"`` or ``"shrink"``: the direction of hpcsched's last resize of
             the job (:func:`last_resize`); ``None``: none since it was submitted, or unknown.
+        grow_failed_at: when its latest resize, a grow, failed (seconds); ``None``: none.
         step_corrections: what its application's jobs measured here
             (:func:`application_tables`); ``None``: not gathered.
         submitted_gpus: GPUs it was submitted with (hpcsub's nodes x GPUs per node); 0:
@@ -127,6 +128,7 @@ class JobFacts:
     primary: tuple[int, ...] = ()
     resized_at: float | None = None
     last_resize: str | None = None
+    grow_failed_at: float | None = None
     step_corrections: StepCorrections | None = None
     submitted_gpus: int = 0
 
@@ -154,7 +156,8 @@ def job_view(f: JobFacts) -> JobView:
         remaining_samples=f.report.remaining_samples, grad_noise=f.report.grad_noise,
         held=f.held, submitted_gpus=f.submitted_gpus, layout=f.layout, primary=f.primary,
         resized_at=f.resized_at if f.resized_at is not None else (f.start_time if running else None),
-        last_resize=f.last_resize, step_corrections=f.step_corrections)
+        last_resize=f.last_resize, grow_failed_at=f.grow_failed_at,
+        step_corrections=f.step_corrections)
 
 
 def application_tables(applications: Iterable[str],
