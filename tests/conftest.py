@@ -192,8 +192,20 @@ def paced(flag: Path) -> tuple[str, str, str]:
 
 
 def unpace(flag: Path) -> None:
-    """The jobs started with :func:`paced` (``flag``) run their remaining steps unpadded."""
-    flag.touch()
+    """The jobs started with :func:`paced` (``flag``) run their remaining steps unpadded (the
+    flag's mtime: when, for a look at a run afterwards)."""
+    if not flag.exists():
+        flag.touch()
+
+
+def unpace_when(flag: Path, predicate, timeout: float, interval: float = 1.0) -> None:
+    """:func:`unpace` once ``predicate`` holds (say, the daemon has nothing in flight), or after
+    ``timeout`` s all the same: a wait that only picks the moment, never fails the test (what
+    the test asserts, it waits for itself)."""
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(interval)
+    unpace(flag)
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):

@@ -23,7 +23,7 @@ from tests.conftest import (
     start_daemon,
     stop_daemon,
     submit,
-    unpace,
+    unpace_when,
     wait_for,
 )
 from tests.jobrecords import check_exactly_once, load_records
@@ -79,12 +79,8 @@ def test_4_plus_2_gpus_beside_a_foreign_job_then_a_release(daemon_env, blocker, 
         # what is checked while A runs has happened: once B has ended and the daemon has grown
         # A back onto n2's free GPUs (or not, within 60 s), A trains the rest unpadded
         wait_for(lambda: finished([b]), 400, "B to finish", interval=1)
-        regrown = time.monotonic() + 60
-        while time.monotonic() < regrown and not (
-                _layouts(store, a).count(("reform", "n1:4,n2:2", "running")) > 1
-                and not store.open_actions()):
-            time.sleep(1.0)
-        unpace(tmp_path / "unpaced")
+        unpace_when(tmp_path / "unpaced", lambda: finished([a]) or (_layouts(store, a).count(
+            ("reform", "n1:4,n2:2", "running")) > 1 and not store.open_actions()), 60)
         infos = wait_for(lambda: finished([a, b]), 400, "A and B to finish", interval=2)
         t_done = time.time() - t0
     finally:
