@@ -24,7 +24,7 @@ from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir
 from hpcsched.protocol.kinds import ChangeKind
 from hpcsched.slurm import devcluster as dc
-from tests.conftest import EXAMPLE, finished, paced, start_daemon, stop_daemon, submit, unpace, wait_for
+from tests.conftest import EXAMPLE, finished, paced, start_daemon, stop_daemon, submit, unpace_when, wait_for
 from tests.jobrecords import check_exactly_once, load_records
 
 DIGITS = 1797
@@ -74,10 +74,9 @@ def test_daemon_killed_mid_grow_resumes_without_doing_anything_twice(daemon_env,
         proc = start_daemon(tmp_path, "daemon2.log")
         # once the job trains at the grow's generation, the rest of its epochs are only waiting
         jd = JobDir.for_job(job)
-        wait_for(lambda: (a := ctl.read_ack(jd.ack_path, jd.uid)) and a.state == "applied"
-                 and a.generation >= action.generation, 240, "the job to train at the new size",
-                 interval=0.5)
-        unpace(tmp_path / "unpaced")
+        unpace_when(tmp_path / "unpaced", lambda: finished([job]) or (
+            (a := ctl.read_ack(jd.ack_path, jd.uid)) and a.state == "applied"
+            and a.generation >= action.generation), 240, 0.5)
         infos = wait_for(lambda: finished([job]), 300, "the job to finish", interval=1)
     finally:
         stop_daemon(proc)
