@@ -19,6 +19,8 @@ from hpcsched.slurm.devcluster.plugins import LUA_SETTINGS
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "jobscripts" / "examples" / "digits_mlp.py"
+#: EXAMPLE with a switch for its step padding (tests/paced_digits.py): :func:`paced`, :func:`unpace`
+PACED = ROOT / "tests" / "paced_digits.py"
 
 
 def _instance() -> int:
@@ -179,6 +181,31 @@ def cli(*args: str, timeout: float = 600, check: bool = True, **kw) -> subproces
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def paced(flag: Path) -> tuple[str, str, str]:
+    """The script and first arguments of a job that trains EXAMPLE (its arguments follow), with
+    its step padding on until :func:`unpace` (``flag``) -- for a job given many epochs as a
+    margin for its resizes on a loaded machine, whose remaining epochs are only waiting once the
+    test has seen what it checks while the job runs (tests/paced_digits.py)."""
+    return str(PACED), "--unpaced-when", str(flag)
+
+
+def unpace(flag: Path) -> None:
+    """The jobs started with :func:`paced` (``flag``) run their remaining steps unpadded (the
+    flag's mtime: when, for a look at a run afterwards)."""
+    if not flag.exists():
+        flag.touch()
+
+
+def unpace_when(flag: Path, predicate, timeout: float, interval: float = 1.0) -> None:
+    """:func:`unpace` once ``predicate`` holds (say, the daemon has nothing in flight), or after
+    ``timeout`` s all the same: a wait that only picks the moment, never fails the test (what
+    the test asserts, it waits for itself)."""
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(interval)
+    unpace(flag)
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):

@@ -1,7 +1,7 @@
 """The daemon's round never waits for a job, on the real dev cluster.
 
 Two elastic jobs get a change in the same round: A (fast steps) grows from 1 to 2 nodes (a
-requeue), B (one step every 25 s) doubles its batch size. The round that decides returns at
+requeue), B (one step every 15 s) doubles its batch size. The round that decides returns at
 once, while B has not acknowledged; later rounds (1 s apart) each advance both actions one step
 on the round's own observation, and both reach ``running`` in the journal. The decision is
 fixed (``decide_round`` replaced), so the test does not depend on a policy's model.
@@ -29,7 +29,7 @@ from tests.jobrecords import load_records
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-SLOW_STEP_S = 25.0
+SLOW_STEP_S = 15.0   # time enough for rounds that see A in its requeue while B has not answered
 
 
 def _acked(job_id: str):

@@ -24,7 +24,7 @@ from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir
 from hpcsched.protocol.kinds import ChangeKind
 from hpcsched.slurm import devcluster as dc
-from tests.conftest import EXAMPLE, finished, start_daemon, stop_daemon, submit, wait_for
+from tests.conftest import EXAMPLE, finished, paced, start_daemon, stop_daemon, submit, unpace_when, wait_for
 from tests.jobrecords import check_exactly_once, load_records
 
 DIGITS = 1797
@@ -49,7 +49,7 @@ def test_daemon_killed_mid_grow_resumes_without_doing_anything_twice(daemon_env,
     cfg = Path(os.environ["HPCSCHED_CONFIG"])   # the requeue grow's path is what this kills
     cfg.write_text(cfg.read_text().replace("[daemon]\n", '[daemon]\ngrow = "requeue"\n'))
     job = submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-max-nodes", "2",
-                 "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", "40",
+                 "--hpcsched-batch-size", "96", *paced(tmp_path / "unpaced"), "--epochs", "40",
                  "--sample-time", "0.002")
     slurm_jobs.append(job)
     proc = start_daemon(tmp_path)
@@ -72,6 +72,11 @@ def test_daemon_killed_mid_grow_resumes_without_doing_anything_twice(daemon_env,
         assert action.phase not in ("running", "failed"), action
         time.sleep(4)  # the job meanwhile checkpoints / sits requeued with nobody to release it
         proc = start_daemon(tmp_path, "daemon2.log")
+        # once the job trains at the grow's generation, the rest of its epochs are only waiting
+        jd = JobDir.for_job(job)
+        unpace_when(tmp_path / "unpaced", lambda: finished([job]) or (
+            (a := ctl.read_ack(jd.ack_path, jd.uid)) and a.state == "applied"
+            and a.generation >= action.generation), 240, 0.5)
         infos = wait_for(lambda: finished([job]), 300, "the job to finish", interval=1)
     finally:
         stop_daemon(proc)

@@ -17,7 +17,7 @@ import pytest
 from hpcsched import slurm
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir
-from tests.conftest import EXAMPLE, cli, wait_for
+from tests.conftest import EXAMPLE, cli, paced, unpace, wait_for
 from tests.jobrecords import check_exactly_once, generations, load_records, mean_loss_by_step
 
 DIGITS = 1797
@@ -36,7 +36,8 @@ def test_submit_batch_change_shrink_grow_finish(devcluster, control_dir, tmp_pat
               "--hpcsched-min-nodes", "1", "--hpcsched-max-nodes", "3",
               "--hpcsched-batch-size", "64", "--hpcsched-min-batch-size", "32",
               "--hpcsched-max-batch-size", "192", "--hpcsched-record-samples",
-              str(EXAMPLE), "--epochs", str(EPOCHS), "--min-step-time", "0.02", cwd=tmp_path)
+              *paced(tmp_path / "unpaced"), "--epochs", str(EPOCHS), "--min-step-time", "0.02",
+              cwd=tmp_path)
     assert out.stdout.startswith("Submitted batch job "), out.stdout
     job_id = out.stdout.split()[-1]
     slurm_jobs.append(job_id)
@@ -73,6 +74,7 @@ def test_submit_batch_change_shrink_grow_finish(devcluster, control_dir, tmp_pat
     (row,) = [j for j in status["jobs"] if j["job_id"] == job_id]
     assert (row["generation"], row["gpus"], row["last_reason"]) == (3, 6, "test: grow")
 
+    unpace(tmp_path / "unpaced")   # all resizes seen: the rest of the epochs are only waiting
     final = wait_for(lambda: (i := slurm.job_info(job_id)) and i.state in
                      ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") and i, 300,
                      f"job {job_id} to finish\n{job_log()}", interval=0.5)

@@ -21,7 +21,7 @@ from hpcsched.protocol import files as ctl
 from hpcsched.protocol.extensions import parse_extension_comment, read_extensions
 from hpcsched.protocol.jobdir import JobDir
 from hpcsched.slurm.devcluster.base import LEND_QOS
-from tests.conftest import EXAMPLE, cli, wait_for
+from tests.conftest import cli, paced, unpace, wait_for
 from tests.jobrecords import (
     check_exactly_once,
     check_positions_exactly_once,
@@ -33,7 +33,8 @@ from tests.jobrecords import (
 DIGITS = 1797
 # Training lengths keep a margin for a loaded machine: the suite runs three dev clusters side by
 # side on 2 cores (tools/test.sh), where a grow took several times as long and shorter jobs
-# ended before their resize applied.
+# ended before their resize applied. Once a test has seen what it checks while the job runs, it
+# lets the job run the rest unpadded (conftest.unpace): the margin costs no waiting.
 #: the job whose extension is cancelled: 60 x 1.45 s of training, which outlasts the grow and
 #: the fault timeout that finds the lost workers
 EPOCHS_LOST = 60
@@ -59,8 +60,9 @@ def _submit(tmp_path, slurm_jobs, epochs: int, env=None,
     out = cli("hpcsub", "--parsable", "-N", "1", "-w", "n1", "--gres=gpu:4", *minimum,
               f"--output={tmp_path}/slurm-%j.out",
               "--hpcsched-max-nodes", "4", "--hpcsched-batch-size", "64",
-              "--hpcsched-max-batch-size", "512", "--hpcsched-record-samples", str(EXAMPLE),
-              "--epochs", str(epochs), "--min-step-time", "0.05", cwd=tmp_path, env=env)
+              "--hpcsched-max-batch-size", "512", "--hpcsched-record-samples",
+              *paced(tmp_path / "unpaced"), "--epochs", str(epochs), "--min-step-time", "0.05",
+              cwd=tmp_path, env=env)
     job_id = out.stdout.strip()
     slurm_jobs.append(job_id)
     jd = JobDir.for_job(job_id)
@@ -128,6 +130,7 @@ def test_grow_onto_a_shared_node_then_grow_shrink_and_move_without_restarting_a_
             assert info.name.endswith("+ext")
             assert parse_extension_comment(info.comment) == (job_id, jd.uid, 1)
 
+    unpace(tmp_path / "unpaced")
     final = _finish(job_id, tmp_path)
     assert final.state == "COMPLETED"
     wait_for(lambda: _none_active(jd), 30, "every extension job to end")
@@ -171,6 +174,7 @@ def test_a_killed_extension_is_a_shrink_the_job_did_not_ask_for(
     assert ack.time - cancelled < 60
     assert ack.layout == {}   # the primary's GPUs only
 
+    unpace(tmp_path / "unpaced")
     assert _finish(job_id, tmp_path).state == "COMPLETED"
     (ext,) = _extensions(jd)
     assert ext.state == "lost"
@@ -204,6 +208,7 @@ def test_an_extension_slurm_preempts_leaves_at_a_step_boundary(
     assert waited < 10, waited
     assert ack.layout == {} and ack.generation == 1
 
+    unpace(tmp_path / "unpaced")
     assert _finish(job_id, tmp_path).state == "COMPLETED"
     (ext,) = _extensions(jd)
     assert ext.state == "released" and "SIGTERM: preempted or cancelled" in ext.reason, ext
@@ -227,6 +232,7 @@ def test_an_extension_that_cannot_start_is_reported_and_the_job_keeps_its_size(
     status = json.loads(cli("hpcsched", "status", "--json").stdout)
     (row,) = [j for j in status["jobs"] if j["job_id"] == job_id]
     assert row["gpus"] == 4
+    unpace(tmp_path / "unpaced")
     assert _finish(job_id, tmp_path).state == "COMPLETED"
     check_exactly_once(load_records(jd.path), DIGITS, 20)
 

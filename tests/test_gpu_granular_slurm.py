@@ -16,13 +16,14 @@ import pytest
 from hpcsched import slurm
 from hpcsched.protocol.jobdir import JobDir
 from tests.conftest import (
-    EXAMPLE,
     cli,
     daemon_store,
     finished,
+    paced,
     start_daemon,
     stop_daemon,
     submit,
+    unpace_when,
     wait_for,
 )
 from tests.jobrecords import check_exactly_once, load_records
@@ -30,6 +31,7 @@ from tests.jobrecords import check_exactly_once, load_records
 DIGITS = 1797
 EPOCHS_A = 120   # A runs on n1:4,n2:2 after about 20 s, is released for B at about 26 s, ends at about
 #                  120 s alone (a margin for the suite's three clusters side by side on 2 cores)
+#                  if all paced; it trains unpadded once B has ended (conftest.unpace)
 EMULATED = Path(__file__).resolve().parent.parent / "jobscripts" / "examples" / "emulated.py"
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -55,7 +57,8 @@ def test_4_plus_2_gpus_beside_a_foreign_job_then_a_release(daemon_env, blocker, 
     slurm_jobs.append(foreign)
     wait_for(lambda: (i := slurm.job_info(foreign)) and i.state == "RUNNING", 60, "the foreign job")
     a = submit(tmp_path, "-N", "1", "--gres=gpu:4", "--hpcsched-max-nodes", "2",
-               "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", str(EPOCHS_A), "--sample-time", "0.002")
+               "--hpcsched-batch-size", "96", *paced(tmp_path / "unpaced"), "--epochs", str(EPOCHS_A),
+               "--sample-time", "0.002")
     slurm_jobs.append(a)
     proc = start_daemon(tmp_path)
     t0 = time.time()
@@ -73,6 +76,11 @@ def test_4_plus_2_gpus_beside_a_foreign_job_then_a_release(daemon_env, blocker, 
         wait_for(lambda: ("reform", "n1:4", "running") in _layouts(store, a), 240,
                  "A's extension released for B")
         t_released = time.time() - t0
+        # what is checked while A runs has happened: once B has ended and the daemon has grown
+        # A back onto n2's free GPUs (or not, within 60 s), A trains the rest unpadded
+        wait_for(lambda: finished([b]), 400, "B to finish", interval=1)
+        unpace_when(tmp_path / "unpaced", lambda: finished([a]) or (_layouts(store, a).count(
+            ("reform", "n1:4,n2:2", "running")) > 1 and not store.open_actions()), 60)
         infos = wait_for(lambda: finished([a, b]), 400, "A and B to finish", interval=2)
         t_done = time.time() - t0
     finally:

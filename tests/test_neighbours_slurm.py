@@ -16,19 +16,20 @@ from hpcsched import slurm
 from hpcsched.protocol.extensions import parse_extension_comment
 from hpcsched.protocol.jobdir import JobDir
 from tests.conftest import (
-    EXAMPLE,
     daemon_store,
     finished,
+    paced,
     start_daemon,
     stop_daemon,
     submit,
+    unpace_when,
     wait_for,
 )
 from tests.jobrecords import check_exactly_once, load_records
 
 DIGITS = 1797
 ROUND = 5.0
-EPOCHS = 100     # grown over all 4 nodes after about 40 s, done after about 120 s
+EPOCHS = 100     # grown over all 4 nodes after about 40 s, done after about 120 s if all paced
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
@@ -50,7 +51,8 @@ def test_a_plain_job_waits_a_round_not_an_elastic_job(daemon_env, devcluster, sl
     cfg.write_text(cfg.read_text().replace('[policy]\nname = "dp"\n', "")
                    .replace("round_interval = 2.0", f"round_interval = {ROUND}"))
     elastic = [submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-max-gpus", "16",
-                      "--hpcsched-batch-size", "96", str(EXAMPLE), "--epochs", str(EPOCHS),
+                      "--hpcsched-batch-size", "96", *paced(tmp_path / "unpaced"),
+                      "--epochs", str(EPOCHS),
                       "--sample-time", "0.002") for _ in range(2)]
     slurm_jobs.extend(elastic)
     proc = start_daemon(tmp_path)
@@ -70,6 +72,10 @@ def test_a_plain_job_waits_a_round_not_an_elastic_job(daemon_env, devcluster, sl
                  120, "the plain job to start")
         waited = time.time() - submitted
         running = slurm.squeue()
+        # what is checked while the jobs run has happened: once the plain job has ended and no
+        # resize is in flight, the elastic jobs train the rest unpadded
+        unpace_when(tmp_path / "unpaced", lambda: finished(elastic) or (
+            finished([plain]) and not store.open_actions()), 300)
         infos = wait_for(lambda: finished(elastic + [plain]), 600, "every job to finish",
                          interval=2)
         done = time.time() - t0

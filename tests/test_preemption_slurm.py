@@ -31,13 +31,15 @@ from hpcsched.policies.base import PolicyBase
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir
 from hpcsched.protocol.kinds import ChangeKind
-from tests.conftest import EXAMPLE, submit, wait_for
+from tests.conftest import EXAMPLE, paced, submit, unpace, wait_for
 from tests.jobrecords import check_exactly_once, load_records
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 DIGITS = 1797
 EPOCHS = 25     # 29 steps of 0.05 s per epoch: about 36 s of training
+# A job that runs again after its preemption has shown what the test checks while it runs: it
+# trains the rest unpadded (conftest.unpace).
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
 
 
@@ -76,7 +78,7 @@ def _daemon(deadline: float) -> tuple[Daemon, Store]:
 
 def _start(tmp_path, slurm_jobs) -> tuple[str, JobDir]:
     job = submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-batch-size", "64",
-                 str(EXAMPLE), "--epochs", str(EPOCHS), "--min-step-time", "0.05")
+                 *paced(tmp_path / "unpaced"), "--epochs", str(EPOCHS), "--min-step-time", "0.05")
     slurm_jobs.append(job)
     jd = JobDir.for_job(job)
     wait_for(lambda: (a := _ack(jd)) and a.state == "applied", 240, f"job {job} to report",
@@ -161,6 +163,7 @@ def test_daemon_preempts_a_running_job_and_resumes_it(daemon_env, devcluster, sl
                  240, "the released job to apply generation 2", interval=0.5)
     assert a.world_size == 2
 
+    unpace(tmp_path / "unpaced")
     recs = _finish(job, jd, tmp_path)
     assert {r["restart"] for r in recs if r["generation"] == 0} == {0}
     assert {r["restart"] for r in recs if r["generation"] == 2} == {1}
@@ -192,6 +195,7 @@ def test_guard_starts_a_held_job_when_no_daemon_is_left(daemon_env, devcluster, 
                  240, "the job to resume at the preemption's generation", interval=0.5)
     assert a.world_size == 2
 
+    unpace(tmp_path / "unpaced")
     recs = _finish(job, jd, tmp_path)
     assert {r["restart"] for r in recs if r["generation"] == 1} == {1}
 
@@ -211,7 +215,7 @@ def test_tiresias_preempts_a_job_for_a_newer_one_and_resumes_it(daemon_env, devc
     wait_for(lambda: (i := slurm.job_info(filler)) and i.state == "RUNNING", 120,
              "the unmanaged job holding n[2-4]", interval=0.5)
     a = submit(tmp_path, "-N", "1", "--gres=gpu:4", "--hpcsched-batch-size", "64",
-               str(EXAMPLE), "--epochs", str(EPOCHS), "--min-step-time", "0.05")
+               *paced(tmp_path / "unpaced"), "--epochs", str(EPOCHS), "--min-step-time", "0.05")
     slurm_jobs.append(a)
     jd_a = JobDir.for_job(a)
     wait_for(lambda: (x := _ack(jd_a)) and x.state == "applied", 240, "job A to report",
@@ -237,6 +241,8 @@ def test_tiresias_preempts_a_job_for_a_newer_one_and_resumes_it(daemon_env, devc
         phases.append((slurm.job_info(a).state, slurm.job_info(b).state, kinds))
         if slurm.job_info(a).state in ENDED:
             break
+        if phases[-1][:2] == ("RUNNING", "COMPLETED") and ("pending", "running") in kinds:
+            unpace(tmp_path / "unpaced")   # A runs again, B has ended: all that is checked
         time.sleep(1.0)
     kinds = [x.kind for x in reversed(store.actions(a))]
     assert kinds[:2] == ["preempt", "pending"], (kinds, phases[-5:])
