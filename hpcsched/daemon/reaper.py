@@ -145,16 +145,7 @@ class Reaper:
                 self._said.add(t.job_id)
                 log.warning("job %s is tagged as an extension of job %s, which is not active; "
                             "not cancelled: %s", t.job_id, t.primary_job_id, why)
-        todo = []
-        for t in verdict.cancel:
-            if t.state == SlurmState.COMPLETING or (self.dry_run and t.job_id in self._cancelled):
-                continue
-            if self.dry_run:
-                self._cancelled.add(t.job_id)
-                log.warning("dry run: would cancel job %s, an extension of job %s (not active)",
-                            t.job_id, t.primary_job_id)
-                continue
-            todo.append(t)
+        todo = self._to_cancel(verdict.cancel)
         done = []
         for at in range(0, len(todo), CANCEL_BATCH):
             part = todo[at:at + CANCEL_BATCH]
@@ -169,6 +160,21 @@ class Reaper:
         self._cancelled &= active
         self._said &= active
         return done
+
+    def _to_cancel(self, orphans: Sequence[Tagged]) -> list[Tagged]:
+        """The orphans to ``scancel`` now: none that Slurm is already ending (COMPLETING); in a
+        dry run none, each logged once instead."""
+        todo = []
+        for t in orphans:
+            if t.state == SlurmState.COMPLETING or (self.dry_run and t.job_id in self._cancelled):
+                continue
+            if self.dry_run:
+                self._cancelled.add(t.job_id)
+                log.warning("dry run: would cancel job %s, an extension of job %s (not active)",
+                            t.job_id, t.primary_job_id)
+                continue
+            todo.append(t)
+        return todo
 
     def _cancel(self, orphans: list[Tagged], control: SlurmControl) -> set[str]:
         """One ``scancel`` of ``orphans``, each counted and logged at WARNING the first time;
