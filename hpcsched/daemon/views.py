@@ -60,10 +60,9 @@ def last_resize(job_id: str, store: Store) -> str | None:
             if a.phase != "failed" and a.kind != ChangeKind.BATCH]
     if not acts or acts[0].phase != "running":
         return None
-    if acts[0].kind in (ChangeKind.GROW, ChangeKind.SHRINK):
-        return acts[0].kind
-    if acts[0].kind == ChangeKind.REFORM and acts[0].to_nodes != acts[0].from_nodes:
-        return (ChangeKind.GROW if acts[0].to_nodes > acts[0].from_nodes else ChangeKind.SHRINK).value
+    direction = _direction(acts[0])
+    if direction is not None:
+        return direction
     released = (acts[0].kind == ChangeKind.PENDING and len(acts) > 1
                 and acts[1].kind == ChangeKind.PREEMPT)
     return ChangeKind.GROW.value if released else None
@@ -77,9 +76,17 @@ def grow_failed_at(job_id: str, store: Store) -> float | None:
     if not acts or acts[0].phase != "failed":
         return None
     a = acts[0]
-    grew = a.kind == ChangeKind.GROW or (a.kind == ChangeKind.REFORM and a.to_nodes > a.from_nodes) \
-        or a.mechanism == "extend"
-    return a.updated_at if grew else None
+    return a.updated_at if _direction(a) == ChangeKind.GROW or a.mechanism == "extend" else None
+
+
+def _direction(a) -> str | None:
+    """``"grow"`` or ``"shrink"``: the size change journal entry ``a`` makes (a ``grow`` or
+    ``shrink``, or a ``reform`` to more or fewer nodes); None for any other."""
+    if a.kind in (ChangeKind.GROW, ChangeKind.SHRINK):
+        return ChangeKind(a.kind).value
+    if a.kind == ChangeKind.REFORM and a.to_nodes != a.from_nodes:
+        return (ChangeKind.GROW if a.to_nodes > a.from_nodes else ChangeKind.SHRINK).value
+    return None
 
 
 def held_after_preemption(info: slurm.JobInfo, store: Store) -> bool:
