@@ -4,6 +4,7 @@ environment the launcher would give them, a job directory, and the protocol file
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -18,10 +19,28 @@ from hpcsched.protocol.jobdir import JobDir
 EXAMPLE = Path(__file__).resolve().parent.parent / "jobscripts" / "examples" / "digits_mlp.py"
 
 
+#: where :func:`free_port` picks: below the dev clusters' Slurm ports (16817 up), the jobs'
+#: rank-0 stores (20000 up) and the kernel's ephemeral range (32768-60999), where every outgoing
+#: connection and every ``bind(0)`` takes its port
+FREE_PORTS = range(10000, 16500)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that is free now, drawn at random from :data:`FREE_PORTS`.
+
+    Not ``bind(0)``: that port is from the ephemeral range, and a caller that binds it a while
+    later (a case run minutes after its port was chosen) can find a connection of another test
+    on it (EADDRINUSE, seen in CI)."""
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.choice(FREE_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {FREE_PORTS} after 200 draws")
 
 
 def worker_env(jd: JobDir, rank: int, world: int, port: int, generation: int, local: int,

@@ -85,8 +85,11 @@ def ddp_checks(tmp_path_factory) -> dict[str, list]:
 
 def _run_checks() -> dict[str, list]:
     cases = _check_cases()
-    for c in cases:
-        c["port"] = free_port()
+    ports: set[int] = set()
+    while len(ports) < len(cases):   # one port per case, none used twice
+        ports.add(free_port())
+    for c, port in zip(cases, sorted(ports)):
+        c["port"] = port
     procs = []
     for rank in range(2):
         env = {k: v for k, v in os.environ.items() if not k.startswith("HPCSCHED_")}

@@ -10,7 +10,6 @@ series is checked against what Slurm and the store say.
 from __future__ import annotations
 
 import os
-import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,14 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hpcsched import slurm
 from tests.conftest import EXAMPLE, start_daemon, stop_daemon, submit, wait_for
+from tests.gloo_workers import free_port
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float] | None:
