@@ -289,11 +289,12 @@ MULTIUSER_TORCH = "2.13.0"
 
 
 def _venv_ready(venv: Path) -> bool:
-    """``venv`` runs this checkout's hpcsched (editable) with torch MULTIUSER_TORCH and sklearn."""
+    """``venv`` runs this checkout's hpcsched (editable) with torch MULTIUSER_TORCH, sklearn
+    and the daemon extra (``hpcsched status`` reads the store through SQLAlchemy)."""
     py = venv / "bin" / "python"
     if not py.exists():
         return False
-    probe = ("import hpcsched, sklearn, torch, sys; "
+    probe = ("import hpcsched, sklearn, sqlalchemy, alembic, torch, sys; "
              "sys.exit(0 if torch.__version__.split('+')[0] == sys.argv[1] "
              "and hpcsched.__file__.startswith(sys.argv[2]) else 1)")
     # -I and cwd "/": the checkout in the working directory must not stand in for what the venv
@@ -305,7 +306,7 @@ def _venv_ready(venv: Path) -> bool:
 @pytest.fixture(scope="session")
 def multiuser_venv() -> Path:
     """A virtual environment every user can run, with this checkout installed editable (and its
-    ``train`` extra): built once per machine with Debian's python3.11 (about 40 s, from local
+    ``train`` and ``daemon`` extras): built once per machine with Debian's python3.11 (about 40 s, from local
     wheels), reused while it has hpcsched from this checkout and the pinned torch. Needs root."""
     if os.geteuid() != 0:
         pytest.skip("creating Unix users and a shared venv needs root")
@@ -314,7 +315,7 @@ def multiuser_venv() -> Path:
     if not _venv_ready(MULTIUSER_VENV):
         pip = [str(MULTIUSER_VENV / "bin" / "pip"), "install", "-q", "--disable-pip-version-check"]
         for cmd in ([MULTIUSER_PYTHON, "-m", "venv", str(MULTIUSER_VENV)],
-                    pip + [f"torch=={MULTIUSER_TORCH}"], pip + ["-e", f"{ROOT}[train]"]):
+                    pip + [f"torch=={MULTIUSER_TORCH}"], pip + ["-e", f"{ROOT}[train,daemon]"]):
             subprocess.run(cmd, check=True, capture_output=True, timeout=900)
         assert _venv_ready(MULTIUSER_VENV), f"{MULTIUSER_VENV} built but not usable"
     return MULTIUSER_VENV

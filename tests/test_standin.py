@@ -102,7 +102,9 @@ def test_a_stand_in_job_grows_by_extension_is_released_and_finishes(devcluster, 
     done = wait_for(lambda: (p := ctl.read_progress(jd.progress_path, jd.uid)) and p.finished and p,
                     120, "the stand-in's end")
     assert done.samples_processed >= 40_000 and done.total_samples == 40_000
-    assert ctl.read_launcher_state(jd.launcher_path, jd.uid).phase == "finished"
+    # progress.json says finished first; launcher.json follows once the extensions are released
+    wait_for(lambda: (st := ctl.read_launcher_state(jd.launcher_path, jd.uid)) is not None
+             and st.phase == "finished", 30, "the stand-in's launcher state 'finished'")
     files = sorted(p.name for p in jd.metrics_dir.iterdir())
     ext_id = ext[0]["job_id"]
     assert files == ["launch-1-ext-" + ext_id + "-rank-0.jsonl", "launch-1-ext-" + ext_id + "-rank-1.jsonl",
