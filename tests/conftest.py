@@ -5,10 +5,13 @@ the end if it started it (set ``HPCSCHED_KEEP_DEVCLUSTER=1`` to keep it)."""
 
 from __future__ import annotations
 
+import configparser
+import fcntl
 import os
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -284,7 +287,7 @@ def finished(job_ids):
 #: an interpreter every user can run (the default Python lives under /root, mode 0700)
 MULTIUSER_VENV = Path("/opt/hpcsched-multiuser-venv")
 MULTIUSER_PYTHON = "/usr/bin/python3.11"
-#: the only torch spec that installs from a local CPU wheel (any other downloads GBs)
+#: the torch the shared venv must import: the one tools/setup.sh pins in .venv
 MULTIUSER_TORCH = "2.13.0"
 
 
@@ -292,7 +295,7 @@ def _venv_ready(venv: Path) -> bool:
     """``venv`` runs this checkout's hpcsched (editable) with torch MULTIUSER_TORCH, sklearn
     and the daemon extra (``hpcsched status`` reads the store through SQLAlchemy)."""
     py = venv / "bin" / "python"
-    if not py.exists():
+    if not (py.exists() and (venv / "bin" / "hpcsched").exists() and (venv / "bin" / "hpcsub").exists()):
         return False
     probe = ("import hpcsched, sklearn, sqlalchemy, alembic, torch, sys; "
              "sys.exit(0 if torch.__version__.split('+')[0] == sys.argv[1] "
@@ -304,21 +307,40 @@ def _venv_ready(venv: Path) -> bool:
 
 
 @pytest.fixture(scope="session")
-def multiuser_venv() -> Path:
-    """A virtual environment every user can run, with this checkout installed editable (and its
-    ``train`` and ``daemon`` extras): built once per machine with Debian's python3.11 (about 40 s, from local
-    wheels), reused while it has hpcsched from this checkout and the pinned torch. Needs root."""
+def multiuser_venv(tmp_path_factory) -> Path:
+    """A virtual environment every user can run: Debian's python3.11 (the checkout's own Python
+    lives under /root, mode 0700) over the checkout's ``.venv`` packages (hpcsched editable,
+    the pinned torch, sklearn, the daemon extra), which a ``.pth`` line adds with
+    ``site.addsitedir`` (so their own ``.pth`` files, the editable install's among them, are
+    read too). Built in a second, once per machine, under a lock (xdist workers share it);
+    rebuilt when it does not import this checkout's hpcsched and the pinned torch. Needs root."""
     if os.geteuid() != 0:
         pytest.skip("creating Unix users and a shared venv needs root")
     if not Path(MULTIUSER_PYTHON).exists():
         pytest.skip(f"{MULTIUSER_PYTHON} (Debian's python3.11 with venv) is not installed")
-    if not _venv_ready(MULTIUSER_VENV):
-        pip = [str(MULTIUSER_VENV / "bin" / "pip"), "install", "-q", "--disable-pip-version-check"]
-        for cmd in ([MULTIUSER_PYTHON, "-m", "venv", str(MULTIUSER_VENV)],
-                    pip + [f"torch=={MULTIUSER_TORCH}"], pip + ["-e", f"{ROOT}[train,daemon]"]):
-            subprocess.run(cmd, check=True, capture_output=True, timeout=900)
-        assert _venv_ready(MULTIUSER_VENV), f"{MULTIUSER_VENV} built but not usable"
+    with open(tmp_path_factory.getbasetemp().parent / "multiuser_venv.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _venv_ready(MULTIUSER_VENV):
+            _build_multiuser_venv()
+            assert _venv_ready(MULTIUSER_VENV), f"{MULTIUSER_VENV} built but not usable"
     return MULTIUSER_VENV
+
+
+def _build_multiuser_venv() -> None:
+    ours = Path(sysconfig.get_paths()["purelib"])     # the checkout's .venv, world-readable
+    subprocess.run([MULTIUSER_PYTHON, "-m", "venv", "--clear", "--without-pip", str(MULTIUSER_VENV)],
+                   check=True, capture_output=True, timeout=120)
+    (site,) = (MULTIUSER_VENV / "lib").glob("python3*/site-packages")
+    (site / "hpcsched-checkout-venv.pth").write_text(f"import site; site.addsitedir({str(ours)!r})\n")
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    for line in cfg["options.entry_points"]["console_scripts"].strip().splitlines():
+        name, target = (x.strip() for x in line.split("="))   # hpcsched = hpcsched.cli:main
+        module, func = target.split(":")
+        script = MULTIUSER_VENV / "bin" / name
+        script.write_text(f"#!{MULTIUSER_VENV}/bin/python\nimport sys\nfrom {module} import {func}\n"
+                          f"sys.exit({func}())\n")
+        script.chmod(0o755)
 
 
 @pytest.fixture(scope="session")
