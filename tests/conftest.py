@@ -186,12 +186,15 @@ def cli(*args: str, timeout: float = 600, check: bool = True, **kw) -> subproces
     return proc
 
 
-def paced(flag: Path) -> tuple[str, str, str]:
-    """The script and first arguments of a job that trains EXAMPLE (its arguments follow), with
-    its step padding on until :func:`unpace` (``flag``) -- for a job given many epochs as a
-    margin for its resizes on a loaded machine, whose remaining epochs are only waiting once the
-    test has seen what it checks while the job runs (tests/paced_digits.py)."""
-    return str(PACED), "--unpaced-when", str(flag)
+def paced(flag: Path, example: Path | None = None) -> tuple[str, ...]:
+    """The script and first arguments of a job that trains EXAMPLE, or ``example`` (its
+    arguments follow), with its step padding on until :func:`unpace` (``flag``) -- for a job
+    given many epochs as a margin for its resizes on a loaded machine, whose remaining epochs are
+    only waiting once the test has seen what it checks while the job runs
+    (tests/paced_digits.py)."""
+    if example is None:
+        return str(PACED), "--unpaced-when", str(flag)
+    return str(PACED), "--unpaced-when", str(flag), "--example", str(example)
 
 
 def unpace(flag: Path) -> None:

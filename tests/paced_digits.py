@@ -15,6 +15,9 @@ step is still trained and recorded; what the tests check of the records (every s
 epoch exactly once, the generations, the processes, the loss) is the same.
 
     python paced_digits.py --unpaced-when /tmp/x/unpaced --epochs 120 --min-step-time 0.05
+
+``--example PATH`` (also before the example's arguments) paces another example whose padding
+sleeps through its module's ``time`` (``ddp_classifier.py``'s ``--batch-time``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "jobscripts" / "examples" / "digits_mlp.py"
 FLAG = "--unpaced-when"
+SCRIPT = "--example"
 
 
 class _Clock:
@@ -47,8 +51,14 @@ def main() -> None:
     args = sys.argv[1:]
     i = args.index(FLAG)
     flag = args[i + 1]
-    sys.argv = [str(EXAMPLE)] + args[:i] + args[i + 2:]
-    spec = importlib.util.spec_from_file_location("digits_mlp", EXAMPLE)
+    args = args[:i] + args[i + 2:]
+    example = EXAMPLE
+    if SCRIPT in args:   # another example that pads through its module's time.sleep
+        i = args.index(SCRIPT)
+        example = Path(args[i + 1])
+        args = args[:i] + args[i + 2:]
+    sys.argv = [str(example)] + args
+    spec = importlib.util.spec_from_file_location(example.stem, example)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

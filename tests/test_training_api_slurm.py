@@ -12,10 +12,12 @@ import pytest
 from hpcsched import slurm
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir
-from tests.conftest import ROOT, cli, wait_for
+from tests.conftest import ROOT, cli, paced, unpace, wait_for
 from tests.jobrecords import check_exactly_once, generations, load_records
 
-DIGITS, EPOCHS = 1797, 30
+#: a margin for a loaded machine (the job must not end before its last resize applies); paced,
+#: so once the resizes are done the rest runs at the model's own speed
+DIGITS, EPOCHS = 1797, 60
 SCRIPT = ROOT / "jobscripts" / "examples" / "ddp_classifier.py"
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -26,7 +28,8 @@ def test_ddp_dataloader_script_grown_moved_and_shrunk_processes_every_sample_onc
     job_id = cli("hpcsub", "--parsable", "-N", "1", "-w", "n1", "--gres=gpu:2",
                  f"--output={tmp_path}/slurm-%j.out", "--hpcsched-min-gpus", "2",
                  "--hpcsched-max-nodes", "3", "--hpcsched-batch-size", "64",
-                 "--hpcsched-max-batch-size", "512", "--hpcsched-record-samples", str(SCRIPT),
+                 "--hpcsched-max-batch-size", "512", "--hpcsched-record-samples",
+                 *paced(tmp_path / "unpaced", SCRIPT),
                  "--epochs", str(EPOCHS), "--batch-time", "0.02", cwd=tmp_path).stdout.strip()
     slurm_jobs.append(job_id)
     jd = JobDir.for_job(job_id)
@@ -41,6 +44,7 @@ def test_ddp_dataloader_script_grown_moved_and_shrunk_processes_every_sample_onc
         assert (ack.generation, ack.state, ack.world_size) == (generation, "applied", gpus), ack
         assert "no worker restarted" in ack.message
 
+    unpace(tmp_path / "unpaced")
     log = tmp_path / f"slurm-{job_id}.out"
     final = wait_for(lambda: (i := slurm.job_info(job_id)) and not i.active and i, 300,
                      f"job {job_id} to finish\n{log.read_text() if log.exists() else ''}",
