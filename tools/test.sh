@@ -4,13 +4,16 @@
 # dev clusters, which tests/conftest.py starts (needs root) and stops again. Prints the wall time
 # at the end. Extra arguments go to pytest.
 #
-#   tools/test.sh           everything (about 15 min on 2 cores)
+#   tools/test.sh           everything (about 13 min on 2 cores)
 #   tools/test.sh --quick   no dev cluster and no root: every test not marked slurm (about 3 min)
 #
-# Three pytest-xdist workers ($HPCSCHED_TEST_WORKERS, at most 7), each with a dev cluster of its
+# Four pytest-xdist workers ($HPCSCHED_TEST_WORKERS, at most 7), each with a dev cluster of its
 # own (state directory and ports: tests/conftest.py), so the cluster tests' waits overlap;
-# --dist worksteal evens out their very unequal lengths (5 s to 5 min). On 2 cores, four made
-# resize tests fail now and then (their jobs ended before a slowed grow applied); six, often.
+# --dist worksteal evens out their very unequal lengths (5 s to 3 min). Four became safe on 2
+# cores once the resize tests' jobs were paced (tests/conftest.py: paced, unpace_when: a job
+# cannot end before a slowed grow applies); the whole suite took 871-924 s with three, 762-785 s
+# with four. It is CPU-bound there (0% idle): two thirds of its CPU is the jobs' training
+# workers, most of that importing torch (and torch._dynamo, which every optimizer step imports).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
@@ -25,6 +28,6 @@ fi
 .venv/bin/ruff check .
 .venv/bin/mypy
 rc=0
-.venv/bin/python -m pytest -q -n "${HPCSCHED_TEST_WORKERS:-3}" --dist worksteal "${quick[@]}" "$@" || rc=$?
+.venv/bin/python -m pytest -q -n "${HPCSCHED_TEST_WORKERS:-4}" --dist worksteal "${quick[@]}" "$@" || rc=$?
 echo "tools/test.sh: $((SECONDS - start)) s wall${quick:+ (--quick)}, pytest exit $rc" >&2
 exit $rc
