@@ -55,13 +55,38 @@ def test_a_sweep_removes_directories_then_store_rows(tmp_path):
     store.begin_round("jct", NOW - 1 * DAY_S, False)
     ret = Retention(RetentionSettings(job_days=30, store_days=90), store, control)
     assert ret.due()
-    assert ret.sweep(active={"3"}, now=NOW) == {"dirs": 1, "jobs": 0, "rounds": 1}
+    assert ret.sweep(active={"3"}, now=NOW) == {"dirs": 1, "jobs": 0, "rounds": 1, "offsets": 0}
     assert not old.path.exists() and not (control / current_user() / "by-id" / "1").exists()
     assert recent.path.is_dir() and running.path.is_dir()
     assert store.job("1") is not None, "its store rows stay until store_days"
     assert not ret.due(), "about once an hour"
-    assert ret.sweep(active=(), now=NOW + 95 * DAY_S) == {"dirs": 1, "jobs": 2, "rounds": 1}
+    assert ret.sweep(active=(), now=NOW + 95 * DAY_S) == {"dirs": 1, "jobs": 2, "rounds": 1, "offsets": 0}
     assert store.job("1") is None and store.profile("1") == [] and store.job("3") is not None
+
+
+def test_offsets_of_files_gone_go_and_the_rest_stay(tmp_path):
+    """One ingest offset per rank's metrics file: once the file is gone (its job directory
+    removed) and it was last read over a day ago, its row goes; a file still there keeps its
+    offset, however old, and one read within the day keeps it even if gone."""
+    store = Store(f"sqlite:///{tmp_path}/db.sqlite")
+    store.upgrade()
+    control = tmp_path / "jobs"
+    done = _job(control, store, "1", 31)        # finished: its directory expires
+    running = _job(control, store, "2", None)
+    (done.metrics_dir / "launch-1-rank-0.jsonl").write_text("")
+    (running.metrics_dir / "launch-1-rank-0.jsonl").write_text("")
+    old = {str(done.metrics_dir / "launch-1-rank-0.jsonl"): 100,
+           str(running.metrics_dir / "launch-1-rank-0.jsonl"): 200,
+           str(tmp_path / "elsewhere" / "rank-0.jsonl"): 300}     # never there
+    store.set_ingest_offsets(old, at=NOW - 2 * DAY_S)
+    fresh = str(tmp_path / "gone-today.jsonl")
+    store.set_ingest_offsets({fresh: 400}, at=NOW - 0.5 * DAY_S)
+    ret = Retention(RetentionSettings(job_days=30, store_days=0), store, control)
+    assert ret.sweep(active={"2"}, now=NOW) == {"dirs": 1, "jobs": 0, "rounds": 0, "offsets": 2}
+    assert not done.path.exists()
+    left = store.ingest_offsets([*old, fresh])
+    assert left == {**dict.fromkeys(old, 0), str(running.metrics_dir / "launch-1-rank-0.jsonl"): 200,
+                    fresh: 400}
 
 
 def test_a_directory_that_is_not_the_jobs_is_left_alone(tmp_path):
@@ -71,7 +96,7 @@ def test_a_directory_that_is_not_the_jobs_is_left_alone(tmp_path):
     jd = _job(control, store, "1", 31)
     (jd.path / "spec.json").unlink()              # not a job directory any more
     ret = Retention(RetentionSettings(job_days=30, store_days=0), store, control)
-    assert ret.sweep(active=(), now=NOW) == {"dirs": 0, "jobs": 0, "rounds": 0}
+    assert ret.sweep(active=(), now=NOW) == {"dirs": 0, "jobs": 0, "rounds": 0, "offsets": 0}
     assert jd.path.is_dir()
 
 

@@ -6,7 +6,11 @@ About once an hour (:data:`SWEEP_EVERY_S`) the daemon removes
   control and acknowledgement files, metrics, and its checkpoints when they are in it: a
   ``--hpcsched-checkpoint-dir`` elsewhere is the user's, never touched), with its ``by-id`` link;
 * from the **store**, the jobs that finished more than ``store_days`` ago with their profile,
-  GPU measurements and journal, and the rounds older than that (:meth:`Store.prune`).
+  GPU measurements and journal, and the rounds older than that (:meth:`Store.prune`);
+* from the **store**, whatever ``job_days`` and ``store_days`` say, the ingest offsets of
+  metrics files that are gone and were last read more than a day ago
+  (:meth:`Store.prune_ingest_offsets`): one row per rank's file of every job ever run would
+  otherwise pile up.
 
 A job counts as finished when the store says so (``finished_at``, set the round Slurm stopped
 listing it as active) and Slurm does not list it as active now. A directory is removed only if
@@ -58,8 +62,9 @@ class Retention:
         return (time.monotonic() if monotonic is None else monotonic) - self._last >= SWEEP_EVERY_S
 
     def sweep(self, active: Collection[str], now: float | None = None) -> dict[str, int]:
-        """Remove what has expired; returns the counts (``dirs``, ``jobs``, ``rounds``). Never
-        raises for a directory it cannot remove (logged, tried again next sweep)."""
+        """Remove what has expired; returns the counts (``dirs``, ``jobs``, ``rounds``,
+        ``offsets``). Never raises for a directory it cannot remove (logged, tried again next
+        sweep)."""
         self._last = time.monotonic()
         now = time.time() if now is None else now
         dirs = 0
@@ -68,12 +73,13 @@ class Retention:
         pruned = {"jobs": 0, "rounds": 0}
         if self.settings.store_days > 0:
             pruned = self.store.prune(now - self.settings.store_days * DAY_S)
-        if dirs or pruned["jobs"] or pruned["rounds"]:
+        offsets = self.store.prune_ingest_offsets(now - DAY_S)
+        if dirs or pruned["jobs"] or pruned["rounds"] or offsets:
             log.info("retention: removed %d job director(y/ies) older than %g days; %d job(s) "
-                     "and %d round(s) from the store older than %g days", dirs,
-                     self.settings.job_days, pruned["jobs"], pruned["rounds"],
-                     self.settings.store_days)
-        return {"dirs": dirs, **pruned}
+                     "and %d round(s) from the store older than %g days; %d ingest offset(s) "
+                     "of metrics files gone", dirs, self.settings.job_days, pruned["jobs"],
+                     pruned["rounds"], self.settings.store_days, offsets)
+        return {"dirs": dirs, **pruned, "offsets": offsets}
 
     def _remove(self, job: JobRow) -> int:
         """Remove ``job``'s directory and its ``by-id`` link; 1 if removed, else 0."""

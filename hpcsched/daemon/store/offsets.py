@@ -3,10 +3,11 @@ read, in bytes), a mixin of :class:`~hpcsched.daemon.store.Store`."""
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import delete, insert, select, update
 
 from hpcsched.daemon.store.schema import IngestOffset
 
@@ -25,8 +26,8 @@ class OffsetsMixin:
         found: dict[str, int] = {}
         with self._read() as s:
             for part in _chunks(keys):
-                found.update(s.execute(select(IngestOffset.path, IngestOffset.offset)
-                                       .where(IngestOffset.path.in_(part))).tuples().all())
+                found.update((path, offset) for path, offset in s.execute(
+                    select(IngestOffset.path, IngestOffset.offset).where(IngestOffset.path.in_(part))))
         return {k: found.get(k, 0) for k in keys}
 
     def set_ingest_offset(self, path: str, offset: int, *, at: float | None = None) -> None:
@@ -55,6 +56,22 @@ class OffsetsMixin:
                 s.execute(update(IngestOffset), old)
             if new:
                 s.execute(insert(IngestOffset), new)
+
+    def prune_ingest_offsets(self, before: float, exists: Callable[[str], bool] = os.path.exists
+                             ) -> int:
+        """Delete the offsets of files that are gone (``exists`` false: the job's directory was
+        removed, :mod:`hpcsched.daemon.retention`) and were last read before ``before`` (Unix
+        s), so the table does not grow with every metrics file ever read. A file that is still
+        there keeps its offset, however old. Returns how many rows were deleted."""
+        with self._read() as s:
+            old = list(s.scalars(select(IngestOffset.path).where(IngestOffset.updated_at < before)))
+        gone = [p for p in old if not exists(p)]
+        if gone:
+            with self._write() as s:
+                for part in _chunks(gone):
+                    s.execute(delete(IngestOffset).where(IngestOffset.path.in_(part))
+                              .execution_options(synchronize_session=False))
+        return len(gone)
 
 
 #: paths per ``IN (...)`` query (SQLite allows 32,766 bound parameters since 3.32)
