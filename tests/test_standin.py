@@ -8,16 +8,20 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 
 from hpcsched import slurm
-from hpcsched.job.standin import StepPhysics
+from hpcsched.job import standin
+from hpcsched.job.standin import PRIMARY_STALE_S, Extension, StepPhysics
 from hpcsched.job.submit import submit as hpcsub
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir
+from hpcsched.protocol.kinds import LauncherPhase
 from hpcsched.sim.emulate import Emulation
 from tests.conftest import cli, wait_for
 
@@ -43,6 +47,33 @@ def test_step_times_are_the_physics_at_the_table_points_and_between_them(app):
     # outside the table: clamped; a GPU count it lacks: the nearest one's
     assert phys.step_time(4, 10 ** 9, 1) == phys.step_time(4, table["steps"]["4"][-1][0], 1)
     assert phys.step_time(9, 64, 1) == phys.step_time(8, 64, 1)
+
+
+def test_an_extension_ends_when_its_primary_is_gone(tmp_path, monkeypatch):
+    """The primary ended (its launcher says so), was killed without a word (no progress.json
+    for PRIMARY_STALE_S), or its directory is gone: the extension stand-in does not wait for a
+    release that will never come."""
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    jd = JobDir.create(tmp_path / "jobs")
+    ext = Extension(jd)
+    now = time.time()
+    assert ext.primary_gone(now) == ""                      # no progress yet: just started
+    jd.progress_path.write_text("{}")
+    assert ext.primary_gone(now) == ""
+    assert "no progress for" in ext.primary_gone(now + PRIMARY_STALE_S + 5)
+    ctl.write_launcher_state(jd.launcher_path, ctl.LauncherState(
+        job_uid=jd.uid, job_id="76", phase=LauncherPhase.FINISHED, launches=1, resizes=0,
+        restarts=0, time=now))
+    assert "finished" in ext.primary_gone(now)
+    jd.launcher_path.unlink()
+    monkeypatch.setattr(standin, "PRIMARY_POLL_S", 0.0)
+    monkeypatch.setattr(standin, "_nap", lambda: None)
+    jd.extensions_dir.mkdir(exist_ok=True)
+    os.utime(jd.progress_path, (now - PRIMARY_STALE_S - 5,) * 2)
+    assert ext.run() == 0                                   # returns: no progress for too long
+    assert (jd.extensions_dir / "ready-77").exists()
+    shutil.rmtree(jd.path)
+    assert "is gone" in ext.primary_gone(now)
 
 
 def test_the_table_is_refused_for_a_bad_geometry():

@@ -73,6 +73,11 @@ TICK_S = 2.0
 PROGRESS_S = 10.0
 #: seconds between an extension's looks at its primary's ``launcher.json`` (has it ended?)
 PRIMARY_POLL_S = 10.0
+#: an extension whose primary has not written ``progress.json`` for this long (every
+#: :data:`PROGRESS_S` while it runs) takes it for gone -- killed without a word (``SIGKILL``, a
+#: dev cluster torn down) -- and ends, as a real extension's workers do when their group's
+#: collectives fail
+PRIMARY_STALE_S = 120.0
 #: steps written per rank and tick at most; a longer stall is skipped (not back-filled)
 MAX_STEPS_PER_TICK = 400
 #: seconds an extension may take to start before the generation is rejected (the real job's
@@ -535,11 +540,28 @@ class Extension:
         while not (d / f"release-{self.job_id}").exists():
             if time.monotonic() - looked >= PRIMARY_POLL_S:
                 looked = time.monotonic()
-                state = self.jd.read_launcher_state()
-                if state is not None and state.phase in (LauncherPhase.FINISHED, LauncherPhase.FAILED):
+                why = self.primary_gone(time.time())
+                if why:
+                    log.info("extension %s ends: %s", self.job_id, why)
                     break
             _nap()
         return 0
+
+    def primary_gone(self, now: float) -> str:
+        """Why the primary is gone, or "": its launcher says it ended, its job directory is
+        gone, or its ``progress.json`` is over :data:`PRIMARY_STALE_S` old (Unix s ``now``)."""
+        if not self.jd.path.is_dir():
+            return f"the job directory {self.jd.path} is gone"
+        state = self.jd.read_launcher_state()
+        if state is not None and state.phase in (LauncherPhase.FINISHED, LauncherPhase.FAILED):
+            return f"the primary job {state.phase.value}"
+        try:
+            age = now - self.jd.progress_path.stat().st_mtime
+        except FileNotFoundError:
+            return ""
+        if age > PRIMARY_STALE_S:
+            return f"the primary wrote no progress for {age:.0f} s"
+        return ""
 
     def _terminated(self, *_: object) -> None:
         (self.jd.extensions_dir / f"left-{self.job_id}").touch()
