@@ -4,7 +4,7 @@
 
 The example pads each step (``--min-step-time``, ``--sample-time``) to stand in for a real
 model's compute, so that a job lasts long enough to be resized. The tests give their jobs many
-more epochs than their resizes need, as a margin for a loaded machine (three dev clusters side
+more epochs than their resizes need, as a margin for a loaded machine (four dev clusters side
 by side on 2 cores, ``tools/test.sh``), where a job that ends before its resize applies fails
 the test. Once a test has seen everything it checks while the job runs, that margin is only
 waiting: this script takes ``--unpaced-when PATH`` (before the example's own arguments) and

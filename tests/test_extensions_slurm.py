@@ -31,7 +31,7 @@ from tests.jobrecords import (
 )
 
 DIGITS = 1797
-# Training lengths keep a margin for a loaded machine: the suite runs three dev clusters side by
+# Training lengths keep a margin for a loaded machine: the suite runs four dev clusters side by
 # side on 2 cores (tools/test.sh), where a grow took several times as long and shorter jobs
 # ended before their resize applied. Once a test has seen what it checks while the job runs, it
 # lets the job run the rest unpadded (conftest.unpace): the margin costs no waiting.
