@@ -7,8 +7,9 @@
 #   tools/test.sh           everything (about 13 min on 2 cores)
 #   tools/test.sh --quick   no dev cluster and no root: every test not marked slurm (about 3 min)
 #
-# Four pytest-xdist workers ($HPCSCHED_TEST_WORKERS, at most 7), each with a dev cluster of its
-# own (state directory and ports: tests/conftest.py), so the cluster tests' waits overlap;
+# Four pytest-xdist workers (three with --quick; $HPCSCHED_TEST_WORKERS, at most 7), each with a
+# dev cluster of its own (state directory and ports: tests/conftest.py), so the cluster tests'
+# waits overlap;
 # --dist worksteal evens out their very unequal lengths (5 s to 3 min). Four became safe on 2
 # cores once the resize tests' jobs were paced (tests/conftest.py: paced, unpace_when: a job
 # cannot end before a slowed grow applies); the whole suite took 871-924 s with three, 762-785 s
@@ -18,8 +19,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
 quick=()
+workers=4
 if [ "${1:-}" = "--quick" ]; then
     quick=(-m "not slurm")
+    workers=3   # nothing waits on a cluster: a fourth worker only contends (177 s against 187 s)
     shift
     tools/setup.sh --python-only
 else
@@ -28,6 +31,6 @@ fi
 .venv/bin/ruff check .
 .venv/bin/mypy
 rc=0
-.venv/bin/python -m pytest -q -n "${HPCSCHED_TEST_WORKERS:-4}" --dist worksteal "${quick[@]}" "$@" || rc=$?
+.venv/bin/python -m pytest -q -n "${HPCSCHED_TEST_WORKERS:-$workers}" --dist worksteal "${quick[@]}" "$@" || rc=$?
 echo "tools/test.sh: $((SECONDS - start)) s wall${quick:+ (--quick)}, pytest exit $rc" >&2
 exit $rc
