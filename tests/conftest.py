@@ -6,6 +6,7 @@ the end if it started it (set ``HPCSCHED_KEEP_DEVCLUSTER=1`` to keep it)."""
 from __future__ import annotations
 
 import configparser
+import contextlib
 import fcntl
 import os
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -294,11 +296,30 @@ MULTIUSER_PYTHON = "/usr/bin/python3.11"
 MULTIUSER_TORCH = "2.13.0"
 
 
+@contextlib.contextmanager
+def session_lock(tmp_path_factory, name: str) -> Iterator[Path]:
+    """Hold an exclusive lock that the pytest-xdist workers of one session share (``name.lock``
+    in the directory above each worker's temporary directory); yields that directory, where
+    what one worker made for the others can be left."""
+    root = tmp_path_factory.getbasetemp().parent
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield root
+
+
+def _console_scripts() -> dict[str, str]:
+    """setup.cfg's console scripts: ``{name: "module:function"}``."""
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    lines = cfg["options.entry_points"]["console_scripts"].strip().splitlines()
+    return dict((x.strip() for x in line.split("=")) for line in lines)   # hpcsched = hpcsched.cli:main
+
+
 def _venv_ready(venv: Path) -> bool:
     """``venv`` runs this checkout's hpcsched (editable) with torch MULTIUSER_TORCH, sklearn
     and the daemon extra (``hpcsched status`` reads the store through SQLAlchemy)."""
     py = venv / "bin" / "python"
-    if not (py.exists() and (venv / "bin" / "hpcsched").exists() and (venv / "bin" / "hpcsub").exists()):
+    if not (py.exists() and all((venv / "bin" / name).exists() for name in _console_scripts())):
         return False
     probe = ("import hpcsched, sklearn, sqlalchemy, alembic, torch, sys; "
              "sys.exit(0 if torch.__version__.split('+')[0] == sys.argv[1] "
@@ -321,8 +342,7 @@ def multiuser_venv(tmp_path_factory) -> Path:
         pytest.skip("creating Unix users and a shared venv needs root")
     if not Path(MULTIUSER_PYTHON).exists():
         pytest.skip(f"{MULTIUSER_PYTHON} (Debian's python3.11 with venv) is not installed")
-    with open(tmp_path_factory.getbasetemp().parent / "multiuser_venv.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with session_lock(tmp_path_factory, "multiuser_venv"):
         if not _venv_ready(MULTIUSER_VENV):
             _build_multiuser_venv()
             assert _venv_ready(MULTIUSER_VENV), f"{MULTIUSER_VENV} built but not usable"
@@ -335,10 +355,7 @@ def _build_multiuser_venv() -> None:
                    check=True, capture_output=True, timeout=120)
     (site,) = (MULTIUSER_VENV / "lib").glob("python3*/site-packages")
     (site / "hpcsched-checkout-venv.pth").write_text(f"import site; site.addsitedir({str(ours)!r})\n")
-    cfg = configparser.ConfigParser()
-    cfg.read(ROOT / "setup.cfg")
-    for line in cfg["options.entry_points"]["console_scripts"].strip().splitlines():
-        name, target = (x.strip() for x in line.split("="))   # hpcsched = hpcsched.cli:main
+    for name, target in _console_scripts().items():
         module, func = target.split(":")
         script = MULTIUSER_VENV / "bin" / name
         script.write_text(f"#!{MULTIUSER_VENV}/bin/python\nimport sys\nfrom {module} import {func}\n"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "jobscripts" / "examples" / "digits_mlp.py"
 FLAG = "--unpaced-when"
-SCRIPT = "--example"
+EXAMPLE_FLAG = "--example"
 
 
 class _Clock:
@@ -53,8 +53,8 @@ def main() -> None:
     flag = args[i + 1]
     args = args[:i] + args[i + 2:]
     example = EXAMPLE
-    if SCRIPT in args:   # another example that pads through its module's time.sleep
-        i = args.index(SCRIPT)
+    if EXAMPLE_FLAG in args:   # another example that pads through its module's time.sleep
+        i = args.index(EXAMPLE_FLAG)
         example = Path(args[i + 1])
         args = args[:i] + args[i + 2:]
     sys.argv = [str(example)] + args

@@ -3,7 +3,6 @@ gradient-noise estimate as the explicit reduce_gradients path, on uneven sample 
 rank that has no sample in a step, and across a re-formed process group; with DDP's own
 all-reduce (the default) and with ElasticDDP's communication hook (extension members)."""
 
-import fcntl
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import session_lock
 from tests.gloo_workers import free_port
 
 WORKER = Path(__file__).resolve().parent / "ddp_check_worker.py"
@@ -74,9 +74,7 @@ def ddp_checks(tmp_path_factory) -> dict[str, list]:
     wait on a lock) and leaves the lines in the session's shared temporary directory."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return _run_checks()
-    root = tmp_path_factory.getbasetemp().parent   # the session's, above each worker's own
-    with open(root / "ddp_checks.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with session_lock(tmp_path_factory, "ddp_checks") as root:
         done = root / "ddp_checks.json"
         if not done.is_file():
             done.write_text(json.dumps(_run_checks()))

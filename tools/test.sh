@@ -9,11 +9,10 @@
 #
 # Four pytest-xdist workers (three with --quick; $HPCSCHED_TEST_WORKERS, at most 7), each with a
 # dev cluster of its own (state directory and ports: tests/conftest.py), so the cluster tests'
-# waits overlap;
-# --dist worksteal evens out their very unequal lengths (5 s to 3 min). Four became safe on 2
-# cores once the resize tests' jobs were paced (tests/conftest.py: paced, unpace_when: a job
-# cannot end before a slowed grow applies); the whole suite took 871-924 s with three, 762-785 s
-# with four. It is CPU-bound there (0% idle): two thirds of its CPU is the jobs' training
+# waits overlap; --dist worksteal evens out their very unequal lengths (5 s to 3 min). Four
+# became safe on 2 cores once the resize tests' jobs were paced (tests/conftest.py: paced,
+# unpace_when: a job cannot end before a slowed grow applies); the whole suite took 871-924 s
+# with three, 762-787 s with four. It is CPU-bound there (0% idle): two thirds of its CPU is the jobs' training
 # workers, most of that importing torch (and torch._dynamo, which every optimizer step imports).
 set -euo pipefail
 cd "$(dirname "$0")/.."
