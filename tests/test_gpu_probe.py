@@ -106,11 +106,11 @@ def test_a_failed_benchmark_is_recorded_with_its_error(tmp_path):
     env = {**os.environ, "SLURM_JOB_ID": "8", "SLURMD_NODENAME": "n2", "SLURM_JOB_GPUS": "0",
            "HPCSCHED_PROBE_DIR": str(tmp_path), "HPCSCHED_PROBE_BACKEND": "cuda",
            "CUDA_VISIBLE_DEVICES": ""}
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="the probe's CUDA backend imports torch; not installed here")
     import torch
 
     if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
+        pytest.skip("this machine has a CUDA device; the test needs torch to see none")
     r = subprocess.run([sys.executable, "-m", "hpcsched.probe"], env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 1
