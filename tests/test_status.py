@@ -359,3 +359,15 @@ def test_finished_jobs_only_with_all(jd, monkeypatch, no_store):
         assert [j["job_id"] for j in doc["jobs"]] == [JOB_ID]
         doc = json.loads(CliRunner().invoke(status.status_command, ["--json", JOB_ID]).output)
         assert [j["job_id"] for j in doc["jobs"]] == [JOB_ID]
+
+
+def test_the_command_line_starts_without_scipy():
+    """``hpcsched`` (status, resize, ...) imports no scipy: only the policies' fits and Sia's
+    integer program use it, inside the functions that need it. scipy.optimize alone took about
+    half of ``hpcsched status``'s start-up."""
+    import subprocess
+    import sys
+    code = ("import sys, hpcsched.cli, hpcsched.daemon.config, hpcsched.daemon.status;"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout[:500]

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy.optimize import nnls
 
 from hpcsched.model.snapshot import ProfilePoint
 from hpcsched.protocol.batching import BatchConfig
@@ -86,6 +85,7 @@ def fit(points: tuple[ProfilePoint, ...]) -> ThroughputModel | None:
     fitted = len(set(local.tolist())) >= 2
     if fitted:
         A = np.stack([np.ones_like(local), local], axis=1) * weight[:, None]
+        from scipy.optimize import nnls  # here: kept out of the CLI's start-up
         (alpha, beta), _ = nnls(A, micro * weight)
     else:
         t = float(np.average(micro, weights=weight))

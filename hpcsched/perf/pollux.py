@@ -86,7 +86,6 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
 
 import numpy as np
-from scipy.optimize import minimize
 
 from hpcsched.model.snapshot import ProfilePoint
 from hpcsched.protocol.batching import BatchConfig
@@ -504,6 +503,7 @@ def _starts(pts: _Points, ref: PerfParams | None) -> list[dict[str, float]]:
 
 def _minimise(objective: _Objective, starts: list[dict[str, float]], ftol: float) -> np.ndarray:
     """L-BFGS-B from each start within the bounds; the best end point."""
+    from scipy.optimize import minimize  # here: kept out of the CLI's start-up
     free = objective.free
     bounds = [GAMMA_RANGE if nm == "gamma" else (math.log(LOWER), math.log(UPPER))
               for nm in free]

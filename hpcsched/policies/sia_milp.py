@@ -27,8 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_array
 
 #: the artifact's cap on a powered speedup (``sia_goodput_clip_val``): a restart factor near 0
 #: makes ``(f s)^p`` huge for ``p < 0``
@@ -115,6 +113,9 @@ def solve(job_of: np.ndarray, gpus: np.ndarray, value: np.ndarray, n_jobs: int, 
     worth = np.flatnonzero((value > 0) & (gpus <= capacity) & _undominated(job_of, gpus, value))
     if len(worth) == 0:
         return Solution(chosen, 0.0, "no pair worth its GPUs")
+    # here, not at the top: kept out of the CLI's start-up (hpcsched status needs no scipy)
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_array
     k = len(worth)
     rows = np.concatenate([np.zeros(k, dtype=np.int64), 1 + job_of[worth]])
     cols = np.concatenate([np.arange(k), np.arange(k)])
