@@ -3,16 +3,11 @@ from an evaluation results file."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-_BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(_BENCH))
-_spec = importlib.util.spec_from_file_location("anchors_script", _BENCH / "anchors.py")
-anchors = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(anchors)
+from tests.bench_scripts import load
+
+anchors = load("anchors")
 
 
 def _means(jct=(800.0, 900.0, 1000.0), pollux=(1000.0, 1000.0, 1000.0),

@@ -4,20 +4,12 @@ seconds each restart redid."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from hpcsched.job.data import epoch_permutation
+from tests.bench_scripts import load
 
-_BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(_BENCH))
-_spec = importlib.util.spec_from_file_location("chaos_script", _BENCH / "chaos.py")
-chaos = importlib.util.module_from_spec(_spec)
-sys.modules["chaos_script"] = chaos   # its dataclasses look their module up
-_spec.loader.exec_module(chaos)
+chaos = load("chaos")
 
 SIZE, SEED, BATCH = 12, 7, 4   # 3 steps per epoch on 2 ranks
 

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "evaluation.py"
-_spec = importlib.util.spec_from_file_location("evaluation_script", _PATH)
-ev = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ev)
+from tests.bench_scripts import load
+
+ev = load("evaluation")
 
 LOADS = ["0.5", "1.0", "1.5", "2.0"]
 

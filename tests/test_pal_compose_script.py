@@ -5,17 +5,11 @@ as the module says. No simulation runs."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-_BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(_BENCH))
-_spec = importlib.util.spec_from_file_location("pal_compose_script", _BENCH / "pal_compose.py")
-pal_compose = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pal_compose)
+from tests.bench_scripts import load
+
+pal_compose = load("pal_compose")
 
 
 def test_the_grid_is_jct_with_and_without_pal_per_workload_and_seed():

@@ -4,21 +4,16 @@ Slurm."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from hpcsched.sim.workload import load_workload, sample_philly
+from tests.bench_scripts import BENCH, load
 
-_BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(_BENCH))
-_spec = importlib.util.spec_from_file_location("sim_scale_script", _BENCH / "sim_scale.py")
-sim_scale = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sim_scale)
+sim_scale = load("sim_scale")
 
 
 def test_arrivals_come_at_pollux_rate_per_gpu_times_the_load():
@@ -35,7 +30,7 @@ def test_arrivals_come_at_pollux_rate_per_gpu_times_the_load():
 
 def test_a_small_run_writes_its_figures(tmp_path):
     out = tmp_path / "sim_scale.json"
-    subprocess.run([sys.executable, str(_BENCH / "sim_scale.py"), "--jobs", "6", "--nodes", "1",
+    subprocess.run([sys.executable, str(BENCH / "sim_scale.py"), "--jobs", "6", "--nodes", "1",
                     "--gpus-per-node", "4", "--out", str(out)], check=True, timeout=300,
                    capture_output=True)
     doc = json.loads(out.read_text())
