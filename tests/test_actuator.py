@@ -7,6 +7,7 @@ functions ``plan_resize`` and ``current_from``."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -872,3 +873,53 @@ def test_a_start_at_fewer_gpus_per_node_launches_that_many(jd, store, writes):
     c = ctl.read_control(jd.control_path, jd.uid)
     assert (c.action, c.layout, c.workers_per_node) == (ControlAction.CONTINUE, {"n1": 1}, 1)
     assert effective_config(jd.read_spec(), c, 1).workers_per_node == 1
+
+
+def test_a_batch_change_of_a_job_started_at_fewer_gpus_per_node_keeps_its_world_size(jd, store,
+                                                                                     writes):
+    """A job the daemon started at 1 of the 2 GPUs per node it asked runs 1 worker: a
+    batch-only change is a ``continue`` carrying the primary's layout, so its world size is 1,
+    not nodes x 2 (seen in the demo: 'continue' asks for world size 4 but the job runs 1
+    workers), and its batch is cut over 1 GPU; a job on the GPUs per node it asked, or on
+    extensions, is as before."""
+    from hpcsched.job.launcher import effective_config
+
+    started_small = info(gpus_per_node=1)
+    assert act.batch_layout(started_small, None, 2) == (ChangeKind.BATCH, ("n1:1",))
+    assert act.batch_layout(info(node_count=2, gpus_per_node=1), None, 2) == \
+        (ChangeKind.BATCH, ("n1:1", "n2:1"))
+    assert act.batch_layout(info(), None, 2) == (ChangeKind.BATCH, ())
+    on_extensions = ctl.Ack(job_uid=jd.uid, generation=0, state="applied", world_size=3,
+                            nodes=2, global_batch_size=60, local_batch_size=20,
+                            accumulation_steps=1, step=0, time=T0, layout={"n1": 1, "n2": 2})
+    assert act.batch_layout(started_small, on_extensions, 2) == \
+        (ChangeKind.REFORM, ("n1:1", "n2:2"))
+
+    sl = FakeSlurm(started_small)
+    aid = store.plan_action(job_id=JOB, kind="batch", generation=1, from_nodes=1, to_nodes=1,
+                            from_batch_size=64, to_batch_size=48, restarts_at_plan=0,
+                            reason="test", placement=("n1:1",), created_at=T0)
+    (row,) = [r for r in store.actions() if r.id == aid]
+    action, hist = act.journaled(row, "test")
+    act.Actuator(sl, TO, Clock()).advance(action, hist, jd, jd.read_spec(), sl.info,
+                                          lambda *x: store.set_action_phase(aid, x[0], at=x[1]))
+    c = ctl.read_control(jd.control_path, jd.uid)
+    assert (c.action, c.layout, c.world_size) == (ControlAction.CONTINUE, {"n1": 1}, 1)
+    assert (c.global_batch_size, c.local_batch_size * c.accumulation_steps) == (48, 48)
+    assert effective_config(jd.read_spec(), c, 1).workers_per_node == 1
+
+
+def test_resize_command_changes_the_batch_of_a_job_started_at_fewer_gpus_per_node(cli_slurm, jd,
+                                                                                  writes):
+    """``hpcsched resize --batch-size`` of a job running 1 of the 2 GPUs per node it asked:
+    the batch is cut over its 1 GPU and the ``continue`` carries its layout (world size 1),
+    as the daemon's batch changes (:func:`~hpcsched.daemon.actuator.batch_layout`)."""
+    spec = jd.read_spec()
+    jd.write_spec(replace(spec, limits=replace(spec.limits, min_gpu_count=1)))
+    cli_slurm.info = info(gpus_per_node=1)
+    res = _resize("--batch-size", "48", "--no-wait")
+    assert res.exit_code == 0, res.output
+    assert "1 GPUs on n1:1" in res.output and "local 48 x 1" in res.output, res.output
+    c = ctl.read_control(jd.control_path, jd.uid)
+    assert (c.action, c.layout, c.world_size, c.global_batch_size) == \
+        (ControlAction.CONTINUE, {"n1": 1}, 1, 48)

@@ -155,3 +155,43 @@ def test_pending_job_resized_before_it_starts(devcluster, control_dir, tmp_path,
     assert final.state == "COMPLETED" and final.node_count == 1, text
     a = ctl.read_ack(JobDir.for_job(job_id).ack_path)
     assert (a.generation, a.nodes, a.global_batch_size) == (1, 1, 128)
+
+
+def test_a_job_started_at_its_fewest_gpus_takes_a_batch_change(devcluster, control_dir,
+                                                               tmp_path, slurm_jobs):
+    """A job asking 4 GPUs per node that the daemon starts at its fewest (1 GPU: the start a
+    round journals for ``jct``, ``realise.start``) runs 1 worker; a batch change then reaches it
+    as a ``continue`` of world size 1 and is applied in place (the demo had it rejected:
+    'continue' asks for world size 4 but the job runs 1 workers)."""
+    import time
+
+    from hpcsched.daemon.actuator import Actuator, Timeouts
+    from hpcsched.daemon.phases import Action, History
+    from hpcsched.protocol.kinds import ChangeKind
+    from hpcsched.slurm.control import CLISlurmControl
+
+    out = cli("hpcsub", "--parsable", "--hold", "-N", "1", "--gres=gpu:4",
+              "--hpcsched-min-gpus", "1", f"--output={tmp_path}/o-%j.out",
+              "--hpcsched-batch-size", "64", "--hpcsched-max-batch-size", "256",
+              "--hpcsched-record-samples", *paced(tmp_path / "unpaced"), "--epochs", "30",
+              "--min-step-time", "0.05", cwd=tmp_path)
+    job_id = out.stdout.strip()
+    slurm_jobs.append(job_id)
+    jd = JobDir.for_job(job_id)
+    start = Action(job_id, ChangeKind.PENDING, 1, 1, 64, 0, "test: start at 1 GPU", "test",
+                   ("n1:1",))
+    Actuator(CLISlurmControl(), Timeouts()).advance(start, History.begin(time.time()), jd,
+                                                    jd.read_spec(), slurm.job_info(job_id))
+    subprocess.run(["scontrol", "release", job_id], check=True)
+    first = wait_for(lambda: _ack(jd, 1), 120, f"job {job_id} to start at generation 1")
+    assert (first.world_size, slurm.job_info(job_id).gpus_per_node) == (1, 1), first
+    r = cli("hpcsched", "resize", job_id, "--batch-size", "128", "--reason", "test: batch")
+    assert "1 GPUs on n1:1" in r.stdout and "generation 2 in force" in r.stdout, r.stdout
+    second = ctl.read_ack(jd.ack_path, jd.uid)
+    assert (second.generation, second.state, second.world_size, second.global_batch_size) == \
+        (2, "applied", 1, 128), second
+    unpace(tmp_path / "unpaced")
+    final = wait_for(lambda: (i := slurm.job_info(job_id)) and not i.active and i, 300,
+                     f"job {job_id} to finish", interval=0.5)
+    assert final.state == "COMPLETED", (tmp_path / f"o-{job_id}.out").read_text()[-2000:]
+    check_exactly_once(load_records(jd.path), DIGITS, 30)

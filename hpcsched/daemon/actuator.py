@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from hpcsched import slurm
@@ -238,6 +238,29 @@ def continue_layout(info: slurm.JobInfo, ack: ctl.Ack | None, workers_per_node: 
     return () if layout == primary else tuple(f"{n}:{g}" for n, g in layout.items())
 
 
+def batch_layout(info: slurm.JobInfo, ack: ctl.Ack | None, workers_per_node: int
+                 ) -> tuple[ChangeKind, tuple[str, ...]]:
+    """How a batch-only change of running job ``info`` (submitted with ``workers_per_node``
+    GPUs per node) is journaled: ``(kind, placement)`` (pure).
+
+    The job refuses a ``continue`` whose world size is not the one it runs, and a ``continue``
+    without a layout means ``nodes`` x ``workers_per_node`` workers. So:
+
+    * on extension allocations: a ``reform`` onto the layout it runs (:func:`continue_layout`);
+    * on its primary alone with other GPUs per node than it was submitted with (the daemon
+      started it at its fewest GPUs): a ``batch`` whose ``continue`` carries the primary's layout,
+      whose sum is the world size (seen in the demo: 'continue' asks for world size 4 but the
+      job runs 1 workers); a launcher that starts again takes it as its GPUs per node;
+    * otherwise a ``batch``, no layout.
+    """
+    per_node = info.gpus_per_node or workers_per_node
+    if pairs := continue_layout(info, ack, per_node):
+        return ChangeKind.REFORM, pairs
+    if per_node != workers_per_node and info.nodes:
+        return ChangeKind.BATCH, tuple(f"{n}:{per_node}" for n in slurm.expand_hostlist(info.nodes))
+    return ChangeKind.BATCH, ()
+
+
 def reform_layout(kind: ChangeKind, to_nodes: int, placement: tuple[str, ...],
                   layout: dict[str, int], primary: dict[str, int], workers_per_node: int
                   ) -> dict[str, int] | None:
@@ -314,7 +337,29 @@ def plan_for(jd: JobDir, spec: JobSpec, info: slurm.JobInfo | None, nodes: int |
     if layout and info.state == SlurmState.RUNNING:
         ack = read_or_none(ctl.read_ack, jd.ack_path, jd.uid)
         _, primary = layout_in_force(info, ack, info.gpus_per_node or spec.limits.workers_per_node)
-    return plan_resize(spec, current_of(jd, spec, info), nodes, batch_size, layout, primary)
+    current = current_of(jd, spec, info)
+    if info.state == SlurmState.RUNNING and batch_size is not None and nodes is None and not layout:
+        kind, pairs = batch_layout(info, read_or_none(ctl.read_ack, jd.ack_path, jd.uid),
+                                   spec.limits.workers_per_node)
+        if pairs:   # the world size it runs is its layout's (batch_layout), not nodes x per node
+            return _plan_batch_on(spec, current, batch_size, kind, parse_layout(",".join(pairs)))
+    return plan_resize(spec, current, nodes, batch_size, layout, primary)
+
+
+def _plan_batch_on(spec: JobSpec, current: Current, batch_size: int, kind: ChangeKind,
+                   layout: dict[str, int]) -> ResizePlan:
+    """A batch-only change of a running job on ``layout`` (:func:`batch_layout`'s ``kind``):
+    the batch cut over the layout's GPUs; :data:`NOOP` when it is the batch in force.
+
+    Raises:
+        ResizeRefused: the batch size is outside the job's limits or cannot be cut over them.
+    """
+    if not spec.limits.allows_batch_size(batch_size):
+        raise ResizeRefused(f"global batch size {batch_size} is outside the job's limits "
+                            f"[{spec.limits.min_batch_size}, {spec.limits.max_batch_size}]")
+    plan = replace(_plan_reform(spec, current, batch_size, layout, layout), kind=kind)
+    return plan if plan.batch.global_batch_size != current.global_batch_size else \
+        replace(plan, kind=NOOP)
 
 
 def read_or_none(fn, path, uid):
@@ -530,7 +575,7 @@ def realised_action(c: Change, workers_per_node: int) -> tuple[ChangeKind, int, 
 __all__ = [
     "ENDED", "NOOP", "REQUEUE_START_DELAY_S", "Action", "Actuator", "Advance", "Current",
     "History", "Journal", "ResizeFailed", "ResizePhase", "ResizePlan", "ResizeRefused",
-    "Timeouts", "continue_layout", "current_from", "current_of", "journaled", "next_step",
+    "Timeouts", "batch_layout", "continue_layout", "current_from", "current_of", "journaled", "next_step",
     "plan_for",
     "plan_resize", "read_or_none", "realised_action",
 ]

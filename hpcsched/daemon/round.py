@@ -54,7 +54,7 @@ from hpcsched.daemon import views
 from hpcsched.daemon.actuator import (
     Action,
     Actuator,
-    continue_layout,
+    batch_layout,
     current_of,
     journaled,
     layout_in_force,
@@ -355,11 +355,12 @@ class Daemon(BetweenRounds):
             kind, nodes, placement = realised_action(c, spec.limits.workers_per_node)
         elif (layout := self._by_extension(c, jd, spec, info)) is not None:
             kind, placement = ChangeKind.REFORM, tuple(f"{n}:{g}" for n, g in layout.items())
-        elif kind == ChangeKind.BATCH and info.state == SlurmState.RUNNING and (pairs := continue_layout(
-                info, read_or_none(ctl.read_ack, jd.ack_path, jd.uid),
-                info.gpus_per_node or spec.limits.workers_per_node)):
-            # a job on extensions: a re-form onto the layout it runs, at the new batch
-            kind, nodes, placement = ChangeKind.REFORM, len(pairs), pairs
+        elif kind == ChangeKind.BATCH and info.state == SlurmState.RUNNING:
+            # the world size it runs: a re-form onto its layout on extensions, the primary's
+            # GPUs per node when it was started smaller than submitted (batch_layout)
+            kind, placement = batch_layout(info, read_or_none(ctl.read_ack, jd.ack_path, jd.uid),
+                                           spec.limits.workers_per_node)
+            nodes = len(placement) or nodes
         rid = rep.round_id
         rep.kinds[c.job_id] = str(kind)   # the journal's kind (a grow by extension: reform)
         action = Action(c.job_id, kind, cur.generation + 1, nodes,
