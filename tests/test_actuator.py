@@ -826,6 +826,23 @@ def test_resize_command_reports_a_rejection(cli_slurm, jd, monkeypatch):
     assert "failed: job 7 rejected generation 1: world size differs" in res.output
 
 
+def _first_step(store, jd, job: slurm.JobInfo, kind: str, nodes: int, batch: tuple[int, int],
+                placement: tuple[str, ...]) -> ctl.Control:
+    """The control file written by the first step of a journaled ``kind`` action to ``nodes``
+    nodes, batch ``batch[0] -> batch[1]``, ``placement``, of ``job`` on a fake Slurm."""
+    sl = FakeSlurm(job)
+    aid = store.plan_action(job_id=JOB, kind=kind, generation=1, from_nodes=nodes,
+                            to_nodes=nodes, from_batch_size=batch[0], to_batch_size=batch[1],
+                            restarts_at_plan=0, reason="test", placement=placement, created_at=T0)
+    (row,) = [r for r in store.actions() if r.id == aid]
+    action, hist = act.journaled(row, "test")
+    act.Actuator(sl, TO, Clock()).advance(action, hist, jd, jd.read_spec(), sl.info,
+                                          lambda *x: store.set_action_phase(aid, x[0], at=x[1]))
+    c = ctl.read_control(jd.control_path, jd.uid)
+    assert c is not None
+    return c
+
+
 def test_a_batch_change_of_a_job_on_extensions_is_a_reform_onto_its_layout(jd, store, writes):
     """A job on extension allocations runs layout-sum workers, not nodes x GPUs per node: a
     batch-only change re-forms it on the layout it runs (``continue_layout``; the daemon
@@ -843,15 +860,7 @@ def test_a_batch_change_of_a_job_on_extensions_is_a_reform_onto_its_layout(jd, s
     pairs = act.continue_layout(running, ctl.read_ack(jd.ack_path, jd.uid), 2)
     assert pairs == ("n1:2", "n2:2", "n3:1")
     assert act.continue_layout(running, None, 2) == ()
-    sl = FakeSlurm(running)
-    aid = store.plan_action(job_id=JOB, kind="reform", generation=1, from_nodes=3, to_nodes=3,
-                            from_batch_size=60, to_batch_size=120, restarts_at_plan=0,
-                            reason="test", placement=pairs, created_at=T0)
-    (row,) = [r for r in store.actions() if r.id == aid]
-    action, hist = act.journaled(row, "test")
-    act.Actuator(sl, TO, Clock()).advance(action, hist, jd, jd.read_spec(), sl.info,
-                                          lambda *x: store.set_action_phase(aid, x[0], at=x[1]))
-    c = ctl.read_control(jd.control_path, jd.uid)
+    c = _first_step(store, jd, running, "reform", 3, (60, 120), pairs)
     assert (c.action, c.layout, c.nodes, c.world_size) == (ControlAction.REFORM, layout, 3, 5)
     assert c.global_batch_size == 120 and c.local_batch_size * c.accumulation_steps == 24
     assert effective_config(jd.read_spec(), c, 1).workers_per_node == 2, "the job's own"
@@ -862,15 +871,7 @@ def test_a_start_at_fewer_gpus_per_node_launches_that_many(jd, store, writes):
     the generation's layout sets the workers per node its launcher starts."""
     from hpcsched.job.launcher import effective_config
 
-    sl = FakeSlurm(info("PENDING"))
-    aid = store.plan_action(job_id=JOB, kind="pending", generation=1, from_nodes=1, to_nodes=1,
-                            from_batch_size=64, to_batch_size=64, restarts_at_plan=0,
-                            reason="test", placement=("n1:1",), created_at=T0)
-    (row,) = [r for r in store.actions() if r.id == aid]
-    action, hist = act.journaled(row, "test")
-    act.Actuator(sl, TO, Clock()).advance(action, hist, jd, jd.read_spec(), sl.info,
-                                          lambda *x: store.set_action_phase(aid, x[0], at=x[1]))
-    c = ctl.read_control(jd.control_path, jd.uid)
+    c = _first_step(store, jd, info("PENDING"), "pending", 1, (64, 64), ("n1:1",))
     assert (c.action, c.layout, c.workers_per_node) == (ControlAction.CONTINUE, {"n1": 1}, 1)
     assert effective_config(jd.read_spec(), c, 1).workers_per_node == 1
 
@@ -895,15 +896,7 @@ def test_a_batch_change_of_a_job_started_at_fewer_gpus_per_node_keeps_its_world_
     assert act.batch_layout(started_small, on_extensions, 2) == \
         (ChangeKind.REFORM, ("n1:1", "n2:2"))
 
-    sl = FakeSlurm(started_small)
-    aid = store.plan_action(job_id=JOB, kind="batch", generation=1, from_nodes=1, to_nodes=1,
-                            from_batch_size=64, to_batch_size=48, restarts_at_plan=0,
-                            reason="test", placement=("n1:1",), created_at=T0)
-    (row,) = [r for r in store.actions() if r.id == aid]
-    action, hist = act.journaled(row, "test")
-    act.Actuator(sl, TO, Clock()).advance(action, hist, jd, jd.read_spec(), sl.info,
-                                          lambda *x: store.set_action_phase(aid, x[0], at=x[1]))
-    c = ctl.read_control(jd.control_path, jd.uid)
+    c = _first_step(store, jd, started_small, "batch", 1, (64, 48), ("n1:1",))
     assert (c.action, c.layout, c.world_size) == (ControlAction.CONTINUE, {"n1": 1}, 1)
     assert (c.global_batch_size, c.local_batch_size * c.accumulation_steps) == (48, 48)
     assert effective_config(jd.read_spec(), c, 1).workers_per_node == 1
