@@ -249,8 +249,7 @@ def batch_layout(info: slurm.JobInfo, ack: ctl.Ack | None, workers_per_node: int
     * on extension allocations: a ``reform`` onto the layout it runs (:func:`continue_layout`);
     * on its primary alone with other GPUs per node than it was submitted with (the daemon
       started it at its fewest GPUs): a ``batch`` whose ``continue`` carries the primary's layout,
-      whose sum is the world size (seen in the demo: 'continue' asks for world size 4 but the
-      job runs 1 workers); a launcher that starts again takes it as its GPUs per node;
+      whose sum is the world size; a launcher that starts again takes it as its GPUs per node;
     * otherwise a ``batch``, no layout.
     """
     per_node = info.gpus_per_node or workers_per_node
@@ -320,7 +319,9 @@ def current_from(spec: JobSpec, info: slurm.JobInfo, control: ctl.Control | None
 
 def plan_for(jd: JobDir, spec: JobSpec, info: slurm.JobInfo | None, nodes: int | None,
              batch_size: int | None, layout: dict[str, int] | None = None) -> ResizePlan:
-    """:func:`plan_resize` for a job as it is now.
+    """:func:`plan_resize` for a job as it is now; a batch-only change of a running job on a
+    layout other than nodes x its GPUs per node is cut over the GPUs it runs
+    (:func:`batch_layout`).
 
     Raises:
         ResizeRefused: see :func:`plan_resize`; also when Slurm has forgotten the job or a
