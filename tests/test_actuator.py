@@ -126,7 +126,8 @@ CASES = {
         action("batch", nodes=1), history(),
         seen(ack=ack(GEN - 1, "applied", nodes=1, gbs=32), now=T0 + 181),
         P.FAILED, (CancelGeneration(GEN + 1, 1, 32, 16, 1, "job 7 did not acknowledge generation 3 "
-                                    "within 180 s (does the script use hpcsched.elastic?)"),),
+                                    "within 180 s (does the script use hpcsched.elastic?)",
+                                    ("n1:2",)),),
         "did not acknowledge generation 3 within 180 s"),
     "never answered anything: nothing to cancel with": (
         action("batch", nodes=1), history(), seen(ack=None, now=T0 + 181),
@@ -661,6 +662,36 @@ def test_slurm_unavailable_leaves_the_step_for_the_next_round(jd, store, writes)
     sl.refuse.clear()
     h = actuator.advance(a, h.then(P.CHECKPOINTED, T0 + 1), jd, spec, sl.info).history
     assert h.phase == P.REQUEUED and sl.count("requeue") == 2  # one refused, one done
+
+
+@pytest.mark.parametrize("job, acked, action, layout, world", [
+    # on its primary at the GPUs per node it asked: nodes x those, no layout (as ever)
+    (info(), {"world_size": 2, "nodes": 1}, "continue", {}, 2),
+    # started at 1 of the 2 per node it asked: the primary's layout, world size 1
+    (info(gpus_per_node=1), {"world_size": 1, "nodes": 1}, "continue", {"n1": 1}, 1),
+    # on extensions: a re-form onto the layout it runs
+    (info(gpus_per_node=1), {"world_size": 3, "nodes": 2, "layout": {"n1": 1, "n2": 2}},
+     "reform", {"n1": 1, "n2": 2}, 3),
+])
+def test_a_cancel_goes_on_at_the_world_size_the_job_runs(jd, writes, job, acked, action, layout,
+                                                         world):
+    """The generation that supersedes an unanswered one is one the job takes: the world size
+    it runs (it refuses a ``continue`` of another), from its acknowledgement and Slurm's GPUs
+    per node (:func:`~hpcsched.daemon.phases.running_layout`)."""
+    clock = Clock()
+    spec = jd.read_spec()
+    ctl.write_ack(jd.ack_path, ctl.Ack(
+        job_uid=jd.uid, generation=0, state="applied", global_batch_size=60,
+        local_batch_size=60 // acked["world_size"], accumulation_steps=1, step=0, time=T0,
+        **acked))
+    a = Action(JOB, ChangeKind.BATCH, 1, 1, 120, 0, "bigger", "test")
+    actuator = Actuator(FakeSlurm(job), TO, clock)
+    h = actuator.advance(a, History.begin(T0), jd, spec, job).history
+    clock.t += 181
+    assert actuator.advance(a, h, jd, spec, job).phase == P.FAILED
+    c = ctl.read_control(jd.control_path, jd.uid)
+    assert (c.generation, c.action, c.layout, c.world_size, c.global_batch_size) == \
+        (2, action, layout, world, 60)
 
 
 def test_cancel_after_ack_timeout_writes_a_continue_generation(jd, store, writes):

@@ -528,13 +528,20 @@ class Actuator:
             layout=layout))
 
     def _cancel(self, action: Action, e: CancelGeneration, jd: JobDir, spec: JobSpec) -> None:
+        layout = parse_layout(",".join(e.layout)) if e.layout else {}
+        wpn = spec.limits.workers_per_node
+        if e.action != ControlAction.REFORM and set(layout.values()) == {wpn}:
+            layout = {}   # the GPUs per node it was submitted with: nodes x those, as always
+        if layout and e.action != ControlAction.REFORM:   # its primary's GPUs per node
+            wpn = next(iter(layout.values()))
         ctl.write_control(jd.control_path, ctl.Control(
-            job_uid=jd.uid, generation=e.generation, action=ControlAction.CONTINUE,
-            nodes=e.nodes, workers_per_node=spec.limits.workers_per_node,
+            job_uid=jd.uid, generation=e.generation, action=e.action,
+            nodes=e.nodes, workers_per_node=wpn,
             global_batch_size=e.global_batch_size, local_batch_size=e.local_batch_size,
             accumulation_steps=e.accumulation_steps,
             lr_scale=spec.limits.lr_scale(e.global_batch_size),
-            issued_at=self.clock(), issued_by=action.issued_by, reason=f"cancelled: {e.why}"))
+            issued_at=self.clock(), issued_by=action.issued_by, reason=f"cancelled: {e.why}",
+            layout=layout))
 
     def _resize_pending(self, action: Action, e: ResizePendingJob, jd: JobDir,
                         spec: JobSpec) -> None:

@@ -59,6 +59,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from hpcsched.protocol.kinds import ACTION_FOR_KIND, AckState, ChangeKind, ControlAction, SlurmState
+from hpcsched.slurm.hostlist import expand_hostlist
 
 if TYPE_CHECKING:
     from hpcsched.protocol.files import Ack
@@ -279,8 +280,11 @@ class WriteControl:
 
 @dataclass(frozen=True)
 class CancelGeneration:
-    """Supersede an unanswered generation by a ``continue`` at what the job runs now (the
-    acknowledged configuration's nodes and batch split)."""
+    """Supersede an unanswered generation by one at what the job runs now (the acknowledged
+    configuration's nodes and batch split): a ``continue``, or, for a job on extension
+    allocations, a ``reform`` onto the layout it runs; ``layout``: its ``node:GPUs`` pairs
+    where they are not nodes x the GPUs per node it was submitted with
+    (:func:`running_layout`), so that the job, which refuses another world size, takes it."""
 
     generation: int
     nodes: int
@@ -288,6 +292,8 @@ class CancelGeneration:
     local_batch_size: int
     accumulation_steps: int
     why: str
+    layout: tuple[str, ...] = ()
+    action: ControlAction = ControlAction.CONTINUE
 
 
 @dataclass(frozen=True)
@@ -459,10 +465,28 @@ def _unanswered(a: Action, obs: Observed, t: Timeouts) -> Step:
     why = (f"job {a.job_id} did not acknowledge generation {a.generation} within "
            f"{t.ack:.0f} s (does the script use hpcsched.elastic?)")
     ack = obs.ack
-    cancel = () if ack is None else (CancelGeneration(
-        a.generation + 1, ack.nodes, ack.global_batch_size, ack.local_batch_size,
-        ack.accumulation_steps, why),)
-    return Step(P.FAILED, cancel, why=why)
+    if ack is None:
+        return Step(P.FAILED, (), why=why)
+    action, layout = running_layout(ack, obs.job)
+    return Step(P.FAILED, (CancelGeneration(
+        a.generation + 1, len(layout) or ack.nodes, ack.global_batch_size, ack.local_batch_size,
+        ack.accumulation_steps, why, layout, action),), why=why)
+
+
+def running_layout(ack: Ack, job: JobInfo | None) -> tuple[ControlAction, tuple[str, ...]]:
+    """How to tell a job to go on as it runs (pure): on extension allocations (its
+    acknowledged layout), a ``reform`` onto that layout; on its primary alone, a ``continue``
+    with the primary's nodes at the GPUs per node Slurm gave it (the daemon may have started it
+    with fewer than it asked), or with no layout when Slurm's view does not match the
+    acknowledged node count."""
+    nodes = expand_hostlist(job.nodes) if job is not None and job.nodes else []
+    per_node = job.gpus_per_node if job is not None else 0
+    primary = {n: per_node for n in nodes}
+    if ack.layout and ack.layout != primary:
+        return ControlAction.REFORM, tuple(f"{n}:{g}" for n, g in ack.layout.items())
+    if not per_node or len(nodes) != ack.nodes or ack.world_size != ack.nodes * per_node:
+        return ControlAction.CONTINUE, ()
+    return ControlAction.CONTINUE, tuple(f"{n}:{g}" for n, g in primary.items())
 
 
 def _late(a: Action) -> Step:
