@@ -202,9 +202,10 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
                    "takes any free GPUs, packed, and pays --locality-penalty across nodes "
                    "(PAL's Packed-Sticky baseline); default: it waits, as on Slurm.")
 @click.option("--fastest-gpus", is_flag=True,
-              help="What-if: a job takes the free GPUs of each node that are fastest for its "
-                   "class (PAL's simulator places on GPUs); default: the lowest-numbered, as "
-                   "Slurm.")
+              help="What-if: a job started on whole nodes (node granularity, or a PAL trace's "
+                   "jobs) takes the free GPUs of each node that are fastest for its class "
+                   "(PAL's simulator places on GPUs); default: the lowest-numbered, as Slurm. "
+                   "A GPU-granular job's GPUs are Slurm's either way.")
 @click.option("--granularity", type=click.Choice([g.value for g in GRANULARITIES]),
               default=Granularity.NODE.value,
               show_default=True,
