@@ -60,6 +60,7 @@ from hpcsched.daemon.phases import (
     Step,
     Timeouts,
     WriteControl,
+    layout_in_force,
     next_step,
 )
 from hpcsched.policies.realise import Mechanism
@@ -69,6 +70,7 @@ from hpcsched.protocol.batching import BatchConfig, BatchSizeError
 from hpcsched.protocol.extensions import format_layout, parse_layout
 from hpcsched.protocol.jobdir import JobDir, JobSpec
 from hpcsched.protocol.kinds import AckState, ChangeKind, ControlAction, SlurmState
+from hpcsched.protocol.limits import JobLimits
 from hpcsched.slurm.control import (
     CLISlurmControl,
     SlurmControl,
@@ -158,10 +160,8 @@ def plan_resize(spec: JobSpec, current: Current, nodes: int | None = None,
         raise ResizeRefused(
             f"{target_nodes} node(s) is outside the job's limits [{lim.min_nodes}, "
             f"{lim.max_nodes}] nodes ([{lim.min_gpus}, {lim.max_gpus}] GPUs)")
-    if batch_size is not None and not lim.allows_batch_size(batch_size):
-        raise ResizeRefused(
-            f"global batch size {batch_size} is outside the job's limits "
-            f"[{lim.min_batch_size}, {lim.max_batch_size}]")
+    if batch_size is not None:
+        _check_batch_size(lim, batch_size)
     world = target_nodes * lim.workers_per_node
     want = current.global_batch_size if batch_size is None else batch_size
     try:
@@ -182,6 +182,13 @@ def plan_resize(spec: JobSpec, current: Current, nodes: int | None = None,
         kind = NOOP
     return ResizePlan(kind, target_nodes, current.nodes, batch, current.global_batch_size,
                       lim.lr_scale(batch.global_batch_size), current.generation + 1)
+
+
+def _check_batch_size(lim: JobLimits, batch_size: int) -> None:
+    """Raises :class:`ResizeRefused` when ``batch_size`` is outside the job's limits."""
+    if not lim.allows_batch_size(batch_size):
+        raise ResizeRefused(f"global batch size {batch_size} is outside the job's limits "
+                            f"[{lim.min_batch_size}, {lim.max_batch_size}]")
 
 
 def _plan_reform(spec: JobSpec, current: Current, batch_size: int | None,
@@ -212,16 +219,6 @@ def _plan_reform(spec: JobSpec, current: Current, batch_size: int | None,
     return ResizePlan(kind, len(layout), current.nodes, batch,
                       current.global_batch_size, lim.lr_scale(batch.global_batch_size),
                       current.generation + 1, dict(layout))
-
-
-def layout_in_force(info: slurm.JobInfo, ack: ctl.Ack | None, workers_per_node: int
-                    ) -> tuple[dict[str, int], dict[str, int]]:
-    """``(layout, primary)``: the GPUs per node a running job trains on (its acknowledged
-    layout when it runs on extension allocations, in rank order: the primary's nodes first,
-    then its extensions', oldest first) and those of its primary Slurm job (pure)."""
-    primary = {n: workers_per_node for n in slurm.expand_hostlist(info.nodes)} if info.nodes else {}
-    layout = dict(ack.layout) if ack is not None and ack.layout else dict(primary)
-    return layout, primary
 
 
 def continue_layout(info: slurm.JobInfo, ack: ctl.Ack | None, workers_per_node: int
@@ -355,9 +352,7 @@ def _plan_batch_on(spec: JobSpec, current: Current, batch_size: int, kind: Chang
     Raises:
         ResizeRefused: the batch size is outside the job's limits or cannot be cut over them.
     """
-    if not spec.limits.allows_batch_size(batch_size):
-        raise ResizeRefused(f"global batch size {batch_size} is outside the job's limits "
-                            f"[{spec.limits.min_batch_size}, {spec.limits.max_batch_size}]")
+    _check_batch_size(spec.limits, batch_size)
     plan = replace(_plan_reform(spec, current, batch_size, layout, layout), kind=kind)
     return plan if plan.batch.global_batch_size != current.global_batch_size else \
         replace(plan, kind=NOOP)
@@ -513,12 +508,9 @@ class Actuator:
         return notes
 
     def _write_control(self, action: Action, e: WriteControl, jd: JobDir, spec: JobSpec) -> None:
-        layout = parse_layout(",".join(e.layout)) if e.layout else {}
+        layout, wpn = _control_layout(e.layout, e.action, spec.limits.workers_per_node)
         batch = (spec.limits.fit_batch_gpus(e.global_batch_size, sum(layout.values())) if layout
                  else spec.limits.fit_batch(e.global_batch_size, e.nodes))
-        wpn = spec.limits.workers_per_node
-        if layout and e.action != ControlAction.REFORM:   # a start or requeue onto k per node
-            wpn = next(iter(layout.values()))
         ctl.write_control(jd.control_path, ctl.Control(
             job_uid=jd.uid, generation=e.generation, action=e.action, nodes=e.nodes,
             workers_per_node=wpn, global_batch_size=batch.global_batch_size,
@@ -528,12 +520,9 @@ class Actuator:
             layout=layout))
 
     def _cancel(self, action: Action, e: CancelGeneration, jd: JobDir, spec: JobSpec) -> None:
-        layout = parse_layout(",".join(e.layout)) if e.layout else {}
-        wpn = spec.limits.workers_per_node
-        if e.action != ControlAction.REFORM and set(layout.values()) == {wpn}:
+        layout, wpn = _control_layout(e.layout, e.action, spec.limits.workers_per_node)
+        if e.action != ControlAction.REFORM and set(layout.values()) == {spec.limits.workers_per_node}:
             layout = {}   # the GPUs per node it was submitted with: nodes x those, as always
-        if layout and e.action != ControlAction.REFORM:   # its primary's GPUs per node
-            wpn = next(iter(layout.values()))
         ctl.write_control(jd.control_path, ctl.Control(
             job_uid=jd.uid, generation=e.generation, action=e.action,
             nodes=e.nodes, workers_per_node=wpn,
@@ -557,6 +546,18 @@ class Actuator:
 
     _EXECUTE: ClassVar[dict[type, Callable]] = {WriteControl: _write_control, CancelGeneration: _cancel,
                 ResizePendingJob: _resize_pending, Requeue: _requeue, SetStartTime: _start_time}
+
+
+def _control_layout(pairs: tuple[str, ...], action: ControlAction, workers_per_node: int
+                    ) -> tuple[dict[str, int], int]:
+    """A generation's layout (``{node: GPUs}`` from ``node:GPUs`` pairs; ``{}``: none) and its
+    workers per node: a ``reform`` keeps the job's own (``workers_per_node``), any other action
+    onto a layout (a start or requeue onto k per node, a ``continue`` of a job started smaller)
+    runs the layout's."""
+    layout = parse_layout(",".join(pairs)) if pairs else {}
+    if layout and action != ControlAction.REFORM:
+        return layout, next(iter(layout.values()))
+    return layout, workers_per_node
 
 
 def realised_action(c: Change, workers_per_node: int) -> tuple[ChangeKind, int, tuple[str, ...]]:

@@ -467,24 +467,33 @@ def _unanswered(a: Action, obs: Observed, t: Timeouts) -> Step:
     ack = obs.ack
     if ack is None:
         return Step(P.FAILED, (), why=why)
-    action, layout = running_layout(ack, obs.job)
+    action, layout = running_layout(ack, _job(obs))
     return Step(P.FAILED, (CancelGeneration(
         a.generation + 1, len(layout) or ack.nodes, ack.global_batch_size, ack.local_batch_size,
         ack.accumulation_steps, why, layout, action),), why=why)
 
 
-def running_layout(ack: Ack, job: JobInfo | None) -> tuple[ControlAction, tuple[str, ...]]:
+def layout_in_force(info: JobInfo, ack: Ack | None, workers_per_node: int
+                    ) -> tuple[dict[str, int], dict[str, int]]:
+    """``(layout, primary)``: the GPUs per node a running job trains on (its acknowledged
+    layout when it runs on extension allocations, in rank order: the primary's nodes first,
+    then its extensions', oldest first) and those of its primary Slurm job (pure)."""
+    primary = {n: workers_per_node for n in expand_hostlist(info.nodes)} if info.nodes else {}
+    layout = dict(ack.layout) if ack is not None and ack.layout else dict(primary)
+    return layout, primary
+
+
+def running_layout(ack: Ack, job: JobInfo) -> tuple[ControlAction, tuple[str, ...]]:
     """How to tell a job to go on as it runs (pure): on extension allocations (its
     acknowledged layout), a ``reform`` onto that layout; on its primary alone, a ``continue``
     with the primary's nodes at the GPUs per node Slurm gave it (the daemon may have started it
     with fewer than it asked), or with no layout when Slurm's view does not match the
     acknowledged node count."""
-    nodes = expand_hostlist(job.nodes) if job is not None and job.nodes else []
-    per_node = job.gpus_per_node if job is not None else 0
-    primary = {n: per_node for n in nodes}
-    if ack.layout and ack.layout != primary:
-        return ControlAction.REFORM, tuple(f"{n}:{g}" for n, g in ack.layout.items())
-    if not per_node or len(nodes) != ack.nodes or ack.world_size != ack.nodes * per_node:
+    layout, primary = layout_in_force(job, ack, job.gpus_per_node)
+    if layout != primary:
+        return ControlAction.REFORM, tuple(f"{n}:{g}" for n, g in layout.items())
+    if not job.gpus_per_node or len(primary) != ack.nodes \
+            or ack.world_size != sum(primary.values()):
         return ControlAction.CONTINUE, ()
     return ControlAction.CONTINUE, tuple(f"{n}:{g}" for n, g in primary.items())
 
