@@ -22,6 +22,7 @@ from hpcsched.daemon.actuator import (
     current_from,
     plan_resize,
 )
+from hpcsched.daemon.layouts import batch_layout, continue_layout
 from hpcsched.daemon.phases import (
     ENDED,
     PATHS,
@@ -677,7 +678,7 @@ def test_a_cancel_goes_on_at_the_world_size_the_job_runs(jd, writes, job, acked,
                                                          world):
     """The generation that supersedes an unanswered one is one the job takes: the world size
     it runs (it refuses a ``continue`` of another), from its acknowledgement and Slurm's GPUs
-    per node (:func:`~hpcsched.daemon.phases.running_layout`)."""
+    per node (:func:`~hpcsched.daemon.layouts.running_layout`)."""
     clock = Clock()
     spec = jd.read_spec()
     ctl.write_ack(jd.ack_path, ctl.Ack(
@@ -888,9 +889,9 @@ def test_a_batch_change_of_a_job_on_extensions_is_a_reform_onto_its_layout(jd, s
                                        local_batch_size=12, accumulation_steps=1, step=0,
                                        time=T0, layout=layout))
     running = info(node_count=1)
-    pairs = act.continue_layout(running, ctl.read_ack(jd.ack_path, jd.uid), 2)
+    pairs = continue_layout(running, ctl.read_ack(jd.ack_path, jd.uid), 2)
     assert pairs == ("n1:2", "n2:2", "n3:1")
-    assert act.continue_layout(running, None, 2) == ()
+    assert continue_layout(running, None, 2) == ()
     c = _first_step(store, jd, running, "reform", 3, (60, 120), pairs)
     assert (c.action, c.layout, c.nodes, c.world_size) == (ControlAction.REFORM, layout, 3, 5)
     assert c.global_batch_size == 120 and c.local_batch_size * c.accumulation_steps == 24
@@ -917,14 +918,14 @@ def test_a_batch_change_of_a_job_started_at_fewer_gpus_per_node_keeps_its_world_
     from hpcsched.job.launcher import effective_config
 
     started_small = info(gpus_per_node=1)
-    assert act.batch_layout(started_small, None, 2) == (ChangeKind.BATCH, ("n1:1",))
-    assert act.batch_layout(info(node_count=2, gpus_per_node=1), None, 2) == \
+    assert batch_layout(started_small, None, 2) == (ChangeKind.BATCH, ("n1:1",))
+    assert batch_layout(info(node_count=2, gpus_per_node=1), None, 2) == \
         (ChangeKind.BATCH, ("n1:1", "n2:1"))
-    assert act.batch_layout(info(), None, 2) == (ChangeKind.BATCH, ())
+    assert batch_layout(info(), None, 2) == (ChangeKind.BATCH, ())
     on_extensions = ctl.Ack(job_uid=jd.uid, generation=0, state="applied", world_size=3,
                             nodes=2, global_batch_size=60, local_batch_size=20,
                             accumulation_steps=1, step=0, time=T0, layout={"n1": 1, "n2": 2})
-    assert act.batch_layout(started_small, on_extensions, 2) == \
+    assert batch_layout(started_small, on_extensions, 2) == \
         (ChangeKind.REFORM, ("n1:1", "n2:2"))
 
     c = _first_step(store, jd, started_small, "batch", 1, (64, 48), ("n1:1",))
@@ -937,7 +938,7 @@ def test_resize_command_changes_the_batch_of_a_job_started_at_fewer_gpus_per_nod
                                                                                   writes):
     """``hpcsched resize --batch-size`` of a job running 1 of the 2 GPUs per node it asked:
     the batch is cut over its 1 GPU and the ``continue`` carries its layout (world size 1),
-    as the daemon's batch changes (:func:`~hpcsched.daemon.actuator.batch_layout`)."""
+    as the daemon's batch changes (:func:`~hpcsched.daemon.layouts.batch_layout`)."""
     spec = jd.read_spec()
     jd.write_spec(replace(spec, limits=replace(spec.limits, min_gpu_count=1)))
     cli_slurm.info = info(gpus_per_node=1)

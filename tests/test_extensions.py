@@ -246,7 +246,7 @@ def test_an_extension_entry_with_a_node_that_is_not_a_string_is_refused(tmp_path
 ])
 def test_the_daemon_reaches_node_granular_plans_by_extension(kind, to_nodes, placement, layout,
                                                              want):
-    from hpcsched.daemon.actuator import reform_layout
+    from hpcsched.daemon.layouts import reform_layout
     from hpcsched.protocol.kinds import ChangeKind
 
     primary = {n: 4 for n in layout if n in ("n1", "n5")}
@@ -254,7 +254,7 @@ def test_the_daemon_reaches_node_granular_plans_by_extension(kind, to_nodes, pla
 
 
 def test_the_layout_in_force_is_the_acknowledged_one_when_there_is_one():
-    from hpcsched.daemon.actuator import layout_in_force
+    from hpcsched.daemon.layouts import layout_in_force
     from hpcsched.slurm.parse import JobInfo
 
     info = JobInfo("7", "j", "u", "RUNNING", "", "gpu", "n[1-2]", 2, 4, 0, "n1", 0)

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from hpcsched import slurm
+from hpcsched.daemon.layouts import batch_layout, layout_in_force
 from hpcsched.daemon.phases import (
     ENDED,
     REQUEUE_START_DELAY_S,
@@ -60,7 +61,6 @@ from hpcsched.daemon.phases import (
     Step,
     Timeouts,
     WriteControl,
-    layout_in_force,
     next_step,
 )
 from hpcsched.policies.realise import Mechanism
@@ -143,7 +143,7 @@ def plan_resize(spec: JobSpec, current: Current, nodes: int | None = None,
     the new world size, with gradient accumulation above the per-GPU limit). ``layout``
     (``{node: GPUs}``): exactly those GPUs, by extension allocations (``reform``), or by requeue
     when it gives back GPUs of the primary job; ``primary``: the primary job's GPUs per node
-    (:func:`layout_in_force`).
+    (:func:`~hpcsched.daemon.layouts.layout_in_force`).
 
     Raises:
         ResizeRefused: outside ``[min_nodes, max_nodes]`` (a layout: ``[min_gpus, max_gpus]``)
@@ -221,70 +221,6 @@ def _plan_reform(spec: JobSpec, current: Current, batch_size: int | None,
                       current.generation + 1, dict(layout))
 
 
-def continue_layout(info: slurm.JobInfo, ack: ctl.Ack | None, workers_per_node: int
-                    ) -> tuple[str, ...]:
-    """The ``node:GPUs`` pairs of a running job on extension allocations, for a batch-only
-    change: its world size is its layout's sum, not nodes x GPUs per node (the job refuses a
-    ``continue`` of another world size), so the change is a ``reform`` onto the layout it runs
-    (the same members, the new batch split; a launcher that starts again ignores a reform's
-    layout, where it would take a ``continue``'s as the GPUs per node of a requeue). ``()``
-    for a job on its primary alone, whose ``continue`` says it (pure)."""
-    if ack is None or not ack.layout:
-        return ()
-    layout, primary = layout_in_force(info, ack, workers_per_node)
-    return () if layout == primary else tuple(f"{n}:{g}" for n, g in layout.items())
-
-
-def batch_layout(info: slurm.JobInfo, ack: ctl.Ack | None, workers_per_node: int
-                 ) -> tuple[ChangeKind, tuple[str, ...]]:
-    """How a batch-only change of running job ``info`` (submitted with ``workers_per_node``
-    GPUs per node) is journaled: ``(kind, placement)`` (pure).
-
-    The job refuses a ``continue`` whose world size is not the one it runs, and a ``continue``
-    without a layout means ``nodes`` x ``workers_per_node`` workers. So:
-
-    * on extension allocations: a ``reform`` onto the layout it runs (:func:`continue_layout`);
-    * on its primary alone with other GPUs per node than it was submitted with (the daemon
-      started it at its fewest GPUs): a ``batch`` whose ``continue`` carries the primary's layout,
-      whose sum is the world size; a launcher that starts again takes it as its GPUs per node;
-    * otherwise a ``batch``, no layout.
-    """
-    per_node = info.gpus_per_node or workers_per_node
-    if pairs := continue_layout(info, ack, per_node):
-        return ChangeKind.REFORM, pairs
-    if per_node != workers_per_node and info.nodes:
-        return ChangeKind.BATCH, tuple(f"{n}:{per_node}" for n in slurm.expand_hostlist(info.nodes))
-    return ChangeKind.BATCH, ()
-
-
-def reform_layout(kind: ChangeKind, to_nodes: int, placement: tuple[str, ...],
-                  layout: dict[str, int], primary: dict[str, int], workers_per_node: int
-                  ) -> dict[str, int] | None:
-    """The layout a node-granular change of a running job reaches by extension allocations
-    (``docs/extensions.md``), or None when it is not made that way (pure).
-
-    * A grow to ``to_nodes`` nodes adds the planned nodes it does not have yet (``placement``,
-      in order), each with ``workers_per_node`` GPUs, as extensions. None when the placement
-      names too few new nodes (reconcile claims the nodes of an extension grow).
-    * A shrink of a job that runs on extensions releases extension nodes, the newest first,
-      down to ``to_nodes`` but never below its primary's nodes (those are released in place by
-      a ``shrink`` once no extension is left). None for a job without extensions.
-    """
-    if kind == ChangeKind.GROW:
-        new = dict(layout)
-        for node in placement:
-            if len(new) >= to_nodes:
-                break
-            new.setdefault(node, workers_per_node)
-        return new if len(new) == to_nodes else None
-    extensions = [n for n in layout if n not in primary]
-    if kind == ChangeKind.SHRINK and extensions:
-        drop = max(0, len(layout) - max(to_nodes, len(primary)))
-        gone = set(extensions[len(extensions) - drop:]) if drop else set()
-        return {n: g for n, g in layout.items() if n not in gone}
-    return None
-
-
 def current_of(jd: JobDir, spec: JobSpec, info: slurm.JobInfo) -> Current:
     """The job's :class:`Current` from Slurm's view and the control/ack files."""
     return current_from(spec, info, read_or_none(ctl.read_control, jd.control_path, jd.uid),
@@ -318,7 +254,7 @@ def plan_for(jd: JobDir, spec: JobSpec, info: slurm.JobInfo | None, nodes: int |
              batch_size: int | None, layout: dict[str, int] | None = None) -> ResizePlan:
     """:func:`plan_resize` for a job as it is now; a batch-only change of a running job on a
     layout other than nodes x its GPUs per node is cut over the GPUs it runs
-    (:func:`batch_layout`).
+    (:func:`~hpcsched.daemon.layouts.batch_layout`).
 
     Raises:
         ResizeRefused: see :func:`plan_resize`; also when Slurm has forgotten the job or a
@@ -584,7 +520,6 @@ def realised_action(c: Change, workers_per_node: int) -> tuple[ChangeKind, int, 
 __all__ = [
     "ENDED", "NOOP", "REQUEUE_START_DELAY_S", "Action", "Actuator", "Advance", "Current",
     "History", "Journal", "ResizeFailed", "ResizePhase", "ResizePlan", "ResizeRefused",
-    "Timeouts", "batch_layout", "continue_layout", "current_from", "current_of", "journaled", "next_step",
-    "plan_for",
+    "Timeouts", "current_from", "current_of", "journaled", "next_step", "plan_for",
     "plan_resize", "read_or_none", "realised_action",
 ]

@@ -58,8 +58,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from hpcsched.daemon.layouts import running_layout
 from hpcsched.protocol.kinds import ACTION_FOR_KIND, AckState, ChangeKind, ControlAction, SlurmState
-from hpcsched.slurm.hostlist import expand_hostlist
 
 if TYPE_CHECKING:
     from hpcsched.protocol.files import Ack
@@ -284,7 +284,7 @@ class CancelGeneration:
     configuration's nodes and batch split): a ``continue``, or, for a job on extension
     allocations, a ``reform`` onto the layout it runs; ``layout``: its ``node:GPUs`` pairs
     where they are not nodes x the GPUs per node it was submitted with
-    (:func:`running_layout`), so that the job, which refuses another world size, takes it."""
+    (:func:`~hpcsched.daemon.layouts.running_layout`), so that the job, which refuses another world size, takes it."""
 
     generation: int
     nodes: int
@@ -471,31 +471,6 @@ def _unanswered(a: Action, obs: Observed, t: Timeouts) -> Step:
     return Step(P.FAILED, (CancelGeneration(
         a.generation + 1, len(layout) or ack.nodes, ack.global_batch_size, ack.local_batch_size,
         ack.accumulation_steps, why, layout, action),), why=why)
-
-
-def layout_in_force(info: JobInfo, ack: Ack | None, workers_per_node: int
-                    ) -> tuple[dict[str, int], dict[str, int]]:
-    """``(layout, primary)``: the GPUs per node a running job trains on (its acknowledged
-    layout when it runs on extension allocations, in rank order: the primary's nodes first,
-    then its extensions', oldest first) and those of its primary Slurm job (pure)."""
-    primary = {n: workers_per_node for n in expand_hostlist(info.nodes)} if info.nodes else {}
-    layout = dict(ack.layout) if ack is not None and ack.layout else dict(primary)
-    return layout, primary
-
-
-def running_layout(ack: Ack, job: JobInfo) -> tuple[ControlAction, tuple[str, ...]]:
-    """How to tell a job to go on as it runs (pure): on extension allocations (its
-    acknowledged layout), a ``reform`` onto that layout; on its primary alone, a ``continue``
-    with the primary's nodes at the GPUs per node Slurm gave it (the daemon may have started it
-    with fewer than it asked), or with no layout when Slurm's view does not match the
-    acknowledged node count."""
-    layout, primary = layout_in_force(job, ack, job.gpus_per_node)
-    if layout != primary:
-        return ControlAction.REFORM, tuple(f"{n}:{g}" for n, g in layout.items())
-    if not job.gpus_per_node or len(primary) != ack.nodes \
-            or ack.world_size != sum(primary.values()):
-        return ControlAction.CONTINUE, ()
-    return ControlAction.CONTINUE, tuple(f"{n}:{g}" for n, g in primary.items())
 
 
 def _late(a: Action) -> Step:

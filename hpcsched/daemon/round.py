@@ -54,19 +54,17 @@ from hpcsched.daemon import views
 from hpcsched.daemon.actuator import (
     Action,
     Actuator,
-    batch_layout,
     current_of,
     journaled,
-    layout_in_force,
     read_or_none,
     realised_action,
-    reform_layout,
 )
 from hpcsched.daemon.between import BetweenRounds, mtime_ns
 from hpcsched.daemon.config import Settings
 from hpcsched.daemon.costs import measured_costs
 from hpcsched.daemon.gpu_status import gpu_rows
 from hpcsched.daemon.ingest import Pending, ingest_jobs
+from hpcsched.daemon.layouts import batch_layout, layout_in_force, reform_layout
 from hpcsched.daemon.metrics import DaemonMetrics
 from hpcsched.daemon.phases import REQUEUES, History, ResizePhase, Timeouts
 from hpcsched.daemon.probes import ProbeWatch
@@ -380,7 +378,7 @@ class Daemon(BetweenRounds):
                       ) -> dict[str, int] | None:
         """The layout to reach by extension allocations for ``c`` (None: today's path): a
         grow of a running job when ``daemon.grow`` is ``extension``; a shrink of a job that runs
-        on extensions, always (:func:`~hpcsched.daemon.actuator.reform_layout`)."""
+        on extensions, always (:func:`~hpcsched.daemon.layouts.reform_layout`)."""
         if info.state != SlurmState.RUNNING or c.kind not in (ChangeKind.GROW, ChangeKind.SHRINK):
             return None
         if c.kind == ChangeKind.GROW and self.costs.grow != GrowMode.EXTENSION:
