@@ -51,7 +51,7 @@ from _testbed_workload import sample_workload, write_pollux_csv  # noqa: E402
 
 from hpcsched.daemon.config import load as load_config  # noqa: E402
 from hpcsched.slurm import devcluster  # noqa: E402
-from hpcsched.slurm.parse import gpu_count  # noqa: E402
+from hpcsched.slurm.gres import gpu_count  # noqa: E402
 
 BIN = Path(sys.executable).parent
 #: a mixed run's figures (other users' plain jobs: ``hpcsched replay --rigid-fraction``)

@@ -103,6 +103,27 @@ def test_cli_backend_observes_the_jobs_alone_with_squeue_alone(fake_slurm):
     assert obs.jobs["61"].state == "RUNNING" and obs.nodes == ()
 
 
+def test_cli_backend_reads_backfills_planned_nodes_on_22_05(fake_slurm):
+    """Slurm 22.05's JSON has a pending job's planned start but not its nodes: one more
+    ``squeue`` reads them (``%Y``), only while such a job pends (the held job 60 is not one)."""
+    planned = SQUEUE_RUNNING.replace(
+        '"state_reason": "JobHeldUser", "name": "wrap", "user_name": "root", "partition": "gpu", '
+        '"nodes": "", "node_count": 1, "tres_per_node": ""',
+        '"state_reason": "Resources", "start_time": 1795928248, "name": "wrap", "user_name": '
+        '"bob", "partition": "gpu", "nodes": "", "node_count": 2, "tres_per_node": "gres:gpu:4"')
+    assert planned != SQUEUE_RUNNING
+    fake_slurm.install("squeue", "if '--json' in sys.argv:\n    " + _serve(planned)
+                       + "else:\n    sys.stdout.write('60|n[2-3]\\n77|(null)\\n')\n")
+    fake_slurm.install("sinfo", _serve(SINFO_RUNNING))
+    b, before = SlurmCLIBackend(timeout=10), slurm.calls()
+    obs = b.observe()
+    assert obs.calls == 3 and b.calls == 3 and slurm.calls() - before == 3
+    assert "-h -t PENDING -o %i|%Y" in fake_slurm.calls()
+    assert obs.jobs["60"].scheduled_nodes == "n[2-3]" and obs.jobs["61"].scheduled_nodes is None
+    fake_slurm.install("squeue", _serve(SQUEUE_RUNNING))   # nothing planned: 2 calls
+    assert b.observe().calls == 2 and b.observe().jobs["60"].scheduled_nodes is None
+
+
 def test_cli_backend_partitions_filter(fake_slurm):
     fake_slurm.install("squeue", _serve(SQUEUE_RUNNING))
     fake_slurm.install("sinfo", _serve(sinfo(node("a1", partitions=["gpu"]),

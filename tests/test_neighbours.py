@@ -156,3 +156,32 @@ def test_a_foreign_job_that_cannot_start_yet_claims_no_free_gpus():
     planned, releases, notes = yield_to_foreign(snap)
     assert releases == [] and {n.name: n.gpus_free for n in planned.nodes} == {"n1": 0, "n2": 2}
     assert notes[0].endswith("1 wait for running jobs to end")
+
+
+def test_a_waiting_job_keeps_the_free_gpus_on_the_nodes_slurm_plans_it_onto():
+    """bob's 2 x 4 job waits for another user's job on n2 (Slurm planned it onto n2 and n3 at
+    t=600): n3's 4 free GPUs are kept for it, where Slurm would not start an extension job
+    that outlives t=600 (module docstring); n4's 2, beside another user's 2, stay free for
+    grows. Without a plan the same job claims nothing (the test above)."""
+    used = (("n1", 4), ("n2", 4), ("n3", 0), ("n4", 2))
+    other = (("n2", 4), ("n4", 2))
+    bob = ForeignJob("96", "bob", 2, 4, 50, start_time=600.0, scheduled_nodes=("n2", "n3"))
+    planned, releases, notes = yield_to_foreign(_snap([_job()], used, [bob], other=other))
+    assert releases == []
+    assert {n.name: n.gpus_free for n in planned.nodes} == {"n1": 0, "n2": 0, "n3": 0, "n4": 2}
+    assert notes == ["other users' pending jobs: 4 free GPU(s) kept for them (4 on nodes Slurm "
+                     "plans them onto); 1 wait for running jobs to end"]
+    beside = decide_round(_snap([_job()], used, [bob], other=other), make_policy("jct"), DAEMON, 0)
+    assert all(dict(c.layout).get("n3", 0) == 0 for c in beside.changes), beside.changes
+    assert any(dict(c.layout).get("n4", 0) for c in beside.changes), beside.changes
+    unplanned = bob._replace(start_time=None)   # nodes without a start: not a plan
+    planned, _, _ = yield_to_foreign(_snap([_job()], used, [unplanned], other=other))
+    assert {n.name: n.gpus_free for n in planned.nodes}["n3"] == 4
+
+
+def test_the_daemon_reads_the_planned_nodes_of_other_users_pending_jobs():
+    planned = replace(_info("1"), start_time=600.0, scheduled_nodes="n[2-3]")
+    bad = replace(_info("2"), start_time=600.0, scheduled_nodes="n[2-")   # malformed: no plan
+    obs = Observation(time.time(), (), MappingProxyType({"1": planned, "2": bad}), 2)
+    got = {f.job_id: f.scheduled_nodes for f in foreign_pending(obs, mine=())}
+    assert got == {"1": ("n2", "n3"), "2": ()}

@@ -13,8 +13,12 @@ from pathlib import Path
 import pytest
 
 from hpcsched import slurm
+from hpcsched.daemon.views import foreign_pending
+from hpcsched.model.snapshot import ClusterSnapshot
+from hpcsched.policies.neighbours import yield_to_foreign
 from hpcsched.protocol.extensions import parse_extension_comment
 from hpcsched.protocol.jobdir import JobDir
+from hpcsched.slurm.observe import SlurmCLIBackend
 from tests.conftest import (
     daemon_store,
     finished,
@@ -30,7 +34,7 @@ from tests.jobrecords import check_exactly_once, load_records
 DIGITS = 1797
 ROUND = 5.0
 EPOCHS = 100     # grown over all 4 nodes after about 40 s, done after about 120 s if all paced
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm]
 
 
 def _nodes_held(infos, primaries) -> set[str]:
@@ -43,6 +47,35 @@ def _nodes_held(infos, primaries) -> set[str]:
     return held
 
 
+def _sbatch(tmp_path: Path, *args: str) -> str:
+    return subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/%j.out", *args],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.mark.slow   # backfill plans every bf_interval (30 s by default)
+def test_the_free_gpus_slurm_plans_a_waiting_job_onto_are_kept(devcluster, slurm_jobs, tmp_path):
+    """Slurm 22.05's backfill plans another user's 4 x 4 job, which waits for a job on n2, onto
+    n[1-4]: the observation reads that plan (a third ``squeue``, ``%Y``) and the planner keeps
+    the 12 free GPUs of n1, n3 and n4 for it, where Slurm would start no extension job that
+    outlives the planned start (hpcsched.policies.neighbours)."""
+    slurm_jobs.append(_sbatch(tmp_path, "-N1", "-w", "n2", "--gres=gpu:4", "--time=5",
+                              "--wrap", "sleep 300"))
+    big = _sbatch(tmp_path, "-N4", "--gres=gpu:4", "--time=5", "--wrap", "sleep 1")
+    slurm_jobs.append(big)
+    backend = SlurmCLIBackend()
+    obs = wait_for(lambda: (o := backend.observe()).jobs[big].scheduled_nodes and o, 90,
+                   "Slurm's backfill to plan the 4-node job")
+    assert obs.calls == 3 and obs.jobs[big].start_time and obs.jobs[big].scheduled_nodes == "n[1-4]"
+    (f,) = foreign_pending(obs, mine=())
+    assert (f.job_id, f.scheduled_nodes) == (big, ("n1", "n2", "n3", "n4"))
+    snapshot = ClusterSnapshot(obs.time, obs.nodes, (), granularity="gpu", foreign_pending=(f,))
+    assert sum(n.gpus_free for n in snapshot.nodes) == 12
+    planned, releases, notes = yield_to_foreign(snapshot)
+    assert releases == [] and sum(n.gpus_free for n in planned.nodes) == 0
+    assert "12 free GPU(s) kept for them (12 on nodes Slurm plans them onto)" in notes[0], notes
+
+
+@pytest.mark.slow
 def test_a_plain_job_waits_a_round_not_an_elastic_job(daemon_env, devcluster, slurm_jobs,
                                                       monkeypatch):
     monkeypatch.setenv("HPCSCHED_GRAD_NOISE", "0")

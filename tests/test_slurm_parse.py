@@ -15,12 +15,13 @@ import pytest
 
 from hpcsched.model.snapshot import NodeView
 from hpcsched.slurm import SlurmError, SlurmUnavailable
+from hpcsched.slurm.gres import gpu_count
 from hpcsched.slurm.observe import PyslurmBackend
 from hpcsched.slurm.parse import (
     doc_version,
-    gpu_count,
     node_state,
     parse_resize_script,
+    parse_scheduled_nodes,
     parse_sinfo_json,
     parse_squeue_json,
 )
@@ -403,6 +404,24 @@ def test_recorded_squeue(version, name):
     assert got == want
     assert {(j.user, j.partition, j.cpus_per_task) for j in jobs.values()} == {("root", "gpu", 1)}
     assert jobs[json.loads(_recorded(version, "jobs.json"))["running"]].priority > 0
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_recorded_squeue_planned_nodes(version):
+    """23.02+'s JSON says where backfill plans pending jobs ("" here: none planned); 22.05's
+    has no such field (None: the CLI backend asks ``squeue -o %Y``)."""
+    jobs = parse_squeue_json(_recorded(version, "squeue.busy.json"))
+    assert {j.scheduled_nodes for j in jobs.values()} == ({None} if version == "22.05" else {""})
+
+
+def test_planned_nodes_from_squeue_format():
+    # the form 22.05.8 prints: a hostlist for a planned job, "(null)" for one without a plan
+    assert parse_scheduled_nodes("662|n[1-4]\n663|(null)\n\n12_3|n2\n") == {
+        "662": "n[1-4]", "12_3": "n2"}
+    assert parse_scheduled_nodes("") == {}
+    for bad in ("662 n[1-4]", "squeue: error: Invalid user|x"):
+        with pytest.raises(SlurmError, match="unexpected line"):
+            parse_scheduled_nodes(bad)
 
 
 @pytest.mark.parametrize("version", VERSIONS)

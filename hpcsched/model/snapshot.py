@@ -258,6 +258,8 @@ class ForeignJob(NamedTuple):
         priority: Slurm's priority (higher starts first: ``squeue -o %Q``).
         submit_time: Unix seconds. start_time: Slurm's planned start (backfill's estimate,
             ``squeue --start``), Unix seconds; ``None``: none planned.
+        scheduled_nodes: the nodes backfill plans to start it on (``squeue -o %Y``); empty:
+            none planned.
     """
 
     job_id: str
@@ -268,6 +270,7 @@ class ForeignJob(NamedTuple):
     submit_time: float = 0.0
     start_time: float | None = None
     partition: str = ""
+    scheduled_nodes: tuple[str, ...] = ()
 
     @property
     def gpus(self) -> int:

@@ -27,6 +27,13 @@ as a foreign job can start on it.
 A foreign job that does not fit even then (it needs GPUs of primary Slurm jobs, GPUs of
 hpcsched jobs within their submitted size, or GPUs of other users' running jobs) claims nothing
 yet: grows may use the free GPUs meanwhile, by extension, and give them back when the job fits.
+Except where Slurm's backfill has planned its start (:attr:`~hpcsched.model.snapshot.ForeignJob.
+start_time`) onto nodes (``scheduled_nodes``, ``squeue -o %Y``): the free GPUs there, up to its
+GPUs per node, are claimed too. Backfill starts a lower-priority job on them only if it ends
+before that planned start (sbatch(1) ``--time``; slurm.conf(5) ``SchedulerType=sched/backfill``),
+and an extension job runs for its primary's remaining time limit, with the lowest priority: a
+grow there would pend until the extension's timeout and fail, never paying for itself
+(``docs/daemon.md``, "Sharing the cluster").
 Why (measured, ``docs/daemon.md``, "Sharing the cluster"): claiming the free part of such a
 job, and yielding GPUs within jobs' submitted sizes, cost the elastic jobs a quarter of their
 gain for waits shorter than other users' jobs get without hpcsched.
@@ -62,12 +69,13 @@ def yield_to_foreign(snapshot: ClusterSnapshot) -> tuple[ClusterSnapshot, list[C
     claimed: dict[str, int] = {}
     taken: dict[str, dict[str, int]] = {}      # job id -> node -> GPUs to release
     served: list[str] = []
-    waiting = 0
+    waiting = planned = 0
     for f in sorted(snapshot.foreign_pending, key=lambda f: (-f.priority, f.submit_time, f.job_id)):
         usable = {n.name for n in snapshot.nodes if n.name in free and f.may_use(n)}
         nodes = _place(f, {n: g for n, g in free.items() if n in usable}, spare)
         if nodes is None:
             waiting += 1
+            planned += _keep_planned(f, usable, free, claimed)
             continue
         for n in nodes:
             use = min(free[n], f.gpus_per_node)
@@ -82,16 +90,31 @@ def yield_to_foreign(snapshot: ClusterSnapshot) -> tuple[ClusterSnapshot, list[C
         assert job is not None, job_id      # taken from snapshot.jobs (_extension_gpus)
         releases.append(_release(job, per))
     return _planned_on(snapshot, claimed, set(taken)), releases, \
-        [_note(claimed, taken, served, waiting)]
+        [_note(claimed, taken, served, waiting, planned)]
+
+
+def _keep_planned(f: ForeignJob, usable: set[str], free: dict[str, int],
+                  claimed: dict[str, int]) -> int:
+    """Claim for waiting foreign job ``f`` the free GPUs, up to its GPUs per node, on the
+    ``usable`` nodes Slurm's backfill plans it onto (none without a planned start), taken from
+    ``free`` into ``claimed`` (node -> GPUs); returns how many (module docstring)."""
+    kept = 0
+    for n in f.scheduled_nodes if f.start_time else ():
+        if n in usable and (use := min(free.get(n, 0), f.gpus_per_node)):
+            free[n] -= use
+            claimed[n] = claimed.get(n, 0) + use
+            kept += use
+    return kept
 
 
 def _note(claimed: dict[str, int], taken: dict[str, dict[str, int]], served: list[str],
-          waiting: int) -> str:
+          waiting: int, planned: int = 0) -> str:
     """The round's note on other users' pending jobs: the free GPUs kept for them
-    (``claimed``: node -> GPUs), the extension GPUs released (``taken``: job id -> node ->
-    GPUs), the first five of those that can start now (``served``), and how many wait for
-    running jobs to end."""
+    (``claimed``: node -> GPUs; ``planned`` of them on the nodes Slurm plans to start waiting
+    jobs on), the extension GPUs released (``taken``: job id -> node -> GPUs), the first five
+    of those that can start now (``served``), and how many wait for running jobs to end."""
     return (f"other users' pending jobs: {sum(claimed.values())} free GPU(s) kept for them"
+            + (f" ({planned} on nodes Slurm plans them onto)" if planned else "")
             + (f", {sum(sum(p.values()) for p in taken.values())} extension GPU(s) released"
                if taken else "")
             + (f"; can start now: {'; '.join(served[:5])}" + (" ..." if len(served) > 5 else "")

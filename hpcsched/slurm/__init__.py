@@ -2,8 +2,9 @@
 
 * :mod:`hpcsched.slurm.commands`: running Slurm's commands (argument lists, never a shell;
   timeouts; one call counter) and the ``scontrol``/``squeue`` wrappers the mechanism uses.
-* :mod:`hpcsched.slurm.parse`: the formats (``squeue --json``, ``sinfo --json``, the one
-  GRES/TRES GPU parser :func:`~hpcsched.slurm.parse.gpu_count`, the resize script); pure.
+* :mod:`hpcsched.slurm.parse`: the formats (``squeue --json``, ``sinfo --json``, ``squeue``'s
+  planned nodes of pending jobs, the resize script); pure.
+* :mod:`hpcsched.slurm.gres`: the one GRES/TRES GPU parser, :func:`~hpcsched.slurm.gres.gpu_count`; pure.
 * :mod:`hpcsched.slurm.hostlist`: hostlist expressions (``n[1-3]``); pure.
 * :mod:`hpcsched.slurm.errors`: :class:`SlurmError` and :class:`SlurmUnavailable`.
 * :mod:`hpcsched.slurm.control`: the operations the resize mechanism acts through
@@ -32,10 +33,10 @@ from hpcsched.slurm.commands import (  # noqa: F401
     update_job,
 )
 from hpcsched.slurm.errors import SlurmError, SlurmUnavailable  # noqa: F401
+from hpcsched.slurm.gres import gpu_count  # noqa: F401
 from hpcsched.slurm.hostlist import expand_hostlist  # noqa: F401
 from hpcsched.slurm.parse import (  # noqa: F401
     JobInfo,
-    gpu_count,
     parse_resize_script,
     parse_squeue_json,
 )

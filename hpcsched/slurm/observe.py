@@ -4,8 +4,10 @@ Two backends implement the same interface and pass the same contract tests
 (``tests/test_backend.py``) where they can run:
 
 * :class:`SlurmCLIBackend`: ``squeue --json`` and ``sinfo --json`` (openapi v0.0.38 on Slurm
-  22.05), exactly **2 Slurm commands per observation whatever the number of jobs**, each an
-  argument list (never a shell) with a timeout, run side by side.
+  22.05), **2 Slurm commands per observation whatever the number of jobs**, each an
+  argument list (never a shell) with a timeout, run side by side; on Slurm 22.05, whose JSON
+  lacks backfill's planned nodes, a third (``squeue -o %Y``) when a pending GPU job has a
+  planned start (:func:`planned_without_nodes`).
 * :class:`PyslurmBackend`: ``pyslurm.Jobs.load()`` and ``pyslurm.Nodes.load()``, only when
   pyslurm is importable and its major.minor version matches the running Slurm (pyslurm tracks
   Slurm's release: pyslurm 22.5.x for Slurm 22.05). PyPI has no pyslurm 22.5 wheel, so on Debian
@@ -14,7 +16,7 @@ Two backends implement the same interface and pass the same contract tests
 :func:`make_backend` picks one (``"auto"``: pyslurm when :func:`pyslurm_usable`, else the CLI).
 
 What each command prints and how it is parsed: :mod:`hpcsched.slurm.parse`; GPU counts go through
-its one GRES/TRES parser, :func:`~hpcsched.slurm.parse.gpu_count`. Every Slurm call either backend
+its one GRES/TRES parser, :func:`~hpcsched.slurm.gres.gpu_count`. Every Slurm call either backend
 makes is also counted in :func:`hpcsched.slurm.calls`, the figure a daemon round records.
 Units: times are Unix seconds, GPU counts are GPUs per node.
 """
@@ -27,21 +29,24 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 from hpcsched.model.snapshot import NodeView
+from hpcsched.protocol.extensions import parse_extension_comment
 from hpcsched.protocol.kinds import SlurmState
 from hpcsched.slurm.commands import DEFAULT_TIMEOUT, count_call, run
 from hpcsched.slurm.errors import SlurmError, SlurmUnavailable, says_unreachable
+from hpcsched.slurm.gres import gpu_count
 from hpcsched.slurm.hostlist import expand_hostlist
 from hpcsched.slurm.parse import (
+    SCHEDULED_NODES_ARGS,
     JobInfo,
     comment_text,
-    gpu_count,
     name_list,
     node_state,
+    parse_scheduled_nodes,
     parse_sinfo_json,
     parse_squeue_json,
 )
@@ -74,7 +79,8 @@ class Observation:
             order, each once.
         jobs: every job Slurm reports, all states (finished ones too until ``MinJobAge``), by
             job id (a read-only mapping).
-        calls: Slurm calls this observation cost (2 for both backends).
+        calls: Slurm calls this observation cost (2 for both backends; 3 for the CLI's on
+            Slurm 22.05 when it asks for planned nodes; 1 with ``jobs_only``).
     """
 
     time: float
@@ -120,7 +126,9 @@ def _restrict(nodes: tuple[NodeView, ...], partitions: Sequence[str]) -> tuple[N
 
 class SlurmCLIBackend:
     """Observe Slurm through ``squeue --json`` and ``sinfo --json``: 2 commands per
-    :meth:`observe`, whatever the number of jobs, started side by side.
+    :meth:`observe`, whatever the number of jobs, started side by side. Slurm 22.05's JSON has
+    no planned nodes for pending jobs: when one has a planned start (:func:`planned_without_nodes`),
+    a third command reads them (``squeue -o %Y``, :func:`~hpcsched.slurm.parse.parse_scheduled_nodes`).
 
     Slurm 22.05's ``squeue --json`` ignores ``--jobs``/``--states`` and reports every job it
     still holds (:func:`hpcsched.slurm.job_info`), so no filter is passed; ``sinfo --json`` is filtered
@@ -180,10 +188,37 @@ class SlurmCLIBackend:
             raise errors[0]
         jobs = parse_squeue_json(results[0])
         nodes = _restrict(parse_sinfo_json(results[1]), self.partitions)
-        return Observation(time=t, nodes=nodes, jobs=MappingProxyType(jobs), calls=2)
+        calls = 2
+        if planned_without_nodes(jobs):   # Slurm 22.05: one more call for backfill's plan
+            jobs = with_scheduled_nodes(jobs, parse_scheduled_nodes(self._run(list(SCHEDULED_NODES_ARGS))))
+            calls = 3
+        return Observation(time=t, nodes=nodes, jobs=MappingProxyType(jobs), calls=calls)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+
+
+#: pending reasons of a job Slurm's backfill plans a start for (squeue(1), JOB REASON CODES)
+_PLANNED_REASONS = ("Resources", "Priority")
+
+
+def planned_without_nodes(jobs: Mapping[str, JobInfo]) -> bool:
+    """Whether a pending GPU job has a planned start (backfill's ``start_time``, waiting for
+    ``Resources`` or ``Priority``) but ``jobs`` do not say on which nodes
+    (:attr:`JobInfo.scheduled_nodes` None: Slurm 22.05's ``squeue --json``). hpcsched's own
+    extension jobs do not count: only other jobs' plans are read
+    (:mod:`hpcsched.policies.neighbours`)."""
+    return any(j.scheduled_nodes is None and j.state == SlurmState.PENDING and j.gpus_per_node
+               and j.start_time and j.state_reason in _PLANNED_REASONS
+               and parse_extension_comment(j.comment) is None for j in jobs.values())
+
+
+def with_scheduled_nodes(jobs: Mapping[str, JobInfo], planned: Mapping[str, str]
+                         ) -> dict[str, JobInfo]:
+    """``jobs`` with each pending job's :attr:`JobInfo.scheduled_nodes` from ``planned``
+    (:func:`~hpcsched.slurm.parse.parse_scheduled_nodes`; "" for a job it leaves out)."""
+    return {k: replace(j, scheduled_nodes=planned.get(k, "")) if j.state == SlurmState.PENDING
+            else j for k, j in jobs.items()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -252,6 +287,11 @@ def _attr(obj: Any, *names: str, default: Any = None) -> Any:
         if v is not None:
             return v
     return default
+
+
+def _epoch(value: Any) -> float | None:
+    """A pyslurm time as Unix seconds: None when unset (0) or not a number."""
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
 class PyslurmBackend:
@@ -341,6 +381,8 @@ class PyslurmBackend:
             admin_comment=str(_attr(j, "admin_comment", default="") or ""),
             account=str(_attr(j, "account", default="") or ""),
             qos=str(_attr(j, "qos", default="") or ""),
+            start_time=_epoch(_attr(j, "start_time", default=None)),
+            scheduled_nodes=str(_attr(j, "scheduled_nodes", "sched_nodes", default="") or ""),
         )
 
     @staticmethod

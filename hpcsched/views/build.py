@@ -212,11 +212,23 @@ def foreign_pending(obs: Observation, mine: Iterable[str], partitions: Sequence[
     (:mod:`hpcsched.policies.neighbours`). Pure."""
     mine, parts = set(mine), set(partitions)
     return tuple(ForeignJob(i.job_id, i.user, max(1, i.node_count), i.gpus_per_node, i.priority,
-                            i.submit_time or 0.0, i.start_time, i.partition)
+                            i.submit_time or 0.0, i.start_time, i.partition, _planned_nodes(i))
                  for i in obs.jobs.values()
                  if i.state == SlurmState.PENDING and i.gpus_per_node > 0 and i.job_id not in mine
                  and (not parts or i.partition in parts) and eligible(i)
                  and parse_extension_comment(i.comment) is None)
+
+
+def _planned_nodes(info: slurm.JobInfo) -> tuple[str, ...]:
+    """The nodes Slurm's backfill plans ``info`` onto (:attr:`~hpcsched.slurm.JobInfo.
+    scheduled_nodes`), with its planned start only; none for a hostlist that does not parse
+    (the job is then yielded to as one without a plan, not the round lost)."""
+    if not info.scheduled_nodes or not info.start_time:
+        return ()
+    try:
+        return tuple(slurm.expand_hostlist(info.scheduled_nodes))
+    except slurm.SlurmError:
+        return ()
 
 
 def eligible(info: slurm.JobInfo, held: bool = False) -> bool:
