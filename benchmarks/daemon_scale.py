@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import time
+import tracemalloc
 from dataclasses import replace
 from pathlib import Path
 
@@ -177,8 +178,21 @@ def submit_jobs(jobs: list[dict], user: str, python: str, control: Path, conf: P
     return ids, time.perf_counter() - t
 
 
-def run_daemon(minutes: float, control: Path, cmds: CommandLog) -> list[dict]:
-    """The daemon's rounds (default settings) for ``minutes``; one record per round."""
+def traced_growth(snapshot: tracemalloc.Snapshot, top: int) -> list[dict]:
+    """The ``top`` places (file:line, with the 4 frames above) holding the most memory
+    allocated since tracing started, and not freed: what the daemon's RSS grew by."""
+    stats = snapshot.filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)]
+                                   ).statistics("traceback")[:top]
+    return [{"kib": round(s.size / 1024, 1), "blocks": s.count,
+             "where": [f"{f.filename.replace(str(ROOT) + '/', '')}:{f.lineno}" for f in s.traceback]}
+            for s in stats]
+
+
+def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
+               ) -> tuple[list[dict], list[dict]]:
+    """The daemon's rounds (default settings) for ``minutes``: one record per round and, with
+    ``trace``, the ``trace`` places whose memory grew most from the second round on
+    (``tracemalloc``, 5 frames; it slows the daemon, so its times then are not the figures)."""
     base = defaults()
     settings = replace(base, daemon=replace(base.daemon, partitions=(), control_dir=str(control),
                                             database_url=f"sqlite:///{WORK}/daemon.db",
@@ -192,13 +206,16 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog) -> list[dict]:
         before = collections.Counter(cmds.counts)
         rep = daemon.round()
         cpu = cpu_seconds() - cpu0
+        if trace and len(rounds) == 1:   # after the second round, as the RSS growth is counted
+            tracemalloc.start(5)
         states = collections.Counter(rep.slurm_states.values())
         rounds.append({
             "t": round(time.time(), 3), "duration": rep.duration, "policy": rep.policy_seconds, "cpu": cpu,
             "phases": rep.phases, "slurm_calls": rep.slurm_calls, "changes": len(rep.changes),
             "commands": dict(cmds.counts - before), "error": rep.error, "jobs": rep.jobs,
             "running": states.get("RUNNING", 0), "pending": states.get("PENDING", 0),
-            "rss_mib": rss_mib()})
+            "rss_mib": rss_mib(),
+            "traced_mib": tracemalloc.get_traced_memory()[0] / 2 ** 20 if tracemalloc.is_tracing() else None})
         r = rounds[-1]
         print(f"  round {len(rounds):3d}: {r['duration']:6.2f} s (policy {r['policy']:5.2f}, CPU {cpu:5.2f}), "
               f"{r['slurm_calls']} calls, {r['changes']} changes, {r['running']} running / "
@@ -206,8 +223,10 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog) -> list[dict]:
               flush=True)
         why = service._between_rounds(daemon, settings.daemon, t0, state)
         r["between_calls"], r["next"] = commands.calls() - calls0 - rep.slurm_calls, why or "interval"
+    growth = traced_growth(tracemalloc.take_snapshot(), trace) if tracemalloc.is_tracing() else []
+    tracemalloc.stop()
     store.close()
-    return rounds
+    return rounds, growth
 
 
 def summarise(rounds: list[dict]) -> dict:
@@ -273,7 +292,7 @@ def one_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, args) ->
     subprocess.run(["sdiag", "--reset"], check=True, capture_output=True)
     cmds, t0 = CommandLog(), time.monotonic()
     try:
-        rounds = run_daemon(minutes, control, cmds)
+        rounds, growth = run_daemon(minutes, control, cmds, args.tracemalloc)
         span = time.monotonic() - t0
         rpcs = sdiag()
         cmds.close()
@@ -283,7 +302,7 @@ def one_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, args) ->
         if not args.keep:
             subprocess.run(["scancel", "-u", args.user], capture_output=True)
     return {"gpus": gpus, "nodes": nodes, "jobs": jobs, "minutes": minutes, "submit_s": took,
-            "summary": summarise(rounds), "rpcs": share, "rounds": rounds}
+            "summary": summarise(rounds), "rpcs": share, "rounds": rounds, "memory_growth": growth}
 
 
 def print_table(results: list[dict]) -> None:
@@ -327,6 +346,9 @@ def main() -> int:
                    help="leave the dev cluster and the last scale's jobs running at the end")
     p.add_argument("--job-output", action="store_true",
                    help=f"keep each job's output in {WORK}/out (default: /dev/null)")
+    p.add_argument("--tracemalloc", type=int, default=0, metavar="N",
+                   help="trace the daemon's Python allocations from its second round and report the "
+                        "N places that grew most (a diagnosis of RSS growth: the daemon runs slower)")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "daemon_scale.json")
     args = p.parse_args()
     scales = [int(x) for x in args.scales.split(",")]
@@ -343,6 +365,10 @@ def main() -> int:
         if not args.keep:
             devcluster.down(STATE_DIR)
     print_table(results)
+    for r in results:
+        for g in r["memory_growth"]:
+            where = " <- ".join(reversed(g["where"]))   # the allocation first, then its callers
+            print(f"{r['gpus']} GPUs: +{g['kib']:.0f} KiB in {g['blocks']} blocks at {where}")
     return 0
 
 
