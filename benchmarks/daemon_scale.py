@@ -197,6 +197,7 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
     settings = replace(base, daemon=replace(base.daemon, partitions=(), control_dir=str(control),
                                             database_url=f"sqlite:///{WORK}/daemon.db",
                                             lock_file=str(WORK / "daemon.lock")))
+    service.steady_heap()   # as hpcsched daemon does
     store = Store(settings.daemon.database_url)
     store.upgrade()
     daemon = Daemon(settings, store=store)

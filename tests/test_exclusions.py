@@ -29,14 +29,19 @@ def _info(job_id: str, **kw) -> slurm.JobInfo:
                          **kw)
 
 
-def test_excluded_jobs_are_not_managed(tmp_path):
-    for job_id in ("1", "2", "3", "4"):
-        jd = JobDir.create(tmp_path)
+def job_dirs(root, job_ids) -> None:
+    """A job directory under ``root`` with a spec (1 node x 2 GPUs) for each of ``job_ids``."""
+    for job_id in job_ids:
+        jd = JobDir.create(root)
         jd.link_job_id(job_id)
         jd.write_spec(JobSpec(job_uid=jd.uid, script="/s/t.py", script_args=(), python="python3",
                               submit_dir="/s", sbatch_args=(), nodes=1,
                               limits=JobLimits(2, 1, 2, 16, 256, None, 64),
                               checkpoint_dir=str(jd.path / "ck")))
+
+
+def test_excluded_jobs_are_not_managed(tmp_path):
+    job_dirs(tmp_path, ("1", "2", "3", "4"))
     jobs = {"1": _info("1", account="physics"), "2": _info("2", qos="debug"),
             "3": _info("3", account="bio", qos="normal"), "4": _info("4")}
     obs = Observation(time=0.0, nodes=(), jobs=jobs, calls=0)

@@ -416,7 +416,9 @@ class Daemon(BetweenRounds):
     def _resume(self, managed, rep: RoundReport) -> set[str]:
         """Advance every open action one step; returns their jobs (busy for the policy)."""
         touched = set()
-        for a in self.store.open_actions():
+        open_actions = self.store.open_actions()
+        self._stepped &= {a.id for a in open_actions}   # an ended action is never resumed
+        for a in open_actions:
             touched.add(a.job_id)
             rep.kinds[a.job_id] = a.kind
             if a.job_id not in managed:

@@ -5,6 +5,7 @@ actuation ticks and event checks between them (``docs/daemon.md``)."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import os
@@ -23,6 +24,28 @@ from hpcsched.policies import POLICIES, PolicyError
 from hpcsched.policies.base import rounds_on_events
 
 log = logging.getLogger("hpcsched.daemon")
+
+#: glibc's mallopt(3) parameter number of ``M_MMAP_THRESHOLD`` (malloc.h)
+M_MMAP_THRESHOLD = -3
+#: the size from which the daemon's C heap maps blocks of their own (glibc's initial default)
+MMAP_THRESHOLD = 128 * 1024
+
+
+def steady_heap() -> bool:
+    """Keep the daemon's resident memory at what its rounds hold, not at the peak of their
+    largest transient allocations: fix glibc's mmap threshold at 128 KiB (mallopt(3),
+    ``M_MMAP_THRESHOLD``), so that blocks from that size up are mapped alone and returned to
+    the system when freed. Left dynamic (glibc's default), the threshold rises to the size of
+    the largest such block freed so far, and later ones come from the heap, which keeps their
+    pages; a round parses ``squeue --json`` for every job, megabytes at thousands of jobs
+    (``docs/daemon.md``, "At scale"). Returns False where the C library has no ``mallopt``
+    (not glibc): nothing changes."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+
 
 def _load_settings(config: str | None, overrides: dict) -> Settings:
     settings = load(config, policy_names=POLICIES)
@@ -142,6 +165,7 @@ def daemon_command(config, once, interval, dry_run, metrics_port, metrics_addr):
         raise click.ClickException(str(exc))
     logging.getLogger().setLevel(settings.daemon.log_level.upper())
     _preflight(settings)
+    steady_heap()
     lock = HostLock(settings.daemon.lock_file)
     lock.acquire()
     store = Store(settings.daemon.database_url)

@@ -124,7 +124,8 @@ class Exclusions:
 class ManagedJobs:
     """Which Slurm jobs are hpcsched's: those with a job directory (``by-id/<id>``) under the
     control directory, in a managed partition, not excluded (:class:`Exclusions`). Specs are
-    read once per job and cached."""
+    read once per job and cached while Slurm lists the job (a daemon that runs for months sees
+    every job ever submitted: it keeps only those Slurm still knows)."""
 
     def __init__(self, control_dir: Path, partitions: Sequence[str] = (),
                  exclusions: Exclusions = Exclusions()):
@@ -138,6 +139,7 @@ class ManagedJobs:
         be read or trusted is skipped with a warning naming the job (and tried again next
         round); it never stops the others."""
         out = {}
+        self._specs = {j: v for j, v in self._specs.items() if j in obs.jobs}
         for job_id in JobDir.known_job_ids(self.control_dir):
             info = obs.jobs.get(job_id)
             if info is None or (self.partitions and info.partition not in self.partitions) \
