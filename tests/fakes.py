@@ -89,6 +89,10 @@ class FakeSlurm:
         calls, 1 with ``jobs_only``)."""
         return Observation(time.time(), (), MappingProxyType(dict(self.jobs)), 1 if jobs_only else 2)
 
+    def with_planned_nodes(self, obs: Observation) -> Observation:
+        """``obs``: the fake's jobs say their planned nodes themselves (0 calls)."""
+        return obs
+
     def job(self, job_id: str) -> slurm.JobInfo | None:
         self._call("job", job_id)
         return self.jobs.get(job_id)

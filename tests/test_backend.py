@@ -104,8 +104,8 @@ def test_cli_backend_observes_the_jobs_alone_with_squeue_alone(fake_slurm):
 
 
 def test_cli_backend_reads_backfills_planned_nodes_on_22_05(fake_slurm):
-    """Slurm 22.05's JSON has a pending job's planned start but not its nodes: one more
-    ``squeue`` reads them (``%Y``), only while such a job pends (the held job 60 is not one)."""
+    """Slurm 22.05's JSON has a pending job's planned start but not its nodes: asked for them,
+    the backend reads them with one more ``squeue`` (``%Y``); where the JSON has them, none."""
     planned = SQUEUE_RUNNING.replace(
         '"state_reason": "JobHeldUser", "name": "wrap", "user_name": "root", "partition": "gpu", '
         '"nodes": "", "node_count": 1, "tres_per_node": ""',
@@ -116,12 +116,17 @@ def test_cli_backend_reads_backfills_planned_nodes_on_22_05(fake_slurm):
                        + "else:\n    sys.stdout.write('60|n[2-3]\\n77|(null)\\n')\n")
     fake_slurm.install("sinfo", _serve(SINFO_RUNNING))
     b, before = SlurmCLIBackend(timeout=10), slurm.calls()
-    obs = b.observe()
+    seen = b.observe()
+    assert seen.calls == 2 and seen.jobs["60"].scheduled_nodes is None
+    obs = b.with_planned_nodes(seen)
     assert obs.calls == 3 and b.calls == 3 and slurm.calls() - before == 3
     assert "-h -t PENDING -o %i|%Y" in fake_slurm.calls()
     assert obs.jobs["60"].scheduled_nodes == "n[2-3]" and obs.jobs["61"].scheduled_nodes is None
-    fake_slurm.install("squeue", _serve(SQUEUE_RUNNING))   # nothing planned: 2 calls
-    assert b.observe().calls == 2 and b.observe().jobs["60"].scheduled_nodes is None
+    assert obs.jobs["61"] == seen.jobs["61"] and obs.nodes == seen.nodes
+    with pytest.raises(TypeError):
+        obs.jobs["x"] = None  # read-only mapping, as observe's
+    known = Observation(obs.time, obs.nodes, obs.jobs, 2)   # every pending job's nodes known
+    assert b.with_planned_nodes(known) is known and b.calls == 3
 
 
 def test_cli_backend_partitions_filter(fake_slurm):

@@ -89,7 +89,7 @@ def test_daemon_shrinks_grows_and_changes_batch_size(daemon_env, blocker, slurm_
     rounds = store.rounds(limit=1000)
     assert rounds and all(r.error is None for r in rounds)
     # a round that neither decided a change nor advanced one observes only: at most 3 calls
-    # (squeue + sinfo, and squeue -o %Y while a job pends with a planned start); steps of
+    # (squeue + sinfo, and squeue -o %Y while another user's job waits with a planned start); steps of
     # open resizes (scontrol requeue/update) happen in later rounds
     steps = [t for x in store.actions() for _, t in x.history]
     quiet = [r for r in rounds if r.actions == 0 and not any(

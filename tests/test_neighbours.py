@@ -9,7 +9,7 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from hpcsched import slurm
-from hpcsched.daemon.views import foreign_pending
+from hpcsched.daemon.views import foreign_pending, plans_unread
 from hpcsched.model.snapshot import ClusterSnapshot, ForeignJob, JobView, NodeView, ProfilePoint
 from hpcsched.policies import make_policy
 from hpcsched.policies.neighbours import yield_to_foreign
@@ -185,3 +185,18 @@ def test_the_daemon_reads_the_planned_nodes_of_other_users_pending_jobs():
     obs = Observation(time.time(), (), MappingProxyType({"1": planned, "2": bad}), 2)
     got = {f.job_id: f.scheduled_nodes for f in foreign_pending(obs, mine=())}
     assert got == {"1": ("n2", "n3"), "2": ()}
+    assert not plans_unread(obs, mine=())
+
+
+def test_slurm_is_asked_for_planned_nodes_only_for_another_users_planned_job():
+    """22.05's JSON: a planned start, nodes unknown (None). Only a foreign job that Slurm could
+    start makes the daemon ask: not its own jobs, held ones, or jobs without a planned start."""
+    unread = replace(_info("1"), start_time=600.0)
+    assert unread.scheduled_nodes is None
+    def obs(*jobs):
+        return Observation(time.time(), (), MappingProxyType({i.job_id: i for i in jobs}), 2)
+    assert plans_unread(obs(unread), mine=())
+    assert not plans_unread(obs(unread), mine={"1"})                              # hpcsched's
+    assert not plans_unread(obs(replace(unread, state_reason="JobHeldUser")), mine=())
+    assert not plans_unread(obs(replace(unread, start_time=None)), mine=())
+    assert not plans_unread(obs(replace(unread, scheduled_nodes="")), mine=())  # 23.02+: read

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpcsched import slurm
-from hpcsched.daemon.views import foreign_pending
+from hpcsched.daemon.views import foreign_pending, plans_unread
 from hpcsched.model.snapshot import ClusterSnapshot
 from hpcsched.policies.neighbours import yield_to_foreign
 from hpcsched.protocol.extensions import parse_extension_comment
@@ -55,7 +55,7 @@ def _sbatch(tmp_path: Path, *args: str) -> str:
 @pytest.mark.slow   # backfill plans every bf_interval (30 s by default)
 def test_the_free_gpus_slurm_plans_a_waiting_job_onto_are_kept(devcluster, slurm_jobs, tmp_path):
     """Slurm 22.05's backfill plans another user's 4 x 4 job, which waits for a job on n2, onto
-    n[1-4]: the observation reads that plan (a third ``squeue``, ``%Y``) and the planner keeps
+    n[1-4]: the daemon reads that plan (a third ``squeue``, ``%Y``) and the planner keeps
     the 12 free GPUs of n1, n3 and n4 for it, where Slurm would start no extension job that
     outlives the planned start (hpcsched.policies.neighbours)."""
     slurm_jobs.append(_sbatch(tmp_path, "-N1", "-w", "n2", "--gres=gpu:4", "--time=5",
@@ -63,8 +63,12 @@ def test_the_free_gpus_slurm_plans_a_waiting_job_onto_are_kept(devcluster, slurm
     big = _sbatch(tmp_path, "-N4", "--gres=gpu:4", "--time=5", "--wrap", "sleep 1")
     slurm_jobs.append(big)
     backend = SlurmCLIBackend()
-    obs = wait_for(lambda: (o := backend.observe()).jobs[big].scheduled_nodes and o, 90,
-                   "Slurm's backfill to plan the 4-node job")
+
+    def planned():
+        obs = backend.observe()   # as the daemon's round: more only for a plan it cannot see
+        return plans_unread(obs, ()) and (o := backend.with_planned_nodes(obs)).jobs[big].scheduled_nodes and o
+
+    obs = wait_for(planned, 90, "Slurm's backfill to plan the 4-node job")
     assert obs.calls == 3 and obs.jobs[big].start_time and obs.jobs[big].scheduled_nodes == "n[1-4]"
     (f,) = foreign_pending(obs, mine=())
     assert (f.job_id, f.scheduled_nodes) == (big, ("n1", "n2", "n3", "n4"))

@@ -253,6 +253,8 @@ class Daemon(BetweenRounds):
         with _timed(rep, "observe"):
             obs = self.backend.observe()
             managed = self.managed.find(obs)
+            if views.plans_unread(obs, managed, self.settings.daemon.partitions):
+                obs = self.backend.with_planned_nodes(obs)   # Slurm 22.05: one more squeue
         rep.slurm_states = {job_id: info.state for job_id, (_, _, info) in managed.items()}
         self._keep_up(obs, managed, rep)
         with _timed(rep, "resume"):

@@ -39,6 +39,7 @@ from hpcsched.views.build import (  # noqa: F401 - the builder's names, importab
     foreign_pending,
     held_for_placement,
     job_view,
+    plans_unread,
     with_step_corrections,
 )
 
@@ -409,7 +410,7 @@ def daemon_snapshot(obs: Observation, managed: Mapping[str, ManagedJob], store: 
 
 
 __all__ = ["JobFacts", "JobReport", "ManagedJobs", "application_tables", "attained_gpu_seconds", "cluster_snapshot",
-           "foreign_pending",
+           "foreign_pending", "plans_unread",
            "daemon_job_facts", "daemon_snapshot", "eligible", "extension_jobs",
            "allocation_of", "gpu_granular_facts", "held_after_preemption", "held_for_placement",
            "job_view", "measured_gpu_views", "with_extensions",

@@ -151,6 +151,9 @@ class SimBackend:
         self._sim = sim
         self.calls = 0
 
+    def with_planned_nodes(self, obs: Observation) -> Observation:
+        return obs   # the simulated Slurm plans no starts (hpcsched.sim.engine)
+
     def observe(self, jobs_only: bool = False) -> Observation:
         self.calls += 1
         return Observation(time=self._sim.now, nodes=() if jobs_only else self._sim.cluster.node_views(),

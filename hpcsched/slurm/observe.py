@@ -5,9 +5,9 @@ Two backends implement the same interface and pass the same contract tests
 
 * :class:`SlurmCLIBackend`: ``squeue --json`` and ``sinfo --json`` (openapi v0.0.38 on Slurm
   22.05), **2 Slurm commands per observation whatever the number of jobs**, each an
-  argument list (never a shell) with a timeout, run side by side; on Slurm 22.05, whose JSON
-  lacks backfill's planned nodes, a third (``squeue -o %Y``) when a pending GPU job has a
-  planned start (:func:`planned_without_nodes`).
+  argument list (never a shell) with a timeout, run side by side. Slurm 22.05's JSON lacks
+  backfill's planned nodes: :meth:`Backend.with_planned_nodes` reads them (``squeue -o %Y``),
+  one more command, for a caller that needs them.
 * :class:`PyslurmBackend`: ``pyslurm.Jobs.load()`` and ``pyslurm.Nodes.load()``, only when
   pyslurm is importable and its major.minor version matches the running Slurm (pyslurm tracks
   Slurm's release: pyslurm 22.5.x for Slurm 22.05). PyPI has no pyslurm 22.5 wheel, so on Debian
@@ -34,7 +34,6 @@ from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 from hpcsched.model.snapshot import NodeView
-from hpcsched.protocol.extensions import parse_extension_comment
 from hpcsched.protocol.kinds import SlurmState
 from hpcsched.slurm.commands import DEFAULT_TIMEOUT, count_call, run
 from hpcsched.slurm.errors import SlurmError, SlurmUnavailable, says_unreachable
@@ -79,8 +78,8 @@ class Observation:
             order, each once.
         jobs: every job Slurm reports, all states (finished ones too until ``MinJobAge``), by
             job id (a read-only mapping).
-        calls: Slurm calls this observation cost (2 for both backends; 3 for the CLI's on
-            Slurm 22.05 when it asks for planned nodes; 1 with ``jobs_only``).
+        calls: Slurm calls this observation cost (2 for both backends, 1 with ``jobs_only``;
+            one more where :meth:`Backend.with_planned_nodes` read the planned nodes).
     """
 
     time: float
@@ -111,6 +110,12 @@ class Backend(Protocol):
         one Slurm call, where the jobs are all that is asked, e.g. whether one ended)."""
         ...
 
+    def with_planned_nodes(self, obs: Observation) -> Observation:
+        """``obs`` with every pending job's :attr:`JobInfo.scheduled_nodes` known (backfill's
+        planned nodes; "" where none), at one Slurm call where ``obs`` lacks them (Slurm 22.05's
+        JSON), none where it has them."""
+        ...
+
 
 def _restrict(nodes: tuple[NodeView, ...], partitions: Sequence[str]) -> tuple[NodeView, ...]:
     if not partitions:
@@ -127,8 +132,8 @@ def _restrict(nodes: tuple[NodeView, ...], partitions: Sequence[str]) -> tuple[N
 class SlurmCLIBackend:
     """Observe Slurm through ``squeue --json`` and ``sinfo --json``: 2 commands per
     :meth:`observe`, whatever the number of jobs, started side by side. Slurm 22.05's JSON has
-    no planned nodes for pending jobs: when one has a planned start (:func:`planned_without_nodes`),
-    a third command reads them (``squeue -o %Y``, :func:`~hpcsched.slurm.parse.parse_scheduled_nodes`).
+    no planned nodes for pending jobs: :meth:`with_planned_nodes` reads them with a third
+    command (``squeue -o %Y``, :func:`~hpcsched.slurm.parse.parse_scheduled_nodes`).
 
     Slurm 22.05's ``squeue --json`` ignores ``--jobs``/``--states`` and reports every job it
     still holds (:func:`hpcsched.slurm.job_info`), so no filter is passed; ``sinfo --json`` is filtered
@@ -162,6 +167,14 @@ class SlurmCLIBackend:
     def __repr__(self) -> str:
         return f"SlurmCLIBackend(timeout={self.timeout:g}, partitions={list(self.partitions)})"
 
+    def with_planned_nodes(self, obs: Observation) -> Observation:
+        if not any(j.scheduled_nodes is None and j.state == SlurmState.PENDING
+                   for j in obs.jobs.values()):
+            return obs   # 23.02+: the JSON has them
+        planned = parse_scheduled_nodes(self._run(list(SCHEDULED_NODES_ARGS)))
+        return replace(obs, jobs=MappingProxyType(with_scheduled_nodes(obs.jobs, planned)),
+                       calls=obs.calls + 1)
+
     def _run(self, args: list[str]) -> str:
         with self._lock:
             self.calls += 1
@@ -188,29 +201,10 @@ class SlurmCLIBackend:
             raise errors[0]
         jobs = parse_squeue_json(results[0])
         nodes = _restrict(parse_sinfo_json(results[1]), self.partitions)
-        calls = 2
-        if planned_without_nodes(jobs):   # Slurm 22.05: one more call for backfill's plan
-            jobs = with_scheduled_nodes(jobs, parse_scheduled_nodes(self._run(list(SCHEDULED_NODES_ARGS))))
-            calls = 3
-        return Observation(time=t, nodes=nodes, jobs=MappingProxyType(jobs), calls=calls)
+        return Observation(time=t, nodes=nodes, jobs=MappingProxyType(jobs), calls=2)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
-
-
-#: pending reasons of a job Slurm's backfill plans a start for (squeue(1), JOB REASON CODES)
-_PLANNED_REASONS = ("Resources", "Priority")
-
-
-def planned_without_nodes(jobs: Mapping[str, JobInfo]) -> bool:
-    """Whether a pending GPU job has a planned start (backfill's ``start_time``, waiting for
-    ``Resources`` or ``Priority``) but ``jobs`` do not say on which nodes
-    (:attr:`JobInfo.scheduled_nodes` None: Slurm 22.05's ``squeue --json``). hpcsched's own
-    extension jobs do not count: only other jobs' plans are read
-    (:mod:`hpcsched.policies.neighbours`)."""
-    return any(j.scheduled_nodes is None and j.state == SlurmState.PENDING and j.gpus_per_node
-               and j.start_time and j.state_reason in _PLANNED_REASONS
-               and parse_extension_comment(j.comment) is None for j in jobs.values())
 
 
 def with_scheduled_nodes(jobs: Mapping[str, JobInfo], planned: Mapping[str, str]
@@ -344,6 +338,9 @@ class PyslurmBackend:
     def _values(coll: Any) -> list:
         # pyslurm 22.5: a dict by id/name; >= 23.2.2 a MultiClusterMap whose values() spans clusters
         return list(coll.values()) if hasattr(coll, "values") else list(coll)
+
+    def with_planned_nodes(self, obs: Observation) -> Observation:
+        return obs   # pyslurm's jobs carry them (``scheduled_nodes``/``sched_nodes``)
 
     def observe(self, jobs_only: bool = False) -> Observation:
         t = time.time()

@@ -210,13 +210,27 @@ def foreign_pending(obs: Observation, mine: Iterable[str], partitions: Sequence[
     extension job) and Slurm could start (:func:`eligible`), in ``partitions`` (all when empty):
     other users' plain jobs, whose GPUs hpcsched's grows yield to
     (:mod:`hpcsched.policies.neighbours`). Pure."""
-    mine, parts = set(mine), set(partitions)
     return tuple(ForeignJob(i.job_id, i.user, max(1, i.node_count), i.gpus_per_node, i.priority,
                             i.submit_time or 0.0, i.start_time, i.partition, _planned_nodes(i))
-                 for i in obs.jobs.values()
-                 if i.state == SlurmState.PENDING and i.gpus_per_node > 0 and i.job_id not in mine
-                 and (not parts or i.partition in parts) and eligible(i)
-                 and parse_extension_comment(i.comment) is None)
+                 for i in _foreign(obs, mine, partitions))
+
+
+def plans_unread(obs: Observation, mine: Iterable[str], partitions: Sequence[str] = ()) -> bool:
+    """Whether one of :func:`foreign_pending`'s jobs has a planned start (backfill's) whose
+    nodes ``obs`` does not give (:attr:`~hpcsched.slurm.JobInfo.scheduled_nodes` None: Slurm
+    22.05's JSON): then the daemon asks Slurm for them
+    (:meth:`~hpcsched.slurm.observe.Backend.with_planned_nodes`). Pure."""
+    return any(i.start_time and i.scheduled_nodes is None for i in _foreign(obs, mine, partitions))
+
+
+def _foreign(obs: Observation, mine: Iterable[str], partitions: Sequence[str]
+             ) -> list[slurm.JobInfo]:
+    """The pending GPU jobs of ``obs`` :func:`foreign_pending` lists."""
+    mine, parts = set(mine), set(partitions)
+    return [i for i in obs.jobs.values()
+            if i.state == SlurmState.PENDING and i.gpus_per_node > 0 and i.job_id not in mine
+            and (not parts or i.partition in parts) and eligible(i)
+            and parse_extension_comment(i.comment) is None]
 
 
 def _planned_nodes(info: slurm.JobInfo) -> tuple[str, ...]:
