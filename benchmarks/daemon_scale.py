@@ -365,6 +365,9 @@ def main() -> int:
     finally:
         if not args.keep:
             devcluster.down(STATE_DIR)
+            # stand-ins whose slurmstepd went down with the cluster before they saw their
+            # scancel (seen after the 1,024-GPU run: four extension stand-ins left)
+            subprocess.run(["pkill", "-u", args.user, "-f", "hpcsched.job.standin"], capture_output=True)
     print_table(results)
     for r in results:
         for g in r["memory_growth"]:
