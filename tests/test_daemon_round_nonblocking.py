@@ -419,3 +419,31 @@ def test_a_job_that_requeued_itself_during_a_batch_change_is_started_at_once(dae
     d.round()
     assert ("update", "7", {"StartTime": "now"}) in cluster.calls
     assert cluster.jobs["7"].state == "RUNNING"
+
+
+@pytest.mark.parametrize("slurm_answers", [True, False])
+def test_the_round_reads_another_users_planned_nodes_and_goes_on_without(
+        daemon, control_dir, monkeypatch, caplog, slurm_answers):
+    """Another user's job waits with a planned start whose nodes the observation lacks (Slurm
+    22.05's JSON): the round asks once (Backend.with_planned_nodes) and the snapshot's foreign
+    job has them; where Slurm does not answer, the round goes on, the job without them."""
+    d, cluster, _ = daemon
+    make_job(control_dir, "7")
+    make_job(control_dir, "8")
+    cluster.jobs["90"] = replace(info("90", state="PENDING"), user="carol", state_reason="Resources",
+                                 gpus_per_node=4, start_time=time.time() + 600)
+    asked = []
+
+    def with_planned_nodes(obs):
+        asked.append(obs.jobs["90"].scheduled_nodes)
+        if not slurm_answers:
+            raise slurm.SlurmUnavailable("squeue: Socket timed out on send/recv operation")
+        jobs = {**obs.jobs, "90": replace(obs.jobs["90"], scheduled_nodes="n2")}
+        return replace(obs, jobs=jobs, calls=obs.calls + 1)
+
+    monkeypatch.setattr(cluster, "with_planned_nodes", with_planned_nodes)
+    rep = d.round()
+    assert rep.error is None and asked == [None]
+    (foreign,) = rep.snapshot.foreign_pending
+    assert foreign.scheduled_nodes == (("n2",) if slurm_answers else ())
+    assert ("planned starts not read" in caplog.text) is not slurm_answers

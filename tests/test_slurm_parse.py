@@ -416,8 +416,8 @@ def test_recorded_squeue_planned_nodes(version):
 
 def test_planned_nodes_from_squeue_format():
     # the form 22.05.8 prints: a hostlist for a planned job, "(null)" for one without a plan
-    assert parse_scheduled_nodes("662|n[1-4]\n663|(null)\n\n12_3|n2\n") == {
-        "662": "n[1-4]", "12_3": "n2"}
+    assert parse_scheduled_nodes("662|n[1-4]\n663|(null)\n\n12_3|n2\n14+0|n1\n") == {
+        "662": "n[1-4]", "12_3": "n2", "14+0": "n1"}
     assert parse_scheduled_nodes("") == {}
     for bad in ("662 n[1-4]", "squeue: error: Invalid user|x"):
         with pytest.raises(SlurmError, match="unexpected line"):

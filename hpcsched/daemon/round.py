@@ -254,7 +254,7 @@ class Daemon(BetweenRounds):
             obs = self.backend.observe()
             managed = self.managed.find(obs)
             if views.plans_unread(obs, managed, self.settings.daemon.partitions):
-                obs = self.backend.with_planned_nodes(obs)   # Slurm 22.05: one more squeue
+                obs = self._with_planned_nodes(obs, rep)
         rep.slurm_states = {job_id: info.state for job_id, (_, _, info) in managed.items()}
         self._keep_up(obs, managed, rep)
         with _timed(rep, "resume"):
@@ -288,6 +288,17 @@ class Daemon(BetweenRounds):
             for c in decision.changes:
                 jd, spec, info = managed[c.job_id]
                 rep.outcomes[c.job_id] = self._apply(c, jd, spec, info, rep)
+
+    def _with_planned_nodes(self, obs, rep: RoundReport):
+        """``obs`` with backfill's planned nodes (Slurm 22.05: one more ``squeue``), or as it is
+        when Slurm does not give them: the round goes on, other users' waiting jobs then claim
+        no GPUs for their plans (:mod:`hpcsched.policies.neighbours`), as before plans were read."""
+        try:
+            return self.backend.with_planned_nodes(obs)
+        except slurm.SlurmError as exc:
+            log.warning("round %d: other users' planned starts not read (%s); their nodes are not "
+                        "kept this round", rep.round_id, exc)
+            return obs
 
     def _keep_up(self, obs, managed, rep: RoundReport) -> None:
         """The round's bookkeeping on observation ``obs``: each managed job recorded and, while

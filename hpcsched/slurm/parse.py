@@ -346,7 +346,7 @@ def parse_scheduled_nodes(text: str) -> dict[str, str]:
         if not line.strip():
             continue
         job_id, sep, nodes = line.strip().partition("|")
-        if not sep or not job_id.split("_")[0].isdigit():
+        if not sep or not job_id[:1].isdigit():   # 12, 12_3 (array), 12+0 (heterogeneous)
             raise SlurmError(f"squeue -o '%i|%Y': unexpected line {line!r:.120}")
         if nodes := _hostlist_or_empty(nodes):
             out[job_id] = nodes
