@@ -67,7 +67,7 @@ from hpcsched.policies.realise import Mechanism
 from hpcsched.policies.reconcile import Change
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.batching import BatchConfig, BatchSizeError
-from hpcsched.protocol.extensions import format_layout, parse_layout
+from hpcsched.protocol.extensions import format_layout, layout_pairs, parse_layout
 from hpcsched.protocol.jobdir import JobDir, JobSpec
 from hpcsched.protocol.kinds import AckState, ChangeKind, ControlAction, SlurmState
 from hpcsched.protocol.limits import JobLimits
@@ -504,7 +504,7 @@ def realised_action(c: Change, workers_per_node: int) -> tuple[ChangeKind, int, 
     grow or a release is a ``reform`` onto the layout; a shrink of primary nodes is a
     ``shrink`` in place to its node count; a requeue is the ``grow`` path (checkpoint, requeue)
     onto the layout's GPUs per node."""
-    pairs = tuple(f"{n}:{g}" for n, g in c.layout)
+    pairs = layout_pairs(dict(c.layout))
     nodes = len(c.layout) or c.to_nodes
     if c.mechanism == Mechanism.START:
         if all(g == workers_per_node for _, g in c.layout):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hpcsched.protocol.extensions import layout_pairs
 from hpcsched.protocol.kinds import ChangeKind, ControlAction
 from hpcsched.slurm.hostlist import expand_hostlist
 
@@ -34,13 +35,13 @@ def running_layout(ack: Ack, job: JobInfo) -> tuple[ControlAction, tuple[str, ..
     with the primary's nodes at the GPUs per node Slurm gave it (the daemon may have started it
     with fewer than it asked), or with no layout when Slurm's view does not match the
     acknowledged node count."""
-    layout, primary = layout_in_force(job, ack, job.gpus_per_node)
-    if layout != primary:
-        return ControlAction.REFORM, tuple(f"{n}:{g}" for n, g in layout.items())
+    if pairs := continue_layout(job, ack, job.gpus_per_node):
+        return ControlAction.REFORM, pairs
+    primary = layout_in_force(job, ack, job.gpus_per_node)[1]
     if not job.gpus_per_node or len(primary) != ack.nodes \
             or ack.world_size != sum(primary.values()):
         return ControlAction.CONTINUE, ()
-    return ControlAction.CONTINUE, tuple(f"{n}:{g}" for n, g in primary.items())
+    return ControlAction.CONTINUE, layout_pairs(primary)
 
 
 def continue_layout(info: JobInfo, ack: Ack | None, workers_per_node: int
@@ -54,7 +55,7 @@ def continue_layout(info: JobInfo, ack: Ack | None, workers_per_node: int
     if ack is None or not ack.layout:
         return ()
     layout, primary = layout_in_force(info, ack, workers_per_node)
-    return () if layout == primary else tuple(f"{n}:{g}" for n, g in layout.items())
+    return () if layout == primary else layout_pairs(layout)
 
 
 def batch_layout(info: JobInfo, ack: Ack | None, workers_per_node: int
@@ -75,7 +76,7 @@ def batch_layout(info: JobInfo, ack: Ack | None, workers_per_node: int
     if pairs := continue_layout(info, ack, per_node):
         return ChangeKind.REFORM, pairs
     if per_node != workers_per_node and info.nodes:
-        return ChangeKind.BATCH, tuple(f"{n}:{per_node}" for n in expand_hostlist(info.nodes))
+        return ChangeKind.BATCH, layout_pairs(dict.fromkeys(expand_hostlist(info.nodes), per_node))
     return ChangeKind.BATCH, ()
 
 

@@ -30,7 +30,7 @@ from hpcsched.daemon.actuator import (
 )
 from hpcsched.daemon.phases import History, ResizePhase, Timeouts
 from hpcsched.protocol import files as ctl
-from hpcsched.protocol.extensions import parse_layout
+from hpcsched.protocol.extensions import layout_pairs, parse_layout
 from hpcsched.protocol.jobdir import JobDir, JobNotFound, JobSpec
 from hpcsched.protocol.kinds import AckState, ChangeKind
 from hpcsched.slurm.control import CLISlurmControl, SlurmControl
@@ -106,7 +106,7 @@ def resize(job_id: str, nodes: int | None = None, batch_size: int | None = None,
             return result
         action = Action(str(job_id), ChangeKind(plan.kind), plan.generation, plan.nodes,
                         plan.batch.global_batch_size, info.restarts, reason, issued_by,
-                        tuple(f"{n}:{g}" for n, g in plan.layout.items()))
+                        layout_pairs(plan.layout))
         actuator = Actuator(control, timeouts if timeouts is not None else Timeouts())
         _drive(actuator, action, jd, spec, info, result, wait, poll)
         return result

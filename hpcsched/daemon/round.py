@@ -86,6 +86,7 @@ from hpcsched.policies.round import (
     decide_round,
 )
 from hpcsched.protocol import files as ctl
+from hpcsched.protocol.extensions import layout_pairs
 from hpcsched.protocol.jobdir import JobDir, JobSpec
 from hpcsched.protocol.kinds import ChangeKind, GrowMode, SlurmState
 from hpcsched.slurm.control import CLISlurmControl
@@ -365,7 +366,7 @@ class Daemon(BetweenRounds):
         if c.mechanism is not None:   # GPU-granular: the mechanism reconcile priced it by
             kind, nodes, placement = realised_action(c, spec.limits.workers_per_node)
         elif (layout := self._by_extension(c, jd, spec, info)) is not None:
-            kind, placement = ChangeKind.REFORM, tuple(f"{n}:{g}" for n, g in layout.items())
+            kind, placement = ChangeKind.REFORM, layout_pairs(layout)
         elif kind == ChangeKind.BATCH and info.state == SlurmState.RUNNING:
             # the world size it runs: a re-form onto its layout on extensions, the primary's
             # GPUs per node when it was started smaller than submitted (batch_layout)

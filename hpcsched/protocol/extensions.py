@@ -15,6 +15,7 @@ A **layout** is ``{node: GPUs}``: the whole allocation a job runs on (``control.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
@@ -37,9 +38,15 @@ _COMMENT = re.compile(rf"{TAG}:(\d{{1,12}}):([A-Za-z0-9._-]{{1,64}}):g(\d{{1,12}
 MAX_EXTENSIONS = 1024
 
 
-def format_layout(layout: dict[str, int]) -> str:
+def layout_pairs(layout: Mapping[str, int]) -> tuple[str, ...]:
+    """``("n1:4", "n2:2")``: a layout as the ``node:GPUs`` pairs of a control generation and
+    of the journal's placement (in the order given)."""
+    return tuple(f"{n}:{g}" for n, g in layout.items())
+
+
+def format_layout(layout: Mapping[str, int]) -> str:
     """``n1:4,n2:2`` (in the order given)."""
-    return ",".join(f"{n}:{g}" for n, g in layout.items())
+    return ",".join(layout_pairs(layout))
 
 
 def parse_layout(text: str) -> dict[str, int]:
@@ -202,6 +209,6 @@ def read_extensions(path: Path, job_uid: str | None = None) -> Extensions | None
                                          for e in ext.extensions))
 
 
-__all__ = ["EXTENSIONS_SCHEMA", "TAG", "Extension", "ExtensionState", "Extensions",
-           "extension_comment", "format_layout", "parse_extension_comment", "parse_layout",
+__all__ = ["EXTENSIONS_SCHEMA", "TAG", "Extension", "ExtensionState", "Extensions", "layout_pairs",
+           "extension_comment", "format_layout", "layout_pairs", "parse_extension_comment", "parse_layout",
            "read_extensions", "write_extensions"]
