@@ -49,12 +49,15 @@ import random
 from dataclasses import dataclass
 from functools import cache, cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
 from threadpoolctl import threadpool_limits
 
 from hpcsched.perf import pollux
+
+if TYPE_CHECKING:
+    from scipy.interpolate import LinearNDInterpolator
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 TRACES = DATA / "pollux" / "traces"
@@ -211,6 +214,10 @@ class Application:
     # --------------------------------------------------------------------- throughput
     @cached_property
     def _linear(self) -> LinearNDInterpolator:
+        # imported here: most placements are measured curves, and scipy.interpolate costs a
+        # worker of the emulated application 0.35 s of CPU at every start (each resize)
+        from scipy.interpolate import LinearNDInterpolator
+
         interp = LinearNDInterpolator(self._xs, self._ys)
         # the triangulation's transform is computed on first use, through BLAS; one thread,
         # since BLAS's threads competing for a busy machine's cores made it far slower
@@ -220,7 +227,7 @@ class Application:
         return interp
 
     @cached_property
-    def _nearest(self) -> NearestNDInterpolator:
+    def _nearest(self) -> _ScaledNearest:
         scale = self._xs.max(axis=0)
         return _ScaledNearest(self._xs, self._ys, scale)
 
@@ -298,6 +305,8 @@ class _ScaledNearest:
     have very different ranges)."""
 
     def __init__(self, xs: np.ndarray, ys: np.ndarray, scale: np.ndarray):
+        from scipy.interpolate import NearestNDInterpolator  # as in Application._linear
+
         self._scale = np.where(scale > 0, scale, 1.0)
         self._nn = NearestNDInterpolator(xs / self._scale, ys)
 

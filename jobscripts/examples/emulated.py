@@ -13,7 +13,11 @@ ends at ``--scale`` x the application's work, the work ``hpcsched simulate --sca
 
 The model is one vector ``w``; a sample's loss is ``w . (G + sigma z)`` with synthetic ``G`` and
 noise ``z``, so the gradient noise the API measures is the application's at its current epoch
-(its estimate's smoothing shortened by ``--scale``, as the epochs are).
+(its estimate's smoothing shortened by ``--scale``, as the epochs are). The step updates ``w``
+by plain SGD written out (``w -= lr * grad``, at a learning rate of 1e-12: the gradient does not
+depend on ``w``), not through ``torch.optim``: every ``torch.optim`` step imports
+``torch._dynamo`` (``torch/optim/optimizer.py``, ``_use_grad_for_differentiable``), about 1.1 s
+of CPU in every worker's start, which is every resize's.
 Progress reports give the work left in the simulator's units (``ElasticJob.set_work``).
 
 Submit it with hpcsub, e.g.::
@@ -36,6 +40,7 @@ from hpcsched.sim.emulate import Emulation
 from hpcsched.sim.physics import APPLICATIONS
 
 LARGEST_BATCH = 2 ** 24  # samples: no job's global batch is larger (the data must outlast it)
+LEARNING_RATE = 1e-12    # the update only has to be one (module docstring)
 
 
 def scale_factor(text: str) -> float:
@@ -78,11 +83,10 @@ def main(argv=None) -> None:
     batch = args.batch_size or emu.base_batch_size
     size = emu.dataset_size(batch)
     model = Synthetic(emu.dim)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-12)
     job = ElasticJob(dataset_size=size, epochs=emu.data_epochs(size, LARGEST_BATCH),
                      batch_size=batch, seed=args.seed,
                      grad_noise_smoothing=emu.grad_noise_smoothing())
-    job.register(model=model, optimizer=opt, progress=0.0)
+    job.register(model=model, progress=0.0)
     progress = float(job.extra_state["progress"])   # restored by a requeue, sent to newcomers
     def report(progress: float) -> None:
         done = emu.samples(progress)
@@ -101,7 +105,8 @@ def main(argv=None) -> None:
         job.reduce_gradients(model)
         if model.w.grad is None:   # a lost peer voided the step: it does not count
             continue
-        opt.step()
+        with torch.no_grad():
+            model.w -= LEARNING_RATE * model.w.grad
         progress += emu.gain(step.global_samples, progress)
         job.extra_state["progress"] = progress
         report(progress)
