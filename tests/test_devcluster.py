@@ -162,6 +162,39 @@ def test_zombie_counts_as_dead():
     assert not processes.alive(os.getpid(), comm="slurmctld")  # a reused PID is not our daemon
 
 
+@pytest.mark.parametrize("mariadb", ["crashed", "crashed twice", "alive"])
+def test_slurmdbd_is_started_once_more_only_when_mariadb_died_under_it(monkeypatch, tmp_path, mariadb):
+    """MariaDB 10.11 crashed once in about 100 starts on slurmdbd's first table check
+    (daemons.start_accounting): then both start again, once; a slurmdbd failure of its own, or
+    a second crash, is the error it was."""
+    layout = daemons.Layout(tmp_path)
+    layout.run.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()   # reaped: its PID is not alive
+    calls = []
+
+    def start_mariadb(lay, port):
+        calls.append("mariadb")
+        pid = os.getpid() if mariadb == "alive" else dead.pid
+        lay.pidfile("mariadb").write_text(f"{pid}\n")
+
+    def start_daemon(lay, name, args, port, log):
+        calls.append(name)
+        if mariadb == "crashed twice" or calls.count(name) == 1:
+            raise dc.DevClusterError("slurmdbd exited during start: ... Server has gone away")
+
+    monkeypatch.setattr(daemons, "start_mariadb", start_mariadb)
+    monkeypatch.setattr(daemons, "start_daemon", start_daemon)
+    monkeypatch.setattr(daemons, "need_bin", lambda name: f"/usr/sbin/{name}")
+    if mariadb == "crashed":
+        daemons.start_accounting(layout, 1, 2)
+        assert calls == ["mariadb", "slurmdbd", "mariadb", "slurmdbd"]
+    else:
+        with pytest.raises(dc.DevClusterError, match="Server has gone away"):
+            daemons.start_accounting(layout, 1, 2)
+        assert calls == (["mariadb", "slurmdbd"] * (2 if mariadb == "crashed twice" else 1))
+
+
 def test_down_and_status_when_down(tmp_path):
     state = tmp_path / "never-started"
     assert dc.down(state) is False

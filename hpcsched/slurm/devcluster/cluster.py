@@ -30,8 +30,8 @@ from hpcsched.slurm.devcluster.config import check_geometry, node_names, write_c
 from hpcsched.slurm.devcluster.daemons import (
     configure_lend_qos,
     sinfo_nodes,
+    start_accounting,
     start_daemon,
-    start_mariadb,
     start_munged,
     start_slurmds,
     wait_nodes_ready,
@@ -203,11 +203,9 @@ def _start_all(layout: Layout, ports: Ports, nodes: int, clean: bool) -> list[st
         if start_munged(layout):
             daemons.append("munged")
         t1 = time.monotonic()
-        start_mariadb(layout, ports.mariadb)
-        daemons.append("mariadb")
-        logger.info("MariaDB up (%.1f s)", time.monotonic() - t1)
-        start_daemon(layout, "slurmdbd", [need_bin("slurmdbd")], ports.slurmdbd, layout.log / "slurmdbd.log")
-        daemons.append("slurmdbd")
+        start_accounting(layout, ports.mariadb, ports.slurmdbd)
+        daemons += ["mariadb", "slurmdbd"]
+        logger.info("MariaDB and slurmdbd up (%.1f s)", time.monotonic() - t1)
         ctld = [need_bin("slurmctld"), "-i"] + (["-c"] if clean else [])
         start_daemon(layout, "slurmctld", ctld, ports.slurmctld, layout.log / "slurmctld.log")
         daemons.append("slurmctld")
