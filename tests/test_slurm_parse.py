@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from hpcsched.model.snapshot import NodeView
-from hpcsched.slurm import SlurmError, SlurmUnavailable
+from hpcsched.slurm import SlurmError, SlurmUnavailable, parse
 from hpcsched.slurm.gres import gpu_count
 from hpcsched.slurm.observe import PyslurmBackend
 from hpcsched.slurm.parse import (
@@ -404,6 +404,29 @@ def test_recorded_squeue(version, name):
     assert got == want
     assert {(j.user, j.partition, j.cpus_per_task) for j in jobs.values()} == {("root", "gpu", 1)}
     assert jobs[json.loads(_recorded(version, "jobs.json"))["running"]].priority > 0
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("name", ["squeue.busy.json", "squeue-t-all.busy.json", "squeue.idle.json",
+                                  "squeue-t-all.drain.json"])
+def test_fields_dropped_while_decoding_change_no_job(version, name):
+    """parse_squeue_json drops each job's unread fields as it decodes (parse._slim_job); the
+    jobs are those of the whole document, field for field, on every recorded version."""
+    text = _recorded(version, name)
+    whole = {str(j["job_id"]): parse._job_from_json(j) for j in json.loads(text)["jobs"]}
+    assert parse_squeue_json(text) == whole
+
+
+def test_a_job_keeps_only_the_fields_read_and_other_objects_keep_all():
+    doc = {"meta": {"plugin": {"type": "openapi/v0.0.38"}}, "errors": [],
+           "jobs": [{"job_id": 7, "job_state": "RUNNING", "nodes": "n1", "gres_detail": ["gpu:2(IDX:0-1)"],
+                     "job_resources": {"allocated_nodes": [{"nodename": "n1", "cpus": 2}]},
+                     "command": "/x/" * 1000, "submit_time": {"set": True, "number": 5}}]}
+    out = json.loads(json.dumps(doc), object_pairs_hook=parse._slim_job)
+    assert out["meta"] == doc["meta"]
+    assert out["jobs"] == [{"job_id": 7, "job_state": "RUNNING", "nodes": "n1",
+                            "gres_detail": ["gpu:2(IDX:0-1)"], "submit_time": {"set": True, "number": 5}}]
+    assert set(out["jobs"][0]) <= parse.JOB_FIELDS
 
 
 @pytest.mark.parametrize("version", VERSIONS)

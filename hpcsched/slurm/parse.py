@@ -126,14 +126,15 @@ def _doc_key(doc: dict, key: str) -> str:
     return key
 
 
-def _load_doc(text: object, what: str, key: str) -> tuple[str, list[dict]]:
-    """Decode a ``--json`` document; return (the key read, its list), or raise SlurmError."""
+def _load_doc(text: object, what: str, key: str, object_pairs_hook=None) -> tuple[str, list[dict]]:
+    """Decode a ``--json`` document (``object_pairs_hook``: :func:`json.loads`'s, e.g.
+    :func:`_slim_job`); return (the key read, its list), or raise SlurmError."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     if not isinstance(text, str):
         raise SlurmError(f"{what}: expected text, got {type(text).__name__}")
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, object_pairs_hook=object_pairs_hook)
     except json.JSONDecodeError as exc:
         tail = "(empty)" if not text.strip() else f"(at char {exc.pos} of {len(text)})"
         raise SlurmError(f"{what}: output is not valid JSON, truncated? {tail}: {exc.msg}") from exc
@@ -251,6 +252,28 @@ def _gpus_per_node(j: dict) -> int:
     return gpu_count(j.get("tres_per_node"))
 
 
+#: The fields of a ``squeue --json`` job that :func:`_job_from_json` and its helpers read: of the
+#: 110-111 (22.05) to 137 (26.05) a job has, the rest are dropped as the document is decoded
+#: (:func:`_slim_job`).
+JOB_FIELDS = frozenset({
+    "job_id", "name", "user_name", "user_id", "job_state", "state_reason", "partition", "nodes",
+    "node_count", "gres_detail", "tres_per_node", "restart_cnt", "batch_host", "priority",
+    "cpus_per_task", "cpus", "tasks", "comment", "admin_comment", "submit_time", "start_time",
+    "end_time", "account", "qos", "scheduled_nodes"})
+
+
+def _slim_job(pairs: list[tuple[str, object]]) -> dict:
+    """``json.loads``'s ``object_pairs_hook`` for ``squeue --json``: a job object (it has
+    ``job_id`` and ``job_state``) keeps only :data:`JOB_FIELDS`, any other object all of its
+    keys. Each job's other fields (and their nested objects) are freed as soon as the job is
+    decoded, so the decoded document stays a fraction of its full size, and so does the peak
+    while decoding (``benchmarks/squeue_parse.py``; figures in ``docs/daemon.md``, "Memory")."""
+    d = dict(pairs)
+    if "job_id" in d and "job_state" in d:
+        return {k: v for k, v in pairs if k in JOB_FIELDS}
+    return d
+
+
 def _job_from_json(j: dict) -> JobInfo:
     return JobInfo(
         job_id=str(j["job_id"]),
@@ -314,7 +337,7 @@ def parse_squeue_json(text: str | bytes) -> dict[str, JobInfo]:
             then exits 0 with an empty list: see :func:`_reported_error`).
         SlurmError: anything else that is not the JSON squeue documents (e.g. truncated).
     """
-    _, jobs = _load_doc(text, "squeue --json", "jobs")
+    _, jobs = _load_doc(text, "squeue --json", "jobs", object_pairs_hook=_slim_job)
     out = {}
     for i, j in enumerate(jobs):
         if j.get("job_id") is None:
