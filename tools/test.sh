@@ -4,7 +4,7 @@
 # dev clusters, which tests/conftest.py starts (needs root) and stops again. Prints the wall time
 # at the end. Extra arguments go to pytest.
 #
-#   tools/test.sh           everything (about 13 min on 2 cores)
+#   tools/test.sh           everything (about 12 min on 2 cores)
 #   tools/test.sh --quick   no dev cluster and no root: every test not marked slurm (about 3 min)
 #
 # Four pytest-xdist workers (three with --quick; $HPCSCHED_TEST_WORKERS, at most 7), each with a
@@ -13,7 +13,9 @@
 # became safe on 2 cores once the resize tests' jobs were paced (tests/conftest.py: paced,
 # unpace_when: a job cannot end before a slowed grow applies); the whole suite took 871-924 s
 # with three, 762-787 s with four. It is CPU-bound there (0% idle): two thirds of its CPU is the jobs' training
-# workers, most of that importing torch (and torch._dynamo, which every optimizer step imports).
+# workers (process accounting, acct(5): 60% in the jobs' python3, 32% in pytest's python), most of
+# that importing torch (1.0 s) and torch._dynamo (1.1 s), which every torch.optim step imports; the
+# emulated application no longer uses torch.optim (1.84 s of CPU per worker, was 3.39): 723-751 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
