@@ -76,6 +76,30 @@ def test_an_extension_ends_when_its_primary_is_gone(tmp_path, monkeypatch):
     assert "is gone" in ext.primary_gone(now)
 
 
+def test_a_slurm_that_does_not_answer_leaves_a_waiting_grow_waiting(tmp_path):
+    """The stand-in's grow polls Slurm for its extension jobs; an unanswered squeue (slurmctld
+    busy at 1,024 GPUs) is asked again at the next poll, not the primary's end: such
+    tracebacks failed 75 stand-in jobs in benchmarks/daemon_scale.py's 1,024-GPU run."""
+    jd = JobDir.create(tmp_path / "jobs")
+
+    class Unanswered:
+        calls = 0
+
+        def slurm_states(self):
+            self.calls += 1
+            raise slurm.SlurmUnavailable("squeue --json reported errors: slurm_load_jobs")
+
+    joined = standin.Joined(jd, None, "5000")
+    joined._extender = Unanswered()
+    now = time.time()
+    joined.pending = ("control", "plan", now, now - standin.EXTENSION_POLL_S - 1)
+    assert joined._stalled(["6606"], now) == ""
+    assert joined._extender.calls == 1
+    assert joined.pending[3] == now                         # asked again at the next poll
+    late = now + standin.EXTENSION_TIMEOUT + 1
+    assert "did not start within" in joined._stalled(["6606"], late)
+
+
 def test_the_table_is_refused_for_a_bad_geometry():
     with pytest.raises(ValueError, match="max_gpus"):
         Emulation.of("cifar10").step_table(0, 4)

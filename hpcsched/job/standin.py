@@ -469,14 +469,20 @@ class Joined:
 
     def _stalled(self, waiting: list[str], now: float) -> str:
         """Why the reform cannot wait longer for the extension jobs ``waiting`` (they did not
-        start in time, or Slurm no longer lists them: checked every ``EXTENSION_POLL_S``), or ""."""
+        start in time, or Slurm no longer lists them: checked every ``EXTENSION_POLL_S``), or "".
+        A Slurm that does not answer is asked again at the next poll, as the real job does
+        (:meth:`hpcsched.job.membership.Membership._extensions_failing`)."""
         control, plan, since, polled = self.pending
         if now - since > EXTENSION_TIMEOUT:
             return f"extension job(s) {', '.join(waiting)} did not start within {EXTENSION_TIMEOUT:.0f} s"
         if now - polled <= EXTENSION_POLL_S:
             return ""
         self.pending = (control, plan, since, now)
-        listed = self.extender.slurm_states()
+        try:
+            listed = self.extender.slurm_states()
+        except slurm.SlurmError as exc:
+            log.warning("cannot look at the extension jobs: %s", exc)
+            return ""
         gone = [j for j in waiting if j not in listed]
         return f"extension job(s) {', '.join(gone)} ended before joining" if gone else ""
 
