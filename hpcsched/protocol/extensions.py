@@ -209,6 +209,6 @@ def read_extensions(path: Path, job_uid: str | None = None) -> Extensions | None
                                          for e in ext.extensions))
 
 
-__all__ = ["EXTENSIONS_SCHEMA", "TAG", "Extension", "ExtensionState", "Extensions", "layout_pairs",
+__all__ = ["EXTENSIONS_SCHEMA", "TAG", "Extension", "ExtensionState", "Extensions",
            "extension_comment", "format_layout", "layout_pairs", "parse_extension_comment", "parse_layout",
            "read_extensions", "write_extensions"]

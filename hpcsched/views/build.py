@@ -17,7 +17,7 @@ Units: seconds, samples, samples/s, GPUs, GPU-seconds.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from hpcsched import slurm
@@ -224,13 +224,14 @@ def plans_unread(obs: Observation, mine: Iterable[str], partitions: Sequence[str
 
 
 def _foreign(obs: Observation, mine: Iterable[str], partitions: Sequence[str]
-             ) -> list[slurm.JobInfo]:
-    """The pending GPU jobs of ``obs`` :func:`foreign_pending` lists."""
+             ) -> Iterator[slurm.JobInfo]:
+    """The pending GPU jobs of ``obs`` :func:`foreign_pending` lists, one by one (so that
+    :func:`plans_unread` stops at the first)."""
     mine, parts = set(mine), set(partitions)
-    return [i for i in obs.jobs.values()
+    return (i for i in obs.jobs.values()
             if i.state == SlurmState.PENDING and i.gpus_per_node > 0 and i.job_id not in mine
             and (not parts or i.partition in parts) and eligible(i)
-            and parse_extension_comment(i.comment) is None]
+            and parse_extension_comment(i.comment) is None)
 
 
 def _planned_nodes(info: slurm.JobInfo) -> tuple[str, ...]:
