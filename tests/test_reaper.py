@@ -6,6 +6,7 @@ cluster."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from types import MappingProxyType
 
@@ -221,6 +222,41 @@ def test_slurm_down_stops_the_reaping(control_dir, primary):
     assert down.cancelled == [] and reaper.reaped == 0
 
 
+class Slow(BatchLog):
+    """A controller whose every ``scancel`` waits until ``go`` is set."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.go = threading.Event()
+
+    def cancel(self, *job_ids: str) -> None:
+        assert self.go.wait(10)
+        super().cancel(*job_ids)
+
+
+def test_a_background_scancel_holds_up_no_round_and_comes_in_next_round(control_dir, primary):
+    reaper, control = Reaper(control_dir, background=True), Slow()
+    seen = obs(mine("11", primary), mine("12", primary))
+    t0 = time.monotonic()
+    assert reaper.reap(seen, control) == []          # started, not waited for
+    assert reaper.reap(seen, control) == []          # still running: no second scancel
+    assert time.monotonic() - t0 < 5 and reaper.reaped == 0
+    control.go.set()
+    assert reaper.settle() == ["11", "12"] and reaper.reaped == 2
+    assert control.batches == [("11", "12")] and reaper.settle() == []
+
+
+def test_a_background_scancel_that_slurm_did_not_answer_is_retried(control_dir, primary, caplog):
+    reaper = Reaper(control_dir, background=True)
+    down = FakeControl({"11": slurm.SlurmUnavailable("scancel: Unable to contact slurm controller")})
+    caplog.set_level(logging.WARNING, "hpcsched.daemon.reaper")
+    seen = obs(mine("11", primary))
+    assert reaper.reap(seen, down) == [] and reaper.settle() == [] and reaper.reaped == 0
+    assert "Slurm did not answer" in caplog.text
+    up = FakeControl()
+    assert reaper.reap(seen, up) == [] and reaper.settle() == ["11"] and up.cancelled == ["11"]
+
+
 # -- in the daemon's round -----------------------------------------------------------------------
 
 
@@ -255,6 +291,6 @@ def test_a_round_reaps_the_orphans(control_dir, primary, daemon_settings):
                           job("20", user=ME), mine("21", other, primary="20"))
     d = Daemon(settings, backend=cluster, store=store)
     d.actuator.slurm = cluster
-    rep = d.round()
-    assert rep.error is None and rep.reaped == ["11"] and cluster.cancelled == ["11"]
+    rep = d.round()   # the round's scancel runs in a thread: its outcome comes next round
+    assert rep.error is None and d.reaper.settle() == ["11"] and cluster.cancelled == ["11"]
     assert d.reaper.reaped == 1

@@ -41,14 +41,18 @@ def test_orphans_are_reaped_on_slurm(devcluster, control_dir, slurm_jobs, tmp_pa
     slurm_jobs.extend([extension, foreign])
     wait_for(lambda: slurm.squeue()[primary].state == "RUNNING", 60, "the primary to run")
 
-    backend, control, reaper = SlurmCLIBackend(), CLISlurmControl(), Reaper(control_dir)
+    # as the daemon runs it: each round's scancel in a thread, its outcome taken in by settle()
+    backend, control = SlurmCLIBackend(), CLISlurmControl()
+    reaper = Reaper(control_dir, background=True)
     obs = backend.observe()
     assert obs.jobs[extension].comment == extension_comment(primary, jd.uid, 1)
-    assert reaper.reap(obs, control) == [] and reaper.reaped == 0
+    assert reaper.reap(obs, control) == [] and reaper.settle() == [] and reaper.reaped == 0
 
     slurm.cancel(primary)
     wait_for(lambda: not active(primary), 60, "the primary to end")
-    assert reaper.reap(backend.observe(), control) == [extension] and reaper.reaped == 1
+    assert reaper.reap(backend.observe(), control) == [] and reaper.settle() == [extension]
+    assert reaper.reaped == 1
     wait_for(lambda: not active(extension), 60, "the orphan to end")
     assert active(foreign)
-    assert reaper.reap(backend.observe(), control) == [] and reaper.reaped == 1
+    assert reaper.reap(backend.observe(), control) == [] and reaper.settle() == []
+    assert reaper.reaped == 1

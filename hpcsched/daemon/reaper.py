@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,17 +110,23 @@ class Reaper:
     Args:
         control_dir: where the job directories are. partitions: the managed partitions
             (empty: all). dry_run: log what would be cancelled, cancel nothing.
+        background: run each round's ``scancel`` in a thread of its own and take its outcome
+            at the next :meth:`reap` (the daemon: a controller slow to answer, 20 s at most
+            per command, then holds up no round; measured at 1,024 GPUs, ``docs/daemon.md``,
+            "At scale"); False: within :meth:`reap`.
 
     Attributes:
         reaped: orphans cancelled since this reaper was made (each counted once).
     """
 
-    def __init__(self, control_dir: Path, partitions: Sequence[str] = (), dry_run: bool = False):
+    def __init__(self, control_dir: Path, partitions: Sequence[str] = (), dry_run: bool = False,
+                 background: bool = False):
         self.control_dir = Path(control_dir)
-        self.partitions, self.dry_run = tuple(partitions), dry_run
+        self.partitions, self.dry_run, self.background = tuple(partitions), dry_run, background
         self.reaped = 0
         self._cancelled: set[str] = set()   # cancelled by us (Slurm may list them a while)
         self._said: set[str] = set()        # suspects left alone, already logged
+        self._inflight: _Cancelling | None = None   # a background scancel, not yet taken in
 
     def job_dir_uid(self, primary_job_id: str, user: str) -> str | None:
         """The uid of job ``primary_job_id``'s directory in ``user``'s subtree, or None."""
@@ -130,13 +137,16 @@ class Reaper:
 
     def reap(self, obs: Observation, control: SlurmControl) -> list[str]:
         """Cancel the orphans in ``obs`` through ``control`` (the daemon's Slurm operations:
-        ``cancel`` is ``scancel``); returns the ids cancelled now (none in a dry run).
+        ``cancel`` is ``scancel``); returns the ids cancelled: now, or with ``background``,
+        those whose ``scancel`` ended since the last call (none in a dry run).
 
         Each orphan is logged at WARNING with its primary the first time, and cancelled again
-        in a later round if Slurm still shows it running or pending (not completing). Never
-        raises: a refused ``scancel`` is logged and tried next round; a controller that does
-        not answer stops this round's reaping.
+        in a later round if Slurm still shows it running or pending (not completing). With
+        ``background``, no new ``scancel`` starts while the last one runs. Never raises: a
+        refused ``scancel`` is logged and tried next round; a controller that does not answer
+        stops this round's reaping.
         """
+        done = self.settle(wait=False)
         found = suspects(obs.jobs, self.partitions)
         keys = {(t.primary_job_id, t.user) for t in found}
         verdict = decide(obs.jobs, {k: self.job_dir_uid(*k) for k in keys}, self.partitions)
@@ -145,21 +155,25 @@ class Reaper:
                 self._said.add(t.job_id)
                 log.warning("job %s is tagged as an extension of job %s, which is not active; "
                             "not cancelled: %s", t.job_id, t.primary_job_id, why)
-        todo = self._to_cancel(verdict.cancel)
-        done = []
-        for at in range(0, len(todo), CANCEL_BATCH):
-            part = todo[at:at + CANCEL_BATCH]
-            try:
-                refused = self._cancel(part, control)
-            except slurm.SlurmUnavailable as exc:
-                log.warning("%d orphaned extension(s) not cancelled: Slurm did not answer (%s); "
-                            "next round retries", len(todo) - at, exc)
-                break
-            done += [t.job_id for t in part if t.job_id not in refused]
+        todo = self._to_cancel(verdict.cancel) if self._inflight is None else []
+        if todo and self.background:
+            self._inflight = _Cancelling(todo, control)
+        elif todo:
+            done += self._outcome(todo, _cancel_batches(todo, control))
         active = {j for j, info in obs.jobs.items() if info.active}
         self._cancelled &= active
         self._said &= active
         return done
+
+    def settle(self, wait: bool = True) -> list[str]:
+        """Take in the background ``scancel``'s outcome (waiting for it with ``wait``, else
+        only if it has ended): the ids it cancelled, each counted and logged as by
+        :meth:`reap`; [] when none ran or it still runs."""
+        c = self._inflight
+        if c is None or not c.ended(wait):
+            return []
+        self._inflight = None
+        return self._outcome(c.todo, c.results)
 
     def _to_cancel(self, orphans: Sequence[Tagged]) -> list[Tagged]:
         """The orphans to ``scancel`` now: none that Slurm is already ending (COMPLETING); in a
@@ -176,35 +190,78 @@ class Reaper:
             todo.append(t)
         return todo
 
-    def _cancel(self, orphans: list[Tagged], control: SlurmControl) -> set[str]:
-        """One ``scancel`` of ``orphans``, each counted and logged at WARNING the first time;
-        the ids Slurm refused (logged; all of them when its error names none).
+    def _outcome(self, todo: list[Tagged], results: list[Exception | None]) -> list[str]:
+        """Count and log what :func:`_cancel_batches` did with ``todo`` (``results``: one per
+        ``scancel`` command, in order; fewer when the controller stopped answering); returns
+        the ids cancelled."""
+        done: list[str] = []
+        for at, result in zip(range(0, len(todo), CANCEL_BATCH), results):
+            part = todo[at:at + CANCEL_BATCH]
+            if isinstance(result, slurm.SlurmUnavailable):
+                log.warning("%d orphaned extension(s) not cancelled: Slurm did not answer (%s); "
+                            "next round retries", len(todo) - at, result)
+                break
+            refused: set[str] = set()
+            if result is not None:
+                named = set(_REFUSED.findall(str(result)))
+                refused = {t.job_id for t in part if t.job_id in named} or {t.job_id for t in part}
+                log.warning("orphaned extension(s) %s: scancel refused: %s; next round retries",
+                            ", ".join(sorted(refused)), result)
+            for t in part:
+                if t.job_id in refused:
+                    continue
+                done.append(t.job_id)
+                if t.job_id in self._cancelled:
+                    log.info("job %s, an orphaned extension of job %s, still %s: cancelled again",
+                             t.job_id, t.primary_job_id, t.state)
+                    continue
+                self._cancelled.add(t.job_id)
+                self.reaped += 1
+                log.warning("cancelled job %s, an extension of job %s (%s), which is not active: "
+                            "an orphan (%d reaped so far)", t.job_id, t.primary_job_id, t.job_uid,
+                            self.reaped)
+        return done
 
-        Raises:
-            SlurmUnavailable: the controller did not answer.
-        """
-        refused: set[str] = set()
+
+def _cancel_batches(todo: list[Tagged], control: SlurmControl) -> list[Exception | None]:
+    """One ``scancel`` per :data:`CANCEL_BATCH` of ``todo``: per command, None or the
+    :class:`~hpcsched.slurm.SlurmError` it raised; stops after a
+    :class:`~hpcsched.slurm.SlurmUnavailable` (the controller does not answer). Touches no
+    :class:`Reaper` state, so it may run in a thread of its own."""
+    results: list[Exception | None] = []
+    for at in range(0, len(todo), CANCEL_BATCH):
         try:
-            control.cancel(*(t.job_id for t in orphans))
-        except slurm.SlurmUnavailable:
-            raise
-        except slurm.SlurmError as exc:
-            named = set(_REFUSED.findall(str(exc)))
-            refused = {t.job_id for t in orphans if t.job_id in named} or {t.job_id for t in orphans}
-            log.warning("orphaned extension(s) %s: scancel refused: %s; next round retries",
-                        ", ".join(sorted(refused)), exc)
-        for t in orphans:
-            if t.job_id in refused:
-                continue
-            if t.job_id in self._cancelled:
-                log.info("job %s, an orphaned extension of job %s, still %s: cancelled again",
-                         t.job_id, t.primary_job_id, t.state)
-                continue
-            self._cancelled.add(t.job_id)
-            self.reaped += 1
-            log.warning("cancelled job %s, an extension of job %s (%s), which is not active: an "
-                        "orphan (%d reaped so far)", t.job_id, t.primary_job_id, t.job_uid, self.reaped)
-        return refused
+            control.cancel(*(t.job_id for t in todo[at:at + CANCEL_BATCH]))
+            results.append(None)
+        except slurm.SlurmError as exc:   # SlurmUnavailable included
+            results.append(exc)
+            if isinstance(exc, slurm.SlurmUnavailable):
+                break
+    return results
+
+
+class _Cancelling:
+    """:func:`_cancel_batches` of ``todo`` running in a daemon thread (the process does not
+    wait for it at exit: a ``scancel`` it leaves running ends on its own)."""
+
+    def __init__(self, todo: list[Tagged], control: SlurmControl):
+        self.todo = todo
+        self.results: list[Exception | None] = []
+        self._thread = threading.Thread(target=self._run, args=(control,), daemon=True,
+                                        name="hpcsched-reaper")
+        self._thread.start()
+
+    def _run(self, control: SlurmControl) -> None:
+        try:
+            self.results = _cancel_batches(self.todo, control)
+        except Exception as exc:   # a bug, not Slurm: logged, and the next round tries again
+            log.exception("orphaned extension(s) not cancelled: %s", exc)
+            self.results = [slurm.SlurmUnavailable(f"scancel thread failed: {exc}")]
+
+    def ended(self, wait: bool) -> bool:
+        if wait:
+            self._thread.join()
+        return not self._thread.is_alive()
 
 
 #: orphans per ``scancel`` (one command for a round's orphans: 250 of them came at once at

@@ -112,7 +112,8 @@ class RoundReport:
     outcomes: dict[str, str] = field(default_factory=dict)
     kinds: dict[str, str] = field(default_factory=dict)   # job_id -> journal kind of its outcome
     notes: list[str] = field(default_factory=list)
-    reaped: list[str] = field(default_factory=list)   # orphaned extension jobs cancelled
+    # orphaned extension jobs whose scancel ended since the last round (it runs in a thread)
+    reaped: list[str] = field(default_factory=list)
     objective: float | None = None   # the plan's own figure of merit (unit per policy)
     error: str | None = None
     slurm_states: dict[str, str] = field(default_factory=dict)   # managed job_id -> Slurm state
@@ -182,7 +183,7 @@ class Daemon(BetweenRounds):
                            extension_stall=d.extension_stall, by_mechanism=True)
         self.managed = views.ManagedJobs(self.control_dir, d.partitions, views.Exclusions(
             frozenset(d.exclude_users), frozenset(d.exclude_accounts), frozenset(d.exclude_qos)))
-        self.reaper = Reaper(self.control_dir, d.partitions, dry_run=d.dry_run)
+        self.reaper = Reaper(self.control_dir, d.partitions, dry_run=d.dry_run, background=True)
         self.retention = Retention(settings.retention, self.store, self.control_dir)
         # the GPU probe prolog's measurements (slurm-plugins/prolog-gpu-probe): ingested each round
         self.probes = ProbeWatch(settings.probe, self.store, dry_run=d.dry_run,
@@ -304,7 +305,9 @@ class Daemon(BetweenRounds):
     def _keep_up(self, obs, managed, rep: RoundReport) -> None:
         """The round's bookkeeping on observation ``obs``: each managed job recorded and, while
         it runs or once it ended, its new step records ingested; the GPU probes read;
-        orphaned extension jobs reaped (into ``rep.reaped``); and, about once an hour unless
+        orphaned extension jobs reaped (their ``scancel`` in a thread of its own, so a slow
+        controller holds up no round; the ids it cancelled into the next ``rep.reaped``); and,
+        about once an hour unless
         ``daemon.dry_run``, old job directories swept."""
         # what this process remembers of jobs: those Slurm still lists
         self._recorded = {j: v for j, v in self._recorded.items() if j in managed}
