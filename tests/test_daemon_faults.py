@@ -123,6 +123,12 @@ def test_daemon_survives_slurmctld_outage_and_acts_on_nothing_stale(daemon_env, 
         store = Store(f"sqlite:///{db}")
         wait_for(lambda: store.current_revision(), 60, "the daemon's schema")
         wait_for(lambda: any(r.error is None and r.jobs for r in store.rounds()), 60, "a good round")
+        # the workers' srun must have its step before the controller goes: an srun started
+        # during the outage cannot confirm its allocation, and the job ends (seen on a loaded
+        # machine: the job gone before the first round after the outage)
+        out = tmp_path / f"slurm-{job}.out"
+        wait_for(lambda: out.exists() and "fresh start" in out.read_text(), 120,
+                 "the job's workers to train")
         pid = _slurmctld_pid()
         os.kill(pid, signal.SIGTERM)
         wait_for(lambda: _dead(pid), 30, "slurmctld to stop")
