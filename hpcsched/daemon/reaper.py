@@ -190,17 +190,19 @@ class Reaper:
             todo.append(t)
         return todo
 
-    def _outcome(self, todo: list[Tagged], results: list[Exception | None]) -> list[str]:
-        """Count and log what :func:`_cancel_batches` did with ``todo`` (``results``: one per
-        ``scancel`` command, in order; fewer when the controller stopped answering); returns
-        the ids cancelled."""
+    def _outcome(self, todo: list[Tagged], results: list[tuple[list[Tagged], Exception | None]]
+                 ) -> list[str]:
+        """Count and log what :func:`_cancel_batches` did with ``todo`` (``results``: each
+        ``scancel`` command's orphans and error, in order; fewer when the controller stopped
+        answering); returns the ids cancelled."""
         done: list[str] = []
-        for at, result in zip(range(0, len(todo), CANCEL_BATCH), results):
-            part = todo[at:at + CANCEL_BATCH]
+        at = 0
+        for part, result in results:
             if isinstance(result, slurm.SlurmUnavailable):
                 log.warning("%d orphaned extension(s) not cancelled: Slurm did not answer (%s); "
                             "next round retries", len(todo) - at, result)
                 break
+            at += len(part)
             refused: set[str] = set()
             if result is not None:
                 named = set(_REFUSED.findall(str(result)))
@@ -223,18 +225,20 @@ class Reaper:
         return done
 
 
-def _cancel_batches(todo: list[Tagged], control: SlurmControl) -> list[Exception | None]:
-    """One ``scancel`` per :data:`CANCEL_BATCH` of ``todo``: per command, None or the
-    :class:`~hpcsched.slurm.SlurmError` it raised; stops after a
+def _cancel_batches(todo: list[Tagged], control: SlurmControl
+                    ) -> list[tuple[list[Tagged], Exception | None]]:
+    """One ``scancel`` per :data:`CANCEL_BATCH` of ``todo``: per command, its orphans and None
+    or the :class:`~hpcsched.slurm.SlurmError` it raised; stops after a
     :class:`~hpcsched.slurm.SlurmUnavailable` (the controller does not answer). Touches no
     :class:`Reaper` state, so it may run in a thread of its own."""
-    results: list[Exception | None] = []
+    results: list[tuple[list[Tagged], Exception | None]] = []
     for at in range(0, len(todo), CANCEL_BATCH):
+        part = todo[at:at + CANCEL_BATCH]
         try:
-            control.cancel(*(t.job_id for t in todo[at:at + CANCEL_BATCH]))
-            results.append(None)
+            control.cancel(*(t.job_id for t in part))
+            results.append((part, None))
         except slurm.SlurmError as exc:   # SlurmUnavailable included
-            results.append(exc)
+            results.append((part, exc))
             if isinstance(exc, slurm.SlurmUnavailable):
                 break
     return results
@@ -246,7 +250,7 @@ class _Cancelling:
 
     def __init__(self, todo: list[Tagged], control: SlurmControl):
         self.todo = todo
-        self.results: list[Exception | None] = []
+        self.results: list[tuple[list[Tagged], Exception | None]] = []
         self._thread = threading.Thread(target=self._run, args=(control,), daemon=True,
                                         name="hpcsched-reaper")
         self._thread.start()
@@ -256,7 +260,7 @@ class _Cancelling:
             self.results = _cancel_batches(self.todo, control)
         except Exception as exc:   # a bug, not Slurm: logged, and the next round tries again
             log.exception("orphaned extension(s) not cancelled: %s", exc)
-            self.results = [slurm.SlurmUnavailable(f"scancel thread failed: {exc}")]
+            self.results = [(self.todo, slurm.SlurmUnavailable(f"scancel thread failed: {exc}"))]
 
     def ended(self, wait: bool) -> bool:
         if wait:

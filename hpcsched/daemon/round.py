@@ -307,8 +307,7 @@ class Daemon(BetweenRounds):
         it runs or once it ended, its new step records ingested; the GPU probes read;
         orphaned extension jobs reaped (their ``scancel`` in a thread of its own, so a slow
         controller holds up no round; the ids it cancelled into the next ``rep.reaped``); and,
-        about once an hour unless
-        ``daemon.dry_run``, old job directories swept."""
+        about once an hour unless ``daemon.dry_run``, old job directories swept."""
         # what this process remembers of jobs: those Slurm still lists
         self._recorded = {j: v for j, v in self._recorded.items() if j in managed}
         self._acks = {j: v for j, v in self._acks.items() if j in managed}
