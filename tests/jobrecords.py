@@ -20,6 +20,16 @@ def load_records(job_dir: Path) -> list[dict]:
     return recs
 
 
+def epochs_trained(recs: list[dict], submitted: int) -> int:
+    """The epochs a job trained: all ``submitted`` of them, or fewer for a paced job that was
+    unpaced (tests/paced_digits.py ends it with the epoch in progress then). The records'
+    last epoch plus one; at least one and at most ``submitted``."""
+    assert recs, "the job recorded no step"
+    trained = max(r["epoch"] for r in recs) + 1
+    assert 1 <= trained <= submitted, f"trained {trained} epochs of {submitted}"
+    return trained
+
+
 def check_exactly_once(recs: list[dict], dataset_size: int, epochs: int) -> None:
     """Every sample of every epoch in exactly one step record of one rank, and no step twice."""
     per_step = Counter((r["step"], r["rank"]) for r in recs)

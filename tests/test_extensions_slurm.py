@@ -25,6 +25,7 @@ from tests.conftest import cli, paced, unpace, wait_for
 from tests.jobrecords import (
     check_exactly_once,
     check_positions_exactly_once,
+    epochs_trained,
     generations,
     load_records,
     mean_loss_by_step,
@@ -138,7 +139,7 @@ def test_grow_onto_a_shared_node_then_grow_shrink_and_move_without_restarting_a_
     assert states == ["released"] * 3, states   # n2, n3, n4 (the move): all given back
 
     recs = load_records(jd.path)
-    check_exactly_once(recs, DIGITS, 120)
+    check_exactly_once(recs, DIGITS, epochs_trained(recs, 120))
     assert [g["world_size"] for g in generations(recs).values()] == [4, 6, 8, 6, 6, 2, 2]
     files = sorted(p.name for p in jd.metrics_dir.iterdir())
     assert [f for f in files if "-ext-" not in f] == (
@@ -178,7 +179,8 @@ def test_a_killed_extension_is_a_shrink_the_job_did_not_ask_for(
     assert _finish(job_id, tmp_path).state == "COMPLETED"
     (ext,) = _extensions(jd)
     assert ext.state == "lost"
-    check_positions_exactly_once(load_records(jd.path), DIGITS, EPOCHS_LOST)
+    recs = load_records(jd.path)
+    check_positions_exactly_once(recs, DIGITS, epochs_trained(recs, EPOCHS_LOST))
     assert _none_active(jd)
 
 
@@ -213,7 +215,8 @@ def test_an_extension_slurm_preempts_leaves_at_a_step_boundary(
     (ext,) = _extensions(jd)
     assert ext.state == "released" and "SIGTERM: preempted or cancelled" in ext.reason, ext
     assert "collective failed" not in (tmp_path / f"slurm-{job_id}.out").read_text()  # not void
-    check_positions_exactly_once(load_records(jd.path), DIGITS, EPOCHS_PREEMPTED)
+    recs = load_records(jd.path)
+    check_positions_exactly_once(recs, DIGITS, epochs_trained(recs, EPOCHS_PREEMPTED))
     assert _none_active(jd)
 
 
@@ -234,7 +237,8 @@ def test_an_extension_that_cannot_start_is_reported_and_the_job_keeps_its_size(
     assert row["gpus"] == 4
     unpace(tmp_path / "unpaced")
     assert _finish(job_id, tmp_path).state == "COMPLETED"
-    check_exactly_once(load_records(jd.path), DIGITS, 20)
+    recs = load_records(jd.path)
+    check_exactly_once(recs, DIGITS, epochs_trained(recs, 20))
 
 
 def test_cancelling_the_primary_ends_its_extensions(devcluster, control_dir, tmp_path,

@@ -26,7 +26,7 @@ from tests.conftest import (
     unpace_when,
     wait_for,
 )
-from tests.jobrecords import check_exactly_once, load_records
+from tests.jobrecords import check_exactly_once, epochs_trained, load_records
 
 DIGITS = 1797
 EPOCHS_A = 120   # A runs on n1:4,n2:2 after about 20 s, is released for B at about 26 s, ends at about
@@ -101,7 +101,8 @@ def test_4_plus_2_gpus_beside_a_foreign_job_then_a_release(daemon_env, blocker, 
     for f in jd.metrics_dir.glob("launch-1-rank-*.jsonl"):
         assert len({json.loads(line)["pid"] for line in f.read_text().splitlines()}) == 1, f
     assert not list(jd.metrics_dir.glob("launch-2-*"))
-    check_exactly_once(load_records(jd.path), DIGITS, EPOCHS_A)
+    recs = load_records(jd.path)
+    check_exactly_once(recs, DIGITS, epochs_trained(recs, EPOCHS_A))
     # status shows the layouts the plan gave, with their mechanism
     detail = cli("hpcsched", "status", a).stdout
     assert "reform by extend: 1->2 node(s) (n1:4,n2:2)" in detail, detail

