@@ -191,17 +191,17 @@ def cli(*args: str, timeout: float = 600, check: bool = True, **kw) -> subproces
 def paced(flag: Path, example: Path | None = None) -> tuple[str, ...]:
     """The script and first arguments of a job that trains EXAMPLE, or ``example`` (its
     arguments follow), with its step padding on until :func:`unpace` (``flag``) -- for a job
-    given many epochs as a margin for its resizes on a loaded machine, whose remaining epochs are
-    only waiting once the test has seen what it checks while the job runs
-    (tests/paced_digits.py)."""
+    given many epochs as a margin for its resizes on a loaded machine; once the test has seen
+    what it checks while the job runs, :func:`unpace` ends it with the epoch in progress
+    (tests/paced_digits.py; check the epochs it trained with tests.jobrecords.epochs_trained)."""
     if example is None:
         return str(PACED), "--unpaced-when", str(flag)
     return str(PACED), "--unpaced-when", str(flag), "--example", str(example)
 
 
 def unpace(flag: Path) -> None:
-    """The jobs started with :func:`paced` (``flag``) run their remaining steps unpadded (the
-    flag's mtime: when, for a look at a run afterwards)."""
+    """The jobs started with :func:`paced` (``flag``) stop padding their steps and end with the
+    epoch in progress (the flag's mtime: when, for a look at a run afterwards)."""
     if not flag.exists():
         flag.touch()
 

@@ -72,7 +72,7 @@ def test_daemon_killed_mid_grow_resumes_without_doing_anything_twice(daemon_env,
         assert action.phase not in ("running", "failed"), action
         time.sleep(4)  # the job meanwhile checkpoints / sits requeued with nobody to release it
         proc = start_daemon(tmp_path, "daemon2.log")
-        # once the job trains at the grow's generation, the rest of its epochs are only waiting
+        # once the job trains at the grow's generation, its remaining epochs are only a margin
         jd = JobDir.for_job(job)
         unpace_when(tmp_path / "unpaced", lambda: finished([job]) or (
             (a := ctl.read_ack(jd.ack_path, jd.uid)) and a.state == "applied"

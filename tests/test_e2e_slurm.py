@@ -74,7 +74,7 @@ def test_submit_batch_change_shrink_grow_finish(devcluster, control_dir, tmp_pat
     (row,) = [j for j in status["jobs"] if j["job_id"] == job_id]
     assert (row["generation"], row["gpus"], row["last_reason"]) == (3, 6, "test: grow")
 
-    unpace(tmp_path / "unpaced")   # all resizes seen: the rest of the epochs are only waiting
+    unpace(tmp_path / "unpaced")   # all resizes seen: the remaining epochs are only a margin
     final = wait_for(lambda: (i := slurm.job_info(job_id)) and i.state in
                      ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") and i, 300,
                      f"job {job_id} to finish\n{job_log()}", interval=0.5)

@@ -35,7 +35,7 @@ DIGITS = 1797
 # Training lengths keep a margin for a loaded machine: the suite runs four dev clusters side by
 # side on 2 cores (tools/test.sh), where a grow took several times as long and shorter jobs
 # ended before their resize applied. Once a test has seen what it checks while the job runs, it
-# lets the job run the rest unpadded (conftest.unpace): the margin costs no waiting.
+# ends the job with the epoch in progress (conftest.unpace): the margin costs nothing.
 #: the job whose extension is cancelled: 60 x 1.45 s of training, which outlasts the grow and
 #: the fault timeout that finds the lost workers
 EPOCHS_LOST = 60

@@ -31,7 +31,7 @@ from tests.jobrecords import check_exactly_once, epochs_trained, load_records
 DIGITS = 1797
 EPOCHS_A = 120   # A runs on n1:4,n2:2 after about 20 s, is released for B at about 26 s, ends at about
 #                  120 s alone (a margin for the suite's three clusters side by side on 2 cores)
-#                  if all paced; it trains unpadded once B has ended (conftest.unpace)
+#                  if all paced; it ends with its epoch in progress once B has ended (conftest.unpace)
 EMULATED = Path(__file__).resolve().parent.parent / "jobscripts" / "examples" / "emulated.py"
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -77,7 +77,7 @@ def test_4_plus_2_gpus_beside_a_foreign_job_then_a_release(daemon_env, blocker, 
                  "A's extension released for B")
         t_released = time.time() - t0
         # what is checked while A runs has happened: once B has ended and the daemon has grown
-        # A back onto n2's free GPUs (or not, within 60 s), A trains the rest unpadded
+        # A back onto n2's free GPUs (or not, within 60 s), A ends with its epoch in progress
         wait_for(lambda: finished([b]), 400, "B to finish", interval=1)
         unpace_when(tmp_path / "unpaced", lambda: finished([a]) or (_layouts(store, a).count(
             ("reform", "n1:4,n2:2", "running")) > 1 and not store.open_actions()), 60)

@@ -110,7 +110,7 @@ def test_a_plain_job_waits_a_round_not_an_elastic_job(daemon_env, devcluster, sl
         waited = time.time() - submitted
         running = slurm.squeue()
         # what is checked while the jobs run has happened: once the plain job has ended and no
-        # resize is in flight, the elastic jobs train the rest unpadded
+        # resize is in flight, the elastic jobs end with their epoch in progress
         unpace_when(tmp_path / "unpaced", lambda: finished(elastic) or (
             finished([plain]) and not store.open_actions()), 300)
         infos = wait_for(lambda: finished(elastic + [plain]), 600, "every job to finish",

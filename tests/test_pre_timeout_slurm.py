@@ -30,8 +30,8 @@ EPOCHS = 80     # 29 steps of 0.05 s per epoch: about 117 s of training, if all 
 # Slurm signals 60 s after the start (--time=3, USR1@120): the workers are ready by then even on
 # a loaded machine (a signal at 30 s came before them once, with three dev clusters side by side
 # on 2 cores, and was ignored), and training is not over yet. Once the job runs again after its
-# requeue, the test has seen what it checks while the job runs: the job trains the rest unpadded
-# (conftest.unpace).
+# requeue, the test has seen what it checks while the job runs: the job ends with its epoch in
+# progress (conftest.unpace).
 
 
 def test_a_job_at_its_time_limit_resumes_from_its_pre_timeout_checkpoint(daemon_env, devcluster,

@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 DIGITS = 1797
 EPOCHS = 25     # 29 steps of 0.05 s per epoch: about 36 s of training
 # A job that runs again after its preemption has shown what the test checks while it runs: it
-# trains the rest unpadded (conftest.unpace).
+# ends with its epoch in progress (conftest.unpace).
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
 
 
