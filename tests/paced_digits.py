@@ -9,8 +9,9 @@ by side on 2 cores, ``tools/test.sh``), where a job that ends before its resize 
 the test. Once a test has seen everything it checks while the job runs, that margin is only
 waiting: this script takes ``--unpaced-when PATH`` (before the example's own arguments) and,
 as soon as ``PATH`` exists (``tests.conftest.unpace``), stops padding and ends training with the
-epoch in progress. Training on unpadded costs CPU, not waiting: the margin epochs of the suite's
-paced jobs came to about 135 CPU-seconds of its 1,400, on a machine the suite keeps busy.
+epoch in progress. Trained unpadded, the margin would cost CPU instead of waiting: the margin
+epochs of the suite's paced jobs came to about 135 CPU-seconds of its 1,400, on a machine the
+suite keeps busy.
 
 The example's code is what runs, unchanged: only the ``time`` module it sleeps through is
 replaced by one whose ``sleep`` returns at once once the file exists, and its ``ElasticJob`` by
