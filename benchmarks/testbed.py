@@ -347,6 +347,8 @@ def _print(fig: dict, checks) -> None:
         print(f"\n{'run':<5} {'':<10} {'plain jobs: avg wait':>21} {'p99 wait':>9} "
               f"{'elastic avg JCT':>16}")
         for mode in ("off", "on"):
+            if mode not in fig:   # --runs on: no daemon-off run to set beside it
+                continue
             for who in ("real", "simulated"):
                 row = [fig[mode][k][who] for k in ("plain_avg_wait", "plain_p99_wait",
                                                    "elastic_avg_jct")]

@@ -220,15 +220,23 @@ def test_an_extension_slurm_preempts_leaves_at_a_step_boundary(
     assert _none_active(jd)
 
 
+@pytest.mark.parametrize("rule", ["timeout", "blocked"])
 def test_an_extension_that_cannot_start_is_reported_and_the_job_keeps_its_size(
-        devcluster, control_dir, tmp_path, slurm_jobs):
+        devcluster, control_dir, tmp_path, slurm_jobs, rule):
+    """``timeout``: the extension did not start in time (Slurm's reason is reported);
+    ``blocked``: it pends on a node another job holds, found by the job at once (the grow's
+    other extensions would otherwise hold their GPUs idle until the timeout)."""
     _hold(tmp_path, slurm_jobs, "n2", 4)               # n2 full: the extension must wait
-    env = {**os.environ, "HPCSCHED_EXTENSION_TIMEOUT": "6"}
+    env = {**os.environ, **({"HPCSCHED_EXTENSION_TIMEOUT": "6", "HPCSCHED_EXTENSION_BLOCKED": "600"}
+                            if rule == "timeout" else {"HPCSCHED_EXTENSION_BLOCKED": "4"})}
     job_id, jd = _submit(tmp_path, slurm_jobs, epochs=20, env=env)
     r = cli("hpcsched", "resize", job_id, "--layout", "n1:4,n2:2", check=False)
-    assert r.returncode == 1
-    assert "rejected generation 1" in r.stderr and "did not start within 6 s" in r.stderr, r.stderr
-    assert "Resources" in r.stderr      # Slurm's reason for the pending extension
+    assert r.returncode == 1 and "rejected generation 1" in r.stderr, r.stderr
+    if rule == "timeout":
+        assert "did not start within 6 s" in r.stderr, r.stderr
+        assert "Resources" in r.stderr      # Slurm's reason for the pending extension
+    else:
+        assert "cannot start: n2 has 0 free GPU(s), it needs 2" in r.stderr, r.stderr
     (ext,) = _extensions(jd)
     assert ext.state == "refused"
     wait_for(lambda: _none_active(jd), 30, "the refused extension to be cancelled")

@@ -30,6 +30,11 @@ log = logging.getLogger(__name__)
 #: seconds an extension may take from submission to its workers' readiness before the grow is
 #: given up (``HPCSCHED_EXTENSION_TIMEOUT``); Slurm's reason for a pending job is reported
 EXTENSION_TIMEOUT = float(os.environ.get("HPCSCHED_EXTENSION_TIMEOUT", "300"))
+#: seconds an extension may pend on a node whose free GPUs are fewer than it asks for (another
+#: job took them after the grow was planned) before the grow is given up
+#: (``HPCSCHED_EXTENSION_BLOCKED``): until a job there ends, the grow's other extensions would
+#: hold their GPUs idle, from this job and from everyone else's
+EXTENSION_BLOCKED = float(os.environ.get("HPCSCHED_EXTENSION_BLOCKED", "10"))
 #: seconds between rank 0's looks at Slurm for a pending grow's extensions
 SLURM_LOOK_S = 2.0
 
@@ -161,6 +166,27 @@ class Membership:
             if now - p.since > EXTENSION_TIMEOUT:
                 return (f"extension job {job_id} did not start within {EXTENSION_TIMEOUT:.0f} s "
                         f"(Slurm: {info.state}, reason {info.state_reason or 'none'})")
+        pending = [job_id for job_id in p.submitted if states[job_id].state == SlurmState.PENDING]
+        if pending and now - p.since >= EXTENSION_BLOCKED:
+            return self._blocked(pending)
+        return None
+
+    def _blocked(self, pending: list[str]) -> str | None:
+        """Why one of the ``pending`` extension jobs cannot start now: its node has fewer free
+        GPUs than it asks for (one ``sinfo``); None when each would fit (Slurm has not started
+        it yet, or keeps the GPUs for a job ahead of it: the timeout applies)."""
+        try:
+            nodes = {n.name: n for n in slurm.nodes()}
+        except slurm.SlurmError as exc:
+            log.warning("cannot look at the extensions' nodes: %s", exc)
+            return None
+        for e in self.extender.active:
+            node = nodes.get(e.node)
+            if e.job_id in pending and node is not None and node.gpus - node.gpus_allocated < e.gpus:
+                free = max(0, node.gpus - node.gpus_allocated)
+                return (f"extension job {e.job_id} cannot start: {e.node} has {free} free GPU(s), "
+                        f"it needs {e.gpus} (other jobs hold them; pending over "
+                        f"{EXTENSION_BLOCKED:.0f} s)")
         return None
 
     def abandon(self, why: str) -> None:

@@ -25,6 +25,7 @@ from hpcsched.slurm.commands import (  # noqa: F401
     hostnames,
     job_info,
     node_addr,
+    nodes,
     requeue,
     run,
     squeue,

@@ -18,12 +18,13 @@ import subprocess
 import threading
 from collections.abc import Sequence
 
+from hpcsched.model.snapshot import NodeView
 from hpcsched.slurm.errors import SlurmError, SlurmUnavailable, says_unreachable
-from hpcsched.slurm.parse import JobInfo, parse_squeue_json
+from hpcsched.slurm.parse import JobInfo, parse_sinfo_json, parse_squeue_json
 
 __all__ = [
     "DEFAULT_TIMEOUT", "SlurmError", "SlurmUnavailable", "calls", "count_call", "hostnames",
-    "cancel", "drain_node", "job_info", "node_addr", "requeue", "run", "squeue", "submit",
+    "cancel", "drain_node", "job_info", "node_addr", "nodes", "requeue", "run", "squeue", "submit",
     "time_left", "update_job",
 ]
 
@@ -95,6 +96,16 @@ def squeue(timeout: float = DEFAULT_TIMEOUT) -> dict[str, JobInfo]:
         SlurmUnavailable, SlurmError: as :func:`run` and :func:`~hpcsched.slurm.parse.parse_squeue_json`.
     """
     return parse_squeue_json(run(["squeue", "--json", "--states=all"], timeout=timeout))
+
+
+def nodes(timeout: float = DEFAULT_TIMEOUT) -> tuple[NodeView, ...]:
+    """Every node with its GPUs configured and allocated (one ``sinfo --json``; 22.05 ignores
+    ``--nodes`` there and lists them all, measured).
+
+    Raises:
+        SlurmUnavailable, SlurmError: as :func:`run` and :func:`~hpcsched.slurm.parse.parse_sinfo_json`.
+    """
+    return parse_sinfo_json(run(["sinfo", "--json"], timeout=timeout))
 
 
 def job_info(job_id: str | int, timeout: float = DEFAULT_TIMEOUT) -> JobInfo | None:
