@@ -4,7 +4,7 @@
 # dev clusters, which tests/conftest.py starts (needs root) and stops again. Prints the wall time
 # at the end. Extra arguments go to pytest.
 #
-#   tools/test.sh           everything (about 11 min on 2 cores from a fresh clone, 10.5 min after)
+#   tools/test.sh           everything (11-12 min on 2 cores from a fresh clone, 10.5 min after)
 #   tools/test.sh --quick   no dev cluster and no root: every test not marked slurm (about 3 min)
 #
 # Four pytest-xdist workers (three with --quick; $HPCSCHED_TEST_WORKERS, at most 7), each with a
@@ -21,7 +21,7 @@
 # wake-ups, context switches) -- the per-step all-reduces of the test jobs' many short steps; an
 # idle gloo group costs nothing (0.04 s of CPU in 10 s). The paced test jobs once trained their
 # margin epochs unpadded after the test had seen what it checks, about 135 CPU-s; they now end with
-# the epoch in progress (tests/paced_digits.py): 631 s here, 683 s from a fresh clone (setup 50 s).
+# the epoch in progress (tests/paced_digits.py): 631-641 s here, 683-731 s from a fresh clone.
 # What is left of the jobs' CPU is mostly their workers' start (2.3 s each, torch and dynamo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
