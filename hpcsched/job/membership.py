@@ -182,8 +182,10 @@ class Membership:
             return None
         for e in self.extender.active:
             node = nodes.get(e.node)
-            if e.job_id in pending and node is not None and node.gpus - node.gpus_allocated < e.gpus:
-                free = max(0, node.gpus - node.gpus_allocated)
+            if e.job_id not in pending or node is None:
+                continue
+            free = max(0, node.gpus - node.gpus_allocated)
+            if free < e.gpus:
                 return (f"extension job {e.job_id} cannot start: {e.node} has {free} free GPU(s), "
                         f"it needs {e.gpus} (other jobs hold them; pending over "
                         f"{EXTENSION_BLOCKED:.0f} s)")

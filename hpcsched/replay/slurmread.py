@@ -31,7 +31,7 @@ from hpcsched.replay import ReplayError
 from hpcsched.replay.plan import ClusterShape
 from hpcsched.slurm import commands
 from hpcsched.slurm.errors import SlurmError
-from hpcsched.slurm.parse import parse_sinfo_json, parse_squeue_json
+from hpcsched.slurm.parse import parse_squeue_json
 
 #: a job in one of these states has ended for good (squeue(1) JOB STATE CODES)
 ENDED = SlurmState.ENDED
@@ -59,8 +59,7 @@ def read_cluster_shape(partition: str | None, timeout: float = commands.DEFAULT_
                        ) -> ClusterShape:
     """:func:`cluster_shape` of ``sinfo --json``. Raises SlurmError, SlurmUnavailable,
     ReplayError."""
-    return cluster_shape(parse_sinfo_json(commands.run(["sinfo", "--json"], timeout=timeout)),
-                         partition)
+    return cluster_shape(commands.nodes(timeout=timeout), partition)
 
 
 @dataclass(frozen=True)
