@@ -17,12 +17,17 @@ import pytest
 
 from hpcsched import slurm
 from hpcsched.job import standin
+from hpcsched.job.extension import EXTENSION_BLOCKED, EXTENSION_TIMEOUT
 from hpcsched.job.standin import PRIMARY_STALE_S, Extension, StepPhysics
 from hpcsched.job.submit import submit as hpcsub
+from hpcsched.model.snapshot import NodeView
 from hpcsched.protocol import files as ctl
+from hpcsched.protocol.extensions import Extension as ExtensionEntry
+from hpcsched.protocol.extensions import ExtensionState
 from hpcsched.protocol.jobdir import JobDir
 from hpcsched.protocol.kinds import LauncherPhase
 from hpcsched.sim.emulate import Emulation
+from hpcsched.slurm.parse import JobInfo
 from tests.conftest import cli, wait_for
 
 EMULATED = Path(__file__).resolve().parent.parent / "jobscripts" / "examples" / "emulated.py"
@@ -76,28 +81,45 @@ def test_an_extension_ends_when_its_primary_is_gone(tmp_path, monkeypatch):
     assert "is gone" in ext.primary_gone(now)
 
 
-def test_a_slurm_that_does_not_answer_leaves_a_waiting_grow_waiting(tmp_path):
+def test_a_slurm_that_does_not_answer_leaves_a_waiting_grow_waiting(tmp_path, monkeypatch):
     """The stand-in's grow polls Slurm for its extension jobs; an unanswered squeue (slurmctld
     busy at 1,024 GPUs) is asked again at the next poll, not the primary's end: such
     tracebacks failed 75 stand-in jobs in benchmarks/daemon_scale.py's 1,024-GPU run."""
     jd = JobDir.create(tmp_path / "jobs")
+    calls = []
 
-    class Unanswered:
-        calls = 0
-
-        def slurm_states(self):
-            self.calls += 1
-            raise slurm.SlurmUnavailable("squeue --json reported errors: slurm_load_jobs")
+    def unanswered():
+        calls.append(1)
+        raise slurm.SlurmUnavailable("squeue --json reported errors: slurm_load_jobs")
 
     joined = standin.Joined(jd, None, "5000")
-    joined._extender = Unanswered()
+    monkeypatch.setattr(joined.extender, "slurm_states", unanswered)
     now = time.time()
     joined.pending = ("control", "plan", now, now - standin.EXTENSION_POLL_S - 1)
     assert joined._stalled(["6606"], now) == ""
-    assert joined._extender.calls == 1
+    assert len(calls) == 1
     assert joined.pending[3] == now                         # asked again at the next poll
-    late = now + standin.EXTENSION_TIMEOUT + 1
+    assert joined._stalled(["6606"], now + 1) == "" and len(calls) == 1   # not before it
+    late = now + EXTENSION_TIMEOUT + 1
     assert "did not start within" in joined._stalled(["6606"], late)
+
+
+def test_the_stand_in_gives_up_a_grow_another_job_got_ahead_of(tmp_path, monkeypatch):
+    """The real job's rule (``Extender.stalled``): an extension pending on a node whose GPUs
+    another job took is given up after ``EXTENSION_BLOCKED`` seconds, not the timeout."""
+    jd = JobDir.create(tmp_path / "jobs")
+    joined = standin.Joined(jd, None, "5000")
+    joined.extender.items = [ExtensionEntry("6606", "n4", 2, 1, ExtensionState.SUBMITTED, 0.0, 0.0)]
+    pending = JobInfo(job_id="6606", name="x+ext", user="alice", state="PENDING",
+                      state_reason="Resources", partition="gpu", nodes="", node_count=1,
+                      gpus_per_node=0, restarts=0, batch_host="", priority=1)
+    monkeypatch.setattr(joined.extender, "slurm_states", lambda: {"6606": pending})
+    monkeypatch.setattr(slurm, "nodes", lambda timeout=None: (NodeView("n4", 4, 3, "mixed"),))
+    now = time.time()
+    joined.pending = ("control", "plan", now - EXTENSION_BLOCKED, 0.0)
+    assert joined._stalled(["6606"], now) == (
+        f"extension job 6606 cannot start: n4 has 1 free GPU(s), it needs 2 (other jobs hold "
+        f"them; pending over {EXTENSION_BLOCKED:.0f} s)")
 
 
 def test_the_table_is_refused_for_a_bad_geometry():

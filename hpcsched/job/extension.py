@@ -13,7 +13,7 @@ import logging
 import os
 import shlex
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -35,6 +35,15 @@ log = logging.getLogger(__name__)
 #: ``sbatch --nice`` of extension jobs: Slurm subtracts it from their priority (sbatch(1); any
 #: user may lower their own jobs' priority), so that they come after every other job
 EXTENSION_NICE = 1_000_000
+
+#: seconds an extension may take from submission to its workers' readiness before the grow is
+#: given up (``HPCSCHED_EXTENSION_TIMEOUT``); Slurm's reason for a pending job is reported
+EXTENSION_TIMEOUT = float(os.environ.get("HPCSCHED_EXTENSION_TIMEOUT", "300"))
+#: seconds an extension may pend on a node whose free GPUs are fewer than it asks for (another
+#: job took them after the grow was planned) before the grow is given up
+#: (``HPCSCHED_EXTENSION_BLOCKED``): until a job there ends, the grow's other extensions would
+#: hold their GPUs idle, from this job and from everyone else's
+EXTENSION_BLOCKED = float(os.environ.get("HPCSCHED_EXTENSION_BLOCKED", "10"))
 
 #: Slurm job states in which an extension's workers may still come (``squeue --json``)
 WAITING = (SlurmState.PENDING, SlurmState.CONFIGURING, SlurmState.RUNNING, SlurmState.REQUEUED, SlurmState.RESIZING)
@@ -229,6 +238,62 @@ class Extender:
         """
         jobs = slurm.squeue()
         return {e.job_id: jobs[e.job_id] for e in self.active if e.job_id in jobs}
+
+    def stalled(self, job_ids: Sequence[str], waited: float) -> str | None:
+        """Why a grow can wait no longer for its extension jobs ``job_ids`` (submitted
+        ``waited`` seconds ago, their workers not all ready), or None. The real job
+        (:class:`hpcsched.job.membership.Membership`) and the scale stand-in
+        (:mod:`hpcsched.job.standin`) ask this at each of their looks at Slurm: one ``squeue``,
+        and one ``sinfo`` only when one of them has pended :data:`EXTENSION_BLOCKED` seconds.
+
+        A grow is given up when one of them ended before its workers joined (Slurm no longer
+        lists it, or lists it ended), did not start within :data:`EXTENSION_TIMEOUT` seconds
+        (Slurm's state and reason are given), or has pended :data:`EXTENSION_BLOCKED` seconds
+        on a node with fewer free GPUs than it asks for (another job took them after the grow
+        was planned: until that job ends the grow's other extensions would hold their GPUs
+        idle). A Slurm that does not answer is no reason before the timeout: the caller asks
+        again at its next look.
+        """
+        try:
+            states = self.slurm_states()
+        except slurm.SlurmError as exc:
+            log.warning("cannot look at the extension jobs: %s", exc)
+            if waited > EXTENSION_TIMEOUT:
+                return (f"extension job(s) {', '.join(job_ids)} did not start within "
+                        f"{EXTENSION_TIMEOUT:.0f} s (Slurm did not answer: {exc})")
+            return None
+        for job_id in job_ids:
+            info = states.get(job_id)
+            if info is None or info.state not in WAITING:
+                state = info.state if info else "gone"
+                return f"extension job {job_id} is {state} before its workers joined"
+            if waited > EXTENSION_TIMEOUT:
+                return (f"extension job {job_id} did not start within {EXTENSION_TIMEOUT:.0f} s "
+                        f"(Slurm: {info.state}, reason {info.state_reason or 'none'})")
+        pending = [j for j in job_ids if states[j].state == SlurmState.PENDING]
+        if pending and waited >= EXTENSION_BLOCKED:
+            return self._blocked(pending)
+        return None
+
+    def _blocked(self, pending: list[str]) -> str | None:
+        """Why one of the ``pending`` extension jobs cannot start now: its node has fewer free
+        GPUs than it asks for (one ``sinfo``); None when each would fit (Slurm has not started
+        it yet, or keeps the GPUs for a job ahead of it: the timeout applies)."""
+        try:
+            nodes = {n.name: n for n in slurm.nodes()}
+        except slurm.SlurmError as exc:
+            log.warning("cannot look at the extensions' nodes: %s", exc)
+            return None
+        for e in self.active:
+            node = nodes.get(e.node)
+            if e.job_id not in pending or node is None:
+                continue
+            free = max(0, node.gpus - node.gpus_allocated)
+            if free < e.gpus:
+                return (f"extension job {e.job_id} cannot start: {e.node} has {free} free GPU(s), "
+                        f"it needs {e.gpus} (other jobs hold them; pending over "
+                        f"{EXTENSION_BLOCKED:.0f} s)")
+        return None
 
 
 def cancel_all(jd: JobDir) -> list[str]:

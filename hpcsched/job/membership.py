@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from hpcsched import slurm
 from hpcsched.job import reform as rf
 from hpcsched.job.boundary import Decision
-from hpcsched.job.extension import WAITING, Extender, LayoutRefused, plan_layout
+from hpcsched.job.extension import Extender, LayoutRefused, plan_layout
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.batching import BatchSizeError, split_global_batch
 from hpcsched.protocol.env import LaunchEnv
@@ -27,14 +27,6 @@ from hpcsched.protocol.kinds import ControlAction, SlurmState
 
 log = logging.getLogger(__name__)
 
-#: seconds an extension may take from submission to its workers' readiness before the grow is
-#: given up (``HPCSCHED_EXTENSION_TIMEOUT``); Slurm's reason for a pending job is reported
-EXTENSION_TIMEOUT = float(os.environ.get("HPCSCHED_EXTENSION_TIMEOUT", "300"))
-#: seconds an extension may pend on a node whose free GPUs are fewer than it asks for (another
-#: job took them after the grow was planned) before the grow is given up
-#: (``HPCSCHED_EXTENSION_BLOCKED``): until a job there ends, the grow's other extensions would
-#: hold their GPUs idle, from this job and from everyone else's
-EXTENSION_BLOCKED = float(os.environ.get("HPCSCHED_EXTENSION_BLOCKED", "10"))
 #: seconds between rank 0's looks at Slurm for a pending grow's extensions
 SLURM_LOOK_S = 2.0
 
@@ -129,8 +121,9 @@ class Membership:
         """The pending grow's form decision once every newcomer is ready, else None.
 
         Raises:
-            Refused: an extension ended, or did not start within :data:`EXTENSION_TIMEOUT`
-                seconds (Slurm's reason); the pending grow is abandoned.
+            Refused: an extension ended, did not start in time, or cannot start because
+                other jobs hold its node's GPUs (:meth:`Extender.stalled`); the pending grow
+                is abandoned.
         """
         p = self.pending
         if p is None:
@@ -146,49 +139,10 @@ class Membership:
         now = time.monotonic()
         if now - p.looked >= SLURM_LOOK_S:
             p.looked = now
-            why = self._extensions_failing(p, now)
+            why = self.extender.stalled(p.submitted, now - p.since)
             if why:
                 self.abandon(why)
                 raise Refused(why)
-        return None
-
-    def _extensions_failing(self, p: Pending, now: float) -> str | None:
-        try:
-            states = self.extender.slurm_states()
-        except slurm.SlurmError as exc:
-            log.warning("cannot look at the extension jobs: %s", exc)
-            return None
-        for job_id in p.submitted:
-            info = states.get(job_id)
-            if info is None or info.state not in WAITING:
-                state = info.state if info else "gone"
-                return f"extension job {job_id} is {state} before its workers joined"
-            if now - p.since > EXTENSION_TIMEOUT:
-                return (f"extension job {job_id} did not start within {EXTENSION_TIMEOUT:.0f} s "
-                        f"(Slurm: {info.state}, reason {info.state_reason or 'none'})")
-        pending = [job_id for job_id in p.submitted if states[job_id].state == SlurmState.PENDING]
-        if pending and now - p.since >= EXTENSION_BLOCKED:
-            return self._blocked(pending)
-        return None
-
-    def _blocked(self, pending: list[str]) -> str | None:
-        """Why one of the ``pending`` extension jobs cannot start now: its node has fewer free
-        GPUs than it asks for (one ``sinfo``); None when each would fit (Slurm has not started
-        it yet, or keeps the GPUs for a job ahead of it: the timeout applies)."""
-        try:
-            nodes = {n.name: n for n in slurm.nodes()}
-        except slurm.SlurmError as exc:
-            log.warning("cannot look at the extensions' nodes: %s", exc)
-            return None
-        for e in self.extender.active:
-            node = nodes.get(e.node)
-            if e.job_id not in pending or node is None:
-                continue
-            free = max(0, node.gpus - node.gpus_allocated)
-            if free < e.gpus:
-                return (f"extension job {e.job_id} cannot start: {e.node} has {free} free GPU(s), "
-                        f"it needs {e.gpus} (other jobs hold them; pending over "
-                        f"{EXTENSION_BLOCKED:.0f} s)")
         return None
 
     def abandon(self, why: str) -> None:

@@ -80,9 +80,6 @@ PRIMARY_POLL_S = 10.0
 PRIMARY_STALE_S = 120.0
 #: steps written per rank and tick at most; a longer stall is skipped (not back-filled)
 MAX_STEPS_PER_TICK = 400
-#: seconds an extension may take to start before the generation is rejected (the real job's
-#: ``HPCSCHED_EXTENSION_TIMEOUT``, ``hpcsched.job.membership``)
-EXTENSION_TIMEOUT = float(os.environ.get("HPCSCHED_EXTENSION_TIMEOUT", "300"))
 #: seconds between two ``squeue`` checks of pending extensions while a reform waits
 EXTENSION_POLL_S = 15.0
 
@@ -468,23 +465,14 @@ class Joined:
         return control, ""
 
     def _stalled(self, waiting: list[str], now: float) -> str:
-        """Why the reform cannot wait longer for the extension jobs ``waiting`` (they did not
-        start in time, or Slurm no longer lists them: checked every ``EXTENSION_POLL_S``), or "".
-        A Slurm that does not answer is asked again at the next poll, as the real job does
-        (:meth:`hpcsched.job.membership.Membership._extensions_failing`)."""
+        """Why the reform cannot wait longer for the extension jobs ``waiting``, or "": the
+        real job's rule (:meth:`hpcsched.job.extension.Extender.stalled`: ended, not started
+        in time, or pending on a node others hold), asked every ``EXTENSION_POLL_S``."""
         control, plan, since, polled = self.pending
-        if now - since > EXTENSION_TIMEOUT:
-            return f"extension job(s) {', '.join(waiting)} did not start within {EXTENSION_TIMEOUT:.0f} s"
         if now - polled <= EXTENSION_POLL_S:
             return ""
         self.pending = (control, plan, since, now)
-        try:
-            listed = self.extender.slurm_states()
-        except slurm.SlurmError as exc:
-            log.warning("cannot look at the extension jobs: %s", exc)
-            return ""
-        gone = [j for j in waiting if j not in listed]
-        return f"extension job(s) {', '.join(gone)} ended before joining" if gone else ""
+        return self.extender.stalled(waiting, now - since) or ""
 
     def give_up(self, why: str):
         """Cancel the pending reform's newcomers; returns its control."""
