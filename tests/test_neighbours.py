@@ -8,6 +8,8 @@ import time
 from dataclasses import replace
 from types import MappingProxyType
 
+import pytest
+
 from hpcsched import slurm
 from hpcsched.daemon.views import foreign_pending, plans_unread
 from hpcsched.model.snapshot import ClusterSnapshot, ForeignJob, JobView, NodeView, ProfilePoint
@@ -85,6 +87,55 @@ def test_higher_priority_first_and_primaries_are_never_taken():
                      "released; can start now: 93 (dave, priority 99) on n2; 1 wait for running "
                      "jobs to end"]
     assert planned.job("J").busy
+
+
+def _pending(job_id="P", gpus=3, priority=200, held=False) -> JobView:
+    """hpcsched's own pending 1-node job, ``gpus`` GPUs, at Slurm priority ``priority``."""
+    return replace(_job(job_id, names=(), layout=(gpus,)), state="PENDING", nodes=1,
+                   slurm_priority=priority, held=held, submit_time=5.0)
+
+
+def _lender() -> JobView:
+    """J: primary n1:4, extension GPUs n2:4 and n3:4 beyond its submitted 4 (all lent)."""
+    return replace(_job(names=("n1", "n2", "n3"), layout=(4, 4, 4), primary=(4,)),
+                   submitted_gpus=4)
+
+
+def test_own_pending_jobs_ahead_in_slurms_queue_take_released_gpus_first():
+    """Seen in a replay: the daemon released n2 for bob's 4-GPU job, Slurm started hpcsched's
+    own pending 3-GPU job P (ahead of it in its queue) there, and bob's job waited for the next
+    round. Released GPUs go to P first in the model too, so n2 and n3 go back at once."""
+    snap = _snap([_lender(), _pending()], (("n1", 4), ("n2", 4), ("n3", 4)),
+                 [ForeignJob("94", "bob", 1, 4, 100)])
+    planned, releases, notes = yield_to_foreign(snap)
+    assert [(r.job_id, r.layout) for r in releases] == [("J", (("n1", 4),))]
+    assert notes == ["other users' pending jobs: 0 free GPU(s) kept for them, 8 extension GPU(s) "
+                     "released; can start now: 94 (bob, priority 100) on n3 (after hpcsched's "
+                     "P, ahead of them in Slurm's queue)"]
+
+
+@pytest.mark.parametrize("own", [_pending(priority=50), _pending(held=True), _pending(priority=0)],
+                         ids=["behind", "held", "unknown-priority"])
+def test_own_pending_jobs_slurm_does_not_start_first_take_nothing(own):
+    """Behind the foreign job in Slurm's queue, held, or of unknown priority (the simulator's
+    views): one node's extension GPUs are enough, as before."""
+    snap = _snap([_lender(), own], (("n1", 4), ("n2", 4), ("n3", 4)),
+                 [ForeignJob("94", "bob", 1, 4, 100)])
+    _, releases, notes = yield_to_foreign(snap)
+    assert [(r.job_id, r.layout) for r in releases] == [("J", (("n1", 4), ("n3", 4)))]
+    assert notes[0].endswith("can start now: 94 (bob, priority 100) on n2")
+
+
+def test_nothing_is_released_when_own_jobs_ahead_would_take_all_of_it():
+    """Only n3's extension GPUs can go back and P, ahead, would start on them: bob's job could
+    not start this round, so nothing is released (the lender is not shrunk for nothing)."""
+    j = replace(_job(names=("n1", "n3"), layout=(4, 4), primary=(4,)), submitted_gpus=4)
+    snap = _snap([j, _pending()], (("n1", 4), ("n2", 4), ("n3", 4)),
+                 [ForeignJob("94", "bob", 1, 4, 100)], other=(("n2", 4),))
+    planned, releases, notes = yield_to_foreign(snap)
+    assert releases == [] and not planned.job("J").busy
+    assert notes == ["other users' pending jobs: 0 free GPU(s) kept for them; 1 wait for running "
+                     "jobs to end"]
 
 
 def test_no_foreign_job_changes_nothing():

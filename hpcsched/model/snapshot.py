@@ -172,6 +172,9 @@ class JobView:
     remaining_samples: float | None = None  # samples left to train on, if the job says
     grad_noise: tuple[float, float] | None = None  # (grad_sqr, grad_var) latest, if reported
     held: bool = False                     # pending, held by hpcsched after a preemption
+    #: Slurm's priority (higher starts first: ``squeue -o %Q``); a pending job's place in
+    #: Slurm's queue beside other users' jobs (:mod:`hpcsched.policies.neighbours`). 0: unknown
+    slurm_priority: int = 0
     #: GPUs the job was submitted with: what Slurm alone would hold for it while it runs. Up to
     #: this many, its GPUs are its own against other users' pending jobs; beyond it, a grow
     #: yields to them (:mod:`hpcsched.policies.neighbours`). 0: unknown (nothing is its own)

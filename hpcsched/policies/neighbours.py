@@ -18,6 +18,12 @@ a begin time), highest Slurm priority first, and gives each the GPUs Slurm would
    step boundary, no checkpoint, no restart; 0.15 s on the dev cluster), before anything else,
    without the gain test or the no-thrash hold. The job is busy for the policy this round.
 
+Slurm starts pending jobs in its own order, hpcsched's included: one of hpcsched's pending jobs
+that Slurm ranks ahead of the foreign job (:attr:`~hpcsched.model.snapshot.JobView.
+slurm_priority`; not held) takes the free and released GPUs that fit it first, and the foreign
+job is given what is left, with more released where needed; if that is not enough it waits and
+nothing is released for it (:class:`_SlurmQueue`).
+
 What a job was submitted with is its own: Slurm alone would hold that much for it from its
 start to its end, whatever else pends, so no foreign job waits longer for it than without
 hpcsched (a job the daemon started smaller, its primary at its fewest GPUs, keeps extension GPUs
@@ -45,6 +51,7 @@ Pure: ``(ClusterSnapshot) -> (ClusterSnapshot, changes, notes)``. Units: GPUs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from hpcsched.model.snapshot import ClusterSnapshot, ForeignJob, JobView
@@ -64,33 +71,128 @@ def yield_to_foreign(snapshot: ClusterSnapshot) -> tuple[ClusterSnapshot, list[C
     """
     if not snapshot.foreign_pending:
         return snapshot, [], []
-    free = dict(snapshot.free_gpus)     # claimed job by job
-    spare = _extension_gpus(snapshot)          # node -> [(job id, GPUs it can release there)]
-    claimed: dict[str, int] = {}
-    taken: dict[str, dict[str, int]] = {}      # job id -> node -> GPUs to release
-    served: list[str] = []
-    waiting = planned = 0
-    for f in sorted(snapshot.foreign_pending, key=lambda f: (-f.priority, f.submit_time, f.job_id)):
-        usable = {n.name for n in snapshot.nodes if n.name in free and f.may_use(n)}
-        nodes = _place(f, {n: g for n, g in free.items() if n in usable}, spare)
-        if nodes is None:
-            waiting += 1
-            planned += _keep_planned(f, usable, free, claimed)
-            continue
-        for n in nodes:
-            use = min(free[n], f.gpus_per_node)
-            free[n] -= use
-            claimed[n] = claimed.get(n, 0) + use
-            for job_id, g in _take(spare, n, f.gpus_per_node - use):
-                taken.setdefault(job_id, {})[n] = taken.get(job_id, {}).get(n, 0) + g
-        served.append(f"{f.job_id} ({f.user}, priority {f.priority}) on {','.join(nodes)}")
+    q = _SlurmQueue(snapshot)
+    for f in sorted(snapshot.foreign_pending, key=_queue_key):
+        q.serve(f)
     releases = []
-    for job_id, per in taken.items():
+    for job_id, per in q.taken.items():
         job = snapshot.job(job_id)
         assert job is not None, job_id      # taken from snapshot.jobs (_extension_gpus)
         releases.append(_release(job, per))
-    return _planned_on(snapshot, claimed, set(taken)), releases, \
-        [_note(claimed, taken, served, waiting, planned)]
+    return _planned_on(snapshot, q.claimed, set(q.taken)), releases, [q.note()]
+
+
+def _queue_key(job: ForeignJob) -> tuple[int, float, str]:
+    """Slurm's order of pending jobs: higher priority first, then the earlier submitted."""
+    return (-job.priority, job.submit_time, job.job_id)
+
+
+class _SlurmQueue:
+    """Slurm's next scheduling pass over one round's snapshot, as far as other users' pending
+    jobs go: each, highest priority first, starts on free GPUs and on extension GPUs released
+    for it (:func:`yield_to_foreign`). hpcsched's own pending jobs that Slurm ranks ahead of it
+    (:attr:`~hpcsched.model.snapshot.JobView.slurm_priority`) take what fits them first,
+    released GPUs included, as Slurm would start them: what a foreign job is given must be
+    enough after them, or it would wait another round (seen in a replay: a 4-GPU job whose
+    released GPUs Slurm gave to hpcsched's own pending job ahead of it waited 21 s).
+
+    Attributes (node -> GPUs unless said): ``free``, free GPUs not yet taken in the pass;
+    ``opened``, released GPUs not yet taken; ``spare``, extension GPUs that may be released
+    (:func:`_extension_gpus`); ``claimed``, free GPUs other users' jobs take (counted as theirs
+    in the snapshot the policy plans on); ``taken``, job id -> node -> GPUs it releases.
+    """
+
+    def __init__(self, snapshot: ClusterSnapshot):
+        self.nodes = snapshot.nodes
+        self.free = dict(snapshot.free_gpus)
+        self.opened: dict[str, int] = {}
+        self.spare = _extension_gpus(snapshot)
+        self.claimed: dict[str, int] = {}
+        self.taken: dict[str, dict[str, int]] = {}
+        self.own = _own_pending(snapshot)
+        self.own_first: list[str] = []      # own jobs Slurm starts ahead of a served one
+        self.served: list[str] = []
+        self.waiting = self.planned = 0
+
+    def serve(self, f: ForeignJob) -> None:
+        """Give ``f`` the GPUs it starts on, releasing extension GPUs where free ones are not
+        enough; or count it waiting (and keep the free GPUs Slurm plans it onto)."""
+        usable = {n.name for n in self.nodes if n.name in self.free and f.may_use(n)}
+        while self._start_own_ahead(f):          # they fit without a release: Slurm's first
+            pass
+        saved = self._state()
+        while True:
+            avail = self._avail(usable)
+            nodes = _place(f, avail, self.spare)
+            if nodes is None:
+                self._restore(saved)
+                self.waiting += 1
+                self.planned += _keep_planned(f, usable, self.free, self.claimed)
+                return
+            for n in nodes:
+                for job_id, g in _take(self.spare, n, f.gpus_per_node - avail[n]):
+                    per = self.taken.setdefault(job_id, {})
+                    per[n] = per.get(n, 0) + g
+                    self.opened[n] = self.opened.get(n, 0) + g
+            if not self._start_own_ahead(f):
+                break
+        for n in nodes:
+            use = min(self.free[n], f.gpus_per_node)
+            self.free[n] -= use
+            self.claimed[n] = self.claimed.get(n, 0) + use
+            self.opened[n] = self.opened.get(n, 0) - (f.gpus_per_node - use)
+        self.served.append(f"{f.job_id} ({f.user}, priority {f.priority}) on {','.join(nodes)}")
+
+    def _start_own_ahead(self, f: ForeignJob) -> bool:
+        """Start (in this model of Slurm's pass) the first of hpcsched's pending jobs ahead of
+        ``f`` in Slurm's queue that fits on the free and released GPUs; whether one did."""
+        for job, allowed in self.own:
+            if job.job_id in self.own_first or _queue_key(job) >= _queue_key(f):
+                continue
+            usable = {n.name for n in self.nodes if n.name in self.free and job.may_use(n)
+                      and (allowed is None or n.name in allowed)}
+            nodes = _place(job, self._avail(usable), {})
+            if nodes is None:
+                continue
+            for n in nodes:
+                use = min(self.free[n], job.gpus_per_node)
+                self.free[n] -= use
+                self.opened[n] = self.opened.get(n, 0) - (job.gpus_per_node - use)
+            self.own_first.append(job.job_id)
+            return True
+        return False
+
+    def _avail(self, usable: set[str]) -> dict[str, int]:
+        return {n: self.free[n] + self.opened.get(n, 0) for n in usable}
+
+    def _state(self) -> tuple:
+        return (dict(self.free), dict(self.opened), {n: list(v) for n, v in self.spare.items()},
+                {j: dict(p) for j, p in self.taken.items()}, list(self.own_first))
+
+    def _restore(self, saved: tuple) -> None:
+        free, opened, spare, taken, own_first = saved
+        self.free, self.opened, self.spare, self.taken, self.own_first = (
+            dict(free), dict(opened), {n: list(v) for n, v in spare.items()},
+            {j: dict(p) for j, p in taken.items()}, list(own_first))
+
+    def note(self) -> str:
+        return _note(self.claimed, self.taken, self.served, self.waiting, self.planned,
+                     self.own_first)
+
+
+def _own_pending(snapshot: ClusterSnapshot) -> list[tuple[ForeignJob, frozenset[str] | None]]:
+    """hpcsched's pending jobs Slurm may start, as Slurm's queue sees them (what they ask for,
+    their priority), each with the nodes it asks for by name (``None``: any), in Slurm's order;
+    a held job, or one whose priority is unknown (0), is left out."""
+    out = []
+    for j in snapshot.jobs:
+        if j.state != SlurmState.PENDING or j.held or j.slurm_priority <= 0 or j.gpus <= 0:
+            continue
+        nodes = max(1, j.nodes)
+        ask = ForeignJob(j.job_id, j.user, nodes, -(-j.gpus // nodes), j.slurm_priority,
+                         j.submit_time, partition=j.partition)
+        out.append((ask, frozenset(j.node_names) if j.node_names else None))
+    return sorted(out, key=lambda a: _queue_key(a[0]))
 
 
 def _keep_planned(f: ForeignJob, usable: set[str], free: dict[str, int],
@@ -108,17 +210,20 @@ def _keep_planned(f: ForeignJob, usable: set[str], free: dict[str, int],
 
 
 def _note(claimed: dict[str, int], taken: dict[str, dict[str, int]], served: list[str],
-          waiting: int, planned: int = 0) -> str:
+          waiting: int, planned: int = 0, own_first: Sequence[str] = ()) -> str:
     """The round's note on other users' pending jobs: the free GPUs kept for them
     (``claimed``: node -> GPUs; ``planned`` of them on the nodes Slurm plans to start waiting
     jobs on), the extension GPUs released (``taken``: job id -> node -> GPUs), the first five
-    of those that can start now (``served``), and how many wait for running jobs to end."""
+    of those that can start now (``served``), hpcsched's pending jobs Slurm starts ahead of
+    them (``own_first``), and how many wait for running jobs to end."""
     return (f"other users' pending jobs: {sum(claimed.values())} free GPU(s) kept for them"
             + (f" ({planned} on nodes Slurm plans them onto)" if planned else "")
             + (f", {sum(sum(p.values()) for p in taken.values())} extension GPU(s) released"
                if taken else "")
             + (f"; can start now: {'; '.join(served[:5])}" + (" ..." if len(served) > 5 else "")
                if served else "")
+            + (f" (after hpcsched's {', '.join(own_first)}, ahead of them in Slurm's queue)"
+               if served and own_first else "")
             + (f"; {waiting} wait for running jobs to end" if waiting else ""))
 
 

@@ -152,7 +152,7 @@ class Simulator(ChangeApplier):
         n, names = len(self.jobs), self.cluster.node_names
         return {j.job_id: job_info(j.job_id, j.wj.name, j.state, j.held_nodes(names),
                                    len(j.held_nodes(names)) if j.ext else j.nodes,
-                                   j.per_node, j.restarts, n - int(j.job_id),
+                                   j.per_node, j.restarts, n + 1 - int(j.job_id),
                                    user=FOREIGN_USER if j.wj.rigid else "sim")
                 for j in self.jobs if j.state in (SlurmState.PENDING, SlurmState.RUNNING)}
 

@@ -154,7 +154,8 @@ def job_view(f: JobFacts) -> JobView:
         busy=f.busy, user=f.info.user, partition=f.info.partition,
         attained_gpu_seconds=attained_gpu_seconds(f.profile),
         remaining_samples=f.report.remaining_samples, grad_noise=f.report.grad_noise,
-        held=f.held, submitted_gpus=f.submitted_gpus, layout=f.layout, primary=f.primary,
+        held=f.held, slurm_priority=f.info.priority, submitted_gpus=f.submitted_gpus,
+        layout=f.layout, primary=f.primary,
         resized_at=f.resized_at if f.resized_at is not None else (f.start_time if running else None),
         last_resize=f.last_resize, grow_failed_at=f.grow_failed_at,
         step_corrections=f.step_corrections)
