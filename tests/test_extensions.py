@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 
@@ -180,6 +181,19 @@ def test_survivors_wait_for_an_extension_that_still_runs_until_the_timeout():
 def test_a_primary_worker_is_never_counted_lost():
     with pytest.raises(RuntimeError, match="primary worker.*p1.*did not come back"):
         rf.survivors(_alive("p0"), OLD, gone=lambda m: True, timeout=0.01, limit=0.1, poll=0.01)
+
+
+def test_a_grow_called_off_sends_its_waiting_newcomers_away():
+    """Rank 0 gives a grow up: newcomers waiting for their invitation (in a real TCPStore, a
+    blocking ``get``) learn it at once instead of waiting to be killed."""
+    torch = pytest.importorskip("torch")
+    store = torch.distributed.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=5))
+    rf.call_off(store, 3)
+    with pytest.raises(rf.GrowCalledOff, match="generation 3 was given up"):
+        rf.invitation(store, 3)
+    rf.invite(store, 4, 0)
+    rf.Form(0, 4, (rf.Member("p0", "n1"),)).publish(store)
+    assert rf.invitation(store, 4).generation == 4
 
 
 # --------------------------------------------------------------- what Slurm is asked

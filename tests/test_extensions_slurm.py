@@ -12,7 +12,9 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -220,26 +222,76 @@ def test_an_extension_slurm_preempts_leaves_at_a_step_boundary(
     assert _none_active(jd)
 
 
+def _ext_log(jd: JobDir, job_id: str) -> str:
+    path = jd.extensions_dir / f"slurm-{job_id}.out"
+    return path.read_text() if path.exists() else ""
+
+
+def test_an_extension_slurm_ends_while_its_workers_join_joins_then_leaves(
+        devcluster, control_dir, tmp_path, slurm_jobs):
+    """Slurm ends an extension (preemption, ``scancel``: ``SIGTERM``) after its workers have
+    told rank 0 they are ready, before the grow's form is entered. They join, then leave at
+    the form's first step boundary: the grow's other newcomers and the job go on, and nobody
+    waits the fault timeout for workers that left (seen in the QOS replay: a form waited 30 s
+    and lost all four newcomers of a grow). n3 is held so that n2's newcomers wait."""
+    holder = _hold(tmp_path, slurm_jobs, "n3", 4)
+    job_id, jd = _submit(tmp_path, slurm_jobs, epochs=EPOCHS_PREEMPTED,
+                         env={**os.environ, "HPCSCHED_EXTENSION_BLOCKED": "600",
+                              "HPCSCHED_LOG_LEVEL": "info"})      # the workers' info lines
+    resize = subprocess.Popen(
+        [str(Path(sys.executable).parent / "hpcsched"), "resize", job_id,
+         "--layout", "n1:4,n2:2,n3:1", "--reason", "test: grow"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    n2 = wait_for(lambda: jd.extensions_path.exists() and [
+        e for e in _extensions(jd) if e.node == "n2"], 60, "n2's extension")[0]
+    wait_for(lambda: _ext_log(jd, n2.job_id).count("waiting for rank 0's invitation") == 2, 120,
+             "n2's newcomers to be ready")
+    subprocess.run(["scancel", "--signal=TERM", n2.job_id], check=True)   # its workers only
+    time.sleep(2)   # delivered; Python runs the handler once the wait for the invitation returns
+    subprocess.run(["scancel", holder], check=True)        # n3's extension may start now
+    out, err = resize.communicate(timeout=300)
+    assert resize.returncode == 0 and "generation 1 in force" in out, (out, err)
+    ack = wait_for(lambda: (a := ctl.read_ack(jd.ack_path, jd.uid)) and a.world_size == 5
+                   and "Slurm ended their job" in a.message and a, 60, "n2's workers to leave")
+    assert ack.layout == {"n1": 4, "n3": 1} and ack.generation == 1, ack
+    unpace(tmp_path / "unpaced")
+    assert _finish(job_id, tmp_path).state == "COMPLETED"
+    log = (tmp_path / f"slurm-{job_id}.out").read_text()
+    assert "did not form" not in log and "lost" not in log, log
+    by_node = {e.node: e for e in _extensions(jd)}
+    assert by_node["n2"].state == "released" and "SIGTERM" in by_node["n2"].reason, by_node
+    n2_log = _ext_log(jd, n2.job_id)
+    assert n2_log.count("SIGTERM while joining") == 2 and n2_log.count("joined generation 1") == 2
+    recs = load_records(jd.path)
+    check_positions_exactly_once(recs, DIGITS, epochs_trained(recs, EPOCHS_PREEMPTED))
+    assert _none_active(jd)
+
+
 @pytest.mark.parametrize("rule", ["timeout", "blocked"])
 def test_an_extension_that_cannot_start_is_reported_and_the_job_keeps_its_size(
         devcluster, control_dir, tmp_path, slurm_jobs, rule):
     """``timeout``: the extension did not start in time (Slurm's reason is reported);
     ``blocked``: it pends on a node another job holds, found by the job at once (the grow's
-    other extensions would otherwise hold their GPUs idle until the timeout)."""
+    other extension, on n3, would otherwise hold its GPU idle until the timeout; its
+    newcomer, ready and waiting to join, leaves as soon as rank 0 calls the grow off)."""
     _hold(tmp_path, slurm_jobs, "n2", 4)               # n2 full: the extension must wait
     env = {**os.environ, **({"HPCSCHED_EXTENSION_TIMEOUT": "6", "HPCSCHED_EXTENSION_BLOCKED": "600"}
-                            if rule == "timeout" else {"HPCSCHED_EXTENSION_BLOCKED": "4"})}
+                            if rule == "timeout" else {"HPCSCHED_EXTENSION_BLOCKED": "15",
+                                                       "HPCSCHED_LOG_LEVEL": "info"})}
     job_id, jd = _submit(tmp_path, slurm_jobs, epochs=20, env=env)
-    r = cli("hpcsched", "resize", job_id, "--layout", "n1:4,n2:2", check=False)
+    layout = "n1:4,n2:2" if rule == "timeout" else "n1:4,n2:2,n3:1"
+    r = cli("hpcsched", "resize", job_id, "--layout", layout, check=False)
     assert r.returncode == 1 and "rejected generation 1" in r.stderr, r.stderr
     if rule == "timeout":
         assert "did not start within 6 s" in r.stderr, r.stderr
         assert "Resources" in r.stderr      # Slurm's reason for the pending extension
     else:
         assert "cannot start: n2 has 0 free GPU(s), it needs 2" in r.stderr, r.stderr
-    (ext,) = _extensions(jd)
-    assert ext.state == "refused"
-    wait_for(lambda: _none_active(jd), 30, "the refused extension to be cancelled")
+    assert {e.state for e in _extensions(jd)} == {"refused"}, _extensions(jd)
+    wait_for(lambda: _none_active(jd), 30, "the refused extensions to be cancelled")
+    if rule == "blocked":
+        (n3,) = [e for e in _extensions(jd) if e.node == "n3"]
+        assert "the grow of generation 1 was given up; this worker leaves" in _ext_log(jd, n3.job_id)
     status = json.loads(cli("hpcsched", "status", "--json").stdout)
     (row,) = [j for j in status["jobs"] if j["job_id"] == job_id]
     assert row["gpus"] == 4

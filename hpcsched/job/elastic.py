@@ -58,6 +58,7 @@ position and cutting), ``collective`` (process group, all-reduce, in-place shrin
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -87,6 +88,21 @@ __all__ = ["CHECKPOINT_FORMAT", "ElasticJob", "GradientNoiseEstimator", "Step",
 
 def _in_force(name: str, doc: str) -> property:
     return property(lambda self: getattr(self._cfg, name), doc=doc)
+
+
+def worker_logging(environ) -> None:
+    """``HPCSCHED_LOG_LEVEL`` in the job's environment (``debug``, ``info``, ...): hpcsched's
+    log lines of that level and above from this worker go to its stderr (the job's output),
+    unless the script has configured the ``hpcsched`` logger itself. Unset, Python's default
+    holds: warnings and errors only. The launcher reads the same variable (default ``info``)."""
+    level = environ.get("HPCSCHED_LOG_LEVEL", "").upper()
+    logger = logging.getLogger("hpcsched")
+    if not level or logger.handlers or not isinstance(logging.getLevelName(level), int):
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(level)
 
 
 class ElasticJob(ElasticBoundary, ElasticMembership):
@@ -141,6 +157,7 @@ class ElasticJob(ElasticBoundary, ElasticMembership):
         if not boundary_interval >= 0:
             raise ValueError(f"boundary_interval must be >= 0 seconds, got {boundary_interval}")
         self._torch = torch
+        worker_logging(os.environ)
         self.dataset_size, self.epochs, self.seed = dataset_size, epochs, seed
         self._launch = launch = LaunchEnv.from_env(os.environ)
         proc = ProcessEnv.from_env(os.environ)

@@ -102,18 +102,26 @@ class ElasticBoundary:
         kills them when the QOS's ``GraceTime`` has passed:
         https://slurm.schedmd.com/preempt.html) or a ``scancel`` (``SIGKILL`` after
         ``KillWait``, slurm.conf(5)). It leaves at the next step boundary, as a released worker
-        does (:mod:`hpcsched.job.reform`, "Leave"). One that has not joined yet leaves at once;
-        its grow is given up. The primary's workers keep Python's default: a ``SIGTERM`` there
-        ends the job."""
+        does (:mod:`hpcsched.job.reform`, "Leave"). A newcomer that has not announced itself
+        yet leaves at once (its grow is given up); one that has joins first, then leaves at the
+        form's first step boundary (:meth:`_join`), so that the form rank 0 may have published
+        with it does not wait the fault timeout for it. The primary's workers keep Python's
+        default: a ``SIGTERM`` there ends the job."""
         m = self._members
         if m is None or m.me.allocation == PRIMARY:
             return
 
         def _on_term(_signum, _frame):
-            if m.form is None:
+            if m.form is None and not m.announced:
                 log.info("SIGTERM before joining: Slurm is ending extension job %s; leaving",
                          m.me.allocation)
                 leave_now()
+            if m.form is None:
+                if not self._preempted:
+                    self._preempted = True
+                    log.info("SIGTERM while joining: Slurm is ending extension job %s; it "
+                             "joins, then leaves at the first step boundary", m.me.allocation)
+                return
             if not self._preempted:
                 self._preempted = True
                 log.info("SIGTERM: Slurm is ending extension job %s; leaving at the next step "

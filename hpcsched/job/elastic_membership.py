@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+from hpcsched.job import reform as rf
 from hpcsched.job.allocation import shrink_from_inside
 from hpcsched.job.boundary import Decision, InForce
 from hpcsched.job.checkpoint import rng_state, training_state
@@ -50,12 +51,20 @@ class ElasticMembership:
 
     def _join(self) -> bool:
         """A newcomer from an extension job: wait to be invited into the running job's group
-        at a step boundary, then take the training state from rank 0 (no checkpoint read)."""
-        form = self._members.join()
+        at a step boundary, then take the training state from rank 0 (no checkpoint read).
+        One whose grow rank 0 gave up leaves; one that got ``SIGTERM`` while joining leaves at
+        the first step boundary (:meth:`_listen_for_preemption`)."""
+        try:
+            form = self._members.join()
+        except rf.GrowCalledOff as exc:
+            log.info("%s; this worker leaves", exc)
+            leave_now()
         self._enter(form)
         self._sync_state(form)
         log.info("joined generation %d as rank %d of %d", form.generation, self.rank,
                  self.world_size)
+        if getattr(self, "_preempted", False):
+            self._members.announce_leaving()
         return True
 
     def _enter(self, form) -> None:

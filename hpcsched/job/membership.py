@@ -64,6 +64,9 @@ class Membership:
         self.form: rf.Form | None = None
         self.pending: Pending | None = None
         self.extender: Extender | None = None
+        #: a newcomer that has added itself (or is adding itself) to its grow's ready list:
+        #: rank 0 may count it from here on, so it joins before it may leave (:func:`join`)
+        self.announced = False
         self.spec = jd.read_spec() if jd is not None and rank == 0 else None
         if launch.join_generation:
             return
@@ -151,6 +154,7 @@ class Membership:
         if p is None:
             return
         log.warning("generation %d abandoned: %s", p.control.generation, why)
+        rf.call_off(self.store, p.control.generation)   # newcomers waiting to join leave
         for job_id in p.submitted:
             self.extender.cancel(job_id, ExtensionState.REFUSED, why)
 
@@ -239,8 +243,15 @@ class Membership:
         return rank
 
     def join(self) -> rf.Form:
-        """A newcomer: announce, wait for the invitation, return the form to enter."""
+        """A newcomer: announce, wait for the invitation, return the form to enter.
+
+        Raises:
+            rf.GrowCalledOff: rank 0 gave the grow up.
+        """
+        self.announced = True     # before the store has it: a SIGTERM from here on joins first
         rf.announce(self.store, self.launch.join_generation, self.me)
+        log.info("generation %d: ready to join; waiting for rank 0's invitation",
+                 self.launch.join_generation)
         return rf.invitation(self.store, self.launch.join_generation)
 
     def survivors_form(self, old: rf.Form, rank: int, refit) -> rf.Form:

@@ -25,7 +25,12 @@ ranks leave (exit 0, so their extension job ends and its GPUs go back) and the o
 QOS's ``GraceTime`` (or ``KillWait``) starts; each
 sets ``hpcsched/leaving/<job>``; at its next step boundary rank 0 publishes the form without
 them, at the generation in force and the batch refitted, and they leave as released ranks do,
-so the preemptor starts within a step, and no step is voided.
+so the preemptor starts within a step, and no step is voided. A newcomer that gets ``SIGTERM``
+after it added itself under ``hpcsched/ready/g<G>`` (rank 0 may have counted it and published
+a form with it, whose other members would wait the fault timeout for it) still joins, then
+leaves at the form's first step boundary; one that gets it before leaves at once, and rank 0
+gives the grow up when it sees that extension job end. A grow rank 0 gives up is called off
+under ``hpcsched/join/g<G>`` (form ``-1``): newcomers waiting for their invitation leave.
 
 **Loss** (a peer gone mid-step: an extension killed without warning, or its node lost): a
 collective fails, at once where gloo sees the connection close, or after the fault timeout;
@@ -163,14 +168,27 @@ def invite(store, generation: int, form: int) -> None:
     store.set(f"hpcsched/join/g{generation}", str(form))
 
 
+def call_off(store, generation: int) -> None:
+    """Tell the newcomers of ``generation`` that its grow was given up (rank 0)."""
+    store.set(f"hpcsched/join/g{generation}", "-1")
+
+
+class GrowCalledOff(RuntimeError):
+    """Rank 0 gave up the grow a newcomer was waiting to join (:func:`call_off`)."""
+
+
 def invitation(store, generation: int) -> Form:
     """The form a newcomer joins (waits for it up to the store's timeout).
 
     Raises:
+        GrowCalledOff: rank 0 gave the grow up (:func:`call_off`).
         RuntimeError: (from the store) no invitation within the store's timeout, or the
             job's store is gone.
     """
-    return Form.read(store, int(store.get(f"hpcsched/join/g{generation}")))
+    form = int(store.get(f"hpcsched/join/g{generation}"))
+    if form < 0:
+        raise GrowCalledOff(f"the grow of generation {generation} was given up")
+    return Form.read(store, form)
 
 
 # ------------------------------------------------------------------------- leaving
