@@ -122,11 +122,13 @@ class Watcher(threading.Thread):
         return {"pending_with_free_gpus": long, "held": sorted(self.held)}
 
 
-def _daemon_config(run_dir: Path, interval: float, granularity: str) -> Path:
+def _daemon_config(run_dir: Path, interval: float, granularity: str, stamp: Path | None = None
+                   ) -> Path:
     cfg = run_dir / "hpcsched.toml"
     cfg.write_text(f'[daemon]\nround_interval = {interval}\nlock_file = "{run_dir}/daemon.lock"\n'
                    f'database_url = "sqlite:///{run_dir}/hpcsched.db"\n'
-                   f'granularity = "{granularity}"\n')
+                   f'granularity = "{granularity}"\n'
+                   + (f'submit_stamp = "{stamp}"\n' if stamp else ""))
     return cfg
 
 
@@ -272,6 +274,10 @@ def main() -> None:
                    help="put extension jobs in this preemptible QOS (the job_submit plugin's "
                         "extension_qos; the dev cluster's is hpcsched-lend), so that Slurm "
                         "itself gives lent GPUs back to other jobs")
+    p.add_argument("--submit-stamp", action="store_true",
+                   help="the job_submit plugin rewrites a stamp file at every other user's "
+                        "submission and the daemon looks at Slurm when it changes ([daemon] "
+                        "submit_stamp), instead of at its next event_poll")
     p.add_argument("--reuse", action="append", default=[], metavar="MODE=DIR",
                    help="take run MODE (on or off) from a finished run's folder DIR of the same "
                         "workload and scale instead of running it again (repeatable)")
@@ -288,20 +294,27 @@ def main() -> None:
     print(f"{len(jobs)} jobs from pollux:{args.workload} (offset {args.offset}); scale {scale:.4g}"
           + (f" (unscaled static makespan {makespan:.0f} s)" if makespan else ""), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    on_cfg = _daemon_config(args.out.resolve(), args.interval, args.granularity)
+    stamp = args.out.resolve() / "submitted" if args.submit_stamp else None
+    on_cfg = _daemon_config(args.out.resolve(), args.interval, args.granularity, stamp)
     granularity = load_config(on_cfg).daemon.plan_granularity
     print(f"daemon plans at {granularity} granularity", flush=True)
     env_on = dict(env, HPCSCHED_CONFIG=str(on_cfg))
     env_on.pop("HPCSCHED_DATABASE_URL", None)
     runs: dict = {mode: reused(Path(d)) for mode, d in (r.split("=", 1) for r in args.reuse)}
-    if args.extension_qos:
+    plugin = ((f"extension_qos = {args.extension_qos}\n" if args.extension_qos else "")
+              + (f"submit_stamp = {stamp}\n" if stamp else ""))
+    if plugin:
         from hpcsched.slurm.devcluster.plugins import set_job_submit
-        set_job_submit(None, f"extension_qos = {args.extension_qos}\n")
-        print(f"extension jobs run in QOS {args.extension_qos}", flush=True)
+        set_job_submit(None, plugin)
+        if args.extension_qos:
+            print(f"extension jobs run in QOS {args.extension_qos}", flush=True)
+        if stamp:
+            print(f"submissions stamp {stamp}; the daemon looks at Slurm when it changes",
+                  flush=True)
     try:
         _run_all(args, runs, csv_path, scale, env_on, on_cfg)
     finally:
-        if args.extension_qos:
+        if plugin:
             set_job_submit(None, None)
     fig = figures(runs)
     all_elastic = (json.loads(args.all_elastic.read_text())["figures"]["gain"]["real"]
@@ -310,7 +323,7 @@ def main() -> None:
     _print(fig, checks)
     write_report(args.out / "testbed.json", "testbed", workload=f"pollux:{args.workload}",
                  offset=args.offset, granularity=granularity, rigid_fraction=args.rigid_fraction,
-                 extension_qos=args.extension_qos,
+                 extension_qos=args.extension_qos, submit_stamp=bool(stamp),
                  jobs=len(jobs), scale=scale, interval=args.interval,
                  figures=fig, targets=[{"target": t, "pass": ok, "measured": m}
                                        for t, ok, m in checks])

@@ -18,6 +18,9 @@ For every submitted job it:
     settings max_gpus / max_time of job_submit_hpcsched.conf (for all partitions, or
     partition.<name>.max_gpus / .max_time). A job over a limit is refused with a message
     that says which limit and how to fit it; a job without a time limit gets max_time.
+  * with submit_stamp set, rewrites that file at every submission that is not hpcsched's: the
+    daemon ([daemon] submit_stamp, the same path) sees it change and looks at once for another
+    user's pending job that lent GPUs should go back to, rather than at its next event_poll.
   * with hold_seconds > 0, holds a new elastic job for the daemon's placement: its begin time
     is set hold_seconds ahead (squeue shows Reason=BeginTime). The daemon places it and starts it
     with StartTime=now within one round; if no daemon runs, Slurm itself starts it when the begin
@@ -33,6 +36,9 @@ Settings (job_submit_hpcsched.conf, "key = value" lines, "#" comments; every key
                                    -- primary's). Make it preemptible by the others
                                    -- (PreemptType=preempt/qos, GraceTime) and Slurm itself
                                    -- gives lent GPUs back to other jobs (docs/daemon.md)
+  submit_stamp = /run/hpcsched/submitted
+                                   -- a file slurmctld's user may write and the daemon read
+                                   -- (unset: none); the daemon's [daemon] submit_stamp
 
 Slurm's interface: https://slurm.schedmd.com/job_submit_plugins.html (job_desc fields,
 slurm.log_user, slurm.SUCCESS / slurm.ERROR).
@@ -62,8 +68,11 @@ local function read_settings()
         if text:match("%S") then
             local key, value = text:match("^%s*([%w%._%-]+)%s*=%s*(%d+)%s*$")
             local name_key, name = text:match("^%s*(extension_qos)%s*=%s*([%w%._%-]+)%s*$")
+            local path_key, path_value = text:match("^%s*(submit_stamp)%s*=%s*(/[%w%._%-/]+)%s*$")
             if name_key ~= nil then
                 settings[name_key] = name
+            elseif path_key ~= nil then
+                settings[path_key] = path_value
             elseif key == nil then
                 slurm.log_error("hpcsched job_submit: %s line %d ignored (want 'key = number'): %s",
                                 path, n, line)
@@ -158,6 +167,21 @@ local function check_limits(job_desc, tag, settings, part)
     return nil
 end
 
+-- ------------------------------------------------------------------------------ the stamp
+local function stamp(settings)
+    local path = settings.submit_stamp
+    if path == nil then
+        return
+    end
+    local f = io.open(path, "w")
+    if f == nil then
+        slurm.log_error("hpcsched job_submit: cannot write submit_stamp %s", path)
+        return
+    end
+    f:write(tostring(os.time()), "\n")
+    f:close()
+end
+
 -- ------------------------------------------------------------------------------ Slurm's calls
 function slurm_job_submit(job_desc, part_list, submit_uid)
     local primary = extension_of(job_desc.comment)
@@ -171,6 +195,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     end
     local tag = hpcsub_tag(job_desc.script)
     if tag == nil then
+        stamp(read_settings())     -- another user's job: the daemon looks now
         return slurm.SUCCESS
     end
     local settings = read_settings()

@@ -7,13 +7,17 @@ Slurm is a fake (:class:`FakeCluster` of ``tests/test_daemon_round_nonblocking.p
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from hpcsched import slurm
 from hpcsched.daemon import service as daemon_service
+from hpcsched.daemon.between import SubmitStamp
 from hpcsched.daemon.config import ConfigError, DaemonSettings, load
 from hpcsched.daemon.events import foreign_event, round_event
 from hpcsched.daemon.round import Daemon
@@ -131,6 +135,54 @@ def test_between_rounds_waits_the_whole_interval_otherwise(policy, event_rounds)
     assert stub.ticks >= 2, "resizes in flight are still advanced"
 
 
+def _stamp_after(path: Path, delays: list[float]) -> threading.Thread:
+    """Rewrite ``path`` (a submission, as the job_submit plugin does) after each delay."""
+    def run():
+        for i, delay in enumerate(delays):
+            time.sleep(delay)
+            os.utime(path, ns=(0, (i + 1) * 10**9))
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_submission_starts_a_look_at_once_not_at_the_next_event_poll(tmp_path):
+    """``[daemon] submit_stamp``: another user's submission (the plugin rewrites the file) is
+    looked at within a nap, although the next event_poll is a minute away."""
+    path = tmp_path / "submitted"
+    path.write_text("")
+    stamp = SubmitStamp(path)
+    stub = Stub(EventPolicy(), event="another user's GPU job 9 pends")
+    _stamp_after(path, [0.3])
+    t0 = time.monotonic()
+    reason = daemon_service._between_rounds(stub, _settings(event_poll=60.0), t0,
+                                            {"stop": False, "reload": False}, stamp=stamp)
+    waited = time.monotonic() - t0
+    assert reason == "another user's GPU job 9 pends" and 0.3 <= waited < 1.0, waited
+    assert stub.checks == 1
+
+
+def test_submissions_start_at_most_one_look_a_second(tmp_path):
+    path = tmp_path / "submitted"
+    path.write_text("")
+    stub = Stub(EventPolicy(), event=None)
+    _stamp_after(path, [0.05] * 40)                       # 20 submissions a second, 2 s
+    t0 = time.monotonic()
+    daemon_service._between_rounds(stub, _settings(event_poll=60.0, round_interval=2.0), t0,
+                                   {"stop": False, "reload": False}, stamp=SubmitStamp(path))
+    assert 2 <= stub.checks <= 3, stub.checks             # one a SUBMIT_CHECK_GAP (1 s)
+
+
+def test_no_stamp_or_no_submission_changes_nothing(tmp_path):
+    stub = Stub(EventPolicy())
+    reason, waited = _wait(stub, _settings(event_poll=60.0, round_interval=0.4))
+    assert reason is None and stub.checks == 0
+    (tmp_path / "submitted").write_text("")
+    missing = SubmitStamp(tmp_path / "absent")
+    assert not missing.changed() and not SubmitStamp(tmp_path / "submitted").changed()
+    assert not SubmitStamp("").changed()
+
+
 def test_an_early_round_keeps_the_periodic_rounds_times(tmp_path, monkeypatch):
     """The loop of ``hpcsched daemon``: after an early round the next periodic round is still
     ``round_interval`` after the last periodic one (as in the simulator); after a periodic
@@ -149,7 +201,7 @@ def test_an_early_round_keeps_the_periodic_rounds_times(tmp_path, monkeypatch):
         def round(self):
             time.sleep(0.01)
 
-    def between(daemon, d, t0, state, hold=None):
+    def between(daemon, d, t0, state, hold=None, stamp=None):
         waits.append(t0)
         state["stop"] = len(waits) == len(returns)
         return returns[len(waits) - 1]

@@ -27,13 +27,19 @@ def _sbatch(tmp_path, slurm_jobs, *args: str) -> str:
 
 
 def test_hpcsub_jobs_are_tagged_and_others_are_not(plugins, control_dir, tmp_path, slurm_jobs):
-    plugins(f"max_gpus = 16\nextension_qos = {LEND_QOS}\n")
+    """Also the submission stamp: only another user's job rewrites it (the daemon's
+    ``[daemon] submit_stamp`` looks at Slurm when it changes)."""
+    stamp = tmp_path / "submitted"
+    plugins(f"max_gpus = 16\nextension_qos = {LEND_QOS}\nsubmit_stamp = {stamp}\n")
     job = submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hold", "--hpcsched-max-nodes", "2",
                  str(EXAMPLE))
     slurm_jobs.append(job)
+    assert not stamp.exists()                  # hpcsched's own job: nothing to look at
     plain = _sbatch(tmp_path, slurm_jobs, "--hold", "--wrap", "sleep 1")
+    stamped = stamp.stat().st_mtime_ns
     ext = _sbatch(tmp_path, slurm_jobs, "--hold", "--comment", f"hpcsched-extension:{job}:abc:g1",
                   "--wrap", "sleep 1")
+    assert stamp.stat().st_mtime_ns == stamped  # an extension job: not another user's either
     infos = slurm.squeue()
     uid = next(control_dir.glob("*/by-id")).joinpath(job).resolve().name
     assert infos[job].admin_comment == f"hpcsched:elastic job={uid} max_gpus=4"

@@ -26,6 +26,26 @@ def mtime_ns(path: Path) -> int | None:
         return None
 
 
+class SubmitStamp:
+    """The job_submit plugin's submission stamp (``[daemon] submit_stamp``): a file Slurm's
+    controller rewrites at every submission that is not hpcsched's. :meth:`changed` says
+    whether it changed since the last look, one ``stat`` and no Slurm call; a missing or
+    unreadable file never has."""
+
+    def __init__(self, path: str | Path | None):
+        self.path = Path(path) if path else None
+        self.seen = mtime_ns(self.path) if self.path is not None else None
+
+    def changed(self) -> bool:
+        if self.path is None:
+            return False
+        now = mtime_ns(self.path)
+        if now is None or now == self.seen:
+            return False
+        self.seen = now
+        return True
+
+
 class BetweenRounds:
     """The daemon's between-rounds work; the attributes it uses (``store``, ``backend``,
     ``managed``, ``settings``, ``metrics``, ``_resume``, the last round's states and the jobs'

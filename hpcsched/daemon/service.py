@@ -15,6 +15,7 @@ import time
 import click
 
 from hpcsched.daemon import preflight
+from hpcsched.daemon.between import SubmitStamp
 from hpcsched.daemon.config import ConfigError, Settings, load
 from hpcsched.daemon.leadership import HostLock, Leadership
 from hpcsched.daemon.metrics import DaemonMetrics
@@ -29,6 +30,8 @@ log = logging.getLogger("hpcsched.daemon")
 M_MMAP_THRESHOLD = -3
 #: the size from which the daemon's C heap maps blocks of their own (glibc's initial default)
 MMAP_THRESHOLD = 128 * 1024
+#: seconds between two looks at Slurm that submissions start (``[daemon] submit_stamp``) at least
+SUBMIT_CHECK_GAP = 1.0
 
 
 def steady_heap() -> bool:
@@ -80,7 +83,7 @@ def _rounds_on_events(daemon: Daemon, d) -> bool:
 
 
 def _between_rounds(daemon: Daemon, d, t0: float, state: dict,
-                    hold=lambda: True) -> str | None:
+                    hold=lambda: True, stamp: SubmitStamp | None = None) -> str | None:
     """Wait until ``d.round_interval`` seconds after ``t0`` (monotonic), a stop or a reload,
     advancing resizes in flight every ``d.actuation_interval`` seconds meanwhile, each time only
     if ``hold()`` (the cluster's lease, renewed: :class:`~hpcsched.daemon.leadership.
@@ -89,14 +92,16 @@ def _between_rounds(daemon: Daemon, d, t0: float, state: dict,
     For a policy that rounds on events (:func:`_rounds_on_events`), also checks every
     ``d.event_poll`` seconds, the first one ``d.event_poll`` seconds after the call (so at most
     one early round per ``event_poll``), whether a managed job ended or a new one pends
-    (:meth:`Daemon.event_since_round`), and returns its reason at once if so. Returns None
-    otherwise.
+    (:meth:`Daemon.event_since_round`), and returns its reason at once if so; with ``stamp``
+    (the job_submit plugin's :class:`SubmitStamp`), also as soon as another user has submitted
+    a job, at most once per :data:`SUBMIT_CHECK_GAP` seconds. Returns None otherwise.
     """
     now = time.monotonic()
     next_step = now + d.actuation_interval
     watch = _rounds_on_events(daemon, d)
     next_check = now + d.event_poll if watch else math.inf
     nap = min(0.2, d.round_interval, d.actuation_interval, d.event_poll if watch else math.inf)
+    submitted, checked = False, -math.inf
     while not state["stop"] and not state["reload"] and (
             time.monotonic() - t0 < d.round_interval):
         if time.monotonic() >= next_step:
@@ -104,7 +109,10 @@ def _between_rounds(daemon: Daemon, d, t0: float, state: dict,
                 return None
             daemon.actuate()
             next_step = time.monotonic() + d.actuation_interval
-        if time.monotonic() >= next_check:
+        submitted = watch and (submitted or (stamp is not None and stamp.changed()))
+        now = time.monotonic()
+        if now >= next_check or (submitted and now - checked >= SUBMIT_CHECK_GAP):
+            submitted, checked = False, now
             reason = daemon.event_since_round()
             if reason:
                 log.info("round early: %s", reason)
@@ -190,10 +198,12 @@ def daemon_command(config, once, interval, dry_run, metrics_port, metrics_addr):
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGHUP, _reload)
     early = None   # the reason the last round ran early (None: it was a periodic round)
+    stamp = SubmitStamp(settings.daemon.submit_stamp)
     while True:
         if state["reload"]:
             state["reload"] = False
             settings, daemon = _reload_settings(config, overrides, settings, daemon, store, metrics)
+            stamp = SubmitStamp(settings.daemon.submit_stamp)
         if not lead.hold():   # a standby: another daemon runs this cluster's rounds
             if once:
                 break
@@ -207,7 +217,7 @@ def daemon_command(config, once, interval, dry_run, metrics_port, metrics_addr):
         daemon.round()
         if once or state["stop"]:
             break
-        early = _between_rounds(daemon, settings.daemon, t0, state, lead.hold)
+        early = _between_rounds(daemon, settings.daemon, t0, state, lead.hold, stamp)
         if state["stop"]:
             break
     lead.release()
