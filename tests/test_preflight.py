@@ -5,6 +5,7 @@ and the daemon refusing to start on a partition Slurm does not have. No Slurm is
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -188,6 +189,19 @@ def test_lending_needs_a_qos_that_slurm_preempts(preempt_type, qos_text, status,
     facts = pf.SlurmFacts((22, 5), GPU, {**CONFIG, "PreemptType": preempt_type}, None,
                           extension_qos="hpcsched-lend", qos=pf.parse_qos(qos_text))
     r = pf.check_lending(EXT, facts)
+    assert (r.status, r.name) == (status, "lending") and words in r.text, r.text
+
+
+@pytest.mark.parametrize("daemon, plugin, status, words", [
+    ("", "/run/hpcsched/submitted", "ok", "within a second of another user's submission"),
+    ("/run/hpcsched/submitted", "/run/hpcsched/submitted", "ok", "(submit_stamp /run/hpcsched"),
+    ("/tmp/elsewhere", "/run/hpcsched/submitted", "FAIL", "would never see it change"),
+    ("/run/hpcsched/submitted", None, "warn", "sets no submit_stamp"),
+    ("", None, "warn", "no extension_qos nor submit_stamp"),
+])
+def test_lending_by_the_daemon_is_prompt_with_the_plugins_stamp(daemon, plugin, status, words):
+    facts = pf.SlurmFacts((22, 5), GPU, CONFIG, None, submit_stamp=plugin)
+    r = pf.check_lending(replace(EXT, submit_stamp=daemon), facts)
     assert (r.status, r.name) == (status, "lending") and words in r.text, r.text
 
 

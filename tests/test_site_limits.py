@@ -25,12 +25,14 @@ def test_the_plugins_settings_file_is_read_as_the_plugin_reads_it(tmp_path, capl
     f = tmp_path / "job_submit_hpcsched.conf"
     f.write_text("# site limits\nhold_seconds = 0\nmax_gpus = 64   -- every partition\n"
                  "max_time = 1440\npartition.gpu.max_gpus = 16\npartition.big-a100.max_gpus = 128\n"
-                 "max_gpus: lots\nextension_qos = hpcsched-lend   # lent GPUs\n")
+                 "max_gpus: lots\nextension_qos = hpcsched-lend   # lent GPUs\n"
+                 "submit_stamp = /run/hpcsched/submitted\n")
     with caplog.at_level(logging.WARNING):
         site = read_site_limits(f)
-    assert site == SiteLimits(64, {"gpu": 16, "big-a100": 128}, "hpcsched-lend")
+    assert site == SiteLimits(64, {"gpu": 16, "big-a100": 128}, "hpcsched-lend",
+                              "/run/hpcsched/submitted")
     assert (site.max_gpus_in("gpu"), site.max_gpus_in("cpu")) == (16, 64)
-    assert "line 7 ignored" in caplog.text
+    assert "line 7 ignored" in caplog.text and "line 9" not in caplog.text
     assert read_site_limits(tmp_path / "missing.conf") == SiteLimits()   # no file: no limit
 
 

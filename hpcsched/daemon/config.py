@@ -248,7 +248,8 @@ class DaemonSettings:
         "a file hpcsched's job_submit plugin rewrites at every submission that is not "
         "hpcsched's (its own submit_stamp setting, docs/slurm-plugins.md); between rounds the "
         "daemon looks at Slurm as soon as it changes, at most once a second, instead of at its "
-        'next event_poll ("" = off; only with event_rounds and a policy that asks)')
+        'next event_poll ("" = the plugin\'s own, read from site_limits, if it sets one; only '
+        "with event_rounds and a policy that asks)")
     preemption_deadline: float = _opt(
         1800.0, _number(gt=0),
         "seconds a job preempted by the policy stays held at most: the daemon requeues it with "

@@ -61,6 +61,7 @@ class SlurmFacts:
     errors: Mapping[str, str] = field(default_factory=dict)
     extension_qos: str | None = None    # the job_submit plugin's extension_qos (site_limits)
     qos: Mapping[str, Mapping[str, str]] | None = None          # name -> Preempt, GraceTime...
+    submit_stamp: str | None = None     # the job_submit plugin's submit_stamp (site_limits)
 
 
 @dataclass(frozen=True)
@@ -179,13 +180,14 @@ def gather_slurm(d: DaemonSettings) -> SlurmFacts:
         limits = ask("limits", lambda: parse_limits(
             run([*sacctmgr, "qos", "format=Name,MaxJobsPU,MaxSubmitJobsPU"], timeout=t),
             run([*sacctmgr, "assoc", "format=Account,User,MaxJobs,MaxSubmitJobs"], timeout=t)))
-    lend = read_site_limits(d.site_limits).extension_qos
+    site = read_site_limits(d.site_limits)
+    lend = site.extension_qos
     qos = None
     if lend is not None and config is not None:
         qos = ask("qos", lambda: parse_qos(run(
             ["sacctmgr", "-n", "-P", "show", "qos", "format=Name,Preempt,PreemptMode,GraceTime"],
             timeout=t)))
-    return SlurmFacts(version, partitions, config, limits, errors, lend, qos)
+    return SlurmFacts(version, partitions, config, limits, errors, lend, qos, site.submit_stamp)
 
 
 def _short(exc: Exception) -> str:
@@ -366,13 +368,12 @@ def check_lending(d: DaemonSettings, s: SlurmFacts) -> Result:
     slurm.conf(5) has ``PreemptType=preempt/qos``, another QOS lists it in ``Preempt``
     (sacctmgr(1)), and its ``GraceTime`` leaves the workers time to leave at a step boundary
     (0: Slurm kills them at once, and the step in flight is voided). Without ``extension_qos``
-    the daemon gives lent GPUs back at its next look (warn)."""
+    the daemon gives lent GPUs back itself: within a second of another user's submission when
+    it watches the plugin's ``submit_stamp`` (ok), else at its next look (warn)."""
     if d.grow != GrowMode.EXTENSION:
         return Result(OK, "lending", f"grow = {d.grow}: no GPUs lent by extension")
     if s.extension_qos is None:
-        return Result(WARN, "lending", "no extension_qos in job_submit_hpcsched.conf: lent GPUs "
-                      "go back to other users' jobs at the daemon's next look (up to event_poll "
-                      "s), not at once; see docs/daemon.md, \"Sharing the cluster\"")
+        return _lending_by_the_daemon(d, s.submit_stamp)
     q = s.extension_qos
     if s.config is None or s.qos is None:
         return Result(WARN, "lending", f"extension_qos = {q}: not checked "
@@ -395,6 +396,26 @@ def check_lending(d: DaemonSettings, s: SlurmFacts) -> Result:
                       f"e.g. sacctmgr modify qos {q} set GraceTime=60")
     return Result(OK, "lending", f"extension jobs in QOS {q}, preempted by {', '.join(by)} "
                   f"(GraceTime {grace} s)")
+
+
+def _lending_by_the_daemon(d: DaemonSettings, plugin_stamp: str | None) -> Result:
+    """:func:`check_lending` without ``extension_qos``: how soon the daemon hears of another
+    user's submission (``[daemon] submit_stamp`` and the plugin's ``submit_stamp``)."""
+    if d.submit_stamp and plugin_stamp and d.submit_stamp != plugin_stamp:
+        return Result(FAIL, "lending", f"[daemon] submit_stamp = {d.submit_stamp}, but the "
+                      f"job_submit plugin stamps {plugin_stamp}: the daemon would never see it "
+                      'change; set it to the same path, or to "" to take the plugin\'s')
+    if plugin_stamp:
+        return Result(OK, "lending", f"no extension_qos: lent GPUs go back at the daemon's look "
+                      f"within a second of another user's submission (submit_stamp {plugin_stamp})")
+    if d.submit_stamp:
+        return Result(WARN, "lending", f"[daemon] submit_stamp = {d.submit_stamp}, but "
+                      "job_submit_hpcsched.conf here sets no submit_stamp: unless the plugin's "
+                      "settings on the controller do, the file never changes")
+    return Result(WARN, "lending", "no extension_qos nor submit_stamp in "
+                  "job_submit_hpcsched.conf: lent GPUs go back to other users' jobs at the "
+                  "daemon's next look (up to event_poll s), not at once; see docs/daemon.md, "
+                  "\"Sharing the cluster\"")
 
 
 def check_partition_policies(settings: Settings, partitions: Mapping[str, Mapping[str, str]] | None

@@ -20,6 +20,7 @@ from hpcsched.daemon.config import ConfigError, Settings, load
 from hpcsched.daemon.leadership import HostLock, Leadership
 from hpcsched.daemon.metrics import DaemonMetrics
 from hpcsched.daemon.round import Daemon
+from hpcsched.daemon.site_limits import read_site_limits
 from hpcsched.daemon.store import Store
 from hpcsched.policies import POLICIES, PolicyError
 from hpcsched.policies.base import rounds_on_events
@@ -80,6 +81,15 @@ def _serve_metrics(port: int, addr: str) -> DaemonMetrics | None:
 def _rounds_on_events(daemon: Daemon, d) -> bool:
     """``d.event_rounds`` and the daemon's policy asks for rounds at events (``round_on_events``)."""
     return rounds_on_events(getattr(daemon, "policy", None), d.event_rounds)
+
+
+def _submit_stamp(d) -> SubmitStamp:
+    """The submission stamp the daemon watches: ``[daemon] submit_stamp``, else the job_submit
+    plugin's own ``submit_stamp`` from its settings file (``[daemon] site_limits``), else none."""
+    path = d.submit_stamp or read_site_limits(d.site_limits).submit_stamp
+    if path:
+        log.info("watching %s for other users' submissions (submit_stamp)", path)
+    return SubmitStamp(path)
 
 
 def _between_rounds(daemon: Daemon, d, t0: float, state: dict,
@@ -198,12 +208,12 @@ def daemon_command(config, once, interval, dry_run, metrics_port, metrics_addr):
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGHUP, _reload)
     early = None   # the reason the last round ran early (None: it was a periodic round)
-    stamp = SubmitStamp(settings.daemon.submit_stamp)
+    stamp = _submit_stamp(settings.daemon)
     while True:
         if state["reload"]:
             state["reload"] = False
             settings, daemon = _reload_settings(config, overrides, settings, daemon, store, metrics)
-            stamp = SubmitStamp(settings.daemon.submit_stamp)
+            stamp = _submit_stamp(settings.daemon)
         if not lead.hold():   # a standby: another daemon runs this cluster's rounds
             if once:
                 break

@@ -15,7 +15,8 @@ at the smallest of:
   so one file states the site's limits for both: ``max_gpus = N`` for every partition,
   ``partition.<name>.max_gpus = N`` for one ("key = number" lines, ``#`` or ``--`` comments;
   other keys, such as ``max_time``, are Slurm's business; ``extension_qos = NAME`` names the
-  QOS of extension jobs).
+  QOS of extension jobs, ``submit_stamp = /PATH`` the file the plugin rewrites at other users'
+  submissions).
 
 A job never shrinks below its own smallest size for it (the plugin refuses such a job at
 submission). A spec that claims more than the tag is logged once per job, as a warning.
@@ -41,19 +42,22 @@ log = logging.getLogger("hpcsched.daemon.site_limits")
 CONFIG_NAME = "job_submit_hpcsched.conf"
 _LINE = re.compile(r"^\s*([\w.\-]+)\s*=\s*(\d+)\s*$")
 _QOS_LINE = re.compile(r"^\s*extension_qos\s*=\s*([\w.\-]+)\s*$")
+_STAMP_LINE = re.compile(r"^\s*submit_stamp\s*=\s*(/[\w.\-/]+)\s*$")
 _TAG = re.compile(r"(?:^|\s)hpcsched:elastic\b.*?\bmax_gpus=(\d+)")
 
 
 @dataclass(frozen=True)
 class SiteLimits:
     """GPUs an elastic job may grow to: ``max_gpus`` in every partition (None: no limit) and
-    per partition (``partitions``, overriding it); and the QOS the plugin puts extension jobs
+    per partition (``partitions``, overriding it); the QOS the plugin puts extension jobs
     in (``extension_qos``; None: the primary's), which :mod:`hpcsched.daemon.preflight` checks
-    is preemptible."""
+    is preemptible; and the file it rewrites at every submission that is not hpcsched's
+    (``submit_stamp``; None: none), which the daemon watches between rounds."""
 
     max_gpus: int | None = None
     partitions: dict[str, int] = field(default_factory=dict)
     extension_qos: str | None = None
+    submit_stamp: str | None = None
 
     def max_gpus_in(self, partition: str) -> int | None:
         """The limit for a job in ``partition`` (None: none)."""
@@ -75,13 +79,16 @@ def read_site_limits(path: Path | str | None) -> SiteLimits:
         text = p.read_text()
     except OSError:
         return SiteLimits()
-    every, per, qos = None, {}, None
+    every, per, qos, stamp = None, {}, None, None
     for n, line in enumerate(text.splitlines(), 1):
         body = re.sub(r"(#|--).*$", "", line)
         if not body.strip():
             continue
         if (q := _QOS_LINE.match(body)) is not None:
             qos = q.group(1)
+            continue
+        if (st := _STAMP_LINE.match(body)) is not None:
+            stamp = st.group(1)
             continue
         m = _LINE.match(body)
         if m is None:
@@ -92,7 +99,7 @@ def read_site_limits(path: Path | str | None) -> SiteLimits:
             every = value
         elif key.startswith("partition.") and key.endswith(".max_gpus"):
             per[key[len("partition."):-len(".max_gpus")]] = value
-    return SiteLimits(every, per, qos)
+    return SiteLimits(every, per, qos, stamp)
 
 
 def tagged_max_gpus(admin_comment: str) -> int | None:
