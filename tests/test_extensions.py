@@ -186,7 +186,7 @@ def test_a_primary_worker_is_never_counted_lost():
 def test_a_grow_called_off_sends_its_waiting_newcomers_away():
     """Rank 0 gives a grow up: newcomers waiting for their invitation (in a real TCPStore, a
     blocking ``get``) learn it at once instead of waiting to be killed."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="the job's store is torch's TCPStore")
     store = torch.distributed.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=5))
     rf.call_off(store, 3)
     with pytest.raises(rf.GrowCalledOff, match="generation 3 was given up"):

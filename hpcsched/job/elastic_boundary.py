@@ -112,25 +112,25 @@ class ElasticBoundary:
             return
 
         def _on_term(_signum, _frame):
-            if m.form is None and not m.announced:
+            joining = m.form is None
+            if joining and not m.announced:
                 log.info("SIGTERM before joining: Slurm is ending extension job %s; leaving",
                          m.me.allocation)
                 leave_now()
-            if m.form is None:
-                if not self._preempted:
-                    self._preempted = True
-                    log.info("SIGTERM while joining: Slurm is ending extension job %s; it "
-                             "joins, then leaves at the first step boundary", m.me.allocation)
+            if self._preempted:
                 return
-            if not self._preempted:
-                self._preempted = True
-                log.info("SIGTERM: Slurm is ending extension job %s; leaving at the next step "
-                         "boundary", m.me.allocation)
-                try:
-                    m.announce_leaving()
-                except RuntimeError as exc:   # the job's store is gone: the job is ending
-                    log.warning("cannot announce the leave (%s); leaving now", exc)
-                    leave_now()
+            self._preempted = True
+            if joining:        # _join announces the leave once this worker is in the form
+                log.info("SIGTERM while joining: Slurm is ending extension job %s; it joins, "
+                         "then leaves at the first step boundary", m.me.allocation)
+                return
+            log.info("SIGTERM: Slurm is ending extension job %s; leaving at the next step "
+                     "boundary", m.me.allocation)
+            try:
+                m.announce_leaving()
+            except RuntimeError as exc:   # the job's store is gone: the job is ending
+                log.warning("cannot announce the leave (%s); leaving now", exc)
+                leave_now()
 
         self._preempted = False
         signal.signal(signal.SIGTERM, _on_term)

@@ -136,11 +136,8 @@ class _SlurmQueue:
                     self.opened[n] = self.opened.get(n, 0) + g
             if not self._start_own_ahead(f):
                 break
-        for n in nodes:
-            use = min(self.free[n], f.gpus_per_node)
-            self.free[n] -= use
+        for n, use in self._start(f, nodes).items():
             self.claimed[n] = self.claimed.get(n, 0) + use
-            self.opened[n] = self.opened.get(n, 0) - (f.gpus_per_node - use)
         self.served.append(f"{f.job_id} ({f.user}, priority {f.priority}) on {','.join(nodes)}")
 
     def _start_own_ahead(self, f: ForeignJob) -> bool:
@@ -154,13 +151,20 @@ class _SlurmQueue:
             nodes = _place(job, self._avail(usable), {})
             if nodes is None:
                 continue
-            for n in nodes:
-                use = min(self.free[n], job.gpus_per_node)
-                self.free[n] -= use
-                self.opened[n] = self.opened.get(n, 0) - (job.gpus_per_node - use)
+            self._start(job, nodes)
             self.own_first.append(job.job_id)
             return True
         return False
+
+    def _start(self, job: ForeignJob, nodes: list[str]) -> dict[str, int]:
+        """``job`` takes its GPUs on ``nodes``: free ones first, then released ones; returns the
+        free GPUs it took per node."""
+        took = {}
+        for n in nodes:
+            took[n] = use = min(self.free[n], job.gpus_per_node)
+            self.free[n] -= use
+            self.opened[n] = self.opened.get(n, 0) - (job.gpus_per_node - use)
+        return took
 
     def _avail(self, usable: set[str]) -> dict[str, int]:
         return {n: self.free[n] + self.opened.get(n, 0) for n in usable}
