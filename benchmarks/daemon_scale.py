@@ -72,17 +72,22 @@ def cpu_seconds() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def login_priority(nice: int, realtime: bool) -> None:
+def login_priority(nice: int, realtime: bool, ctld_realtime: bool = False) -> None:
     """Give the daemon (this process) and slurmctld the CPU before the emulated compute nodes
     (slurmd and the jobs, at nice 0): on a real cluster the daemon has a login node's core and
     slurmctld the controller to themselves, here all share the host's cores. slurmctld (every
     thread) at nice ``nice``; the daemon at ``nice``, or with ``realtime`` in the ``SCHED_RR``
     class at priority 1 (sched(7): it runs whenever it is ready, as on a core of its own; the
-    kernel keeps 5% of each second for everything else), inherited by its Slurm commands."""
+    kernel keeps 5% of each second for everything else), inherited by its Slurm commands. With
+    ``ctld_realtime`` slurmctld's threads are in ``SCHED_RR`` at priority 1 too (the threads it
+    starts later for each RPC inherit it, pthread_attr_setinheritsched(3)): a controller with
+    cores of its own, which the emulated nodes' load cannot delay."""
     pid = read_pid(Layout(STATE_DIR).pidfile("slurmctld"))
-    if pid and nice:
-        for task in os.listdir(f"/proc/{pid}/task"):
+    for task in os.listdir(f"/proc/{pid}/task") if pid else ():
+        if nice:
             os.setpriority(os.PRIO_PROCESS, int(task), nice)
+        if ctld_realtime:
+            os.sched_setscheduler(int(task), os.SCHED_RR, os.sched_param(1))
     if realtime:
         os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
     elif nice:
@@ -284,7 +289,7 @@ def one_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, args) ->
     if args.job_output:
         (WORK / "out").mkdir(mode=0o1777)
         (WORK / "out").chmod(0o1777)
-    login_priority(args.login_nice, args.daemon_rt)
+    login_priority(args.login_nice, args.daemon_rt, args.ctld_rt)
     cost = calibrate()
     plan = plan_jobs(jobs, gpus_per_node, seed=args.seed,
                      output=str(WORK / "out" / "slurm-%j.out") if args.job_output else "/dev/null")
@@ -343,6 +348,9 @@ def main() -> int:
     p.add_argument("--daemon-rt", action=argparse.BooleanOptionalAction, default=True,
                    help="run the daemon in the SCHED_RR class, as on a login node core of its own "
                         "(default); --no-daemon-rt: at --login-nice")
+    p.add_argument("--ctld-rt", action=argparse.BooleanOptionalAction, default=False,
+                   help="run slurmctld in the SCHED_RR class too, as on a controller of its own "
+                        "(default: at --login-nice only)")
     p.add_argument("--keep", action="store_true",
                    help="leave the dev cluster and the last scale's jobs running at the end")
     p.add_argument("--job-output", action="store_true",
@@ -361,7 +369,8 @@ def main() -> int:
     try:
         for gpus, mins in zip(scales, minutes):
             results.append(one_scale(gpus, args.gpus_per_node, max(1, round(args.jobs * gpus / 1024)), mins, args))
-            write_report(args.out, "daemon_scale", results=results)
+            write_report(args.out, "daemon_scale", results=results,
+                         options={k: str(v) for k, v in vars(args).items()})
     finally:
         if not args.keep:
             devcluster.down(STATE_DIR)
