@@ -227,9 +227,10 @@ def test_a_pending_job_of_a_gpu_plan_takes_free_gpus_of_the_fastest_bin():
     plan = Plan("t", (_gpu_target("a", 2),))
     assert place(plan, snap, "packed").target("a").placement == ("n1",)
     assert place(plan, snap, "pal").target("a").placement == ("n2",)
-    # 6 GPUs: the fast bin alone has 4 free, both bins 2 + 4; 7 fit nowhere now: Slurm chooses
+    # 6 GPUs: the fast bin alone has 4 free, both bins 2 + 4 (the nodes in the order their
+    # GPUs are taken: the most free first); 7 fit nowhere now: Slurm chooses
     assert place(Plan("t", (_gpu_target("a", 6),)), snap, "pal").target("a").placement == \
-        ("n1", "n2")
+        ("n2", "n1")
     out = place(Plan("t", (_gpu_target("a", 7),)), snap, "pal")
     assert out.target("a").placement == () and any("left to Slurm" in n for n in out.notes)
 
@@ -245,7 +246,8 @@ def test_a_running_job_of_a_gpu_plan_keeps_its_gpus_and_grows_by_extension_onto_
     # the same size: no placement, and its node is no one else's
     kept = place(Plan("t", (_gpu_target("r", 4), _gpu_target("p", 4))), snap, "pal")
     assert kept.target("r").placement == () and kept.target("p").placement == ("n2",)
-    # grown to 6 by extension: its own node and 2 GPUs of the fast bin (packed: the tightest)
+    # grown to 6 by extension: 2 GPUs of the fast bin (packed: the tightest), then its own node
+    # (full: it gives none; the nodes are listed in the order their GPUs are taken)
     grown = Plan("t", (_gpu_target("r", 6),))
-    assert place(grown, snap, "pal").target("r").placement == ("n1", "n2")
-    assert place(grown, snap, "packed").target("r").placement == ("n1", "n3")
+    assert place(grown, snap, "pal").target("r").placement == ("n2", "n1")
+    assert place(grown, snap, "packed").target("r").placement == ("n3", "n1")

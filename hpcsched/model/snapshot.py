@@ -101,6 +101,8 @@ class NodeView:
         gpus_allocated: GPUs allocated to any job.
         state: Slurm base state in lower case (idle, mixed, allocated, down, drained, ...).
         partitions: partitions the node belongs to.
+        free_index: the indexes of its free GPUs, lowest first (Slurm hands a job the lowest
+            free ones: what a placement on this node takes); ``None``: not known.
     """
 
     name: str
@@ -108,6 +110,7 @@ class NodeView:
     gpus_allocated: int
     state: str
     partitions: tuple[str, ...] = ()
+    free_index: tuple[int, ...] | None = None
 
     @cached_property
     def usable(self) -> bool:
@@ -179,6 +182,9 @@ class JobView:
     #: this many, its GPUs are its own against other users' pending jobs; beyond it, a grow
     #: yields to them (:mod:`hpcsched.policies.neighbours`). 0: unknown (nothing is its own)
     submitted_gpus: int = 0
+    #: the GPUs it holds, ``(node, index)``, where known (a running job's ``gres_detail``);
+    #: empty: not known or none
+    gpus_held: tuple[tuple[str, int], ...] = ()
     #: GPUs on each node of its allocation, when they differ from node to node (GPU-granular
     #: plans: ``(4, 2)``); empty: ``workers_per_node`` on each of ``nodes``
     layout: tuple[int, ...] = ()

@@ -179,7 +179,7 @@ def _place_extension_gpus(c: Change, job: JobView, free: dict[str, int]
                       f"free for its extension of {extra}")
     note = ""
     if c.placement and own <= set(c.placement) and sum(free.get(n, 0) for n in c.placement) >= extra:
-        order = sorted(c.placement, key=lambda n: n not in own)
+        order = list(c.placement)
     else:
         if c.placement:
             note = (f"job {c.job_id}: placement {','.join(c.placement)} does not fit an "

@@ -137,7 +137,8 @@ class SimCluster:
         cap = self.gpus_per_node
         return tuple(NodeView(name=n, gpus=cap, gpus_allocated=int(used[i]),
                               state="mixed" if 0 < used[i] < cap else
-                              ("allocated" if used[i] else "idle"), partitions=(PARTITION,))
+                              ("allocated" if used[i] else "idle"), partitions=(PARTITION,),
+                              free_index=tuple(int(g) for g in np.flatnonzero(self.free[i])))
                      for i, n in enumerate(self.node_names))
 
 

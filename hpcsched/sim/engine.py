@@ -215,7 +215,8 @@ class Simulator(ChangeApplier):
             layout=j.view_layout(self.cfg.gpus_per_node), primary=j.view_primary(),
             resized_at=j.resized_at if j.state == SlurmState.RUNNING else None,
             last_resize=j.last_resize, step_corrections=tables.get(application_key(j.application_name)),
-            submitted_gpus=j.wj.gpus))
+            submitted_gpus=j.wj.gpus,
+            gpus_held=tuple((self.cluster.node_names[n], g) for n, g in j.gpus)))
 
     def snapshot(self) -> ClusterSnapshot:
         """What the daemon would see now (the observation plus the jobs' own reports)."""

@@ -109,6 +109,7 @@ class JobFacts:
             (:func:`application_tables`); ``None``: not gathered.
         submitted_gpus: GPUs it was submitted with (hpcsub's nodes x GPUs per node); 0:
             unknown.
+        gpus_held: the GPUs it holds, ``(node, index)``; empty: not known.
     """
 
     info: slurm.JobInfo
@@ -131,6 +132,7 @@ class JobFacts:
     grow_failed_at: float | None = None
     step_corrections: StepCorrections | None = None
     submitted_gpus: int = 0
+    gpus_held: tuple[tuple[str, int], ...] = ()
 
 
 def attained_gpu_seconds(profile: Iterable[ProfilePoint]) -> float:
@@ -158,7 +160,7 @@ def job_view(f: JobFacts) -> JobView:
         layout=f.layout, primary=f.primary,
         resized_at=f.resized_at if f.resized_at is not None else (f.start_time if running else None),
         last_resize=f.last_resize, grow_failed_at=f.grow_failed_at,
-        step_corrections=f.step_corrections)
+        step_corrections=f.step_corrections, gpus_held=f.gpus_held if running else ())
 
 
 def application_tables(applications: Iterable[str],

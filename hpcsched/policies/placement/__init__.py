@@ -106,9 +106,12 @@ def place(plan: Plan, snapshot: ClusterSnapshot, strategy: str, locality_penalty
           seed: int = 0) -> Plan:
     """``plan`` with ``JobTarget.placement`` filled by ``strategy`` (one of :data:`PLACEMENTS`).
 
-    Only placements, reasons (a short ``; placement ...`` suffix) and notes change. Targets of
-    jobs not in the snapshot, of ``busy`` jobs, and with ``nodes == 0`` are returned as they
-    are. See the module docstring for the strategies, the capacity rules and the score.
+    Only placements, reasons (a short ``; placement ...`` suffix) and notes change, but for one
+    case: in a GPU-granular plan whose nodes' free GPUs are known (``NodeView.free_index``), a
+    grow that a slow GPU would not pay for is trimmed to the GPUs that do, or left out (the job
+    keeps its size; :func:`.gpus.trim_grow`). Targets of jobs not in the snapshot, of ``busy``
+    jobs, and with ``nodes == 0`` are returned as they are. See the module docstring for the
+    strategies, the capacity rules and the score.
 
     Raises:
         ValueError: unknown strategy, or a locality penalty that is not positive.
@@ -122,21 +125,48 @@ def place(plan: Plan, snapshot: ClusterSnapshot, strategy: str, locality_penalty
     cluster = Cluster(snapshot, locality_penalty, seed)
     todo, notes = _to_place(plan, snapshot, strategy)
     if snapshot.granularity == Granularity.GPU:
-        got, failed, kept = assign_gpus(todo, snapshot, cluster, strategy)
-        todo = [x for x in todo if x.job.job_id in got or x in failed]
-        notes += [f"placement {strategy}: job {x.job.job_id} needs {x.target.gpus_for(x.job)} "
-                  f"GPU(s) on at most {x.target.nodes} node(s) of those free now; placement "
-                  "left to Slurm" for x in sorted(failed, key=lambda x: x.pos)]
-        if kept:
-            notes.append(f"placement {strategy}: {kept} running job(s) keep their GPUs")
+        todo, got, failed, gpu_notes = _place_gpus(todo, snapshot, cluster, strategy)
+        notes += gpu_notes
     else:
         free0 = capacity_left(plan, snapshot, {x.job.job_id for x in todo}, cluster.usable)
         got, failed, retry_notes = _assign_with_retry(todo, free0, cluster, strategy)
         notes += retry_notes + _failed_notes(failed, free0, cluster, strategy)
     notes.insert(0, f"placement: {strategy} (locality penalty {locality_penalty:g}), "
                     f"{len(todo) - len(failed)}/{len(todo)} jobs placed")
-    targets = _rewrite(plan.targets, todo, got, {x.pos for x in failed}, strategy)
+    targets = _rewrite(plan.targets, todo, got, {x.pos for x in failed}, strategy,
+                       ordered=snapshot.granularity == Granularity.GPU)
+    targets = _resized(targets, cluster, strategy, notes)
     return replace(plan, targets=targets, notes=tuple(plan.notes) + tuple(notes))
+
+
+def _place_gpus(todo: list[PlacedJob], snapshot: ClusterSnapshot, cluster: Cluster, strategy: str
+                ) -> tuple[list[PlacedJob], dict[str, Choice], list[PlacedJob], list[str]]:
+    """A GPU-granular plan's placements (:func:`.gpus.assign_gpus`): the jobs placed or left
+    to Slurm, the choices, the jobs left to Slurm, and notes."""
+    got, failed, kept = assign_gpus(todo, snapshot, cluster, strategy)
+    todo = [x for x in todo if x.job.job_id in got or x in failed]   # vetoed: dropped later
+    notes = [f"placement {strategy}: job {x.job.job_id} needs {x.target.gpus_for(x.job)} "
+             f"GPU(s) on at most {x.target.nodes} node(s) of those free now; placement "
+             "left to Slurm" for x in sorted(failed, key=lambda x: x.pos)]
+    if kept:
+        notes.append(f"placement {strategy}: {kept} running job(s) keep their GPUs")
+    return todo, got, failed, notes
+
+
+def _resized(targets: tuple[JobTarget, ...], cluster: Cluster, strategy: str,
+             notes: list[str]) -> tuple[JobTarget, ...]:
+    """``targets`` with the grows the GPU-granular stage trimmed (:func:`.gpus.trim_grow`) and
+    without those it left at their size (a note each, added to ``notes``)."""
+    targets = tuple(_trim(t, *cluster.trimmed[t.job_id]) if t.job_id in cluster.trimmed else t
+                    for t in targets)
+    notes += [f"placement {strategy}: job {j} keeps its size: {why}"
+              for j, why in sorted(cluster.vetoed.items())]
+    return tuple(t for t in targets if t.job_id not in cluster.vetoed)
+
+
+def _trim(t: JobTarget, gpus: int, why: str) -> JobTarget:
+    """Target ``t`` trimmed to ``gpus`` GPUs on its placement's nodes."""
+    return replace(t, gpus=gpus, nodes=max(1, len(t.placement)), reason=f"{t.reason}; {why}")
 
 
 def _failed_notes(failed: list[PlacedJob], free0: dict[str, int], cluster: Cluster,
@@ -236,7 +266,7 @@ def _assign_with_retry(todo: list[PlacedJob], free0: dict[str, int], cluster: Cl
 
 
 def _rewrite(targets: tuple[JobTarget, ...], todo: list[PlacedJob], got: dict[str, Choice],
-             failed_pos: set[int], strategy: str) -> tuple[JobTarget, ...]:
+             failed_pos: set[int], strategy: str, ordered: bool = False) -> tuple[JobTarget, ...]:
     """The plan's targets with the placements (node names in natural order) and a reason
     suffix; targets the stage did not place are returned as they are."""
     by_pos = {x.pos: x for x in todo}
@@ -250,7 +280,8 @@ def _rewrite(targets: tuple[JobTarget, ...], todo: list[PlacedJob], got: dict[st
                                reason=f"{t.reason}; placement {strategy}: does not fit"))
         else:
             names, why = got[x.job.job_id]
-            names = sorted(names, key=node_sort_key)
+            if not ordered:
+                names = sorted(names, key=node_sort_key)
             detail = ",".join(names) + (f" ({why})" if why else "")
             out.append(replace(t, placement=tuple(names),
                                reason=f"{t.reason}; placement {strategy}: {detail}"))

@@ -24,6 +24,15 @@ the free GPUs are fragmented, than Slurm's own packing of all of them would span
 extension: its own nodes counted), so the stage never trades locality for speed. Within a rank
 every node counts as equally fast, so locality and packing decide, as PAL's bin walk does. A
 job that the free GPUs do not hold keeps an empty placement (Slurm chooses), with a note.
+
+**Which GPUs, not which nodes.** Slurm hands a job the lowest-numbered free GPUs of a node, so
+when the snapshot knows each node's free GPUs (``NodeView.free_index``: Slurm's ``IDX`` lists)
+a node ranks by the GPUs it would give the job (:func:`exact_rank`), not by its slowest GPU,
+and a grow of a running job (whose GPUs ``JobView.gpus_held`` names) takes only the GPUs that
+pay: one slow GPU sets the pace of every rank of a data-parallel job (PAL §3), so a grow onto
+it can leave the job slower than it was (:func:`trim_grow`). The nodes of a placement are
+listed in the order their GPUs are taken, which is the order reconcile fills them in.
+What it gains with ``jct``: ``docs/evaluation.md``, section 12.
 """
 
 from __future__ import annotations
@@ -99,10 +108,13 @@ def pack(need: Demand, nodes: list[str], free: dict[str, int]) -> dict[str, int]
     return take
 
 
-def choose(x: PlacedJob, need: Demand, free: dict[str, int], strategy: str, cluster: Cluster
-           ) -> GpuChoice | None:
-    """The first rank (best first) at which ``x``'s demand packs, and why; ``None``: nowhere."""
-    rank = node_rank(x, strategy, cluster)
+def choose(x: PlacedJob, need: Demand, free: dict[str, int], strategy: str, cluster: Cluster,
+           free_index: dict[str, list[int]] | None = None) -> GpuChoice | None:
+    """The first rank (best first) at which ``x``'s demand packs, and why; ``None``: nowhere.
+    With ``free_index`` (each node's free GPUs, lowest first: the ones Slurm hands out), a
+    node's rank is that of the GPUs it would give the job, not of its slowest GPU."""
+    rank = (exact_rank(x, need, strategy, cluster, free_index) if free_index is not None
+            else node_rank(x, strategy, cluster))
     ok = [m for m in cluster.usable if partition_ok(x.job, cluster.usable[m])]
     slurm = pack(replace(need, max_nodes=None), ok, free)   # what Slurm's packing would take
     if slurm is None:
@@ -118,11 +130,59 @@ def choose(x: PlacedJob, need: Demand, free: dict[str, int], strategy: str, clus
     return None
 
 
+def exact_rank(x: PlacedJob, need: Demand, strategy: str, cluster: Cluster,
+               free_index: dict[str, list[int]]) -> dict[str, float]:
+    """Each usable node's rank for ``x`` from the GPUs it would hand the job: its first
+    ``min(free, need.gpus)`` free GPUs (the lowest indexes, as Slurm picks them)."""
+    if strategy == "packed":
+        return dict.fromkeys(cluster.usable, 0.0)
+    slow = cluster.gpu_slowdowns(x.cls)
+    sp = cluster.speed(x.cls, binned=strategy == "pal")
+    out = {}
+    for m in cluster.usable:
+        idx = free_index.get(m, [])[:need.gpus]
+        v = max((slow.get((m, g), 1.0) for g in idx), default=1.0)
+        out[m] = float(sp.binning.bin_of(v)) if strategy == "pal" else v
+    return out
+
+
+def trim_grow(x: PlacedJob, need: Demand, free: dict[str, int],
+              free_index: dict[str, list[int]], cluster: Cluster
+              ) -> tuple[int, dict[str, int], str]:
+    """How many of the ``need.gpus`` GPUs a grow of running ``x`` takes: the count ``k`` and
+    pace limit ``v`` that maximise ``(gpus + k) / max(pace, v)`` (its throughput at linear
+    scaling, an upper bound: a slow GPU sets the pace of every rank, PAL §3), ``k`` taken from
+    each node's free GPUs no slower than ``v`` in the order Slurm hands them out. Returns ``k``,
+    the GPUs usable per node at that limit, and why (when ``k < need.gpus``)."""
+    slow = cluster.gpu_slowdowns(x.cls)
+    now = max((slow.get(g, 1.0) for g in x.job.gpus_held), default=1.0)
+    limits = sorted({now} | {v for m, idx in free_index.items() for i in idx
+                             if (v := slow.get((m, i), 1.0)) > now})
+    best: tuple[float, int, float, dict[str, int]] | None = None
+    for v in limits:
+        cap = {}
+        for m, idx in free_index.items():
+            n = 0
+            while n < len(idx) and n < free.get(m, 0) and slow.get((m, idx[n]), 1.0) <= v:
+                n += 1
+            cap[m] = n
+        k = min(need.gpus, sum(cap.values()))
+        score = (x.job.gpus + k) / v
+        if best is None or score > best[0] * (1 + 1e-9):
+            best = (score, k, v, cap)
+    assert best is not None
+    _, k, v, cap = best
+    why = (f"a grow to {x.job.gpus + need.gpus} GPUs would run at {max(limits):.2f}x for class "
+           f"{x.cls or '-'}; {x.job.gpus + k} on GPUs no slower than {v:.2f}x go faster")
+    return k, (cap if k < need.gpus else free), why
+
+
 def assign_gpus(todo: list[PlacedJob], snapshot: ClusterSnapshot, cluster: Cluster,
                 strategy: str) -> tuple[dict[str, tuple[list[str], str]], list[PlacedJob], int]:
     """Place the jobs of a GPU-granular plan (module docstring). Returns the placement (node
     names, and why) per job id, the jobs that did not fit, and how many jobs kept their GPUs."""
     free = free_gpus(cluster)
+    free_index = cluster.free_index()
     got: dict[str, tuple[list[str], str]] = {}
     failed: list[PlacedJob] = []
     kept = 0
@@ -131,12 +191,26 @@ def assign_gpus(todo: list[PlacedJob], snapshot: ClusterSnapshot, cluster: Clust
         if need is None:
             kept += 1
             continue
-        c = choose(x, need, free, strategy, cluster) if need.gpus > 0 else ({}, "")
+        avail = free
+        if free_index is not None and x.running and strategy != "packed" and need.gpus > 0:
+            k, avail, why_trim = trim_grow(x, need, free, free_index, cluster)
+            if k == 0:
+                cluster.vetoed[x.job.job_id] = why_trim
+                continue
+            if k < need.gpus:
+                need = replace(need, gpus=k)
+                cluster.trimmed[x.job.job_id] = (x.job.gpus + k, why_trim)
+        c = choose(x, need, avail, strategy, cluster, free_index) if need.gpus > 0 else ({}, "")
         if c is None:
+            cluster.trimmed.pop(x.job.job_id, None)
             failed.append(x)
             continue
         take, why = c
         for m, g in take.items():
             free[m] -= g
-        got[x.job.job_id] = (sorted(set(take) | set(need.own), key=node_sort_key), why)
+            if free_index is not None:
+                del free_index[m][:g]
+        # the nodes in the order the GPUs are taken (reconcile fills them in this order), then
+        # the job's own nodes that give none
+        got[x.job.job_id] = (list(take) + [m for m in need.own if m not in take], why)
     return got, failed, kept

@@ -67,6 +67,25 @@ class Cluster:
         self._gpus = list(snapshot.gpus)
         self._measured = set(gpus_by_node(snapshot.gpus))
         self._speeds: dict[tuple[str, bool], Speeds] = {}
+        self._free_index = {n.name: n.free_index for n in self.usable.values()}
+        self._gpu_slow: dict[str, dict[tuple[str, int], float]] = {}
+        #: job id -> why its grow was not placed (it keeps its size this round)
+        self.vetoed: dict[str, str] = {}
+        #: job id -> (GPUs, why): a grow trimmed to the GPUs that pay
+        self.trimmed: dict[str, tuple[int, str]] = {}
+
+    def free_index(self) -> dict[str, list[int]] | None:
+        """Each usable node's free GPU indexes, lowest first (a copy to consume), or ``None``
+        when some node's are not known."""
+        if not self._gpus or any(v is None for v in self._free_index.values()):
+            return None
+        return {m: list(v or ()) for m, v in self._free_index.items()}
+
+    def gpu_slowdowns(self, cls: str) -> dict[tuple[str, int], float]:
+        """``(node, index) -> slowdown`` for ``cls`` of every measured GPU."""
+        if cls not in self._gpu_slow:
+            self._gpu_slow[cls] = {(g.node, g.index): g.slowdown_for(cls) for g in self._gpus}
+        return self._gpu_slow[cls]
 
     def eligible(self, job: JobView, free: dict[str, int]) -> list[str]:
         """Usable nodes of the job's partition with ``workers_per_node`` GPUs free."""
