@@ -332,6 +332,35 @@ def test_contract_running_gpu_job(backend, slurm_jobs):
 
 
 @pytest.mark.slurm
+def test_the_gpus_a_job_holds_and_each_nodes_free_ones_come_from_slurms_idx_lists(devcluster, slurm_jobs):
+    """Real ``squeue --json``'s ``gres_detail`` names the GPUs a job holds; the snapshot's
+    free GPUs per node (what PAL's placement ranks, :mod:`hpcsched.policies.placement.gpus`)
+    are the node's others, as many as sinfo says are free."""
+    from hpcsched.views.build import cluster_snapshot, held_gpus
+
+    backend = make_backend("cli", timeout=20)
+    jid = _sbatch("-N1", "--gres=gpu:3", "-J", "hpcsched-test-backend", "--wrap", "sleep 30")
+    slurm_jobs.append(jid)
+
+    def seen():
+        # other tests share the cluster: retry past a job starting between squeue and sinfo
+        o = backend.observe()
+        job = o.jobs[jid]
+        if job.state != "RUNNING":
+            return None
+        (host,) = expand_hostlist(job.nodes)
+        node = {n.name: n for n in cluster_snapshot(o, ()).nodes}[host]
+        return (job, host, node) if node.free_index is not None else None
+
+    job, host, node = wait_for(seen, 60, f"job {jid} RUNNING with its GPUs known")
+    (held,) = job.gpu_index
+    assert len(held) == 3 and set(held) <= {0, 1, 2, 3}
+    assert held_gpus((job,)) == tuple((host, i) for i in held)
+    assert not set(node.free_index) & set(held)
+    assert len(node.free_index) == node.gpus - node.gpus_allocated
+
+
+@pytest.mark.slurm
 def test_contract_calls_do_not_grow_with_jobs(backend, slurm_jobs):
     first = _submit_held(1, slurm_jobs)
     before = backend.calls

@@ -102,3 +102,42 @@ def test_the_simulator_reports_free_gpus_and_the_gpus_each_job_holds():
     snap = sim.snapshot()
     assert {n.name: n.free_index for n in snap.nodes} == {"n1": (3,), "n2": (0, 1, 2, 3)}
     assert snap.jobs[0].gpus_held == (("n1", 0), ("n1", 1), ("n1", 2))
+
+
+# ------------------------------------------------------------------ from Slurm's IDX lists
+def test_gpu_indexes_parse_slurms_idx_lists():
+    import pytest
+
+    from hpcsched.slurm.errors import SlurmError
+    from hpcsched.slurm.gres import gpu_indexes
+
+    assert gpu_indexes("gpu:3(IDX:0-1,3)") == (0, 1, 3)
+    assert gpu_indexes("gpu:0(IDX:N/A)") == () and gpu_indexes("gpu:2") is None
+    with pytest.raises(SlurmError, match="bad index range"):
+        gpu_indexes("gpu:2(IDX:3-1)")
+
+
+def test_the_free_gpus_of_each_node_and_the_gpus_of_each_job_from_squeue_and_sinfo():
+    """Recorded 22.05 output (tests/slurm_outputs.py): job 59 holds GPUs 0-1 of n1-n3, job 61
+    GPUs 2-3 of n1-n2; sinfo counts 4, 4, 2 and 0 in use."""
+    from hpcsched.slurm.observe import Observation
+    from hpcsched.slurm.parse import parse_sinfo_json, parse_squeue_json
+    from hpcsched.views.build import cluster_snapshot, held_gpus
+    from tests.slurm_outputs import SINFO_RUNNING, SQUEUE_RUNNING
+
+    jobs = parse_squeue_json(SQUEUE_RUNNING)
+    assert jobs["59"].gpu_index == ((0, 1),) * 3 and jobs["60"].gpu_index == ()
+    assert held_gpus((jobs["61"],)) == (("n1", 2), ("n1", 3), ("n2", 2), ("n2", 3))
+    obs = Observation(time=0.0, nodes=parse_sinfo_json(SINFO_RUNNING), jobs=jobs, calls=2)
+    snap = cluster_snapshot(obs, ())
+    assert {n.name: n.free_index for n in snap.nodes} == {
+        "n1": (), "n2": (), "n3": (2, 3), "n4": (0, 1, 2, 3)}
+    # a job that does not say which GPUs it holds leaves its nodes unknown, and a count that
+    # disagrees with sinfo's (a job squeue did not list) too
+    vague = replace(jobs["61"], gpu_index=())
+    obs = Observation(time=0.0, nodes=obs.nodes, jobs={**jobs, "61": vague}, calls=2)
+    assert {n.name: n.free_index for n in cluster_snapshot(obs, ()).nodes} == {
+        "n1": None, "n2": None, "n3": (2, 3), "n4": (0, 1, 2, 3)}
+    obs = Observation(time=0.0, nodes=obs.nodes, jobs={"61": jobs["61"]}, calls=2)
+    assert {n.name: n.free_index for n in cluster_snapshot(obs, ()).nodes} == {
+        "n1": None, "n2": None, "n3": None, "n4": (0, 1, 2, 3)}

@@ -38,6 +38,7 @@ from hpcsched.views.build import (  # noqa: F401 - the builder's names, importab
     eligible,
     foreign_pending,
     held_for_placement,
+    held_gpus,
     job_view,
     plans_unread,
     with_step_corrections,
@@ -336,13 +337,16 @@ def gpu_granular_facts(facts: JobFacts, extensions: Sequence[slurm.JobInfo],
                        workers_per_node: int) -> JobFacts:
     """``facts`` of a running job at GPU granularity: its allocation from Slurm's records
     (:func:`allocation_of`: the primary's GPUs and every extension job's, per node) as its
-    nodes, ``layout`` and ``primary``. A pending job's facts are returned as they are."""
+    nodes, ``layout`` and ``primary``, and the GPUs they hold (``gpus_held``, where Slurm says
+    which). A pending job's facts are returned as they are."""
     if facts.info.state != SlurmState.RUNNING:
         return facts
     per, primary = allocation_of(facts.info, extensions, workers_per_node)
-    info = dataclasses.replace(facts.info, nodes=",".join(per), node_count=len(per))
+    held = held_gpus((facts.info, *extensions))
+    info = dataclasses.replace(facts.info, nodes=",".join(per), node_count=len(per), gpu_index=())
     return dataclasses.replace(facts, info=info, nodes=len(per), layout=tuple(per.values()),
-                               primary=tuple(primary.values()) if extensions else ())
+                               primary=tuple(primary.values()) if extensions else (),
+                               gpus_held=held)
 
 
 def _own_extensions(exts: Mapping[str, Sequence[slurm.JobInfo]], managed: Mapping[str, ManagedJob],

@@ -57,19 +57,31 @@ def _strip_prefix(key: str) -> str:
 
 def _indexes(item: str, whole: str) -> int | None:
     """How many device indexes an ``(IDX:0-1,3)`` suffix lists (``N/A`` -> 0), None without one."""
+    idx = gpu_indexes(item, whole)
+    return None if idx is None else len(idx)
+
+
+def gpu_indexes(item: str, whole: str | None = None) -> tuple[int, ...] | None:
+    """The device indexes an ``(IDX:0-1,3)`` suffix lists, ascending (``(0, 1, 3)``; ``N/A``:
+    none), ``None`` without one: the GPUs of a node a job holds, as ``squeue --json``'s
+    ``gres_detail`` gives them (one ``gpu:2(IDX:0-1)`` per node, squeue(1) ``%b``/``-d``).
+
+    Raises:
+        SlurmError: a range that is not ``N`` or ``N-M`` with ``M >= N``.
+    """
     m = _IDX.search(item)
     if m is None:
         return None
     body = m.group(1).strip()
     if body.upper() in ("", "N/A"):
-        return 0
-    total = 0
+        return ()
+    out: set[int] = set()
     for rng in body.split(","):
         lo, _, hi = rng.strip().partition("-")
         if not lo.isdigit() or not (hi or lo).isdigit() or int(hi or lo) < int(lo):
-            raise SlurmError(f"GRES {whole!r}: bad index range {rng!r}")
-        total += int(hi or lo) - int(lo) + 1
-    return total
+            raise SlurmError(f"GRES {whole if whole is not None else item!r}: bad index range {rng!r}")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return tuple(sorted(out))
 
 
 def _gres_entry(item: str, bare: str, whole: str) -> _Entry:

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from hpcsched.model.snapshot import NodeView
 from hpcsched.protocol.kinds import SlurmState
 from hpcsched.slurm.errors import SlurmError, SlurmUnavailable, says_unreachable
-from hpcsched.slurm.gres import NO_VALUE, gpu_count
+from hpcsched.slurm.gres import NO_VALUE, gpu_count, gpu_indexes
 from hpcsched.slurm.resize_script import parse_resize_script as parse_resize_script
 
 #: Job states in which Slurm still holds resources for the job or may start it again.
@@ -85,6 +85,9 @@ class JobInfo:
     #: SchedNodes; ``scheduled_nodes`` in 23.02+'s JSON): "" none planned; None: this
     #: ``squeue --json`` does not report them (Slurm 22.05, :func:`parse_scheduled_nodes`)
     scheduled_nodes: str | None = None
+    #: the GPU indexes it holds on each node of ``nodes`` (expanded, in order), from
+    #: ``gres_detail``'s ``(IDX:...)`` lists; empty: not known (pending, or not reported)
+    gpu_index: tuple[tuple[int, ...], ...] = ()
 
     @property
     def active(self) -> bool:
@@ -274,6 +277,24 @@ def _slim_job(pairs: list[tuple[str, object]]) -> dict:
     return d
 
 
+def _gpu_index(j: dict) -> tuple[tuple[int, ...], ...]:
+    """The GPU indexes a job holds per node (``gres_detail``: one ``gpu:2(IDX:0-1)`` per node of
+    its list), or ``()`` when an entry lacks them or does not parse: unknown, never a guess."""
+    detail = j.get("gres_detail")
+    if not isinstance(detail, list) or not detail:
+        return ()
+    out = []
+    for d in detail:
+        try:
+            idx = gpu_indexes(d) if isinstance(d, str) else None
+        except SlurmError:
+            idx = None
+        if idx is None:
+            return ()
+        out.append(idx)
+    return tuple(out)
+
+
 def _job_from_json(j: dict) -> JobInfo:
     return JobInfo(
         job_id=str(j["job_id"]),
@@ -297,6 +318,7 @@ def _job_from_json(j: dict) -> JobInfo:
         end_time=_time(j.get("end_time")),
         account=str(j.get("account") or ""),
         qos=str(j.get("qos") or ""),
+        gpu_index=_gpu_index(j),
         scheduled_nodes=(_hostlist_or_empty(j["scheduled_nodes"]) if "scheduled_nodes" in j
                          else None),
     )

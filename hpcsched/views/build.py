@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from hpcsched import slurm
-from hpcsched.model.snapshot import ClusterSnapshot, ForeignJob, GPUView, JobView, ProfilePoint
+from hpcsched.model.snapshot import ClusterSnapshot, ForeignJob, GPUView, JobView, NodeView, ProfilePoint
 from hpcsched.perf.priors import application_key
 from hpcsched.perf.shared import StepCorrections
 from hpcsched.protocol import files as ctl
@@ -160,7 +160,47 @@ def job_view(f: JobFacts) -> JobView:
         layout=f.layout, primary=f.primary,
         resized_at=f.resized_at if f.resized_at is not None else (f.start_time if running else None),
         last_resize=f.last_resize, grow_failed_at=f.grow_failed_at,
-        step_corrections=f.step_corrections, gpus_held=f.gpus_held if running else ())
+        step_corrections=f.step_corrections,
+        gpus_held=(f.gpus_held or held_gpus((f.info,))) if running else ())
+
+
+def held_gpus(infos: Iterable[slurm.JobInfo]) -> tuple[tuple[str, int], ...]:
+    """The GPUs the Slurm jobs ``infos`` hold, ``(node, index)`` (their ``gpu_index``), or
+    ``()`` when one of them does not say which (unknown, never a guess). Pure."""
+    out: list[tuple[str, int]] = []
+    for info in infos:
+        names = slurm.expand_hostlist(info.nodes)
+        if not names or len(info.gpu_index) != len(names):
+            return ()
+        out.extend((n, i) for n, idx in zip(names, info.gpu_index) for i in idx)
+    return tuple(out)
+
+
+def free_indexes(nodes: Sequence[NodeView], infos: Iterable[slurm.JobInfo]) -> tuple[NodeView, ...]:
+    """``nodes`` with :attr:`~hpcsched.model.snapshot.NodeView.free_index` filled from the GPUs
+    the jobs ``infos`` (every job Slurm lists) hold: a node's indexes ``0..gpus-1`` less theirs.
+    Left ``None`` where a job on the node does not say which GPUs it holds, or where the count
+    disagrees with the node's allocated GPUs (a job ``infos`` lacks); a node that has its
+    indexes already (the simulator's) keeps them. Pure."""
+    used: dict[str, set[int]] = {}
+    unknown: set[str] = set()
+    for info in infos:
+        if info.state not in (SlurmState.RUNNING, SlurmState.COMPLETING) or not info.gpus_per_node:
+            continue
+        names = slurm.expand_hostlist(info.nodes)
+        if len(info.gpu_index) != len(names):
+            unknown.update(names)
+            continue
+        for n, idx in zip(names, info.gpu_index):
+            used.setdefault(n, set()).update(idx)
+    out = []
+    for node in nodes:
+        if node.free_index is None and node.name not in unknown:
+            free = tuple(i for i in range(node.gpus) if i not in used.get(node.name, ()))
+            if len(free) == node.gpus - node.gpus_allocated:
+                node = dataclasses.replace(node, free_index=free)
+        out.append(node)
+    return tuple(out)
 
 
 def application_tables(applications: Iterable[str],
@@ -201,7 +241,7 @@ def cluster_snapshot(obs: Observation, jobs: Sequence[JobView], partitions: Sequ
         if info.job_id not in mine and info.state == SlurmState.RUNNING and info.gpus_per_node:
             for n in slurm.expand_hostlist(info.nodes):
                 other[n] = other.get(n, 0) + info.gpus_per_node
-    return ClusterSnapshot(time=obs.time, nodes=obs.nodes, jobs=tuple(jobs),
+    return ClusterSnapshot(time=obs.time, nodes=free_indexes(obs.nodes, obs.jobs.values()), jobs=tuple(jobs),
                            other_gpus_allocated=tuple(sorted(other.items())),
                            partitions=tuple(partitions), gpus=tuple(gpus),
                            foreign_pending=foreign_pending(obs, mine, partitions))
