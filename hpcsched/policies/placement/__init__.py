@@ -144,7 +144,7 @@ def _place_gpus(todo: list[PlacedJob], snapshot: ClusterSnapshot, cluster: Clust
     """A GPU-granular plan's placements (:func:`.gpus.assign_gpus`): the jobs placed or left
     to Slurm, the choices, the jobs left to Slurm, and notes."""
     got, failed, kept = assign_gpus(todo, snapshot, cluster, strategy)
-    todo = [x for x in todo if x.job.job_id in got or x in failed]   # vetoed: dropped later
+    todo = [x for x in todo if x.job.job_id in got or x in failed]   # vetoed: kept later
     notes = [f"placement {strategy}: job {x.job.job_id} needs {x.target.gpus_for(x.job)} "
              f"GPU(s) on at most {x.target.nodes} node(s) of those free now; placement "
              "left to Slurm" for x in sorted(failed, key=lambda x: x.pos)]
@@ -155,13 +155,20 @@ def _place_gpus(todo: list[PlacedJob], snapshot: ClusterSnapshot, cluster: Clust
 
 def _resized(targets: tuple[JobTarget, ...], cluster: Cluster, strategy: str,
              notes: list[str]) -> tuple[JobTarget, ...]:
-    """``targets`` with the grows the GPU-granular stage trimmed (:func:`.gpus.trim_grow`) and
-    without those it left at their size (a note each, added to ``notes``)."""
-    targets = tuple(_trim(t, *cluster.trimmed[t.job_id]) if t.job_id in cluster.trimmed else t
-                    for t in targets)
-    notes += [f"placement {strategy}: job {j} keeps its size: {why}"
-              for j, why in sorted(cluster.vetoed.items())]
-    return tuple(t for t in targets if t.job_id not in cluster.vetoed)
+    """``targets`` with the grows the GPU-granular stage trimmed (:func:`.gpus.trim_grow`), and
+    those it left out at the job's size and batch size (its weight kept: reconcile judges the
+    plan in the policy's objective), a note each added to ``notes``."""
+    out = []
+    for t in targets:
+        if t.job_id in cluster.trimmed:
+            t = _trim(t, *cluster.trimmed[t.job_id])
+        elif t.job_id in cluster.vetoed:
+            job, why = cluster.vetoed[t.job_id]
+            t = replace(t, nodes=job.nodes, gpus=job.gpus, batch_size=job.batch_size, placement=(),
+                        reason=f"{t.reason}; keeps its size: {why}")
+            notes.append(f"placement {strategy}: job {t.job_id} keeps its size: {why}")
+        out.append(t)
+    return tuple(out)
 
 
 def _trim(t: JobTarget, gpus: int, why: str) -> JobTarget:

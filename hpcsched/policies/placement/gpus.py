@@ -195,7 +195,7 @@ def assign_gpus(todo: list[PlacedJob], snapshot: ClusterSnapshot, cluster: Clust
         if free_index is not None and x.running and strategy != "packed" and need.gpus > 0:
             k, avail, why_trim = trim_grow(x, need, free, free_index, cluster)
             if k == 0:
-                cluster.vetoed[x.job.job_id] = why_trim
+                cluster.vetoed[x.job.job_id] = (x.job, why_trim)
                 continue
             if k < need.gpus:
                 need = replace(need, gpus=k)

@@ -70,7 +70,7 @@ class Cluster:
         self._free_index = {n.name: n.free_index for n in self.usable.values()}
         self._gpu_slow: dict[str, dict[tuple[str, int], float]] = {}
         #: job id -> why its grow was not placed (it keeps its size this round)
-        self.vetoed: dict[str, str] = {}
+        self.vetoed: dict[str, tuple[JobView, str]] = {}
         #: job id -> (GPUs, why): a grow trimmed to the GPUs that pay
         self.trimmed: dict[str, tuple[int, str]] = {}
 
