@@ -227,6 +227,8 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
               f"{r['slurm_calls']} calls, {r['changes']} changes, {r['running']} running / "
               f"{r['pending']} pending, RSS {r['rss_mib']:.0f} MiB" + (f", error {r['error']}" if r["error"] else ""),
               flush=True)
+        del rep
+        service.trim_heap()   # as hpcsched daemon does after each round
         why = service._between_rounds(daemon, settings.daemon, t0, state)
         r["between_calls"], r["next"] = commands.calls() - calls0 - rep.slurm_calls, why or "interval"
     growth = traced_growth(tracemalloc.take_snapshot(), trace) if tracemalloc.is_tracing() else []

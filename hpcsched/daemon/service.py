@@ -51,6 +51,21 @@ def steady_heap() -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
+def trim_heap() -> bool:
+    """Give the C heap's free pages back to the system after a round: ``malloc_trim(0)``
+    (malloc_trim(3); glibc returns free pages anywhere in the heap, not only at its top). A
+    round's parse of ``squeue --json`` frees hundreds of thousands of small blocks between the
+    few it keeps; the holes they leave stay resident otherwise, and the daemon's RSS rises in
+    steps with the largest observation it has parsed (``docs/daemon.md``, "Memory"). Returns
+    False where the C library has no ``malloc_trim`` (not glibc): nothing changes."""
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return False
+    malloc_trim(0)
+    return True
+
+
 def _load_settings(config: str | None, overrides: dict) -> Settings:
     settings = load(config, policy_names=POLICIES)
     d = settings.daemon
@@ -225,6 +240,7 @@ def daemon_command(config, once, interval, dry_run, metrics_port, metrics_addr):
         if early is None:   # an early round keeps the periodic rounds' times, as the simulator
             t0 = time.monotonic()
         daemon.round()
+        trim_heap()
         if once or state["stop"]:
             break
         early = _between_rounds(daemon, settings.daemon, t0, state, lead.hold, stamp)
