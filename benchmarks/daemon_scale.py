@@ -230,7 +230,7 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
         del rep
         service.trim_heap()   # as hpcsched daemon does after each round
         why = service._between_rounds(daemon, settings.daemon, t0, state)
-        r["between_calls"], r["next"] = commands.calls() - calls0 - rep.slurm_calls, why or "interval"
+        r["between_calls"], r["next"] = commands.calls() - calls0 - r["slurm_calls"], why or "interval"
     growth = traced_growth(tracemalloc.take_snapshot(), trace) if tracemalloc.is_tracing() else []
     tracemalloc.stop()
     store.close()
