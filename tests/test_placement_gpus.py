@@ -142,3 +142,25 @@ def test_the_free_gpus_of_each_node_and_the_gpus_of_each_job_from_squeue_and_sin
     obs = Observation(time=0.0, nodes=obs.nodes, jobs={"61": jobs["61"]}, calls=2)
     assert {n.name: n.free_index for n in cluster_snapshot(obs, ()).nodes} == {
         "n1": None, "n2": None, "n3": None, "n4": (0, 1, 2, 3)}
+
+
+def test_reconcile_takes_on_each_node_the_gpus_the_placement_counted_and_no_more():
+    """n2's GPU 3 is an outlier: the stage takes 3 of n2's 4 free GPUs and 1 of n3's. Filling
+    the nodes in order with all they have free would take n2's fourth, the outlier."""
+    from hpcsched.policies.changes import Candidate, Change
+    from hpcsched.policies.feasible import feasible_now
+    from hpcsched.policies.realise import Mechanism
+    from hpcsched.protocol.kinds import ChangeKind, GrowMode
+
+    r = _running("r", tuple(("n1", i) for i in range(4)))
+    snap = _snap({"n1": (), "n2": (0, 1, 2, 3), "n3": (2, 3)}, {("n2", 3): SLOW}, [r])
+    t = place(Plan("t", (_target("r", 8),)), snap, "pal").target("r")
+    assert (t.gpus, t.placement, t.placement_gpus) == (8, ("n2", "n3", "n1"), (3, 1, 0))
+    change = Change("r", ChangeKind.GROW, 1, 3, 64, 64, "grow", t.placement, 4, 8,
+                    mechanism=Mechanism.EXTEND, placement_gpus=t.placement_gpus)
+    (made,), _ = feasible_now([Candidate(change, 1.0, 2.0)], snap, GrowMode.EXTENSION)
+    assert dict(made.layout) == {"n1": 4, "n2": 3, "n3": 1}
+    # without the counts, the nodes in order with all they have free: n2's outlier too
+    (made,), _ = feasible_now([Candidate(replace(change, placement_gpus=()), 1.0, 2.0)], snap,
+                              GrowMode.EXTENSION)
+    assert dict(made.layout) == {"n1": 4, "n2": 4}

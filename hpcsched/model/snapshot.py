@@ -371,6 +371,9 @@ class JobTarget:
     #: 1 for total goodput (``dp``); ``1 / remaining samples`` for ``jct``; ``1 / goodput at
     #: the fair share`` (a speedup) for ``pollux``
     weight: float = 1.0
+    #: GPUs to take on each node of ``placement`` (a GPU-granular placement stage's choice, the
+    #: GPUs it ranked: :mod:`hpcsched.policies.placement.gpus`); empty: as many as each has free
+    placement_gpus: tuple[int, ...] = ()
 
     def gpus_for(self, job: JobView) -> int:
         """GPUs this target gives ``job``."""

@@ -39,6 +39,9 @@ class Change:
     #: ``((node, GPUs), ...)``, primary's nodes first (empty: Slurm chooses)
     mechanism: Mechanism | None = None
     layout: Layout = ()
+    #: GPUs a GPU-granular grow takes on each node of ``placement`` (the placement stage's
+    #: choice, :mod:`hpcsched.policies.placement.gpus`); empty: as many as each has free, in order
+    placement_gpus: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -178,9 +178,13 @@ def _place_extension_gpus(c: Change, job: JobView, free: dict[str, int]
         return None, (f"job {c.job_id}: grow to {c.to_gpus} GPU(s) waits: {sum(free.values())} "
                       f"free for its extension of {extra}")
     note = ""
-    if c.placement and own <= set(c.placement) and sum(free.get(n, 0) for n in c.placement) >= extra:
+    caps = (dict(zip(c.placement, c.placement_gpus)) if len(c.placement_gpus) == len(c.placement)
+            else {})
+    room = {n: min(free.get(n, 0), caps.get(n, free.get(n, 0))) for n in c.placement}
+    if c.placement and own <= set(c.placement) and sum(room.values()) >= extra:
         order = list(c.placement)
     else:
+        room = free
         if c.placement:
             note = (f"job {c.job_id}: placement {','.join(c.placement)} does not fit an "
                     "extension now; Slurm chooses the nodes")
@@ -188,7 +192,7 @@ def _place_extension_gpus(c: Change, job: JobView, free: dict[str, int]
         order = sorted(free, key=lambda n: (n not in own, -free[n], n))
     after = job.allocation()
     for n in order:
-        take = min(extra, free.get(n, 0))
+        take = min(extra, room.get(n, 0))
         free[n] = free.get(n, 0) - take
         extra -= take
         if take:

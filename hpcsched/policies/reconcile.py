@@ -205,7 +205,8 @@ def on_grid(t: JobTarget, job: JobView, snapshot: ClusterSnapshot) -> JobTarget:
 def _change(job: JobView, t: JobTarget, kind: ChangeKind, reason: str | None = None,
             placement: tuple[str, ...] = ()) -> Change:
     return Change(job.job_id, kind, job.nodes, t.nodes, job.batch_size, t.batch_size,
-                  t.reason if reason is None else reason, placement, job.gpus, t.gpus_for(job))
+                  t.reason if reason is None else reason, placement, job.gpus, t.gpus_for(job),
+                  placement_gpus=t.placement_gpus if placement and placement == t.placement else ())
 
 
 def _classify_pending(job: JobView, t: JobTarget, costs: Costs,

@@ -134,7 +134,7 @@ def place(plan: Plan, snapshot: ClusterSnapshot, strategy: str, locality_penalty
     notes.insert(0, f"placement: {strategy} (locality penalty {locality_penalty:g}), "
                     f"{len(todo) - len(failed)}/{len(todo)} jobs placed")
     targets = _rewrite(plan.targets, todo, got, {x.pos for x in failed}, strategy,
-                       ordered=snapshot.granularity == Granularity.GPU)
+                       cluster.taken if snapshot.granularity == Granularity.GPU else None)
     targets = _resized(targets, cluster, strategy, notes)
     return replace(plan, targets=targets, notes=tuple(plan.notes) + tuple(notes))
 
@@ -273,9 +273,12 @@ def _assign_with_retry(todo: list[PlacedJob], free0: dict[str, int], cluster: Cl
 
 
 def _rewrite(targets: tuple[JobTarget, ...], todo: list[PlacedJob], got: dict[str, Choice],
-             failed_pos: set[int], strategy: str, ordered: bool = False) -> tuple[JobTarget, ...]:
-    """The plan's targets with the placements (node names in natural order) and a reason
-    suffix; targets the stage did not place are returned as they are."""
+             failed_pos: set[int], strategy: str, taken: dict[str, dict[str, int]] | None = None
+             ) -> tuple[JobTarget, ...]:
+    """The plan's targets with the placements and a reason suffix; targets the stage did not
+    place are returned as they are. Node names in natural order, or with ``taken`` (a
+    GPU-granular plan: GPUs taken per node, per job) in the order their GPUs are taken, with
+    those counts as ``placement_gpus``."""
     by_pos = {x.pos: x for x in todo}
     out = []
     for pos, t in enumerate(targets):
@@ -287,9 +290,11 @@ def _rewrite(targets: tuple[JobTarget, ...], todo: list[PlacedJob], got: dict[st
                                reason=f"{t.reason}; placement {strategy}: does not fit"))
         else:
             names, why = got[x.job.job_id]
-            if not ordered:
+            if taken is None:
                 names = sorted(names, key=node_sort_key)
             detail = ",".join(names) + (f" ({why})" if why else "")
+            counts = taken.get(x.job.job_id) if taken is not None else None
             out.append(replace(t, placement=tuple(names),
+                               placement_gpus=tuple(counts.get(n, 0) for n in names) if counts else (),
                                reason=f"{t.reason}; placement {strategy}: {detail}"))
     return tuple(out)

@@ -31,7 +31,8 @@ a node ranks by the GPUs it would give the job (:func:`exact_rank`), not by its 
 and a grow of a running job (whose GPUs ``JobView.gpus_held`` names) takes only the GPUs that
 pay: one slow GPU sets the pace of every rank of a data-parallel job (PAL §3), so a grow onto
 it can leave the job slower than it was (:func:`trim_grow`). The nodes of a placement are
-listed in the order their GPUs are taken, which is the order reconcile fills them in.
+listed in the order their GPUs are taken, with how many each gives
+(``JobTarget.placement_gpus``): reconcile lays an extension out by them.
 What it gains with ``jct``: ``docs/evaluation.md``, section 12.
 """
 
@@ -113,7 +114,7 @@ def choose(x: PlacedJob, need: Demand, free: dict[str, int], strategy: str, clus
     """The first rank (best first) at which ``x``'s demand packs, and why; ``None``: nowhere.
     With ``free_index`` (each node's free GPUs, lowest first: the ones Slurm hands out), a
     node's rank is that of the GPUs it would give the job, not of its slowest GPU."""
-    rank = (exact_rank(x, need, strategy, cluster, free_index) if free_index is not None
+    rank = (exact_rank(x, need, free, strategy, cluster, free_index) if free_index is not None
             else node_rank(x, strategy, cluster))
     ok = [m for m in cluster.usable if partition_ok(x.job, cluster.usable[m])]
     slurm = pack(replace(need, max_nodes=None), ok, free)   # what Slurm's packing would take
@@ -130,17 +131,18 @@ def choose(x: PlacedJob, need: Demand, free: dict[str, int], strategy: str, clus
     return None
 
 
-def exact_rank(x: PlacedJob, need: Demand, strategy: str, cluster: Cluster,
+def exact_rank(x: PlacedJob, need: Demand, free: dict[str, int], strategy: str, cluster: Cluster,
                free_index: dict[str, list[int]]) -> dict[str, float]:
     """Each usable node's rank for ``x`` from the GPUs it would hand the job: its first
-    ``min(free, need.gpus)`` free GPUs (the lowest indexes, as Slurm picks them)."""
+    ``min(free, need.gpus)`` free GPUs (the lowest indexes, as Slurm picks them; ``free``: the
+    GPUs the job may take on each node)."""
     if strategy == "packed":
         return dict.fromkeys(cluster.usable, 0.0)
     slow = cluster.gpu_slowdowns(x.cls)
     sp = cluster.speed(x.cls, binned=strategy == "pal")
     out = {}
     for m in cluster.usable:
-        idx = free_index.get(m, [])[:need.gpus]
+        idx = free_index.get(m, [])[:min(need.gpus, free.get(m, 0))]
         v = max((slow.get((m, g), 1.0) for g in idx), default=1.0)
         out[m] = float(sp.binning.bin_of(v)) if strategy == "pal" else v
     return out
@@ -153,7 +155,7 @@ def trim_grow(x: PlacedJob, need: Demand, free: dict[str, int],
     pace limit ``v`` that maximise ``(gpus + k) / max(pace, v)`` (its throughput at linear
     scaling, an upper bound: a slow GPU sets the pace of every rank, PAL §3), ``k`` taken from
     each node's free GPUs no slower than ``v`` in the order Slurm hands them out. Returns ``k``,
-    the GPUs usable per node at that limit, and why (when ``k < need.gpus``)."""
+    the GPUs the grow may take per node at that limit, and why (when ``k < need.gpus``)."""
     slow = cluster.gpu_slowdowns(x.cls)
     now = max((slow.get(g, 1.0) for g in x.job.gpus_held), default=1.0)
     limits = sorted({now} | {v for m, idx in free_index.items() for i in idx
@@ -174,7 +176,7 @@ def trim_grow(x: PlacedJob, need: Demand, free: dict[str, int],
     _, k, v, cap = best
     why = (f"a grow to {x.job.gpus + need.gpus} GPUs would run at {max(limits):.2f}x for class "
            f"{x.cls or '-'}; {x.job.gpus + k} on GPUs no slower than {v:.2f}x go faster")
-    return k, (cap if k < need.gpus else free), why
+    return k, cap, why
 
 
 def assign_gpus(todo: list[PlacedJob], snapshot: ClusterSnapshot, cluster: Cluster,
@@ -213,4 +215,5 @@ def assign_gpus(todo: list[PlacedJob], snapshot: ClusterSnapshot, cluster: Clust
         # the nodes in the order the GPUs are taken (reconcile fills them in this order), then
         # the job's own nodes that give none
         got[x.job.job_id] = (list(take) + [m for m in need.own if m not in take], why)
+        cluster.taken[x.job.job_id] = take
     return got, failed, kept

@@ -71,6 +71,8 @@ class Cluster:
         self._gpu_slow: dict[str, dict[tuple[str, int], float]] = {}
         #: job id -> why its grow was not placed (it keeps its size this round)
         self.vetoed: dict[str, tuple[JobView, str]] = {}
+        #: job id -> GPUs taken per node (GPU-granular plans): the placement's ``placement_gpus``
+        self.taken: dict[str, dict[str, int]] = {}
         #: job id -> (GPUs, why): a grow trimmed to the GPUs that pay
         self.trimmed: dict[str, tuple[int, str]] = {}
 
