@@ -164,15 +164,22 @@ def job_view(f: JobFacts) -> JobView:
         gpus_held=(f.gpus_held or held_gpus((f.info,))) if running else ())
 
 
+def _indexed(info: slurm.JobInfo) -> tuple[list[str], tuple[tuple[int, ...], ...] | None]:
+    """A Slurm job's nodes and the GPU indexes it holds on each (``gpu_index``), or ``None``
+    for the indexes when it does not say which (one list per node, or none)."""
+    names = slurm.expand_hostlist(info.nodes)
+    return names, (info.gpu_index if names and len(info.gpu_index) == len(names) else None)
+
+
 def held_gpus(infos: Iterable[slurm.JobInfo]) -> tuple[tuple[str, int], ...]:
     """The GPUs the Slurm jobs ``infos`` hold, ``(node, index)`` (their ``gpu_index``), or
     ``()`` when one of them does not say which (unknown, never a guess). Pure."""
     out: list[tuple[str, int]] = []
     for info in infos:
-        names = slurm.expand_hostlist(info.nodes)
-        if not names or len(info.gpu_index) != len(names):
+        names, index = _indexed(info)
+        if index is None:
             return ()
-        out.extend((n, i) for n, idx in zip(names, info.gpu_index) for i in idx)
+        out.extend((n, i) for n, idx in zip(names, index) for i in idx)
     return tuple(out)
 
 
@@ -180,18 +187,20 @@ def free_indexes(nodes: Sequence[NodeView], infos: Iterable[slurm.JobInfo]) -> t
     """``nodes`` with :attr:`~hpcsched.model.snapshot.NodeView.free_index` filled from the GPUs
     the jobs ``infos`` (every job Slurm lists) hold: a node's indexes ``0..gpus-1`` less theirs.
     Left ``None`` where a job on the node does not say which GPUs it holds, or where the count
-    disagrees with the node's allocated GPUs (a job ``infos`` lacks); a node that has its
-    indexes already (the simulator's) keeps them. Pure."""
+    disagrees with the node's allocated GPUs (a job ``infos`` lacks); nodes that have their
+    indexes already (the simulator's) keep them, and then the jobs are not read. Pure."""
+    if all(n.free_index is not None for n in nodes):
+        return tuple(nodes)
     used: dict[str, set[int]] = {}
     unknown: set[str] = set()
     for info in infos:
         if info.state not in (SlurmState.RUNNING, SlurmState.COMPLETING) or not info.gpus_per_node:
             continue
-        names = slurm.expand_hostlist(info.nodes)
-        if len(info.gpu_index) != len(names):
+        names, index = _indexed(info)
+        if index is None:
             unknown.update(names)
             continue
-        for n, idx in zip(names, info.gpu_index):
+        for n, idx in zip(names, index):
             used.setdefault(n, set()).update(idx)
     out = []
     for node in nodes:

@@ -38,7 +38,9 @@ What it gains with ``jct``: ``docs/evaluation.md``, section 12.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, replace
+from itertools import accumulate
 
 from hpcsched.model.snapshot import ClusterSnapshot
 from hpcsched.policies.placement.scores import node_sort_key
@@ -160,20 +162,20 @@ def trim_grow(x: PlacedJob, need: Demand, free: dict[str, int],
     now = max((slow.get(g, 1.0) for g in x.job.gpus_held), default=1.0)
     limits = sorted({now} | {v for m, idx in free_index.items() for i in idx
                              if (v := slow.get((m, i), 1.0)) > now})
-    best: tuple[float, int, float, dict[str, int]] | None = None
+    # each node's pace as it hands out its free GPUs in turn (a running maximum): the GPUs it
+    # gives at limit v are those of its prefix no slower than v, found by bisection
+    paces = {m: list(accumulate((slow.get((m, i), 1.0) for i in idx[:free.get(m, 0)]), max))
+             for m, idx in free_index.items()}
+    pooled = sorted(p for ps in paces.values() for p in ps)
+    best: tuple[float, int, float] | None = None
     for v in limits:
-        cap = {}
-        for m, idx in free_index.items():
-            n = 0
-            while n < len(idx) and n < free.get(m, 0) and slow.get((m, idx[n]), 1.0) <= v:
-                n += 1
-            cap[m] = n
-        k = min(need.gpus, sum(cap.values()))
+        k = min(need.gpus, bisect_right(pooled, v))
         score = (x.job.gpus + k) / v
         if best is None or score > best[0] * (1 + 1e-9):
-            best = (score, k, v, cap)
+            best = (score, k, v)
     assert best is not None
-    _, k, v, cap = best
+    _, k, v = best
+    cap = {m: bisect_right(ps, v) for m, ps in paces.items()}
     why = (f"a grow to {x.job.gpus + need.gpus} GPUs would run at {max(limits):.2f}x for class "
            f"{x.cls or '-'}; {x.job.gpus + k} on GPUs no slower than {v:.2f}x go faster")
     return k, cap, why
