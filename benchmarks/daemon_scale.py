@@ -101,12 +101,46 @@ def rss_mib() -> float:
 
 
 def sdiag() -> dict[str, dict[str, int]]:
-    """slurmctld's RPC counts since the last reset: ``{"types": {...}, "users": {...}}``."""
+    """slurmctld's RPC counts since the last reset: ``{"types": {...}, "users": {...}}``, and
+    ``"types_ave_us"``: the mean microseconds slurmctld took per RPC of each type."""
     out = subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout
     part = {"types": out.split("by message type", 1)[-1].split("by user", 1)[0],
             "users": out.split("by user", 1)[-1].split("Pending RPC", 1)[0]}
-    return {k: {m.group(1): int(m.group(2)) for m in re.finditer(r"^\s*(\S+)\s+\(\s*\d+\)\s+count:(\d+)", v, re.M)}
+    rows = {k: list(re.finditer(r"^\s*(\S+)\s+\(\s*\d+\)\s+count:(\d+)\s+ave_time:(\d+)", v, re.M))
             for k, v in part.items()}
+    got = {k: {m.group(1): int(m.group(2)) for m in v} for k, v in rows.items()}
+    # slurmctld's own time per RPC, waits for its locks included (sdiag(1): ave_time)
+    got["types_ave_us"] = {m.group(1): int(m.group(3)) for m in rows["types"]}
+    return got
+
+
+def sdiag_cycles() -> dict[str, dict[str, int]]:
+    """slurmctld's scheduling passes since the last reset, from ``sdiag``: ``{"main": {...},
+    "backfill": {...}}`` with ``max_cycle_us``, ``mean_cycle_us``, ``cycles`` (sdiag(1): a pass
+    holds the job locks, so an ``squeue`` or ``scontrol update`` waits for the one under way)."""
+    out = subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout
+    main = out.split("Main schedule statistics", 1)[-1].split("Backfilling stats", 1)[0]
+    backfill = out.split("Backfilling stats", 1)[-1].split("Latency for", 1)[0].split("Remote Procedure", 1)[0]
+
+    def fields(text: str) -> dict[str, int]:
+        got = {k: re.search(rf"^\s*{label}:\s*(\d+)", text, re.M)
+               for k, label in (("max_cycle_us", "Max cycle"), ("mean_cycle_us", "Mean cycle"),
+                                ("cycles", "Total cycles"), ("last_queue_length", "Last queue length"))}
+        return {k: int(m.group(1)) for k, m in got.items() if m}
+
+    return {"main": fields(main), "backfill": fields(backfill)}
+
+
+def scheduler_parameters(conf: Path, extra: str) -> str:
+    """Append ``extra`` (``max_sched_time=1,bf_yield_interval=500000``...) to the dev cluster's
+    ``SchedulerParameters`` in ``conf`` and ``scontrol reconfigure``, as a site's admin tunes
+    slurmctld's scheduling passes (slurm.conf(5), SchedulerParameters); returns the line."""
+    text = conf.read_text()
+    old = re.search(r"^SchedulerParameters=(.*)$", text, re.M)
+    line = f"SchedulerParameters={old.group(1)},{extra}"
+    conf.write_text(text.replace(old.group(0), line))
+    subprocess.run(["scontrol", "reconfigure"], check=True, capture_output=True, timeout=120)
+    return line
 
 
 def rpc_cost(argv: list[str]) -> int:
@@ -274,7 +308,9 @@ def rpc_share(rpcs: dict, cmds: CommandLog, user: str, span_s: float, cost: dict
             "jobs": jobs, "jobs_share": None if jobs is None else jobs / total,
             "daemon_commands": dict(cmds.counts), "rpc_per_command": cost,
             "by_type": dict(sorted(rpcs["types"].items(), key=lambda kv: -kv[1])[:15]),
-            "by_user": rpcs["users"]}
+            "by_user": rpcs["users"],
+            "ave_us_by_type": {t: rpcs["types_ave_us"].get(t)
+                               for t in sorted(rpcs["types"], key=lambda t: -rpcs["types"][t])[:15]}}
 
 
 def one_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, args) -> dict:
@@ -291,6 +327,8 @@ def one_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, args) ->
     if args.job_output:
         (WORK / "out").mkdir(mode=0o1777)
         (WORK / "out").chmod(0o1777)
+    if args.sched_params:
+        print(scheduler_parameters(conf, args.sched_params), flush=True)
     login_priority(args.login_nice, args.daemon_rt, args.ctld_rt)
     cost = calibrate()
     plan = plan_jobs(jobs, gpus_per_node, seed=args.seed,
@@ -302,7 +340,7 @@ def one_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, args) ->
     try:
         rounds, growth = run_daemon(minutes, control, cmds, args.tracemalloc)
         span = time.monotonic() - t0
-        rpcs = sdiag()
+        rpcs, cycles = sdiag(), sdiag_cycles()
         cmds.close()
         share = rpc_share(rpcs, cmds, args.user, span, cost)
     finally:
@@ -310,7 +348,8 @@ def one_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, args) ->
         if not args.keep:
             subprocess.run(["scancel", "-u", args.user], capture_output=True)
     return {"gpus": gpus, "nodes": nodes, "jobs": jobs, "minutes": minutes, "submit_s": took,
-            "summary": summarise(rounds), "rpcs": share, "rounds": rounds, "memory_growth": growth}
+            "summary": summarise(rounds), "rpcs": share, "scheduler_cycles": cycles, "rounds": rounds,
+            "memory_growth": growth}
 
 
 def print_table(results: list[dict]) -> None:
@@ -332,6 +371,9 @@ def print_table(results: list[dict]) -> None:
               f"({100 * s['rss_mib']['growth']:+.1f}%); "
               f"slurmctld {q['total']} RPCs ({q['per_s']:.1f}/s), daemon {100 * q['daemon_share']:.1f}%"
               + ("" if q["jobs_share"] is None else f", the jobs {100 * q['jobs_share']:.1f}%"))
+        for kind, c in r["scheduler_cycles"].items():
+            print(f"{r['gpus']} GPUs: slurmctld's {kind} scheduling passes: {c.get('cycles', 0)}, "
+                  f"mean {c.get('mean_cycle_us', 0) / 1e6:.2f} s, max {c.get('max_cycle_us', 0) / 1e6:.2f} s")
 
 
 def main() -> int:
@@ -353,6 +395,10 @@ def main() -> int:
     p.add_argument("--ctld-rt", action=argparse.BooleanOptionalAction, default=False,
                    help="run slurmctld in the SCHED_RR class too, as on a controller of its own "
                         "(default: at --login-nice only)")
+    p.add_argument("--sched-params", default="", metavar="PARAMS",
+                   help="append to the dev cluster's SchedulerParameters (then scontrol reconfigure), "
+                        "e.g. max_sched_time=1,bf_yield_interval=500000: how long slurmctld's "
+                        "scheduling passes hold the job locks an squeue waits for")
     p.add_argument("--keep", action="store_true",
                    help="leave the dev cluster and the last scale's jobs running at the end")
     p.add_argument("--job-output", action="store_true",
