@@ -15,8 +15,13 @@ daemon runs in the real-time ``SCHED_RR`` class (``--no-daemon-rt``: at nice ``-
 and slurmctld at nice ``--login-nice`` (-20), the emulated compute nodes (slurmd and the jobs)
 at 0: on a real cluster the jobs do not share the login node's or the controller's cores.
 At the end, slurmctld's RPCs from ``sdiag`` (reset at the start),
-by message type and by user; hpcsched's share: the daemon's commands (counted per command) x
-their RPCs each (measured with ``sdiag`` around one of each), and the jobs' own (``--user``).
+by message type and by user, with slurmctld's mean time per RPC type (its lock waits included);
+hpcsched's share: the daemon's commands (counted per command) x their RPCs each (measured with
+``sdiag`` around one of each), and the jobs' own (``--user``); and slurmctld's main and backfill
+scheduling passes (their number, mean and longest: a pass holds the locks every RPC waits for).
+``--sched-params`` appends to the cluster's ``SchedulerParameters`` before the jobs are
+submitted, ``--ctld-rt`` puts slurmctld in the real-time class: a controller tuned, and with
+cores of its own, as a site of that size runs it (docs/daemon.md, "At scale").
 
 Targets (issue 36, at 256 x 4): round time excluding the policy <= 2 s median, <= 5 s max;
 policy <= 1 s; Slurm calls per round <= 3 + one per change; RSS growth < 10% over the run;
