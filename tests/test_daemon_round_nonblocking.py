@@ -6,7 +6,6 @@ The same scenario runs on the dev cluster in ``tests/test_daemon_actuation_slurm
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import replace
 
@@ -448,74 +447,3 @@ def test_the_round_reads_another_users_planned_nodes_and_goes_on_without(
     (foreign,) = rep.snapshot.foreign_pending
     assert foreign.scheduled_nodes == (("n2",) if slurm_answers else ())
     assert ("planned starts not read" in caplog.text) is not slurm_answers
-
-
-class BarrierSlurm(FakeSlurm):
-    """Slurm whose ``scontrol update`` returns only once ``parties`` of them are under way
-    together (a controller that answers them all at once): a round that sent them one after
-    another would break the barrier (``threading.BrokenBarrierError``)."""
-
-    def __init__(self, parties: int, *infos: slurm.JobInfo):
-        super().__init__(*infos, forbid=("job", "hold", "release", "cancel"))
-        self.barrier = threading.Barrier(parties, timeout=20)
-
-    def update(self, job_id: str, **fields: object) -> None:
-        self.barrier.wait()
-        super().update(job_id, **fields)
-
-
-def test_a_rounds_changes_of_one_kind_are_applied_side_by_side(tmp_path, control_dir,
-                                                                monkeypatch):
-    """Three pending jobs resized in one round: their three ``scontrol update``s are under way
-    at once (the barrier), each change journaled and in the round's outcomes."""
-    monkeypatch.delenv("HPCSCHED_DATABASE_URL", raising=False)
-    cfg = tmp_path / "hpcsched.toml"
-    cfg.write_text(f'[daemon]\ncontrol_dir = "{control_dir}"\n'
-                   f'database_url = "sqlite:///{tmp_path / "h.db"}"\n[policy]\nname = "static"\n')
-    settings = load(cfg)
-    ids = ("7", "8", "9")
-    cluster = BarrierSlurm(len(ids), *(info(j, state="PENDING") for j in ids))
-    with Store(settings.daemon.database_url) as store:
-        store.upgrade()
-        d = Daemon(settings, backend=cluster, store=store)
-        d.actuator = Actuator(cluster, Timeouts(ack=180, start=300))
-        for j in ids:
-            make_job(control_dir, j)
-        changes = tuple(Change(j, "pending", 1, 2, 64, 64, "test: pending, larger") for j in ids)
-        monkeypatch.setattr(daemon_round, "decide_round",
-                            lambda *a: RoundDecision(None, changes, ()))
-        rep = d.round()
-        assert rep.error is None, rep.error
-        assert sorted(c[:2] for c in cluster.calls) == [("update", j) for j in ids]
-        assert {j: cluster.jobs[j].node_count for j in ids} == dict.fromkeys(ids, 2)
-        assert set(rep.outcomes) == set(ids) and "failed" not in " ".join(rep.outcomes.values())
-        assert sorted(a.job_id for a in store.actions()) == list(ids)
-
-
-def test_a_rounds_changes_are_applied_kind_after_kind(daemon, control_dir, monkeypatch):
-    """Reconcile's order between kinds holds (a shrink's GPUs are given back before the grow
-    that takes them is started): every change of one kind has ended before the next kind's
-    first begins, whatever runs side by side within a kind."""
-    d, cluster, _ = daemon
-    for j in ("7", "8"):
-        make_job(control_dir, j)
-    changes = (Change("7", "shrink", 2, 1, 64, 64, "test: shrink"),
-               Change("8", "shrink", 2, 1, 64, 64, "test: shrink"),
-               Change("7", "batch", 1, 1, 64, 128, "test: batch"),
-               Change("8", "grow", 1, 2, 64, 64, "test: grow"))
-    monkeypatch.setattr(daemon_round, "decide_round", lambda *a: RoundDecision(None, changes, ()))
-    events, lock = [], threading.Lock()
-
-    def apply(self, c, jd, spec, info, rep):
-        with lock:
-            events.append(("begin", c.kind))
-        time.sleep(0.05)   # long enough for a change of a later kind to begin, were it let
-        with lock:
-            events.append(("end", c.kind))
-        return "requested"
-
-    monkeypatch.setattr(Daemon, "_apply", apply)
-    rep = d.round()
-    assert rep.error is None
-    kinds = [k for _, k in events]
-    assert sorted(kinds[:4]) == ["shrink"] * 4 and kinds[4:] == ["batch"] * 2 + ["grow"] * 2

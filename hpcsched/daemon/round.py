@@ -42,12 +42,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,10 +94,6 @@ from hpcsched.slurm.observe import Backend, make_backend
 from hpcsched.views.claims import ClaimBook, check_claims
 
 log = logging.getLogger("hpcsched.daemon")
-
-#: changes of one kind a round applies side by side (:meth:`Daemon._apply_all`): each waits
-#: mostly on its Slurm command, and the store serialises their journal writes
-ACTUATION_THREADS = 8
 
 
 @dataclass
@@ -293,26 +287,9 @@ class Daemon(BetweenRounds):
         if self.settings.daemon.dry_run:
             return
         with _timed(rep, "actuation"):
-            self._apply_all(decision.changes, managed, rep)
-
-    def _apply_all(self, changes: Sequence[Change], managed, rep: RoundReport) -> None:
-        """:meth:`_apply` each change, into ``rep.outcomes``: kind after kind in reconcile's
-        order (preemptions and shrinks before the grows they make room for), the changes of one
-        kind side by side (:data:`ACTUATION_THREADS` at most), so a round's Slurm commands wait
-        for a busy controller together, not one after another (measured at 1,024 GPUs: ten
-        ``scontrol update``s of pending jobs took 26 s in turn; docs/daemon.md, "At scale")."""
-        for _, group in itertools.groupby(changes, key=lambda c: c.kind):
-            batch = [(c, *managed[c.job_id]) for c in group]
-            if len(batch) == 1:
-                c, jd, spec, info = batch[0]
+            for c in decision.changes:
+                jd, spec, info = managed[c.job_id]
                 rep.outcomes[c.job_id] = self._apply(c, jd, spec, info, rep)
-                continue
-            with ThreadPoolExecutor(min(ACTUATION_THREADS, len(batch)),
-                                    thread_name_prefix="hpcsched-actuate") as pool:
-                started = [(c.job_id, pool.submit(self._apply, c, jd, spec, info, rep))
-                           for c, jd, spec, info in batch]
-            for job_id, fut in started:   # all ended; the first exception, if any, is raised
-                rep.outcomes[job_id] = fut.result()
 
     def _with_planned_nodes(self, obs, rep: RoundReport):
         """``obs`` with backfill's planned nodes (Slurm 22.05: one more ``squeue``), or as it is
