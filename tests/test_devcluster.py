@@ -195,6 +195,38 @@ def test_slurmdbd_is_started_once_more_only_when_mariadb_died_under_it(monkeypat
         assert calls == (["mariadb", "slurmdbd"] * (2 if mariadb == "crashed twice" else 1))
 
 
+@pytest.mark.parametrize("second", ["starts", "fails"])
+def test_slurmdbd_that_failed_its_first_queries_is_started_once_more(monkeypatch, tmp_path, second):
+    """slurmdbd exiting on its first queries to a running MariaDB ("Unable to initialize
+    accounting_storage/mysql": seen once, four clusters starting at once) is started once more,
+    MariaDB left as it runs; a second failure is the error it was."""
+    layout = daemons.Layout(tmp_path)
+    layout.run.mkdir(parents=True)
+    calls = []
+
+    def start_mariadb(lay, port):
+        calls.append("mariadb")
+        lay.pidfile("mariadb").write_text(f"{os.getpid()}\n")   # alive
+
+    def start_daemon(lay, name, args, port, log):
+        calls.append(name)
+        if calls.count(name) == 1 or second == "fails":
+            raise dc.DevClusterError("slurmdbd exited during start: ... error: We should have "
+                                     "gotten a result: 'No error' '' | fatal: Unable to initialize "
+                                     "accounting_storage/mysql accounting storage plugin")
+
+    monkeypatch.setattr(daemons, "start_mariadb", start_mariadb)
+    monkeypatch.setattr(daemons, "start_daemon", start_daemon)
+    monkeypatch.setattr(daemons, "need_bin", lambda name: f"/usr/sbin/{name}")
+    monkeypatch.setattr(daemons.time, "sleep", lambda s: calls.append(f"sleep {s:g}"))
+    if second == "starts":
+        daemons.start_accounting(layout, 1, 2)
+    else:
+        with pytest.raises(dc.DevClusterError, match="Unable to initialize"):
+            daemons.start_accounting(layout, 1, 2)
+    assert calls == ["mariadb", "slurmdbd", "sleep 2", "slurmdbd"]
+
+
 def test_down_and_status_when_down(tmp_path):
     state = tmp_path / "never-started"
     assert dc.down(state) is False
