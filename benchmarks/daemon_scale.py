@@ -105,10 +105,16 @@ def rss_mib() -> float:
     return int(re.search(r"^VmRSS:\s+(\d+)", text, re.M).group(1)) / 1024
 
 
-def sdiag() -> dict[str, dict[str, int]]:
+def sdiag_text() -> str:
+    """``sdiag``'s report (its own ``REQUEST_STATS_INFO`` RPC)."""
+    return subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout
+
+
+def sdiag(out: str | None = None) -> dict[str, dict[str, int]]:
     """slurmctld's RPC counts since the last reset: ``{"types": {...}, "users": {...}}``, and
-    ``"types_ave_us"``: the mean microseconds slurmctld took per RPC of each type."""
-    out = subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout
+    ``"types_ave_us"``: the mean microseconds slurmctld took per RPC of each type; from ``out``
+    (:func:`sdiag_text`), else from a new report."""
+    out = sdiag_text() if out is None else out
     part = {"types": out.split("by message type", 1)[-1].split("by user", 1)[0],
             "users": out.split("by user", 1)[-1].split("Pending RPC", 1)[0]}
     rows = {k: list(re.finditer(r"^\s*(\S+)\s+\(\s*\d+\)\s+count:(\d+)\s+ave_time:(\d+)", v, re.M))
@@ -119,11 +125,11 @@ def sdiag() -> dict[str, dict[str, int]]:
     return got
 
 
-def sdiag_cycles() -> dict[str, dict[str, int]]:
-    """slurmctld's scheduling passes since the last reset, from ``sdiag``: ``{"main": {...},
-    "backfill": {...}}`` with ``max_cycle_us``, ``mean_cycle_us``, ``cycles`` (sdiag(1): a pass
-    holds the job locks, so an ``squeue`` or ``scontrol update`` waits for the one under way)."""
-    out = subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout
+def sdiag_cycles(out: str) -> dict[str, dict[str, int]]:
+    """slurmctld's scheduling passes since the last reset, from ``sdiag``'s report ``out``:
+    ``{"main": {...}, "backfill": {...}}`` with ``max_cycle_us``, ``mean_cycle_us``, ``cycles``
+    (sdiag(1): a pass holds the job locks, so an ``squeue`` or ``scontrol update`` waits for the
+    one under way)."""
     main = out.split("Main schedule statistics", 1)[-1].split("Backfilling stats", 1)[0]
     backfill = out.split("Backfilling stats", 1)[-1].split("Latency for", 1)[0].split("Remote Procedure", 1)[0]
 
@@ -308,14 +314,13 @@ def rpc_share(rpcs: dict, cmds: CommandLog, user: str, span_s: float, cost: dict
     :func:`calibrate`) and the jobs' (``user``'s, from sdiag's table by user)."""
     total = sum(rpcs["types"].values())
     daemon = sum(n * cost.get(k.split()[0], 1) for k, n in cmds.counts.items())
+    top = dict(sorted(rpcs["types"].items(), key=lambda kv: -kv[1])[:15])   # the busiest types
     jobs = rpcs["users"].get(user, 0) if user != "root" else None
     return {"total": total, "per_s": total / span_s, "daemon": daemon, "daemon_share": daemon / total,
             "jobs": jobs, "jobs_share": None if jobs is None else jobs / total,
             "daemon_commands": dict(cmds.counts), "rpc_per_command": cost,
-            "by_type": dict(sorted(rpcs["types"].items(), key=lambda kv: -kv[1])[:15]),
-            "by_user": rpcs["users"],
-            "ave_us_by_type": {t: rpcs["types_ave_us"].get(t)
-                               for t in sorted(rpcs["types"], key=lambda t: -rpcs["types"][t])[:15]}}
+            "by_type": top, "by_user": rpcs["users"],
+            "ave_us_by_type": {t: rpcs["types_ave_us"].get(t) for t in top}}
 
 
 def one_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, args) -> dict:
@@ -345,7 +350,8 @@ def one_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, args) ->
     try:
         rounds, growth = run_daemon(minutes, control, cmds, args.tracemalloc)
         span = time.monotonic() - t0
-        rpcs, cycles = sdiag(), sdiag_cycles()
+        report = sdiag_text()
+        rpcs, cycles = sdiag(report), sdiag_cycles(report)
         cmds.close()
         share = rpc_share(rpcs, cmds, args.user, span, cost)
     finally:
