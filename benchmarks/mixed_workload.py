@@ -47,14 +47,17 @@ WORKLOADS = range(1, 9)
 POLICIES = ("jct", "static")
 
 
-def runs(fraction: float) -> dict:
-    """``(f"w{N}", policy, fraction as text, 1.0) -> Run`` for the grid (module docstring)."""
+def runs(fraction: float, keep_free: int = 0) -> dict:
+    """``(f"w{N}", policy, fraction as text, 1.0) -> Run`` for the grid (module docstring);
+    ``keep_free`` GPUs kept free (``--keep-free-gpus``) in the mixed runs only, so that the
+    all-elastic gain they are judged against is the default daemon's."""
     out = {}
     for w in WORKLOADS:
         for p in POLICIES:
             for f in (fraction, 0.0):
                 out[(f"w{w}", p, f"{f:g}", 1.0)] = dataclasses.replace(
-                    make_run(f"pollux:{w}@1.0", p, granularity="gpu"), rigid_fraction=f)
+                    make_run(f"pollux:{w}@1.0", p, granularity="gpu"), rigid_fraction=f,
+                    keep_free_gpus=keep_free if f else 0)
     return out
 
 
@@ -115,17 +118,21 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=2, help="simulations at once (processes)")
     p.add_argument("--rigid-fraction", type=float, default=0.3)
+    p.add_argument("--keep-free-gpus", type=int, default=0, metavar="N",
+                   help="the mixed runs keep N GPUs free for other users' next jobs "
+                        "(hpcsched simulate --keep-free-gpus; daemon.keep_free_gpus)")
     p.add_argument("--no-cache", action="store_true", help="simulate everything again")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "mixed_workload.json")
     _evaluation_slurm.add_options(p)
     args = p.parse_args()
     _evaluation_runs.SLURM = _evaluation_slurm.options(args)
     with single_threaded_blas():
-        results = execute_all(runs(args.rigid_fraction), args.jobs,
+        results = execute_all(runs(args.rigid_fraction, args.keep_free_gpus), args.jobs,
                               RunCache(None if args.no_cache else code_version()))
     fig = figures(results, args.rigid_fraction)
     _print(fig, args.rigid_fraction)
     write_report(args.out, "mixed_workload", rigid_fraction=args.rigid_fraction,
+                 keep_free_gpus=args.keep_free_gpus,
                  granularity="gpu", load=1.0, figures=fig)
 
 

@@ -122,12 +122,12 @@ class Watcher(threading.Thread):
         return {"pending_with_free_gpus": long, "held": sorted(self.held)}
 
 
-def _daemon_config(run_dir: Path, interval: float, granularity: str, stamp: Path | None = None
-                   ) -> Path:
+def _daemon_config(run_dir: Path, interval: float, granularity: str, stamp: Path | None = None,
+                   keep_free: int = 0) -> Path:
     cfg = run_dir / "hpcsched.toml"
     cfg.write_text(f'[daemon]\nround_interval = {interval}\nlock_file = "{run_dir}/daemon.lock"\n'
                    f'database_url = "sqlite:///{run_dir}/hpcsched.db"\n'
-                   f'granularity = "{granularity}"\n'
+                   f'granularity = "{granularity}"\nkeep_free_gpus = {keep_free}\n'
                    + (f'submit_stamp = "{stamp}"\n' if stamp else ""))
     return cfg
 
@@ -278,6 +278,9 @@ def main() -> None:
                    help="the job_submit plugin rewrites a stamp file at every other user's "
                         "submission and the daemon looks at Slurm when it changes ([daemon] "
                         "submit_stamp), instead of at its next event_poll")
+    p.add_argument("--keep-free-gpus", type=int, default=0, metavar="N",
+                   help="the daemon's keep_free_gpus: N GPUs no grow takes, kept free for other "
+                        "users' next jobs (the simulations follow it)")
     p.add_argument("--reuse", action="append", default=[], metavar="MODE=DIR",
                    help="take run MODE (on or off) from a finished run's folder DIR of the same "
                         "workload and scale instead of running it again (repeatable)")
@@ -295,7 +298,8 @@ def main() -> None:
           + (f" (unscaled static makespan {makespan:.0f} s)" if makespan else ""), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = args.out.resolve() / "submitted" if args.submit_stamp else None
-    on_cfg = _daemon_config(args.out.resolve(), args.interval, args.granularity, stamp)
+    on_cfg = _daemon_config(args.out.resolve(), args.interval, args.granularity, stamp,
+                            args.keep_free_gpus)
     granularity = load_config(on_cfg).daemon.plan_granularity
     print(f"daemon plans at {granularity} granularity", flush=True)
     env_on = dict(env, HPCSCHED_CONFIG=str(on_cfg))
@@ -324,6 +328,7 @@ def main() -> None:
     write_report(args.out / "testbed.json", "testbed", workload=f"pollux:{args.workload}",
                  offset=args.offset, granularity=granularity, rigid_fraction=args.rigid_fraction,
                  extension_qos=args.extension_qos, submit_stamp=bool(stamp),
+                 keep_free_gpus=args.keep_free_gpus,
                  jobs=len(jobs), scale=scale, interval=args.interval,
                  figures=fig, targets=[{"target": t, "pass": ok, "measured": m}
                                        for t, ok, m in checks])

@@ -138,6 +138,43 @@ def test_nothing_is_released_when_own_jobs_ahead_would_take_all_of_it():
                      "jobs to end"]
 
 
+def test_kept_free_gpus_are_left_out_of_grows():
+    """keep_free = 4: J alone grows onto n2's 4 free GPUs; keeping 4 free it grows onto
+    n3's 2 only, and the note says why n2 stays free."""
+    used = (("n1", 4), ("n2", 0), ("n3", 2))
+    snap = _snap([_job()], used, other=(("n3", 2),))
+    planned, releases, notes = yield_to_foreign(snap, keep_free=4)
+    assert releases == [] and {n.name: n.gpus_free for n in planned.nodes} == {
+        "n1": 0, "n2": 0, "n3": 2}
+    assert notes == ["other users' pending jobs: 4 free GPU(s) kept for them (4 for jobs not "
+                     "yet submitted: keep_free_gpus)"]
+    kept = decide_round(snap, make_policy("jct"), replace(DAEMON, keep_free=4), 0)
+    grows = [c for c in kept.changes if c.kind == ChangeKind.GROW]
+    assert grows and all(dict(c.layout).get("n2", 0) == 0 for c in grows), kept.changes
+    alone = decide_round(snap, make_policy("jct"), DAEMON, 0)
+    assert any(dict(c.layout).get("n2", 0) == 4 for c in alone.changes), alone.changes
+
+
+def test_kept_free_gpus_are_taken_back_from_lenders_and_after_pending_jobs():
+    """A foreign job took the GPUs kept free; J lends n2 and n3: one node's extension GPUs go
+    back so that 4 are free again, with their own reason, after bob's pending 1 x 4 job got the
+    other node. Within the submitted size nothing goes back, and with too few lent GPUs the
+    free ones left (2 on n2) are kept."""
+    snap = _snap([_lender()], (("n1", 4), ("n2", 4), ("n3", 4)))
+    _, (release,), notes = yield_to_foreign(snap, keep_free=4)
+    assert release.layout in ((("n1", 4), ("n2", 4)), (("n1", 4), ("n3", 4)))
+    assert release.reason.startswith("keeps GPU(s) free for other users' next jobs")
+    bob = ForeignJob("94", "bob", 1, 4, 100)
+    _, (both,), notes = yield_to_foreign(replace(snap, foreign_pending=(bob,)), keep_free=4)
+    assert both.layout == (("n1", 4),) and both.reason.startswith("yields GPU(s) to other users'")
+    own = replace(_lender(), submitted_gpus=12)
+    assert yield_to_foreign(replace(snap, jobs=(own,)), keep_free=4)[1] == []
+    short = _snap([replace(_job(names=("n1", "n3"), layout=(4, 4), primary=(4,)), submitted_gpus=4)],
+                  (("n1", 4), ("n2", 2), ("n3", 4)), other=(("n2", 2),))
+    planned, releases, _ = yield_to_foreign(short, keep_free=8)
+    assert releases == [] and planned.free_gpus == {"n1": 0, "n2": 0, "n3": 0}
+
+
 def test_no_foreign_job_changes_nothing():
     snap = _snap([_job()], (("n1", 4), ("n2", 0)))
     assert yield_to_foreign(snap) == (snap, [], [])

@@ -81,6 +81,12 @@ def _integer(v: Any) -> int:
     return v
 
 
+def _count(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise _Bad("an integer >= 0")
+    return v
+
+
 def _positive_integer(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise _Bad("an integer >= 1")
@@ -223,6 +229,13 @@ class DaemonSettings:
         3, _integer,
         "no thrash: a job resized fewer than this many rounds ago is not resized back the "
         "other way (0 = off)")
+    keep_free_gpus: int = _opt(
+        0, _count,
+        "GPUs no grow takes, kept free (on as few nodes as hold them) for other users' jobs "
+        "not yet submitted, so that one of up to that many GPUs starts at once rather than "
+        "after lent GPUs come back (up to a step of the lender); lent GPUs are released to "
+        "keep them free; per group of partitions planned together (docs/daemon.md, Sharing "
+        "the cluster; >= 0, 0 = off)")
     lock_file: str = _opt("/run/hpcsched/daemon.lock", _string(nonempty=True),
                           "held by the running daemon: one daemon per cluster")
     log_level: str = _opt("info", _choice(*LOG_LEVELS), "daemon log level: " + "|".join(LOG_LEVELS))

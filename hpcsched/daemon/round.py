@@ -180,7 +180,8 @@ class Daemon(BetweenRounds):
                            min_gain=d.min_gain, horizon=d.horizon, preemption=True,
                            hold=max(0, d.hold_rounds) * d.round_interval, grow=d.grow,
                            extension_startup=d.extension_startup,
-                           extension_stall=d.extension_stall, by_mechanism=True)
+                           extension_stall=d.extension_stall, by_mechanism=True,
+                           keep_free=d.keep_free_gpus)
         self.managed = views.ManagedJobs(self.control_dir, d.partitions, views.Exclusions(
             frozenset(d.exclude_users), frozenset(d.exclude_accounts), frozenset(d.exclude_qos)))
         self.reaper = Reaper(self.control_dir, d.partitions, dry_run=d.dry_run, background=True)

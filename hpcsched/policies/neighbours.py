@@ -60,8 +60,15 @@ from hpcsched.policies.realise import Mechanism, batch_on
 from hpcsched.protocol.kinds import ChangeKind, SlurmState
 
 
-def yield_to_foreign(snapshot: ClusterSnapshot) -> tuple[ClusterSnapshot, list[Change], list[str]]:
+def yield_to_foreign(snapshot: ClusterSnapshot, keep_free: int = 0
+                     ) -> tuple[ClusterSnapshot, list[Change], list[str]]:
     """The snapshot to plan on, the releases to make first, and notes (module docstring).
+
+    Args:
+        snapshot: the round's snapshot (its ``foreign_pending``).
+        keep_free: GPUs no grow takes, kept free for other users' jobs that have not been
+            submitted yet (``daemon.keep_free_gpus``; 0: none): served after the pending ones,
+            as a job of the lowest priority (:meth:`_SlurmQueue.keep_free`).
 
     Returns:
         ``(snapshot, releases, notes)``: ``snapshot`` with the claimed free GPUs counted as
@@ -69,17 +76,26 @@ def yield_to_foreign(snapshot: ClusterSnapshot) -> tuple[ClusterSnapshot, list[C
         release marked busy; ``releases``, one ``shrink`` by ``release`` per such job, its
         layout without the claimed GPUs; a note per foreign job served or waiting.
     """
-    if not snapshot.foreign_pending:
+    if not snapshot.foreign_pending and keep_free <= 0:
         return snapshot, [], []
     q = _SlurmQueue(snapshot)
     for f in sorted(snapshot.foreign_pending, key=_queue_key):
         q.serve(f)
+    yielded = set(q.taken)
+    if keep_free > 0:
+        q.keep_free(keep_free)
     releases = []
     for job_id, per in q.taken.items():
         job = snapshot.job(job_id)
         assert job is not None, job_id      # taken from snapshot.jobs (_extension_gpus)
-        releases.append(_release(job, per))
+        releases.append(_release(job, per, KEEP_FREE_REASON if job_id not in yielded else None))
     return _planned_on(snapshot, q.claimed, set(q.taken)), releases, [q.note()]
+
+
+#: the reason of a release for other users' pending jobs
+YIELD_REASON = "yields GPU(s) to other users' pending jobs"
+#: the reason of a release made only to keep ``keep_free`` GPUs free
+KEEP_FREE_REASON = "keeps GPU(s) free for other users' next jobs (daemon.keep_free_gpus)"
 
 
 def _queue_key(job: ForeignJob) -> tuple[int, float, str]:
@@ -112,11 +128,42 @@ class _SlurmQueue:
         self.own = _own_pending(snapshot)
         self.own_first: list[str] = []      # own jobs Slurm starts ahead of a served one
         self.served: list[str] = []
-        self.waiting = self.planned = 0
+        self.waiting = self.planned = self.kept_free = 0
 
     def serve(self, f: ForeignJob) -> None:
         """Give ``f`` the GPUs it starts on, releasing extension GPUs where free ones are not
         enough; or count it waiting (and keep the free GPUs Slurm plans it onto)."""
+        nodes = self._serve(f)
+        if nodes is None:
+            self.waiting += 1
+            usable = {n.name for n in self.nodes if n.name in self.free and f.may_use(n)}
+            self.planned += _keep_planned(f, usable, self.free, self.claimed)
+        else:
+            self.served.append(f"{f.job_id} ({f.user}, priority {f.priority}) on {','.join(nodes)}")
+
+    def keep_free(self, gpus: int) -> None:
+        """Keep ``gpus`` GPUs free for jobs not yet submitted, on as few nodes as hold them:
+        served as a job of that shape behind every pending one (hpcsched's too), from free GPUs
+        and, where they are not enough, from extension GPUs released for it (so that a job that
+        took the kept GPUs gets them back by the next round); if even those are not enough, the
+        free GPUs on the nodes with the most free are kept, up to that shape."""
+        per_node = max((n.gpus for n in self.nodes if n.name in self.free), default=0)
+        if per_node <= 0:
+            return
+        count = -(-gpus // per_node)
+        f = ForeignJob("(kept free)", "", count, -(-gpus // count), priority=0,
+                       submit_time=float("inf"))
+        before = sum(self.claimed.values())
+        if self._serve(f) is None:
+            for n in sorted(self.free, key=lambda n: (-self.free[n], n))[:count]:
+                if use := min(self.free[n], f.gpus_per_node):
+                    self.free[n] -= use
+                    self.claimed[n] = self.claimed.get(n, 0) + use
+        self.kept_free = sum(self.claimed.values()) - before
+
+    def _serve(self, f: ForeignJob) -> list[str] | None:
+        """The nodes ``f`` starts on, its free GPUs there claimed and the extension GPUs it
+        needs taken; ``None`` (nothing claimed or taken) when even those are not enough."""
         usable = {n.name for n in self.nodes if n.name in self.free and f.may_use(n)}
         while self._start_own_ahead(f):          # they fit without a release: Slurm's first
             pass
@@ -126,9 +173,7 @@ class _SlurmQueue:
             nodes = _place(f, avail, self.spare)
             if nodes is None:
                 self._restore(saved)
-                self.waiting += 1
-                self.planned += _keep_planned(f, usable, self.free, self.claimed)
-                return
+                return None
             for n in nodes:
                 for job_id, g in _take(self.spare, n, f.gpus_per_node - avail[n]):
                     per = self.taken.setdefault(job_id, {})
@@ -138,7 +183,7 @@ class _SlurmQueue:
                 break
         for n, use in self._start(f, nodes).items():
             self.claimed[n] = self.claimed.get(n, 0) + use
-        self.served.append(f"{f.job_id} ({f.user}, priority {f.priority}) on {','.join(nodes)}")
+        return nodes
 
     def _start_own_ahead(self, f: ForeignJob) -> bool:
         """Start (in this model of Slurm's pass) the first of hpcsched's pending jobs ahead of
@@ -181,7 +226,7 @@ class _SlurmQueue:
 
     def note(self) -> str:
         return _note(self.claimed, self.taken, self.served, self.waiting, self.planned,
-                     self.own_first)
+                     self.own_first, self.kept_free)
 
 
 def _own_pending(snapshot: ClusterSnapshot) -> list[tuple[ForeignJob, frozenset[str] | None]]:
@@ -214,14 +259,17 @@ def _keep_planned(f: ForeignJob, usable: set[str], free: dict[str, int],
 
 
 def _note(claimed: dict[str, int], taken: dict[str, dict[str, int]], served: list[str],
-          waiting: int, planned: int = 0, own_first: Sequence[str] = ()) -> str:
+          waiting: int, planned: int = 0, own_first: Sequence[str] = (), kept_free: int = 0
+          ) -> str:
     """The round's note on other users' pending jobs: the free GPUs kept for them
     (``claimed``: node -> GPUs; ``planned`` of them on the nodes Slurm plans to start waiting
-    jobs on), the extension GPUs released (``taken``: job id -> node -> GPUs), the first five
-    of those that can start now (``served``), hpcsched's pending jobs Slurm starts ahead of
-    them (``own_first``), and how many wait for running jobs to end."""
+    jobs on, ``kept_free`` for jobs not yet submitted), the extension GPUs released (``taken``:
+    job id -> node -> GPUs), the first five of those that can start now (``served``),
+    hpcsched's pending jobs Slurm starts ahead of them (``own_first``), and how many wait for
+    running jobs to end."""
     return (f"other users' pending jobs: {sum(claimed.values())} free GPU(s) kept for them"
             + (f" ({planned} on nodes Slurm plans them onto)" if planned else "")
+            + (f" ({kept_free} for jobs not yet submitted: keep_free_gpus)" if kept_free else "")
             + (f", {sum(sum(p.values()) for p in taken.values())} extension GPU(s) released"
                if taken else "")
             + (f"; can start now: {'; '.join(served[:5])}" + (" ..." if len(served) > 5 else "")
@@ -280,15 +328,16 @@ def _take(spare: dict[str, list[tuple[str, int]]], node: str, need: int) -> list
     return out
 
 
-def _release(job: JobView, per_node: dict[str, int]) -> Change:
-    """``job``'s release of ``per_node`` extension GPUs (a ``shrink`` by ``release``)."""
+def _release(job: JobView, per_node: dict[str, int], reason: str | None = None) -> Change:
+    """``job``'s release of ``per_node`` extension GPUs (a ``shrink`` by ``release``), for
+    other users' pending jobs unless ``reason`` says why."""
     after = {n: g - per_node.get(n, 0) for n, g in job.allocation().items()}
     layout = tuple((n, g) for n, g in after.items() if g > 0)
     gpus = sum(g for _, g in layout)
     gone = ", ".join(f"{g} on {n}" for n, g in per_node.items())
     return Change(job.job_id, ChangeKind.SHRINK, job.nodes, len(layout), job.batch_size,
                   batch_on(job, job.batch_size, gpus),
-                  f"yields GPU(s) to other users' pending jobs: {gone}", (), job.gpus, gpus,
+                  f"{reason or YIELD_REASON}: {gone}", (), job.gpus, gpus,
                   Mechanism.RELEASE, layout)
 
 

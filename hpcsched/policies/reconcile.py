@@ -108,6 +108,10 @@ class Costs:
     #: (:mod:`hpcsched.policies.realise`; the daemon). Off: every shrink costs ``shrink_cost``
     #: and GPUs go back where the job holds fewest (the simulator, until it follows the rules)
     by_mechanism: bool = False
+    #: GPUs no grow takes, kept free for other users' jobs not yet submitted, so that one of
+    #: up to that many GPUs starts at once instead of waiting for lent GPUs to come back
+    #: (:func:`hpcsched.policies.neighbours.yield_to_foreign`; ``daemon.keep_free_gpus``)
+    keep_free: int = 0
 
     def __post_init__(self):
         if self.grow not in GROW_MODES:

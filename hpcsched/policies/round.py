@@ -72,9 +72,10 @@ def decide_round(snapshot: ClusterSnapshot, policy: Policy, costs: Costs, seed: 
     snapshot = replace(snapshot, restart_cost=costs.restart_cost, shrink_cost=costs.shrink_cost,
                        grow=costs.grow, extension_startup=costs.extension_startup,
                        extension_stall=costs.extension_stall, hold=costs.hold)
-    # a good neighbour: other users' pending jobs keep the free GPUs they need, and extension
-    # GPUs they need are released first (hpcsched.policies.neighbours)
-    snapshot, releases, yielded = yield_to_foreign(snapshot)
+    # a good neighbour: other users' pending jobs keep the free GPUs they need (and
+    # ``keep_free`` more stay free for their next ones), and extension GPUs they need are
+    # released first (hpcsched.policies.neighbours)
+    snapshot, releases, yielded = yield_to_foreign(snapshot, costs.keep_free)
     plan = policy.decide(snapshot, seed=seed)
     # a policy that plans on its own view of the jobs (``jct``'s noise growth) is judged on it
     t = time.perf_counter()

@@ -59,6 +59,7 @@ class Settings:
     extension_stall: float = 0.09
     hold_rounds: int = 3
     event_rounds: bool = True
+    keep_free_gpus: int = 0
     min_gain: float = 0.05
     horizon: float = 600.0
     costs_note: str = ""
@@ -86,7 +87,8 @@ def daemon_settings(config, actions: Sequence, policy: str | None = None) -> Set
                     restart_cost=costs.restart_cost,
                     shrink_cost=costs.shrink_cost, extension_startup=costs.extension_startup,
                     extension_stall=costs.extension_stall, hold_rounds=d.hold_rounds,
-                    event_rounds=d.event_rounds, min_gain=d.min_gain, horizon=d.horizon, costs_note=note,
+                    event_rounds=d.event_rounds, keep_free_gpus=d.keep_free_gpus,
+                    min_gain=d.min_gain, horizon=d.horizon, costs_note=note,
                     restart_measured=grows >= MIN_SAMPLES)
 
 
@@ -160,7 +162,8 @@ def simulate(meta: dict, s: Settings) -> SimResult:
                         extension_startup=s.extension_startup,
                         extension_stall=s.extension_stall, work_scale=scale, early_reports=False,
                         event_rounds=s.event_rounds,
-                        costs=replace(base.costs, min_gain=s.min_gain, horizon=s.horizon))
+                        costs=replace(base.costs, min_gain=s.min_gain, horizon=s.horizon,
+                                      keep_free=s.keep_free_gpus))
         return Simulator(scale_workload(jobs, scale), s.policy, policy_params=s.params,
                          config=cfg, workload_name=name).run()
     except (WorkloadError, SimulationError, PolicyError, ValueError) as exc:

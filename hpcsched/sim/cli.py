@@ -62,6 +62,7 @@ class Run:
     throughput_model: str = "shared"        # SimConfig.throughput_model
     event_rounds: bool = True               # SimConfig.event_rounds
     rigid_fraction: float = 0.0             # workload.make_rigid: other users' plain jobs
+    keep_free_gpus: int = 0                 # Costs.keep_free (daemon.keep_free_gpus)
 
     @property
     def label(self) -> str:
@@ -122,7 +123,8 @@ def execute(run: Run):
                     extension_startup=run.extension_startup, extension_stall=run.extension_stall,
                     work_scale=run.scale, soft_consolidate=run.soft_consolidate,
                     fastest_gpus=run.fastest_gpus, throughput_model=run.throughput_model,
-                    event_rounds=run.event_rounds)
+                    event_rounds=run.event_rounds,
+                    costs=replace(SimConfig.costs, keep_free=run.keep_free_gpus))
     res = Simulator(jobs, run.policy, policy_params=params, config=cfg,
                     workload_name=name).run()
     return replace(res, policy=run.label)
@@ -247,6 +249,9 @@ def _params(values: tuple[str, ...]) -> dict[str, dict[str, object]]:
                    "never resized, and the policy sees them only as Slurm shows them (GPUs "
                    "held, or a pending request its grows yield to). The summary adds their "
                    "wait and the elastic jobs' JCT.")
+@click.option("--keep-free-gpus", type=click.IntRange(min=0), default=0, show_default=True,
+              help="GPUs no grow takes, kept free for other users' jobs not yet submitted "
+                   "(daemon.keep_free_gpus): lent GPUs are released to keep them free.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--max-days", type=click.FloatRange(min=0.01), default=60.0, show_default=True,
               help="Stop a simulation after this many simulated days.")
@@ -263,8 +268,8 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
                      variability_draws, locality_penalty, hold_new_jobs, soft_consolidate,
                      fastest_gpus, granularity, grow, throughput_model, event_rounds,
                      extension_startup,
-                     extension_stall, scale, rigid_fraction, seed, max_days, json_path, out_dir,
-                     n_procs, quiet):
+                     extension_stall, scale, rigid_fraction, keep_free_gpus, seed, max_days,
+                     json_path, out_dir, n_procs, quiet):
     """Replay WORKLOADs on a simulated Slurm cluster with the daemon's own POLICYs.
 
     \b
@@ -296,7 +301,7 @@ def simulate_command(workloads, policies, placements, raw_params, pollux_tiresia
                 nodes, gpus_per_node, interval, costs, shrink_cost, variability,
                 locality_penalty, seed, max_days * 86400.0, hold_new_jobs, Granularity(granularity), GrowMode(grow),
                 extension_startup, extension_stall, scale, soft_consolidate, fastest_gpus,
-                throughput_model, event_rounds, rigid_fraction)
+                throughput_model, event_rounds, rigid_fraction, keep_free_gpus)
             for w in workloads for p in policies for pl in (placements or (None,))]
     try:
         with single_threaded_blas():

@@ -161,7 +161,8 @@ class SimConfig:
                 "grow": self.grow, "extension_startup": self.extension_startup,
                 "extension_stall": self.extension_stall,
                 "soft_consolidate": self.soft_consolidate, "fastest_gpus": self.fastest_gpus,
-                "throughput_model": self.throughput_model, "event_rounds": self.event_rounds}
+                "throughput_model": self.throughput_model, "event_rounds": self.event_rounds,
+                "keep_free_gpus": self.costs.keep_free}
 
 
 def job_shape(gpus: int, gpus_per_node: int) -> tuple[int, int]:
