@@ -164,6 +164,8 @@ def test_kept_free_gpus_are_taken_back_from_lenders_and_after_pending_jobs():
     _, (release,), notes = yield_to_foreign(snap, keep_free=4)
     assert release.layout in ((("n1", 4), ("n2", 4)), (("n1", 4), ("n3", 4)))
     assert release.reason.startswith("keeps GPU(s) free for other users' next jobs")
+    assert notes == ["other users' pending jobs: 0 free GPU(s) kept for them, 4 extension GPU(s) "
+                     "released (4 to keep GPUs free: keep_free_gpus)"]
     bob = ForeignJob("94", "bob", 1, 4, 100)
     _, (both,), notes = yield_to_foreign(replace(snap, foreign_pending=(bob,)), keep_free=4)
     assert both.layout == (("n1", 4),) and both.reason.startswith("yields GPU(s) to other users'")

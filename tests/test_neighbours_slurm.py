@@ -133,3 +133,53 @@ def test_a_plain_job_waits_a_round_not_an_elastic_job(daemon_env, devcluster, sl
         lines = [ln for ln in (tmp_path / f"slurm-{j}.out").read_text().splitlines()
                  if ln.startswith("hpcsched: generation ")]
         assert lines and all(" GPU(s) on " in ln and "global batch" in ln for ln in lines), lines
+
+
+def test_gpus_kept_free_start_a_plain_job_at_once_and_are_kept_again(daemon_env, devcluster,
+                                                                      slurm_jobs, monkeypatch):
+    """``daemon.keep_free_gpus = 4``: the two hpcsub jobs grow by extension over three nodes,
+    not four; another user's plain 1 x 4 job starts on the fourth at once, with nothing to
+    release for it; while it runs, a later round releases a lent node so that a node's 4 GPUs
+    are free again. The elastic jobs train every sample exactly once."""
+    monkeypatch.setenv("HPCSCHED_GRAD_NOISE", "0")
+    tmp_path, db = daemon_env
+    cfg = Path(os.environ["HPCSCHED_CONFIG"])
+    cfg.write_text(cfg.read_text().replace('[policy]\nname = "dp"\n', "")
+                   .replace("round_interval = 2.0", f"round_interval = {ROUND}\nkeep_free_gpus = 4"))
+    elastic = [submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-max-gpus", "16",
+                      "--hpcsched-batch-size", "96", *paced(tmp_path / "unpaced"),
+                      "--epochs", str(EPOCHS), "--sample-time", "0.002") for _ in range(2)]
+    slurm_jobs.extend(elastic)
+    proc = start_daemon(tmp_path)
+    log = tmp_path / "daemon.log"
+    try:
+        store = daemon_store(tmp_path, db)
+        wait_for(lambda: len(_nodes_held(slurm.squeue(), set(elastic))) == 3
+                 and not store.open_actions(), 240, "the elastic jobs to grow over 3 nodes")
+        time.sleep(2 * ROUND)    # and no further: two more rounds keep the fourth node free
+        assert len(_nodes_held(slurm.squeue(), set(elastic))) == 3, log.read_text()[-4000:]
+        plain = _sbatch(tmp_path, "-N", "1", "--gres=gpu:4", "--wrap", "sleep 30")
+        slurm_jobs.append(plain)
+        submitted = time.time()
+        wait_for(lambda: (i := slurm.job_info(plain)) and i.state in ("RUNNING", "COMPLETED"),
+                 60, "the plain job to start")
+        waited = time.time() - submitted
+        # the rounds while it runs free a lent node again
+        wait_for(lambda: len(_nodes_held(slurm.squeue(), set(elastic) | {plain})) < 4, 25,
+                 "a lent node to be released while the plain job runs", interval=0.5)
+        unpace_when(tmp_path / "unpaced", lambda: finished(elastic) or not store.open_actions(),
+                    300)
+        infos = wait_for(lambda: finished(elastic + [plain]), 600, "every job to finish",
+                         interval=2)
+    finally:
+        stop_daemon(proc)
+    text = log.read_text()
+    print(f"the plain job waited {waited:.1f} s")
+    assert waited <= 5.0 and "yields GPU(s) to other users' pending jobs" not in text, (
+        waited, text[-4000:])
+    assert "keeps GPU(s) free for other users' next jobs" in text, text[-4000:]
+    for j in elastic + [plain]:
+        assert infos[j].state == "COMPLETED", j
+    for j in elastic:
+        recs = load_records(JobDir.for_job(j).path)
+        check_exactly_once(recs, DIGITS, epochs_trained(recs, EPOCHS))

@@ -46,6 +46,16 @@ gain for waits shorter than other users' jobs get without hpcsched.
 GPUs of a primary job are never taken back for a foreign job: that would be preemption, which
 Slurm's own QOS and partition rules decide.
 
+**GPUs kept free** (``keep_free``, ``daemon.keep_free_gpus``; off by default): lent GPUs go back
+at the lender's next step boundary, so a foreign job that needs them waits a step of the lender
+and the lender's exit on top of Slurm's own reaction (up to 5.6 s on the dev cluster,
+``docs/replay.md``). A site that wants the next foreign jobs to start as they would without
+hpcsched keeps some GPUs out of every grow: after the pending jobs are served, a job of
+``keep_free`` GPUs on as few nodes as hold them is served at the lowest priority, claiming free
+GPUs and releasing lent ones where free ones are not enough (so the GPUs a foreign job took are
+kept free again by the next round), or, where even those are not enough, claiming the free GPUs
+of the nodes with the most free, up to its shape.
+
 Pure: ``(ClusterSnapshot) -> (ClusterSnapshot, changes, notes)``. Units: GPUs.
 """
 
@@ -128,7 +138,7 @@ class _SlurmQueue:
         self.own = _own_pending(snapshot)
         self.own_first: list[str] = []      # own jobs Slurm starts ahead of a served one
         self.served: list[str] = []
-        self.waiting = self.planned = self.kept_free = 0
+        self.waiting = self.planned = self.kept_free = self.kept_lent = 0
 
     def serve(self, f: ForeignJob) -> None:
         """Give ``f`` the GPUs it starts on, releasing extension GPUs where free ones are not
@@ -154,12 +164,14 @@ class _SlurmQueue:
         f = ForeignJob("(kept free)", "", count, -(-gpus // count), priority=0,
                        submit_time=float("inf"))
         before = sum(self.claimed.values())
+        lent = sum(sum(p.values()) for p in self.taken.values())
         if self._serve(f) is None:
             for n in sorted(self.free, key=lambda n: (-self.free[n], n))[:count]:
                 if use := min(self.free[n], f.gpus_per_node):
                     self.free[n] -= use
                     self.claimed[n] = self.claimed.get(n, 0) + use
         self.kept_free = sum(self.claimed.values()) - before
+        self.kept_lent = sum(sum(p.values()) for p in self.taken.values()) - lent
 
     def _serve(self, f: ForeignJob) -> list[str] | None:
         """The nodes ``f`` starts on, its free GPUs there claimed and the extension GPUs it
@@ -226,7 +238,7 @@ class _SlurmQueue:
 
     def note(self) -> str:
         return _note(self.claimed, self.taken, self.served, self.waiting, self.planned,
-                     self.own_first, self.kept_free)
+                     self.own_first, self.kept_free, self.kept_lent)
 
 
 def _own_pending(snapshot: ClusterSnapshot) -> list[tuple[ForeignJob, frozenset[str] | None]]:
@@ -259,18 +271,20 @@ def _keep_planned(f: ForeignJob, usable: set[str], free: dict[str, int],
 
 
 def _note(claimed: dict[str, int], taken: dict[str, dict[str, int]], served: list[str],
-          waiting: int, planned: int = 0, own_first: Sequence[str] = (), kept_free: int = 0
-          ) -> str:
+          waiting: int, planned: int = 0, own_first: Sequence[str] = (), kept_free: int = 0,
+          kept_lent: int = 0) -> str:
     """The round's note on other users' pending jobs: the free GPUs kept for them
     (``claimed``: node -> GPUs; ``planned`` of them on the nodes Slurm plans to start waiting
     jobs on, ``kept_free`` for jobs not yet submitted), the extension GPUs released (``taken``:
-    job id -> node -> GPUs), the first five of those that can start now (``served``),
+    job id -> node -> GPUs; ``kept_lent`` of them to keep GPUs free), the first five of those
+    that can start now (``served``),
     hpcsched's pending jobs Slurm starts ahead of them (``own_first``), and how many wait for
     running jobs to end."""
     return (f"other users' pending jobs: {sum(claimed.values())} free GPU(s) kept for them"
             + (f" ({planned} on nodes Slurm plans them onto)" if planned else "")
             + (f" ({kept_free} for jobs not yet submitted: keep_free_gpus)" if kept_free else "")
             + (f", {sum(sum(p.values()) for p in taken.values())} extension GPU(s) released"
+               + (f" ({kept_lent} to keep GPUs free: keep_free_gpus)" if kept_lent else "")
                if taken else "")
             + (f"; can start now: {'; '.join(served[:5])}" + (" ..." if len(served) > 5 else "")
                if served else "")
