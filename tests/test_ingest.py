@@ -23,7 +23,7 @@ from hpcsched.daemon.ingest import (
     sequence_problems,
 )
 from hpcsched.daemon.store import Store
-from hpcsched.daemon.store import offsets as offsets_module
+from hpcsched.daemon.store import lists as store_lists
 from hpcsched.protocol.files import ProtocolError
 
 
@@ -233,7 +233,7 @@ def test_ingest_jobs_reads_many_jobs_with_one_offsets_query_as_ingest_job_does_e
 
 
 def test_ingest_offsets_over_more_paths_than_one_query_holds(store, monkeypatch):
-    monkeypatch.setattr(offsets_module, "CHUNK", 3)
+    monkeypatch.setattr(store_lists, "CHUNK", 3)
     paths = {f"/j/metrics/launch-1-rank-{i}.jsonl": 100 + i for i in range(8)}
     store.set_ingest_offsets(dict(list(paths.items())[:5]), at=1.0)
     store.set_ingest_offsets({p: o + 1 for p, o in paths.items()}, at=2.0)   # 5 updated, 3 new

@@ -5,11 +5,12 @@ import traceback
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.exc import IntegrityError
 
 from hpcsched.daemon import store as st
 from hpcsched.daemon.store import Store
+from hpcsched.daemon.store.lists import padded
 
 TABLES = {
     "jobs": {"job_id", "job_uid", "user", "script", "workers_per_node", "min_nodes", "max_nodes",
@@ -658,3 +659,29 @@ def test_db_cli(tmp_path, monkeypatch):
     conf.write_text("[daemon]\nbogus = 1\n")
     res = runner.invoke(st.db_group, ["current", "--config", str(conf)])
     assert res.exit_code == 1 and "unknown key 'bogus'" in res.output
+
+
+def test_padded_lists_keep_their_values_and_take_a_power_of_two_length():
+    assert padded([]) == [] and padded(["a"]) == ["a"]
+    assert padded(["a", "b", "c"]) == ["a", "b", "c", "c"]
+    assert [len(padded(range(n))) for n in (5, 8, 9, 1500)] == [8, 8, 16, 2048]
+
+
+def test_the_rounds_id_lists_take_few_sql_texts_whatever_their_length(db):
+    """A round asks about all its jobs at once, and their number changes every round: each
+    length as its own SQL text would be prepared and kept per connection (sqlite3 keeps 128);
+    1 to 129 ids take one text per power of two, and the answers are the same."""
+    for i in range(129):
+        _job(db, str(i))
+    texts: set[str] = set()
+    event.listen(db.engine, "before_cursor_execute",
+                 lambda conn, cursor, statement, *rest: " IN (" in statement and texts.add(statement))
+    for n in range(1, 130):
+        ids = [str(i) for i in range(n)]
+        db.touch_jobs(ids, at=float(n))
+        db.recent_actions(ids)
+        db.ingest_offsets([f"/m/{i}" for i in range(n)])
+    assert len(texts) == 3 * 9, len(texts)     # 1, 2, 4, ..., 256 ids
+    assert {db.job(str(i)).last_seen for i in (0, 64, 128)} == {129.0}
+    db.touch_jobs(["0", "1", "2"], at=999.0)     # padded to 4 with "2": job 3 is not touched
+    assert [db.job(str(i)).last_seen for i in range(4)] == [999.0, 999.0, 999.0, 129.0]

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from hpcsched.daemon.phases import IllegalTransition, ResizePhase, check_transition
+from hpcsched.daemon.store.lists import among
 from hpcsched.daemon.store.rows import (
     ActionRow,
     action_row,
@@ -113,7 +114,7 @@ class JournalMixin:
         if not ids:
             return {}
         rank = func.row_number().over(partition_by=Action.job_id, order_by=Action.id.desc()).label("rank")
-        inner = select(Action.id, rank).where(Action.job_id.in_(ids)).subquery()
+        inner = select(Action.id, rank).where(among(Action.job_id, ids)).subquery()
         q = (select(Action).join(inner, inner.c.id == Action.id).where(inner.c.rank <= limit)
              .order_by(Action.job_id, Action.id.desc()))
         out: dict[str, list[ActionRow]] = {}

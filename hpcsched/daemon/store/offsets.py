@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 
 from sqlalchemy import delete, insert, select, update
 
+from hpcsched.daemon.store.lists import among, chunks
 from hpcsched.daemon.store.schema import IngestOffset
 
 
@@ -21,13 +22,14 @@ class OffsetsMixin:
         return self.ingest_offsets([path])[str(path)]
 
     def ingest_offsets(self, paths: Iterable[str]) -> dict[str, int]:
-        """:meth:`ingest_offset` of each of ``paths``, in one query per :data:`CHUNK` paths."""
+        """:meth:`ingest_offset` of each of ``paths``, in one query per
+        :data:`~hpcsched.daemon.store.lists.CHUNK` paths."""
         keys = [str(p) for p in paths]
         found: dict[str, int] = {}
         with self._read() as s:
-            for part in _chunks(keys):
+            for part in chunks(keys):
                 found.update((path, offset) for path, offset in s.execute(
-                    select(IngestOffset.path, IngestOffset.offset).where(IngestOffset.path.in_(part))))
+                    select(IngestOffset.path, IngestOffset.offset).where(among(IngestOffset.path, part))))
         return {k: found.get(k, 0) for k in keys}
 
     def set_ingest_offset(self, path: str, offset: int, *, at: float | None = None) -> None:
@@ -48,8 +50,8 @@ class OffsetsMixin:
         rows = [{"path": str(p), "offset": off, "updated_at": now} for p, off in offsets.items()]
         with self._write() as s:
             known: set[str] = set()
-            for part in _chunks([r["path"] for r in rows]):
-                known.update(s.scalars(select(IngestOffset.path).where(IngestOffset.path.in_(part))))
+            for part in chunks([r["path"] for r in rows]):
+                known.update(s.scalars(select(IngestOffset.path).where(among(IngestOffset.path, part))))
             old = [r for r in rows if r["path"] in known]
             new = [r for r in rows if r["path"] not in known]
             if old:   # ORM bulk UPDATE by primary key: one executemany
@@ -68,16 +70,7 @@ class OffsetsMixin:
         gone = [p for p in old if not exists(p)]
         if gone:
             with self._write() as s:
-                for part in _chunks(gone):
-                    s.execute(delete(IngestOffset).where(IngestOffset.path.in_(part))
+                for part in chunks(gone):
+                    s.execute(delete(IngestOffset).where(among(IngestOffset.path, part))
                               .execution_options(synchronize_session=False))
         return len(gone)
-
-
-#: paths per ``IN (...)`` query (SQLite allows 32,766 bound parameters since 3.32)
-CHUNK = 10_000
-
-
-def _chunks(keys: list[str]) -> Iterator[list[str]]:
-    for i in range(0, len(keys), CHUNK):
-        yield keys[i:i + CHUNK]

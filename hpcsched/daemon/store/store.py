@@ -53,6 +53,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from hpcsched.daemon.store.gpus import GpuMixin
 from hpcsched.daemon.store.journal import JournalMixin
 from hpcsched.daemon.store.lease import LeaseMixin
+from hpcsched.daemon.store.lists import among
 from hpcsched.daemon.store.offsets import OffsetsMixin
 from hpcsched.daemon.store.rows import (
     JobRow,
@@ -129,7 +130,7 @@ class Store(JournalMixin, LeaseMixin, GpuMixin, OffsetsMixin):
             ids = list(jobs)
             # into the session's identity map, where upsert_job's get() finds them without a
             # query each; the map holds them weakly, so ``held`` keeps them for the batch
-            held = s.scalars(select(Job).where(Job.job_id.in_(ids))).all() if ids else []
+            held = s.scalars(select(Job).where(among(Job.job_id, ids))).all() if ids else []
             try:
                 yield
                 s.commit()
@@ -241,7 +242,7 @@ class Store(JournalMixin, LeaseMixin, GpuMixin, OffsetsMixin):
         ids = list(job_ids)
         if ids:
             with self._write() as s:
-                s.execute(update(Job).where(Job.job_id.in_(ids)).values(last_seen=time.time() if at is None else at)
+                s.execute(update(Job).where(among(Job.job_id, ids)).values(last_seen=time.time() if at is None else at)
                           .execution_options(synchronize_session=False))
 
     def prune(self, before: float) -> dict[str, int]:
@@ -309,7 +310,7 @@ class Store(JournalMixin, LeaseMixin, GpuMixin, OffsetsMixin):
                     func.sum(P.step_time * P.steps) / total,
                     func.sum(P.throughput * P.steps) / total,
                     total, func.count(), func.max(P.time))
-             .where(P.job_id.in_(ids)).group_by(*keys).order_by(*keys))
+             .where(among(P.job_id, ids)).group_by(*keys).order_by(*keys))
         out: dict[str, list[ProfileRow]] = {}
         with self._read() as s:
             for job, ws, n, lbs, acc, gbs, st, tp, steps, count, t in s.execute(q):
@@ -331,7 +332,7 @@ class Store(JournalMixin, LeaseMixin, GpuMixin, OffsetsMixin):
         q = (select(app, P.nodes, P.world_size, P.local_batch_size, P.accumulation_steps,
                     func.sum(P.step_time * P.steps) / total, total)
              .join(Job, Job.job_id == P.job_id)
-             .where(app.in_(sorted(names)), P.steps > 0)
+             .where(among(app, sorted(names)), P.steps > 0)
              .group_by(app, P.nodes, P.world_size, P.local_batch_size, P.accumulation_steps)
              .order_by(app, P.nodes, P.world_size, P.local_batch_size, P.accumulation_steps))
         out: dict[str, list[Measured]] = {}
