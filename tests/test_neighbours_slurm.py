@@ -80,18 +80,33 @@ def test_the_free_gpus_slurm_plans_a_waiting_job_onto_are_kept(devcluster, slurm
 
 
 @pytest.mark.slow
-def test_a_plain_job_waits_a_round_not_an_elastic_job(daemon_env, devcluster, slurm_jobs,
-                                                      monkeypatch):
+def _two_elastic_jobs(tmp_path: Path, slurm_jobs, monkeypatch, settings: str = "") -> list[str]:
+    """The issue's scenario: the default policy, ``ROUND``-s rounds (and ``settings``, more
+    lines of ``[daemon]``), and two hpcsub jobs of 1 node x 2 GPUs that may grow to 16."""
     monkeypatch.setenv("HPCSCHED_GRAD_NOISE", "0")
-    tmp_path, db = daemon_env
     cfg = Path(os.environ["HPCSCHED_CONFIG"])
     cfg.write_text(cfg.read_text().replace('[policy]\nname = "dp"\n', "")
-                   .replace("round_interval = 2.0", f"round_interval = {ROUND}"))
+                   .replace("round_interval = 2.0", f"round_interval = {ROUND}\n{settings}"))
     elastic = [submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-max-gpus", "16",
                       "--hpcsched-batch-size", "96", *paced(tmp_path / "unpaced"),
-                      "--epochs", str(EPOCHS),
-                      "--sample-time", "0.002") for _ in range(2)]
+                      "--epochs", str(EPOCHS), "--sample-time", "0.002") for _ in range(2)]
     slurm_jobs.extend(elastic)
+    return elastic
+
+
+def _all_done_exactly_once(infos, elastic: list[str], plain: str) -> None:
+    """Every job completed, and each elastic job trained every sample of its epochs once."""
+    for j in elastic + [plain]:
+        assert infos[j].state == "COMPLETED", j
+    for j in elastic:
+        recs = load_records(JobDir.for_job(j).path)
+        check_exactly_once(recs, DIGITS, epochs_trained(recs, EPOCHS))
+
+
+def test_a_plain_job_waits_a_round_not_an_elastic_job(daemon_env, devcluster, slurm_jobs,
+                                                      monkeypatch):
+    tmp_path, db = daemon_env
+    elastic = _two_elastic_jobs(tmp_path, slurm_jobs, monkeypatch)
     proc = start_daemon(tmp_path)
     t0 = time.time()
     try:
@@ -124,11 +139,8 @@ def test_a_plain_job_waits_a_round_not_an_elastic_job(daemon_env, devcluster, sl
     assert waited <= 15.0, (waited, log[-4000:])
     assert all(running[j].state == "RUNNING" for j in elastic), running   # smaller, running
     assert "yields GPU(s) to other users' pending jobs" in log, log[-4000:]
-    for j in elastic + [plain]:
-        assert infos[j].state == "COMPLETED", j
+    _all_done_exactly_once(infos, elastic, plain)
     for j in elastic:
-        recs = load_records(JobDir.for_job(j).path)
-        check_exactly_once(recs, DIGITS, epochs_trained(recs, EPOCHS))
         # each resize is one line of the job's own output (issue 34: users see it)
         lines = [ln for ln in (tmp_path / f"slurm-{j}.out").read_text().splitlines()
                  if ln.startswith("hpcsched: generation ")]
@@ -141,15 +153,8 @@ def test_gpus_kept_free_start_a_plain_job_at_once_and_are_kept_again(daemon_env,
     not four; another user's plain 1 x 4 job starts on the fourth at once, with nothing to
     release for it; while it runs, a later round releases a lent node so that a node's 4 GPUs
     are free again. The elastic jobs train every sample exactly once."""
-    monkeypatch.setenv("HPCSCHED_GRAD_NOISE", "0")
     tmp_path, db = daemon_env
-    cfg = Path(os.environ["HPCSCHED_CONFIG"])
-    cfg.write_text(cfg.read_text().replace('[policy]\nname = "dp"\n', "")
-                   .replace("round_interval = 2.0", f"round_interval = {ROUND}\nkeep_free_gpus = 4"))
-    elastic = [submit(tmp_path, "-N", "1", "--gres=gpu:2", "--hpcsched-max-gpus", "16",
-                      "--hpcsched-batch-size", "96", *paced(tmp_path / "unpaced"),
-                      "--epochs", str(EPOCHS), "--sample-time", "0.002") for _ in range(2)]
-    slurm_jobs.extend(elastic)
+    elastic = _two_elastic_jobs(tmp_path, slurm_jobs, monkeypatch, "keep_free_gpus = 4")
     proc = start_daemon(tmp_path)
     log = tmp_path / "daemon.log"
     try:
@@ -178,8 +183,4 @@ def test_gpus_kept_free_start_a_plain_job_at_once_and_are_kept_again(daemon_env,
     assert waited <= 5.0 and "yields GPU(s) to other users' pending jobs" not in text, (
         waited, text[-4000:])
     assert "keeps GPU(s) free for other users' next jobs" in text, text[-4000:]
-    for j in elastic + [plain]:
-        assert infos[j].state == "COMPLETED", j
-    for j in elastic:
-        recs = load_records(JobDir.for_job(j).path)
-        check_exactly_once(recs, DIGITS, epochs_trained(recs, EPOCHS))
+    _all_done_exactly_once(infos, elastic, plain)
