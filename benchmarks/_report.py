@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import time
 from pathlib import Path
 
@@ -16,3 +17,9 @@ def write_report(out: Path, benchmark: str, **figures) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {out}")
+
+
+def rss_mib() -> float:
+    """This process's resident set (``VmRSS``), MiB."""
+    text = Path("/proc/self/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+)", text, re.M).group(1)) / 1024

@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import write_report  # noqa: E402
+from _report import rss_mib, write_report  # noqa: E402
 from _scale_jobs import plan_jobs  # noqa: E402
 
 from hpcsched import slurm  # noqa: E402
@@ -98,11 +98,6 @@ def login_priority(nice: int, realtime: bool, ctld_realtime: bool = False) -> No
     elif nice:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
 
-
-def rss_mib() -> float:
-    """This process's resident set (the daemon's), MiB."""
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(r"^VmRSS:\s+(\d+)", text, re.M).group(1)) / 1024
 
 
 def sdiag_text() -> str:

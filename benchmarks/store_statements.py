@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 import subprocess
 import sys
 import tempfile
@@ -30,16 +29,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import write_report  # noqa: E402
+from _report import rss_mib, write_report  # noqa: E402
 
 JOB = dict(job_uid="", user="u", script="train.py", workers_per_node=4, min_nodes=1, max_nodes=4,
            min_batch_size=32, max_batch_size=4096, base_batch_size=128, lr_scaling="linear",
            spec_json="{}", state="RUNNING", last_seen=0.0)
 
-
-def rss_mib() -> float:
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(r"^VmRSS:\s+(\d+)", text, re.M).group(1)) / 1024
 
 
 def one_way(padded: bool, jobs: int, rounds: int, seed: int) -> dict:

@@ -665,6 +665,8 @@ def test_padded_lists_keep_their_values_and_take_a_power_of_two_length():
     assert padded([]) == [] and padded(["a"]) == ["a"]
     assert padded(["a", "b", "c"]) == ["a", "b", "c", "c"]
     assert [len(padded(range(n))) for n in (5, 8, 9, 1500)] == [8, 8, 16, 2048]
+    # never past what SQLite binds: beyond 16,384 values a list is left as it is
+    assert [len(padded(range(n))) for n in (16_384, 16_385, 30_000)] == [16_384, 16_385, 30_000]
 
 
 def test_the_rounds_id_lists_take_few_sql_texts_whatever_their_length(db):

@@ -163,15 +163,12 @@ class _SlurmQueue:
         count = -(-gpus // per_node)
         f = ForeignJob("(kept free)", "", count, -(-gpus // count), priority=0,
                        submit_time=float("inf"))
-        before = sum(self.claimed.values())
-        lent = sum(sum(p.values()) for p in self.taken.values())
+        before, lent = sum(self.claimed.values()), _released(self.taken)
         if self._serve(f) is None:
             for n in sorted(self.free, key=lambda n: (-self.free[n], n))[:count]:
-                if use := min(self.free[n], f.gpus_per_node):
-                    self.free[n] -= use
-                    self.claimed[n] = self.claimed.get(n, 0) + use
+                _claim(n, f.gpus_per_node, self.free, self.claimed)
         self.kept_free = sum(self.claimed.values()) - before
-        self.kept_lent = sum(sum(p.values()) for p in self.taken.values()) - lent
+        self.kept_lent = _released(self.taken) - lent
 
     def _serve(self, f: ForeignJob) -> list[str] | None:
         """The nodes ``f`` starts on, its free GPUs there claimed and the extension GPUs it
@@ -261,13 +258,22 @@ def _keep_planned(f: ForeignJob, usable: set[str], free: dict[str, int],
     """Claim for waiting foreign job ``f`` the free GPUs, up to its GPUs per node, on the
     ``usable`` nodes Slurm's backfill plans it onto (none without a planned start), taken from
     ``free`` into ``claimed`` (node -> GPUs); returns how many (module docstring)."""
-    kept = 0
-    for n in f.scheduled_nodes if f.start_time else ():
-        if n in usable and (use := min(free.get(n, 0), f.gpus_per_node)):
-            free[n] -= use
-            claimed[n] = claimed.get(n, 0) + use
-            kept += use
-    return kept
+    return sum(_claim(n, f.gpus_per_node, free, claimed)
+               for n in (f.scheduled_nodes if f.start_time else ()) if n in usable)
+
+
+def _claim(node: str, up_to: int, free: dict[str, int], claimed: dict[str, int]) -> int:
+    """Move up to ``up_to`` of ``node``'s free GPUs from ``free`` into ``claimed`` (node ->
+    GPUs); returns how many."""
+    if use := min(free.get(node, 0), up_to):
+        free[node] -= use
+        claimed[node] = claimed.get(node, 0) + use
+    return use
+
+
+def _released(taken: dict[str, dict[str, int]]) -> int:
+    """The extension GPUs of ``taken`` (job id -> node -> GPUs) in all."""
+    return sum(sum(per.values()) for per in taken.values())
 
 
 def _note(claimed: dict[str, int], taken: dict[str, dict[str, int]], served: list[str],
@@ -277,13 +283,12 @@ def _note(claimed: dict[str, int], taken: dict[str, dict[str, int]], served: lis
     (``claimed``: node -> GPUs; ``planned`` of them on the nodes Slurm plans to start waiting
     jobs on, ``kept_free`` for jobs not yet submitted), the extension GPUs released (``taken``:
     job id -> node -> GPUs; ``kept_lent`` of them to keep GPUs free), the first five of those
-    that can start now (``served``),
-    hpcsched's pending jobs Slurm starts ahead of them (``own_first``), and how many wait for
-    running jobs to end."""
+    that can start now (``served``), hpcsched's pending jobs Slurm starts ahead of them
+    (``own_first``), and how many wait for running jobs to end."""
     return (f"other users' pending jobs: {sum(claimed.values())} free GPU(s) kept for them"
             + (f" ({planned} on nodes Slurm plans them onto)" if planned else "")
             + (f" ({kept_free} for jobs not yet submitted: keep_free_gpus)" if kept_free else "")
-            + (f", {sum(sum(p.values()) for p in taken.values())} extension GPU(s) released"
+            + (f", {_released(taken)} extension GPU(s) released"
                + (f" ({kept_lent} to keep GPUs free: keep_free_gpus)" if kept_lent else "")
                if taken else "")
             + (f"; can start now: {'; '.join(served[:5])}" + (" ..." if len(served) > 5 else "")

@@ -19,14 +19,18 @@ from typing import Any
 #: values per ``IN (...)`` query at most (SQLite allows 32,766 bound parameters since 3.32; a
 #: chunk is padded to at most 16,384)
 CHUNK = 10_000
+#: the longest list :func:`padded` pads to: a longer one is left as it is, so padding never
+#: takes a list that fits SQLite's 32,766 bound parameters beyond them
+PAD_LIMIT = 16_384
 
 
 def padded(values: Sequence[Any]) -> list[Any]:
-    """``values`` with its last value repeated up to the next power of two in length (empty
-    stays empty)."""
+    """``values`` with its last value repeated up to the next power of two in length, up to
+    :data:`PAD_LIMIT` (a longer list, or an empty one, is returned as it is)."""
     out = list(values)
-    if out:
-        out += [out[-1]] * ((1 << (len(out) - 1).bit_length()) - len(out))
+    size = 1 << (len(out) - 1).bit_length() if out else 0
+    if out and size <= PAD_LIMIT:
+        out += [out[-1]] * (size - len(out))
     return out
 
 
