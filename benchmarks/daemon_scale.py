@@ -45,6 +45,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import tracemalloc
 from dataclasses import replace
@@ -188,10 +189,12 @@ class CommandLog:
     def __init__(self):
         self.counts: collections.Counter[str] = collections.Counter()
         self._run = commands.run
+        lock = threading.Lock()   # a round's steps run their commands side by side (driving.py)
 
         def run(args, *a, **k):
             key = command_kind(args)
-            self.counts[key] += 1
+            with lock:
+                self.counts[key] += 1
             return self._run(args, *a, **k)
 
         for module in self.PLACES:

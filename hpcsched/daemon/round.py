@@ -16,8 +16,10 @@
 * **decide**: the configured policy, a pure function of an immutable
   :class:`~hpcsched.model.snapshot.ClusterSnapshot` (the same code the simulator runs).
 * **reconcile**: :func:`hpcsched.policies.reconcile.reconcile` (gain vs restart cost, placement, order).
-* **apply**: each change is journaled ``requested`` (committed) before anything is touched, then
-  takes its first step (the control generation is written). Later rounds move it on to
+* **apply**: every change is journaled ``requested`` (one commit) before anything is touched,
+  then takes its first step (the control generation is written), the changes of different jobs
+  side by side, so their Slurm commands wait for slurmctld together
+  (:mod:`hpcsched.daemon.driving`). Later rounds move it on to
   ``running`` when the job runs at the new size, or ``failed`` with the reason. Resizes go
   through the state machine ``hpcsched resize`` steps too.
 * **record**: the round (time, duration, policy, objective, Slurm calls, policy time).
@@ -62,6 +64,7 @@ from hpcsched.daemon.actuator import (
 from hpcsched.daemon.between import BetweenRounds, mtime_ns
 from hpcsched.daemon.config import Settings
 from hpcsched.daemon.costs import measured_costs
+from hpcsched.daemon.driving import Drive, drive_all
 from hpcsched.daemon.gpu_status import gpu_rows
 from hpcsched.daemon.ingest import Pending, ingest_jobs
 from hpcsched.daemon.layouts import batch_layout, layout_in_force, reform_layout
@@ -252,7 +255,8 @@ class Daemon(BetweenRounds):
         """One round into ``rep``: observe Slurm and keep the store up to date
         (:meth:`_keep_up`), take every open action a step (:meth:`_resume`), build the snapshot
         and check the jobs' claims, decide (:meth:`_decide`), log the changes and, unless
-        ``daemon.dry_run``, journal and start each (:meth:`_apply`)."""
+        ``daemon.dry_run``, journal them all and take each one's first step (:meth:`_plan`,
+        :meth:`_drive_all`)."""
         with _timed(rep, "observe"):
             obs = self.backend.observe()
             managed = self.managed.find(obs)
@@ -288,9 +292,9 @@ class Daemon(BetweenRounds):
         if self.settings.daemon.dry_run:
             return
         with _timed(rep, "actuation"):
-            for c in decision.changes:
-                jd, spec, info = managed[c.job_id]
-                rep.outcomes[c.job_id] = self._apply(c, jd, spec, info, rep)
+            with self.store.batch():   # every change journaled `requested`, one commit, first
+                drives = [self._plan(c, *managed[c.job_id], rep) for c in decision.changes]
+            self._drive_all(drives, rep)
 
     def _with_planned_nodes(self, obs, rep: RoundReport):
         """``obs`` with backfill's planned nodes (Slurm 22.05: one more ``squeue``), or as it is
@@ -358,10 +362,11 @@ class Daemon(BetweenRounds):
         rep.phases["policy"] = rep.policy_seconds - decision.reconcile_seconds
         return decision
 
-    def _apply(self, c: Change, jd: JobDir, spec: JobSpec, info: slurm.JobInfo,
-               rep: RoundReport) -> str:
-        """Journal ``c`` as ``requested`` (committed), then take its first step. A preemption's
-        action asks for the job's size now, which it resumes at (:class:`Action`)."""
+    def _plan(self, c: Change, jd: JobDir, spec: JobSpec, info: slurm.JobInfo,
+              rep: RoundReport) -> Drive:
+        """Journal ``c`` as ``requested`` (committed when the caller's batch ends, before any
+        step: :mod:`hpcsched.daemon.driving`); returns its first step. A preemption's action
+        asks for the job's size now, which it resumes at (:class:`Action`)."""
         cur = current_of(jd, spec, info)
         kind = ChangeKind(c.kind)
         nodes = c.from_nodes if kind == ChangeKind.PREEMPT else c.to_nodes
@@ -389,7 +394,7 @@ class Daemon(BetweenRounds):
             placement=action.placement, created_at=created,
             mechanism=str(c.mechanism) if c.mechanism is not None else None)
         self._stepped.add(aid)
-        return self._drive(aid, action, History.begin(created), jd, spec, info)
+        return Drive(aid, action, History.begin(created), jd, spec, info)
 
     def _by_extension(self, c: Change, jd: JobDir, spec: JobSpec, info: slurm.JobInfo
                       ) -> dict[str, int] | None:
@@ -405,34 +410,17 @@ class Daemon(BetweenRounds):
         return reform_layout(ChangeKind(c.kind), c.to_nodes, tuple(c.placement), layout, primary,
                              spec.limits.workers_per_node)
 
-    def _drive(self, aid: int, action: Action, history: History, jd: JobDir, spec: JobSpec,
-               info: slurm.JobInfo) -> str:
-        """One step of journal entry ``aid``, each transition journaled; returns the outcome."""
-        def journal(phase: ResizePhase, at: float, why: str) -> None:
-            self.store.set_action_phase(aid, phase, error=why or None, at=at)
-
-        self._acks[action.job_id] = (jd.ack_path, mtime_ns(jd.ack_path))   # answered as of this step
-
-        try:
-            adv = self.actuator.advance(action, history, jd, spec, info, journal)
-        except slurm.SlurmUnavailable as exc:
-            # not a failure of the resize: it stays open and the next round takes the step again
-            log.warning("job %s: %s interrupted, Slurm did not answer (%s); resumes next round",
-                        action.job_id, action.kind, exc)
-            return "interrupted"
-        for note in adv.notes:
-            log.warning("job %s: %s", action.job_id, note)
-        if adv.phase == ResizePhase.FAILED:
-            return f"failed: {adv.why}"
-        if adv.phase == ResizePhase.RUNNING:
-            log.info("job %s: %s to %d node(s), batch %d running after %.1f s", action.job_id,
-                     action.kind, action.nodes, action.batch_size,
-                     adv.history.entries[-1][1] - history.started)
-        return str(adv.phase)
+    def _drive_all(self, drives: list[Drive], rep: RoundReport) -> None:
+        """One step of each of ``drives`` (:func:`~hpcsched.daemon.driving.drive_all`: side by
+        side, journaled in one commit); each job's outcome into ``rep.outcomes``."""
+        for d in drives:   # answered as of this step
+            self._acks[d.action.job_id] = (d.jd.ack_path, mtime_ns(d.jd.ack_path))
+        for d, outcome in zip(drives, drive_all(self.actuator, self.store, drives)):
+            rep.outcomes[d.action.job_id] = outcome
 
     def _resume(self, managed, rep: RoundReport) -> set[str]:
         """Advance every open action one step; returns their jobs (busy for the policy)."""
-        touched = set()
+        touched, drives = set(), []
         open_actions = self.store.open_actions()
         self._stepped &= {a.id for a in open_actions}   # an ended action is never resumed
         for a in open_actions:
@@ -449,5 +437,6 @@ class Daemon(BetweenRounds):
                          a.id, a.generation, a.phase)
                 self._stepped.add(a.id)
             action, history = journaled(a)
-            rep.outcomes[a.job_id] = self._drive(a.id, action, history, jd, spec, info)
+            drives.append(Drive(a.id, action, history, jd, spec, info))
+        self._drive_all(drives, rep)
         return touched

@@ -1,0 +1,144 @@
+"""A round's resize steps side by side (:mod:`hpcsched.daemon.driving`), over a fake Slurm
+(tests/fakes.py) with real job files and a real journal: the steps of different jobs wait for
+Slurm together, their transitions are journaled in one commit and in order, and a step that
+fails (Slurm not answering, or a bug) leaves the others' journaled. The same path against the
+real Slurm: ``tests/test_daemon_actuation_slurm.py`` (two resizes in one round)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import event
+
+from hpcsched import slurm
+from hpcsched.daemon.actuator import Action, Actuator
+from hpcsched.daemon.driving import STEP_THREADS, Drive, drive_all
+from hpcsched.daemon.phases import History, ResizePhase, Timeouts
+from hpcsched.daemon.store import Store
+from hpcsched.protocol import files as ctl
+from hpcsched.protocol.jobdir import JobDir, JobSpec, current_user
+from hpcsched.protocol.kinds import ChangeKind, ControlAction
+from hpcsched.protocol.limits import JobLimits
+from tests.fakes import FakeSlurm
+
+GEN = 1
+
+
+def _pending(job_id: str) -> slurm.JobInfo:
+    return slurm.JobInfo(job_id=job_id, name="", user=current_user(), state="PENDING",
+                         state_reason="Resources", partition="gpu", nodes="", node_count=1,
+                         gpus_per_node=2, restarts=0, batch_host="", priority=1, cpus_per_task=1)
+
+
+class _Slurm(FakeSlurm):
+    """The fake Slurm whose ``scontrol update`` waits at ``barrier`` (every job's update must
+    be under way at once to pass it) and raises ``errors[job_id]`` for a job given one."""
+
+    def __init__(self, *infos, barrier=None, errors=None):
+        super().__init__(*infos)
+        self.barrier, self.errors = barrier, dict(errors or {})
+
+    def update(self, job_id, **fields):
+        if self.barrier is not None:
+            self.barrier.wait()
+        if job_id in self.errors:
+            raise self.errors[job_id]
+        super().update(job_id, **fields)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(f"sqlite:///{tmp_path / 'h.db'}")
+    s.upgrade()
+    yield s
+    s.close()
+
+
+def _drives(control_dir, store: Store, n: int, *, written: bool = False) -> list[Drive]:
+    """``n`` pending jobs ("1".."n"), each with a change to start it on 2 nodes journaled
+    ``requested`` (``written``: its control file already holds the generation)."""
+    out = []
+    for i in range(1, n + 1):
+        job_id = str(i)
+        jd = JobDir.create(control_dir)
+        spec = JobSpec(job_uid=jd.uid, script="/s/train.py", script_args=(), python="python3",
+                       submit_dir="/s", sbatch_args=(), nodes=1,
+                       limits=JobLimits(2, 1, 4, 16, 512, None, 64, "linear"),
+                       checkpoint_dir=str(jd.path / "checkpoints"), user="alice")
+        jd.write_spec(spec)
+        jd.link_job_id(job_id)
+        if written:
+            ctl.write_control(jd.control_path, ctl.Control(
+                job_uid=jd.uid, generation=GEN, action=ControlAction.CONTINUE, nodes=2,
+                workers_per_node=2, global_batch_size=64, local_batch_size=16,
+                accumulation_steps=1, lr_scale=1.0, issued_at=1.0, issued_by="test",
+                reason="test"))
+        store.upsert_job(job_id=job_id, job_uid=jd.uid, workers_per_node=2, min_nodes=1,
+                         max_nodes=4, min_batch_size=16, max_batch_size=512, base_batch_size=64)
+        action = Action(job_id, ChangeKind.PENDING, GEN, 2, 64, 0, "test", "test", ())
+        aid = store.plan_action(job_id=job_id, kind="pending", generation=GEN, from_nodes=1,
+                                to_nodes=2, from_batch_size=64, to_batch_size=64,
+                                reason="test", created_at=1.0)
+        out.append(Drive(aid, action, History.begin(1.0), jd, spec, _pending(job_id)))
+    return out
+
+
+def _phases(store: Store) -> dict[str, str]:
+    return {a.job_id: a.phase for a in store.actions()}
+
+
+def test_steps_of_different_jobs_wait_for_slurm_together(control_dir, store):
+    """Every job's ``scontrol update`` is under way at once: the barrier lets none through
+    until all are at it (taken in turn, the first would wait there alone and time out)."""
+    n = STEP_THREADS
+    drives = _drives(control_dir, store, n)
+    sl = _Slurm(*(d.info for d in drives), barrier=threading.Barrier(n, timeout=30))
+    outcomes = drive_all(Actuator(sl, Timeouts()), store, drives)
+    assert outcomes == ["requested"] * n
+    assert sl.count("update") == n
+    for d in drives:   # each job's own generation, to its own file
+        c = ctl.read_control(d.jd.control_path, d.jd.uid)
+        assert c is not None and c.generation == GEN and c.nodes == 2
+
+
+def test_transitions_journaled_in_one_commit_in_order(control_dir, store):
+    """Three jobs whose generation is written while they pend: each goes requested -> running
+    (a passive step), and the three transitions are one commit."""
+    drives = _drives(control_dir, store, 3, written=True)
+    commits = []
+    event.listen(store.engine, "commit", lambda conn: commits.append(1))
+    outcomes = drive_all(Actuator(FakeSlurm(*(d.info for d in drives)), Timeouts()), store,
+                         drives)
+    assert outcomes == ["running"] * 3
+    assert len(commits) == 1
+    assert _phases(store) == {"1": "running", "2": "running", "3": "running"}
+    for a in store.actions():
+        assert [p for p, _ in History.parse(a.history).entries] == [ResizePhase.REQUESTED,
+                                                                     ResizePhase.RUNNING]
+
+
+def test_slurm_not_answering_interrupts_its_step_alone(control_dir, store):
+    drives = _drives(control_dir, store, 3)
+    sl = _Slurm(*(d.info for d in drives),
+                errors={"2": slurm.SlurmUnavailable("timed out after 20 s")})
+    outcomes = drive_all(Actuator(sl, Timeouts()), store, drives)
+    assert outcomes == ["requested", "interrupted", "requested"]
+    assert sl.count("update") == 2
+    assert ctl.read_control(drives[1].jd.control_path, drives[1].jd.uid) is None
+    assert _phases(store) == {"1": "requested", "2": "requested", "3": "requested"}
+
+
+def test_a_bug_in_one_step_is_raised_after_the_others_are_journaled(control_dir, store):
+    drives = _drives(control_dir, store, 3, written=True)
+    sl = FakeSlurm(*(d.info for d in drives))
+
+    class Broken(Actuator):
+        def advance(self, action, *args, **kw):
+            if action.job_id == "1":
+                raise RuntimeError("a bug")
+            return super().advance(action, *args, **kw)
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        drive_all(Broken(sl, Timeouts()), store, drives)
+    assert _phases(store) == {"1": "requested", "2": "running", "3": "running"}
