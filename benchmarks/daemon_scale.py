@@ -9,10 +9,11 @@ hpcsub as the Unix user ``--user``, ``--jobs`` x GPUs / 1,024 of them (2,000 at 
 about half run, half wait), and the real daemon (its default settings and policy, a fresh
 SQLite store; in this process, with the service loop's actuation ticks and early rounds between
 rounds, ``hpcsched.daemon.service``) runs for ``--minutes``. Per round: wall time per part
-(``RoundReport.phases``), the CPU seconds of the daemon and its Slurm commands, the Slurm
+(``RoundReport.phases``), the CPU seconds of the daemon and its Slurm commands, the seconds
+the daemon's threads waited for a CPU (its run-queue wait, ``schedstat``), the Slurm
 commands it issued, the changes applied, the jobs running and pending, the daemon's RSS. The
 daemon runs in the real-time ``SCHED_RR`` class (``--no-daemon-rt``: at nice ``--login-nice``)
-and slurmctld at nice ``--login-nice`` (-20), the emulated compute nodes (slurmd and the jobs)
+and slurmctld and munged at nice ``--login-nice`` (-20), the emulated compute nodes (slurmd and the jobs)
 at 0: on a real cluster the jobs do not share the login node's or the controller's cores.
 At the end, slurmctld's RPCs from ``sdiag`` (reset at the start),
 by message type and by user, with slurmctld's mean time per RPC type (its lock waits included);
@@ -20,8 +21,9 @@ hpcsched's share: the daemon's commands (counted per command) x their RPCs each 
 ``sdiag`` around one of each), and the jobs' own (``--user``); and slurmctld's main and backfill
 scheduling passes (their number, mean and longest: a pass holds the locks every RPC waits for).
 ``--sched-params`` appends to the cluster's ``SchedulerParameters`` before the jobs are
-submitted, ``--ctld-rt`` puts slurmctld in the real-time class: a controller tuned, and with
-cores of its own, as a site of that size runs it (docs/daemon.md, "At scale").
+submitted, ``--ctld-rt`` puts slurmctld and munged in the real-time class: a controller tuned, and with
+cores of its own, as a site of that size runs it (docs/daemon.md, "At scale"); the daemon then
+runs at real-time priority 2, above them, as on a login node of its own.
 
 Targets (issue 36, at 256 x 4): round time excluding the policy <= 2 s median, <= 5 s max;
 policy <= 1 s; Slurm calls per round <= 3 + one per change; RSS growth < 10% over the run;
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import re
@@ -65,7 +68,7 @@ from hpcsched.daemon.round import PHASES, Daemon  # noqa: E402
 from hpcsched.daemon.store import Store  # noqa: E402
 from hpcsched.slurm import commands, devcluster, observe  # noqa: E402
 from hpcsched.slurm.devcluster.base import Layout  # noqa: E402
-from hpcsched.slurm.devcluster.processes import read_pid  # noqa: E402
+from hpcsched.slurm.devcluster.processes import find_procs, read_pid  # noqa: E402
 
 STATE_DIR = Path("/var/lib/hpcsched/devcluster-scale")
 WORK = Path("/var/tmp/hpcsched-scale")
@@ -78,6 +81,18 @@ def cpu_seconds() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
+def run_queue_seconds() -> float:
+    """Seconds this process's threads have waited on a run queue, ready but not running
+    (``/proc/<pid>/task/*/schedstat``, second field, in ns; threads that have ended are not
+    counted): the part of a round's wall time the host's other processes took, apart from its
+    CPU time and what it waited for (Slurm's answers, the disk)."""
+    total = 0
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int(Path(f"/proc/self/task/{task}/schedstat").read_text().split()[1])
+    return total / 1e9
+
+
 def login_priority(nice: int, realtime: bool, ctld_realtime: bool = False) -> None:
     """Give the daemon (this process) and slurmctld the CPU before the emulated compute nodes
     (slurmd and the jobs, at nice 0): on a real cluster the daemon has a login node's core and
@@ -87,15 +102,22 @@ def login_priority(nice: int, realtime: bool, ctld_realtime: bool = False) -> No
     kernel keeps 5% of each second for everything else), inherited by its Slurm commands. With
     ``ctld_realtime`` slurmctld's threads are in ``SCHED_RR`` at priority 1 too (the threads it
     starts later for each RPC inherit it, pthread_attr_setinheritsched(3)): a controller with
-    cores of its own, which the emulated nodes' load cannot delay."""
-    pid = read_pid(Layout(STATE_DIR).pidfile("slurmctld"))
-    for task in os.listdir(f"/proc/{pid}/task") if pid else ():
-        if nice:
-            os.setpriority(os.PRIO_PROCESS, int(task), nice)
-        if ctld_realtime:
-            os.sched_setscheduler(int(task), os.SCHED_RR, os.sched_param(1))
-    if realtime:
-        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
+    cores of its own, which the emulated nodes' load cannot delay.
+
+    munged goes with slurmctld: here one munged signs and checks the credentials of every
+    RPC of slurmctld, the 256 slurmd and every client, where a real cluster runs one per
+    host; starved by the jobs' start-up (a load average of 640 when 900 stand-ins start),
+    it failed slurmctld's pings, and slurmctld then took half the nodes for dead ("NODE
+    FAILURE", then "Kill task failed" drains: a run on 2026-11-30)."""
+    pids = [read_pid(Layout(STATE_DIR).pidfile("slurmctld")), *find_procs("munged")]
+    for task in [t for pid in pids if pid for t in os.listdir(f"/proc/{pid}/task")]:
+        with contextlib.suppress(ProcessLookupError):   # a thread that ended meanwhile
+            if nice:
+                os.setpriority(os.PRIO_PROCESS, int(task), nice)
+            if ctld_realtime:
+                os.sched_setscheduler(int(task), os.SCHED_RR, os.sched_param(1))
+    if realtime:   # above slurmctld's threads when they are real-time too: hosts of their own
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(2 if ctld_realtime else 1))
     elif nice:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
 
@@ -150,15 +172,20 @@ def scheduler_parameters(conf: Path, extra: str) -> str:
     return line
 
 
-def rpc_cost(argv: list[str]) -> int:
+def rpc_cost(argv: list[str], tries: int = 3) -> int:
     """slurmctld RPCs of one run of ``argv`` (``sdiag`` before and after; its own
-    ``REQUEST_STATS_INFO`` not counted)."""
+    ``REQUEST_STATS_INFO`` not counted), the fewest of ``tries`` runs: RPCs of others that
+    arrive meanwhile (the nodes' registrations, just after the cluster starts) only add,
+    and once counted them made ``squeue`` 4 RPCs and ``sinfo`` 2 (a run on 2026-11-30)."""
     def count() -> int:
         return sum(n for t, n in sdiag()["types"].items() if t != "REQUEST_STATS_INFO")
 
-    before = count()
-    subprocess.run(argv, capture_output=True, timeout=60)
-    return count() - before
+    def once() -> int:
+        before = count()
+        subprocess.run(argv, capture_output=True, timeout=60)
+        return count() - before
+
+    return min(once() for _ in range(tries))
 
 
 def command_kind(args) -> str:
@@ -206,6 +233,10 @@ class CommandLog:
             module.run = self._run
 
 
+#: the share of the plan's jobs a run needs submitted to go on
+SUBMITTED_AT_LEAST = 0.99
+
+
 def submit_jobs(jobs: list[dict], user: str, python: str, control: Path, conf: Path) -> tuple[list[str], float]:
     """Submit the plan as ``user`` (one process, hpcsub in-process); their ids and the seconds."""
     plan = WORK / "plan.json"
@@ -220,9 +251,14 @@ def submit_jobs(jobs: list[dict], user: str, python: str, control: Path, conf: P
     t = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, cwd="/tmp")
     ids = [ln for ln in out.stdout.split() if ln.isdigit()]
-    if out.returncode != 0 or len(ids) != len(jobs):
+    # slurmctld, busy starting the first jobs on a host it shares with them, times out a few
+    # sbatch (11 of 2,000 in a run on 2026-11-30); a run goes on without them, and says so
+    if len(ids) < SUBMITTED_AT_LEAST * len(jobs):
         raise SystemExit(f"submission as {user} failed ({len(ids)} of {len(jobs)} submitted):\n"
                          f"{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    if len(ids) < len(jobs):
+        print(f"{len(jobs) - len(ids)} of {len(jobs)} submissions failed (the run goes on "
+              f"without them):\n{out.stderr[-1000:]}", flush=True)
     return ids, time.perf_counter() - t
 
 
@@ -251,22 +287,24 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
     daemon = Daemon(settings, store=store)
     rounds, state, end = [], {"stop": False, "reload": False}, time.monotonic() + 60 * minutes
     while time.monotonic() < end:
-        t0, calls0, cpu0 = time.monotonic(), commands.calls(), cpu_seconds()
+        t0, calls0, cpu0, queued0 = time.monotonic(), commands.calls(), cpu_seconds(), run_queue_seconds()
         before = collections.Counter(cmds.counts)
         rep = daemon.round()
-        cpu = cpu_seconds() - cpu0
+        cpu, queued = cpu_seconds() - cpu0, run_queue_seconds() - queued0
         if trace and len(rounds) == 1:   # after the second round, as the RSS growth is counted
             tracemalloc.start(5)
         states = collections.Counter(rep.slurm_states.values())
         rounds.append({
             "t": round(time.time(), 3), "duration": rep.duration, "policy": rep.policy_seconds, "cpu": cpu,
+            "run_queue": queued,
             "phases": rep.phases, "slurm_calls": rep.slurm_calls, "changes": len(rep.changes),
             "commands": dict(cmds.counts - before), "error": rep.error, "jobs": rep.jobs,
             "running": states.get("RUNNING", 0), "pending": states.get("PENDING", 0),
             "rss_mib": rss_mib(),
             "traced_mib": tracemalloc.get_traced_memory()[0] / 2 ** 20 if tracemalloc.is_tracing() else None})
         r = rounds[-1]
-        print(f"  round {len(rounds):3d}: {r['duration']:6.2f} s (policy {r['policy']:5.2f}, CPU {cpu:5.2f}), "
+        print(f"  round {len(rounds):3d}: {r['duration']:6.2f} s (policy {r['policy']:5.2f}, CPU {cpu:5.2f}, "
+              f"run queue {queued:5.2f}), "
               f"{r['slurm_calls']} calls, {r['changes']} changes, {r['running']} running / "
               f"{r['pending']} pending, RSS {r['rss_mib']:.0f} MiB" + (f", error {r['error']}" if r["error"] else ""),
               flush=True)
@@ -295,6 +333,8 @@ def summarise(rounds: list[dict]) -> dict:
         "round_without_policy_s": {"median": statistics.median(nopol), "max": max(nopol)},
         "policy_s": {"median": statistics.median(r["policy"] for r in ok), "max": max(r["policy"] for r in ok)},
         "cpu_s": {"median": statistics.median(r["cpu"] for r in ok), "max": max(r["cpu"] for r in ok)},
+        "run_queue_s": {"median": statistics.median(r.get("run_queue", 0.0) for r in ok),
+                        "max": max(r.get("run_queue", 0.0) for r in ok)},
         "phases_s": phases,
         "slurm_calls": {"max": max(r["slurm_calls"] for r in ok), "max_over_3_plus_changes": max(over)},
         "changes": {"total": sum(r["changes"] for r in ok), "max": max(r["changes"] for r in ok)},
@@ -356,7 +396,8 @@ def one_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, args) ->
         cmds.close()
         if not args.keep:
             subprocess.run(["scancel", "-u", args.user], capture_output=True)
-    return {"gpus": gpus, "nodes": nodes, "jobs": jobs, "minutes": minutes, "submit_s": took,
+    return {"gpus": gpus, "nodes": nodes, "jobs": jobs, "submitted": len(ids), "minutes": minutes,
+            "submit_s": took,
             "summary": summarise(rounds), "rpcs": share, "scheduler_cycles": cycles, "rounds": rounds,
             "memory_growth": growth}
 
@@ -368,7 +409,8 @@ def print_table(results: list[dict]) -> None:
         print(f"{p:<24}" + "".join(f"{c['median']:>11.3f}/{c['max']:<7.3f}" for c in cells))
     rows = [("round w/o policy", lambda s: (s["round_without_policy_s"]["median"], s["round_without_policy_s"]["max"])),
             ("policy", lambda s: (s["policy_s"]["median"], s["policy_s"]["max"])),
-            ("round's CPU", lambda s: (s["cpu_s"]["median"], s["cpu_s"]["max"]))]
+            ("round's CPU", lambda s: (s["cpu_s"]["median"], s["cpu_s"]["max"])),
+            ("round's run-queue wait", lambda s: (s["run_queue_s"]["median"], s["run_queue_s"]["max"]))]
     for name, f in rows:
         print(f"{name:<24}" + "".join(f"{f(r['summary'])[0]:>11.3f}/{f(r['summary'])[1]:<7.3f}" for r in results))
     for r in results:
@@ -396,13 +438,13 @@ def main() -> int:
                    help="a Python the user can run that imports this checkout's hpcsched")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--login-nice", type=int, default=-20,
-                   help="nice value of slurmctld (and of the daemon with --no-daemon-rt); the compute "
+                   help="nice value of slurmctld and munged (and of the daemon with --no-daemon-rt); the compute "
                         "nodes' processes run at 0: slurmctld has a host of its own on a real cluster")
     p.add_argument("--daemon-rt", action=argparse.BooleanOptionalAction, default=True,
                    help="run the daemon in the SCHED_RR class, as on a login node core of its own "
                         "(default); --no-daemon-rt: at --login-nice")
     p.add_argument("--ctld-rt", action=argparse.BooleanOptionalAction, default=False,
-                   help="run slurmctld in the SCHED_RR class too, as on a controller of its own "
+                   help="run slurmctld (and munged) in the SCHED_RR class too, as on a controller of its own "
                         "(default: at --login-nice only)")
     p.add_argument("--sched-params", default="", metavar="PARAMS",
                    help="append to the dev cluster's SchedulerParameters (then scontrol reconfigure), "

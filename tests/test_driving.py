@@ -47,14 +47,6 @@ class _Slurm(FakeSlurm):
         super().update(job_id, **fields)
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = Store(f"sqlite:///{tmp_path / 'h.db'}")
-    s.upgrade()
-    yield s
-    s.close()
-
-
 def _drives(control_dir, store: Store, n: int, *, written: bool = False) -> list[Drive]:
     """``n`` pending jobs ("1".."n"), each with a change to start it on 2 nodes journaled
     ``requested`` (``written``: its control file already holds the generation)."""

@@ -2,7 +2,7 @@
 
 Every step of an action (:meth:`hpcsched.daemon.actuator.Actuator.advance`) acts on its own job
 only: it writes that job's control file and may run one or two Slurm commands for it
-(``scontrol update``, ``scontrol requeue``, ``scontrol release``). Taken one after another, a
+(``scontrol update`` of a pending job's size or start time, ``scontrol requeue``). Taken one after another, a
 round's steps wait for slurmctld in turn: on the 1,024-GPU dev cluster, with slurmctld's
 backfill holding its locks, ten ``scontrol update`` took 1-2.6 s each and 25.7 s together
 (``docs/daemon.md``, "At scale"). :func:`drive_all` takes them on up to :data:`STEP_THREADS`
