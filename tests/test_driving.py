@@ -110,6 +110,19 @@ def test_transitions_journaled_in_one_commit_in_order(control_dir, store):
                                                                      ResizePhase.RUNNING]
 
 
+def test_steps_that_change_nothing_take_no_write_transaction(control_dir, store):
+    """Jobs still pending with their generation not yet written take the step again each
+    round or tick; nothing to journal, so no transaction (nor its write lock) is taken."""
+    drives = _drives(control_dir, store, 2)
+    sl = _Slurm(*(d.info for d in drives), errors={d.action.job_id: slurm.SlurmUnavailable("x")
+                                                   for d in drives})
+    commits = []
+    event.listen(store.engine, "commit", lambda conn: commits.append(1))
+    assert drive_all(Actuator(sl, Timeouts()), store, drives) == ["interrupted"] * 2
+    assert drive_all(Actuator(sl, Timeouts()), store, []) == []
+    assert commits == []
+
+
 def test_slurm_not_answering_interrupts_its_step_alone(control_dir, store):
     drives = _drives(control_dir, store, 3)
     sl = _Slurm(*(d.info for d in drives),

@@ -81,9 +81,10 @@ def drive_all(actuator: Actuator, store: Store, drives: list[Drive]) -> list[str
     else:
         for d, out in zip(drives, done):
             _step(actuator, d, out)
-    with store.batch():
-        for d, out in zip(drives, done):
-            _journal(store, d, out)
+    if any(out.transitions for out in done):   # no write transaction (its lock) for none
+        with store.batch():
+            for d, out in zip(drives, done):
+                _journal(store, d, out)
     for out in done:
         if out.error is not None:
             raise out.error

@@ -289,7 +289,7 @@ class Daemon(BetweenRounds):
         for c in decision.changes:
             _log_change(rep.round_id, c, self.settings.daemon.dry_run)
         rep.changes = list(decision.changes)
-        if self.settings.daemon.dry_run:
+        if self.settings.daemon.dry_run or not decision.changes:
             return
         with _timed(rep, "actuation"):
             with self.store.batch():   # every change journaled `requested`, one commit, first
