@@ -146,3 +146,33 @@ def test_which_urls_name_a_file(tmp_path):
     assert sqlite_file("sqlite:///file:x.db?mode=ro&uri=true") is None
     assert sqlite_file("postgresql+psycopg://u:p@db/hpcsched") is None
     assert (schema.STORE_FILE_MODE, schema.STORE_DIR_MODE) == (0o600, 0o700)
+
+
+def _posix_locks(*paths) -> int:
+    """POSIX locks this process holds on ``paths`` (/proc/locks)."""
+    inodes = {os.stat(p).st_ino for p in paths}
+    with open("/proc/locks") as f:
+        rows = [ln.split() for ln in f]
+    return sum(1 for r in rows if r[1] == "POSIX" and int(r[4]) == os.getpid()
+               and int(r[5].rsplit(":", 1)[1]) in inodes)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs Linux's /proc/locks")
+def test_checking_the_files_keeps_the_locks_of_connections_already_open(tmp_path):
+    """A new connection's check (secure_sqlite_file, before each connect) must not take the
+    POSIX locks of this process's open connections: closing a descriptor opened on the file for
+    reading would (fcntl(2)), and another process could then delete the WAL under them (a
+    background checkpoint read a short WAL: SQLITE_IOERR_SHORT_READ, 2026-11-30)."""
+    store = Store(f"sqlite:///{tmp_path / 'hpcsched.db'}")
+    try:
+        store.upgrade()
+        os.chmod(tmp_path / "hpcsched.db", 0o644)   # so that the check also tightens a file
+        _add_job(store)   # the pooled connection is open: its shared locks are held
+        files = [tmp_path / "hpcsched.db", _beside(tmp_path / "hpcsched.db", "-shm")]
+        held = _posix_locks(*files)
+        assert held > 0
+        secure_sqlite_file(tmp_path / "hpcsched.db")
+        assert _posix_locks(*files) == held
+        assert _mode(tmp_path / "hpcsched.db") == 0o600
+    finally:
+        store.close()

@@ -312,10 +312,19 @@ def secure_sqlite_file(path: Path) -> None:
         _tighten(p)
 
 
+#: how :func:`_tighten` opens a file: without following a link, and, where the system has it,
+#: as a path only (``O_PATH``, open(2)), never for reading: closing a file descriptor opened for
+#: reading releases every POSIX lock this process holds on the file (fcntl(2)), SQLite's own
+#: included, so a new connection's check would take the locks of the connections already open
+#: ("How To Corrupt An SQLite Database File", sqlite.org/howtocorrupt.html §2.2); an ``O_PATH``
+#: descriptor's close releases none
+_PATH_ONLY = getattr(os, "O_PATH", os.O_RDONLY | os.O_NONBLOCK)
+
+
 def _tighten(path: Path) -> None:
     """Take group and other access off ``path`` if it is a regular file of ours."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, _PATH_ONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return                      # absent, a link, or not readable by us: not ours to mend
     try:
@@ -324,7 +333,7 @@ def _tighten(path: Path) -> None:
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or not mode & 0o077:
             return
         try:
-            os.fchmod(fd, mode & ~0o077)
+            _fchmod(fd, mode & ~0o077)
         except OSError as exc:
             log.warning("%s: mode %04o gives other users access to the store, and it cannot be "
                         "changed: %s", path, mode, exc)
@@ -333,6 +342,15 @@ def _tighten(path: Path) -> None:
         os.close(fd)
     log.warning("%s: mode %04o gave other users access to every job's script and sbatch "
                 "arguments; changed to %04o", path, mode, mode & ~0o077)
+
+
+def _fchmod(fd: int, mode: int) -> None:
+    """chmod the file ``fd`` is open on; an ``O_PATH`` descriptor through its /proc link (the
+    file itself: ``fchmod`` refuses such descriptors)."""
+    if hasattr(os, "O_PATH"):
+        os.chmod(f"/proc/self/fd/{fd}", mode)
+    else:
+        os.fchmod(fd, mode)
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
