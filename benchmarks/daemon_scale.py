@@ -10,7 +10,9 @@ about half run, half wait), and the real daemon (its default settings and policy
 SQLite store; in this process, with the service loop's actuation ticks and early rounds between
 rounds, ``hpcsched.daemon.service``) runs for ``--minutes``. Per round: wall time per part
 (``RoundReport.phases``), the CPU seconds of the daemon and its Slurm commands, the seconds
-the daemon's threads waited for a CPU (its run-queue wait, ``schedstat``), the Slurm
+the daemon's threads waited for a CPU (its run-queue wait, ``schedstat``) and for block I/O
+(``delayacct_blkio_ticks``, with the kernel's delay accounting turned on for the run), the
+seconds the host had a task stalled on I/O (``/proc/pressure/io``), the Slurm
 commands it issued, the changes applied, the jobs running and pending, the daemon's RSS. The
 daemon runs in the real-time ``SCHED_RR`` class (``--no-daemon-rt``: at nice ``--login-nice``)
 and slurmctld and munged at nice ``--login-nice`` (-20), the emulated compute nodes (slurmd and the jobs)
@@ -91,6 +93,54 @@ def run_queue_seconds() -> float:
         with contextlib.suppress(OSError, ValueError, IndexError):
             total += int(Path(f"/proc/self/task/{task}/schedstat").read_text().split()[1])
     return total / 1e9
+
+
+DELAYACCT = Path("/proc/sys/kernel/task_delayacct")
+
+
+def io_wait_seconds() -> float | None:
+    """Seconds this process's threads have waited for block I/O (``delayacct_blkio_ticks``,
+    field 42 of ``/proc/<pid>/task/*/stat``, proc(5), in clock ticks): a page read from disk,
+    a write-back an ``fsync`` waits for. None unless the kernel's delay accounting is on
+    (:func:`delay_accounting`); threads that have ended are not counted."""
+    if DELAYACCT.exists() and DELAYACCT.read_text().strip() != "1":
+        return None
+    ticks = 0
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = Path(f"/proc/self/task/{task}/stat").read_text()
+            ticks += int(stat.rsplit(")", 1)[1].split()[39])   # fields from the 3rd on
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def io_pressure_seconds() -> float | None:
+    """Seconds in which at least one task on the host was stalled on I/O (the kernel's pressure
+    stall information, ``/proc/pressure/io``, ``some`` ``total`` in us); None where there is none."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        some = Path("/proc/pressure/io").read_text().splitlines()[0]
+        return int(some.rsplit("total=", 1)[1]) / 1e6
+    return None
+
+
+@contextlib.contextmanager
+def delay_accounting():
+    """The kernel's per-task delay accounting on (``kernel.task_delayacct``, off by default
+    since Linux 5.14) for the block, then as it was; nothing where it cannot be set."""
+    try:
+        before = DELAYACCT.read_text().strip()
+        DELAYACCT.write_text("1")
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            DELAYACCT.write_text(before)
+
+
+def _delta(after: float | None, before: float | None) -> float | None:
+    return None if after is None or before is None else after - before
 
 
 def login_priority(nice: int, realtime: bool, ctld_realtime: bool = False) -> None:
@@ -288,15 +338,17 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
     rounds, state, end = [], {"stop": False, "reload": False}, time.monotonic() + 60 * minutes
     while time.monotonic() < end:
         t0, calls0, cpu0, queued0 = time.monotonic(), commands.calls(), cpu_seconds(), run_queue_seconds()
+        io0, stall0 = io_wait_seconds(), io_pressure_seconds()
         before = collections.Counter(cmds.counts)
         rep = daemon.round()
         cpu, queued = cpu_seconds() - cpu0, run_queue_seconds() - queued0
+        io, stall = _delta(io_wait_seconds(), io0), _delta(io_pressure_seconds(), stall0)
         if trace and len(rounds) == 1:   # after the second round, as the RSS growth is counted
             tracemalloc.start(5)
         states = collections.Counter(rep.slurm_states.values())
         rounds.append({
             "t": round(time.time(), 3), "duration": rep.duration, "policy": rep.policy_seconds, "cpu": cpu,
-            "run_queue": queued,
+            "run_queue": queued, "io_wait": io, "io_pressure": stall,
             "phases": rep.phases, "slurm_calls": rep.slurm_calls, "changes": len(rep.changes),
             "commands": dict(cmds.counts - before), "error": rep.error, "jobs": rep.jobs,
             "running": states.get("RUNNING", 0), "pending": states.get("PENDING", 0),
@@ -304,7 +356,9 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
             "traced_mib": tracemalloc.get_traced_memory()[0] / 2 ** 20 if tracemalloc.is_tracing() else None})
         r = rounds[-1]
         print(f"  round {len(rounds):3d}: {r['duration']:6.2f} s (policy {r['policy']:5.2f}, CPU {cpu:5.2f}, "
-              f"run queue {queued:5.2f}), "
+              f"run queue {queued:5.2f}"
+              + ("" if io is None else f", I/O wait {io:5.2f}")
+              + ("" if stall is None else f", host I/O stall {stall:5.2f}") + "), "
               f"{r['slurm_calls']} calls, {r['changes']} changes, {r['running']} running / "
               f"{r['pending']} pending, RSS {r['rss_mib']:.0f} MiB" + (f", error {r['error']}" if r["error"] else ""),
               flush=True)
@@ -335,6 +389,8 @@ def summarise(rounds: list[dict]) -> dict:
         "cpu_s": {"median": statistics.median(r["cpu"] for r in ok), "max": max(r["cpu"] for r in ok)},
         "run_queue_s": {"median": statistics.median(r.get("run_queue", 0.0) for r in ok),
                         "max": max(r.get("run_queue", 0.0) for r in ok)},
+        **{f"{k}_s": _spread([r[k] for r in ok if r.get(k) is not None])
+           for k in ("io_wait", "io_pressure")},
         "phases_s": phases,
         "slurm_calls": {"max": max(r["slurm_calls"] for r in ok), "max_over_3_plus_changes": max(over)},
         "changes": {"total": sum(r["changes"] for r in ok), "max": max(r["changes"] for r in ok)},
@@ -345,6 +401,10 @@ def summarise(rounds: list[dict]) -> dict:
                     # from the first round after a tenth of the run: caches filled once
                     "growth_after_warmup": steady[-1]["rss_mib"] / warm["rss_mib"] - 1},
     }
+
+
+def _spread(values: list[float]) -> dict | None:
+    return {"median": statistics.median(values), "max": max(values)} if values else None
 
 
 def rpc_share(rpcs: dict, cmds: CommandLog, user: str, span_s: float, cost: dict[str, int]) -> dict:
@@ -386,7 +446,8 @@ def one_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, args) ->
     subprocess.run(["sdiag", "--reset"], check=True, capture_output=True)
     cmds, t0 = CommandLog(), time.monotonic()
     try:
-        rounds, growth = run_daemon(minutes, control, cmds, args.tracemalloc)
+        with delay_accounting():
+            rounds, growth = run_daemon(minutes, control, cmds, args.tracemalloc)
         span = time.monotonic() - t0
         report = sdiag_text()
         rpcs, cycles = sdiag(report), sdiag_cycles(report)
@@ -402,6 +463,10 @@ def one_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, args) ->
             "memory_growth": growth}
 
 
+def _pair(spread: dict | None) -> tuple[float, float] | None:
+    return None if spread is None else (spread["median"], spread["max"])
+
+
 def print_table(results: list[dict]) -> None:
     print(f"\n{'part of the round (s)':<24}" + "".join(f"{r['gpus']:>8} GPUs med/max" for r in results))
     for p in PHASES:
@@ -410,8 +475,12 @@ def print_table(results: list[dict]) -> None:
     rows = [("round w/o policy", lambda s: (s["round_without_policy_s"]["median"], s["round_without_policy_s"]["max"])),
             ("policy", lambda s: (s["policy_s"]["median"], s["policy_s"]["max"])),
             ("round's CPU", lambda s: (s["cpu_s"]["median"], s["cpu_s"]["max"])),
-            ("round's run-queue wait", lambda s: (s["run_queue_s"]["median"], s["run_queue_s"]["max"]))]
+            ("round's run-queue wait", lambda s: (s["run_queue_s"]["median"], s["run_queue_s"]["max"])),
+            ("round's I/O wait", lambda s: _pair(s.get("io_wait_s"))),
+            ("host's I/O stall", lambda s: _pair(s.get("io_pressure_s")))]
     for name, f in rows:
+        if any(f(r["summary"]) is None for r in results):
+            continue
         print(f"{name:<24}" + "".join(f"{f(r['summary'])[0]:>11.3f}/{f(r['summary'])[1]:<7.3f}" for r in results))
     for r in results:
         s, q = r["summary"], r["rpcs"]

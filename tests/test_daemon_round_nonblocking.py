@@ -6,6 +6,7 @@ The same scenario runs on the dev cluster in ``tests/test_daemon_actuation_slurm
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import replace
 
@@ -204,6 +205,59 @@ def test_a_tick_asks_slurm_nothing_while_every_resize_waits_for_its_job(daemon, 
     answer(jd, cluster, "7")   # it checkpointed: the next tick takes the requeue step
     assert d.actuate() == {"7": "requeued"} and observed == [1, 1]
     assert d.actuate() != {} and len(observed) == 3, "past requested: every tick observes"
+
+
+def test_the_resize_journal_is_synced_and_the_bookkeeping_is_not(daemon, control_dir,
+                                                                   monkeypatch):
+    """Every journal write of the round commits with ``synchronous=FULL`` (written ahead, it
+    must outlive the host); the jobs' records and the round's own row commit ``NORMAL``
+    (the next round writes them again), so a round with no change syncs nothing."""
+    from sqlalchemy import text
+
+    d, cluster, shift = daemon
+    jd = make_job(control_dir, "7")
+    make_job(control_dir, "8")
+    monkeypatch.setattr(daemon_round, "decide_round", lambda *a: RoundDecision(
+        None, (Change("7", "grow", 1, 2, 64, 64, "test: grow"),), ()))
+    levels: dict[str, set] = {}
+    real_commit = d.store._commit
+    committers = ("begin_round", "end_round", "sweep", "_keep_up", "drive_all", "_round")
+
+    def commit(s):   # who commits, and the level it commits at
+        level = s.execute(text("PRAGMA synchronous")).scalar_one()
+        f = sys._getframe(1)
+        while f is not None and f.f_code.co_name not in committers:
+            f = f.f_back
+        levels.setdefault(f.f_code.co_name if f else "(other)", set()).add(level)
+        real_commit(s)
+
+    for name in ("plan_action", "set_action_phase"):
+        real = getattr(d.store, name)
+
+        def spy(*a, _real=real, _name=name, **k):
+            level = d.store._batch.execute(text("PRAGMA synchronous")).scalar_one() \
+                if d.store._batch is not None else 2   # its own transaction: durable (default)
+            levels.setdefault(_name, set()).add(level)
+            return _real(*a, **k)
+        monkeypatch.setattr(d.store, name, spy)
+    monkeypatch.setattr(d.store, "_commit", commit)
+    d.round()
+    monkeypatch.setattr(daemon_round, "decide_round", lambda *a: RoundDecision(None, (), ()))
+    for _ in range(6):
+        answer(jd, cluster, "7")
+        shift[0] += 1.5
+        d.round()
+        if d.store.actions()[0].phase == "running":
+            break
+    assert d.store.actions()[0].phase == "running"
+    assert levels["plan_action"] == levels["set_action_phase"] == {2}
+    levels.pop("sweep", None)   # the hourly sweep of old jobs' rows: as any other write
+    assert levels == {"plan_action": {2}, "set_action_phase": {2},
+                      "_round": {2}, "drive_all": {2},   # the journal's two commits
+                      "begin_round": {1}, "_keep_up": {1}, "end_round": {1}}, levels
+    assert d.store.commit_seconds > 0
+    # and after each round, the WAL is copied into the database file in a thread of its own
+    assert d.checkpoint.wait(timeout=30) and d.checkpoint.last is not None
 
 
 class Scripted(PolicyBase):

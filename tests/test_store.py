@@ -521,6 +521,45 @@ def test_planned_action_is_durable_before_plan_returns(db, tmp_path):
         other.close()
 
 
+def _synchronous(db) -> int:
+    """SQLite's ``synchronous`` level of the batch in progress (2 FULL, 1 NORMAL)."""
+    from sqlalchemy import text
+
+    return db._batch.execute(text("PRAGMA synchronous")).scalar_one()
+
+
+def test_commits_are_synced_unless_the_caller_says_they_need_not_be(db):
+    """The resize journal's commits sync the WAL (FULL); a batch with ``durable=False`` does not
+    (NORMAL), and the level it sets does not outlive it on the pooled connection."""
+    levels = []
+    for durable in (True, False, True):
+        with db.batch(durable=durable):
+            levels.append(_synchronous(db))
+            _job(db, job_id=f"j{len(levels)}")
+    assert levels == [2, 1, 2]
+    with db.batch():
+        _plan(db, job_id="j1")
+        assert _synchronous(db) == 2
+    # what a non-durable commit wrote is there for the next reader (it is only not synced)
+    other = Store(db.url)
+    try:
+        assert {j.job_id for j in other.jobs()} >= {"j1", "j2", "j3"}
+    finally:
+        other.close()
+
+
+def test_commit_seconds_add_up_every_commit(db):
+    before = db.commit_seconds
+    _job(db)
+    after_one = db.commit_seconds
+    assert after_one > before
+    with db.batch(durable=False):
+        _job(db, job_id="2")
+        _job(db, job_id="3")
+        assert db.commit_seconds == after_one, "nothing is committed inside a batch"
+    assert db.commit_seconds > after_one
+
+
 def test_a_gpu_granular_change_keeps_its_mechanism_and_layout(db):
     from hpcsched.policies.realise import Mechanism
 

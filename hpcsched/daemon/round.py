@@ -76,6 +76,7 @@ from hpcsched.daemon.requeued import release_requeued
 from hpcsched.daemon.retention import Retention
 from hpcsched.daemon.site_limits import read_site_limits
 from hpcsched.daemon.store import Store
+from hpcsched.daemon.store.checkpoint import BackgroundCheckpoint
 from hpcsched.daemon.store.prefetch import Prefetched
 from hpcsched.daemon.views import application_of
 from hpcsched.model.snapshot import ClusterSnapshot
@@ -129,19 +130,22 @@ class RoundReport:
 #: the parts of a round :attr:`RoundReport.phases` times: Slurm's observation; the jobs'
 #: records kept in the store; their metrics ingested; GPU probes and orphaned extensions; open
 #: resizes advanced; the snapshot built and its claims checked; the policy's plan; reconcile;
-#: each change journaled and its first step taken
+#: each change's first step taken; and the store's commits (``journal``: the round's record,
+#: the bookkeeping, the resize journal), which no other phase counts
 PHASES = ("observe", "record", "ingest", "probes", "resume", "snapshot", "policy", "reconcile",
-          "actuation")
+          "actuation", "journal")
 
 
 @contextlib.contextmanager
-def _timed(rep: RoundReport, phase: str) -> Iterator[None]:
-    """Add the block's wall time (seconds) to ``rep.phases[phase]``."""
-    t = time.perf_counter()
+def _timed(rep: RoundReport, phase: str, store: Store) -> Iterator[None]:
+    """Add the block's wall time (seconds) to ``rep.phases[phase]``, less ``store``'s commits
+    inside it (they are the round's ``journal``)."""
+    t, commits = time.perf_counter(), store.commit_seconds
     try:
         yield
     finally:
-        rep.phases[phase] = rep.phases.get(phase, 0.0) + time.perf_counter() - t
+        spent = time.perf_counter() - t - (store.commit_seconds - commits)
+        rep.phases[phase] = rep.phases.get(phase, 0.0) + spent
 
 
 def _log_change(round_id: int, c: Change, dry_run: bool) -> None:
@@ -189,6 +193,8 @@ class Daemon(BetweenRounds):
             frozenset(d.exclude_users), frozenset(d.exclude_accounts), frozenset(d.exclude_qos)))
         self.reaper = Reaper(self.control_dir, d.partitions, dry_run=d.dry_run, background=True)
         self.retention = Retention(settings.retention, self.store, self.control_dir)
+        # the WAL copied into the database file after each round, not in one of its commits
+        self.checkpoint = BackgroundCheckpoint(self.store)
         # the GPU probe prolog's measurements (slurm-plugins/prolog-gpu-probe): ingested each round
         self.probes = ProbeWatch(settings.probe, self.store, dry_run=d.dry_run,
                                  timeout=d.slurm_timeout)
@@ -225,7 +231,7 @@ class Daemon(BetweenRounds):
         """One round. Never raises for Slurm or job trouble: it is recorded and logged."""
         d = self.settings.daemon
         started = time.time()
-        calls0 = slurm.calls()
+        calls0, commits0 = slurm.calls(), self.store.commit_seconds
         rid = self.store.begin_round(self.policy.name, started, d.dry_run)
         rep = RoundReport(rid, started)
         try:
@@ -238,10 +244,12 @@ class Daemon(BetweenRounds):
             if rep.snapshot is not None:
                 self._round_foreign = frozenset(f.job_id for f in rep.snapshot.foreign_pending)
         rep.duration = time.time() - started
+        rep.phases["journal"] = self.store.commit_seconds - commits0
         rep.slurm_calls = slurm.calls() - calls0  # observe, actuator, everything
         self.store.end_round(rid, duration=rep.duration, jobs=rep.jobs, actions=len(rep.changes),
                              slurm_calls=rep.slurm_calls, policy_seconds=rep.policy_seconds,
                              objective=rep.objective, error=rep.error)
+        self.checkpoint.start()
         log.info("round %d: %d job(s), %d change(s), %d Slurm call(s), %.2f s (policy %.3f s)%s",
                  rid, rep.jobs, len(rep.changes), rep.slurm_calls, rep.duration,
                  rep.policy_seconds, f", error: {rep.error}" if rep.error else "")
@@ -257,21 +265,21 @@ class Daemon(BetweenRounds):
         and check the jobs' claims, decide (:meth:`_decide`), log the changes and, unless
         ``daemon.dry_run``, journal them all and take each one's first step (:meth:`_plan`,
         :meth:`_drive_all`)."""
-        with _timed(rep, "observe"):
+        with _timed(rep, "observe", self.store):
             obs = self.backend.observe()
             managed = self.managed.find(obs)
             if views.plans_unread(obs, managed, self.settings.daemon.partitions):
                 obs = self._with_planned_nodes(obs, rep)
         rep.slurm_states = {job_id: info.state for job_id, (_, _, info) in managed.items()}
         self._keep_up(obs, managed, rep)
-        with _timed(rep, "resume"):
+        with _timed(rep, "resume", self.store):
             busy = self._resume(managed, rep)
             # only an open requeue of the daemon's sets the job's start time itself: a job that
             # requeued itself during any other resize (a reform, say) is released here
             requeuing = {j for j in busy if rep.kinds.get(j) in REQUEUES}
             release_requeued(managed, requeuing, self.actuator.slurm, obs.time,
                              self.settings.daemon.dry_run)
-        with _timed(rep, "snapshot"):
+        with _timed(rep, "snapshot", self.store):
             snapshot = views.daemon_snapshot(obs, managed, Prefetched(self.store, managed), busy,
                                              self.settings.daemon.partitions,
                                              self.settings.daemon.throughput_model,
@@ -291,7 +299,7 @@ class Daemon(BetweenRounds):
         rep.changes = list(decision.changes)
         if self.settings.daemon.dry_run or not decision.changes:
             return
-        with _timed(rep, "actuation"):
+        with _timed(rep, "actuation", self.store):
             with self.store.batch():   # every change journaled `requested`, one commit, first
                 drives = [self._plan(c, *managed[c.job_id], rep) for c in decision.changes]
             self._drive_all(drives, rep)
@@ -316,19 +324,22 @@ class Daemon(BetweenRounds):
         # what this process remembers of jobs: those Slurm still lists
         self._recorded = {j: v for j, v in self._recorded.items() if j in managed}
         self._acks = {j: v for j, v in self._acks.items() if j in managed}
-        with self.store.batch(managed):   # one commit for every job's record and metrics
+        # one commit for every job's record and metrics, not synced: a host crash may lose the
+        # last rounds' of them, which the next rounds write again from Slurm and from the
+        # metrics files (their offsets are lost with them)
+        with self.store.batch(managed, durable=False):
             unchanged, found, stepping = [], Pending(), []
-            with _timed(rep, "record"):
+            with _timed(rep, "record", self.store):
                 for job_id, (jd, spec, info) in managed.items():
                     if not self._record_job(jd, spec, info, obs.time):
                         unchanged.append(job_id)
                     if info.state in (SlurmState.RUNNING, SlurmState.COMPLETING) or not info.active:
                         stepping.append((job_id, jd.path, application_of(spec)))
                 self.store.touch_jobs(unchanged, obs.time)
-            with _timed(rep, "ingest"):
+            with _timed(rep, "ingest", self.store):
                 ingest_jobs(self.store, stepping, found)
                 found.flush(self.store)
-        with _timed(rep, "probes"):
+        with _timed(rep, "probes", self.store):
             self.probes.round()
             rep.reaped = self.reaper.reap(obs, self.actuator.slurm)   # orphaned extension jobs
         if not self.settings.daemon.dry_run and self.retention.due():   # about once an hour

@@ -6,6 +6,8 @@
 * :mod:`~hpcsched.daemon.store.schema`: the ORM models, engine settings, Alembic configuration
   (migrations in ``db/`` at the repository's top level);
 * :mod:`~hpcsched.daemon.store.rows`: the frozen rows handed out;
+* :mod:`~hpcsched.daemon.store.checkpoint`: the WAL copied into the database file after each
+  round, in a thread of its own;
 * :mod:`~hpcsched.daemon.store.cli`: ``hpcsched db upgrade|current``.
 
 ``from hpcsched.daemon.store import Store`` is the import path for users of the store.

@@ -355,8 +355,11 @@ def _fchmod(fd: int, mode: int) -> None:
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine for ``url``; for SQLite, with WAL, foreign keys and a 5 s busy timeout on every
-    connection, and ``BEGIN IMMEDIATE`` for connections with execution option
-    ``hpcsched_write=True`` (used by :class:`~hpcsched.daemon.store.Store` for every write).
+    connection, ``BEGIN IMMEDIATE`` for connections with execution option
+    ``hpcsched_write=True`` (used by :class:`~hpcsched.daemon.store.Store` for every write), and
+    ``synchronous=FULL`` (the WAL synced at every commit) unless execution option
+    ``hpcsched_durable=False`` asks for ``NORMAL`` (synced at the next checkpoint or FULL commit:
+    kept through a killed process, possibly lost with the host; sqlite.org/pragma.html).
     Before each new connection to a SQLite file, :func:`secure_sqlite_file` creates it 0600 or
     takes other users' access off it."""
     sa_url = make_url(url)
@@ -387,8 +390,15 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        immediate = conn.get_execution_options().get("hpcsched_write", False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        options = conn.get_execution_options()
+        # SQLite reads the level when the transaction commits: FULL syncs the WAL on every
+        # commit; NORMAL leaves it to the next checkpoint or FULL commit (sqlite.org/pragma.html
+        # #pragma_synchronous), a commit that survives a killed process but may be lost with
+        # the host
+        durable = options.get("hpcsched_durable", True)
+        conn.exec_driver_sql(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if options.get("hpcsched_write", False)
+                             else "BEGIN")
 
     return engine
 

@@ -16,7 +16,9 @@ workers; batch sizes in samples):
 
 SQLite: every connection gets ``journal_mode=WAL``, ``foreign_keys=ON`` and
 ``busy_timeout=5000`` (ms); write transactions start with ``BEGIN IMMEDIATE`` so that two
-writers wait for each other (up to the busy timeout) instead of failing. **The SQLite file must
+writers wait for each other (up to the busy timeout) instead of failing. Every commit is synced
+(``synchronous=FULL``) except those a caller asks not to be (``durable=False``: a round's
+record and bookkeeping, which the next round writes again; never the resize journal). **The SQLite file must
 be on a local disk, not NFS or another network file system**: WAL needs shared memory between
 the processes using the file, and network file systems break SQLite's locking. Put the jobs'
 directories on the shared file system, and the daemon's database next to the daemon.
@@ -88,6 +90,11 @@ _ROUND_END_FIELDS = {"duration", "objective", "jobs", "actions", "slurm_calls",
                      "policy_seconds", "error"}
 
 
+def _write_options(durable: bool) -> dict[str, bool]:
+    """A write transaction's options (:func:`~hpcsched.daemon.store.schema.make_engine`)."""
+    return {"hpcsched_write": True, "hpcsched_durable": durable}
+
+
 class Store(JournalMixin, LeaseMixin, GpuMixin, OffsetsMixin):
     """The daemon's database. ``url``: any SQLAlchemy URL (SQLite on a local disk by default).
 
@@ -101,6 +108,16 @@ class Store(JournalMixin, LeaseMixin, GpuMixin, OffsetsMixin):
         self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._batch: Session | None = None
+        #: seconds this Store has spent committing (flush, write, sync), summed over its life;
+        #: a round's difference of it is its ``journal`` phase (:mod:`hpcsched.daemon.round`)
+        self.commit_seconds = 0.0
+
+    def _commit(self, s: Session) -> None:
+        t = time.perf_counter()
+        try:
+            s.commit()
+        finally:
+            self.commit_seconds += time.perf_counter() - t
 
     def close(self) -> None:
         """Close every pooled connection."""
@@ -113,19 +130,25 @@ class Store(JournalMixin, LeaseMixin, GpuMixin, OffsetsMixin):
         self.close()
 
     @contextmanager
-    def batch(self, jobs: Iterable[str] = ()) -> Iterator[None]:
+    def batch(self, jobs: Iterable[str] = (), durable: bool = True) -> Iterator[None]:
         """Every read and write of this store inside the block is one transaction, committed at
         its end: the round's bookkeeping of thousands of jobs costs one commit (one ``fsync``),
         not one per job; the rows of ``jobs`` (Slurm job ids) are read up front, in one query.
         A write that fails inside is rolled back alone (a savepoint) and its exception
         propagates as without a batch; an exception that leaves the block rolls the whole batch
         back. A batch inside a batch is part of the outer one. Not for threads sharing one
-        Store."""
+        Store.
+
+        ``durable=False`` (SQLite): the commit is not synced (``synchronous=NORMAL`` under WAL);
+        it survives the process being killed, and is synced with the next durable commit or
+        checkpoint, but a crash of the host may roll it back. For what can be written again
+        (a round's record, the jobs' rows, ingested metrics with their offsets), never for the
+        resize journal."""
         if self._batch is not None:
             yield
             return
         with self._sessions() as s:
-            s.connection(execution_options={"hpcsched_write": True})
+            s.connection(execution_options=_write_options(durable))
             self._batch = s
             ids = list(jobs)
             # into the session's identity map, where upsert_job's get() finds them without a
@@ -133,7 +156,7 @@ class Store(JournalMixin, LeaseMixin, GpuMixin, OffsetsMixin):
             held = s.scalars(select(Job).where(among(Job.job_id, ids))).all() if ids else []
             try:
                 yield
-                s.commit()
+                self._commit(s)
             except BaseException:
                 s.rollback()
                 raise
@@ -150,18 +173,19 @@ class Store(JournalMixin, LeaseMixin, GpuMixin, OffsetsMixin):
             yield s
 
     @contextmanager
-    def _write(self) -> Iterator[Session]:
+    def _write(self, durable: bool = True) -> Iterator[Session]:
         """A session whose transaction takes SQLite's write lock at once and commits on exit
-        (inside :meth:`batch`: the batch's, under a savepoint)."""
+        (inside :meth:`batch`: the batch's, under a savepoint); ``durable``: as for
+        :meth:`batch`."""
         if self._batch is not None:
             with self._batch.begin_nested():
                 yield self._batch
             return
         with self._sessions() as s:
-            s.connection(execution_options={"hpcsched_write": True})
+            s.connection(execution_options=_write_options(durable))
             try:
                 yield s
-                s.commit()
+                self._commit(s)
             except BaseException:
                 s.rollback()
                 raise
@@ -345,8 +369,10 @@ class Store(JournalMixin, LeaseMixin, GpuMixin, OffsetsMixin):
     # -- rounds ------------------------------------------------------------------------------
 
     def begin_round(self, policy: str, started_at: float, dry_run: bool) -> int:
-        """Record the start of a round (``started_at``: Unix s); returns its id."""
-        with self._write() as s:
+        """Record the start of a round (``started_at``: Unix s); returns its id. Not synced
+        (``durable=False`` of :meth:`batch`): a host crash may lose a round's record, nothing
+        the daemon acts on."""
+        with self._write(durable=False) as s:
             r = Round(policy=policy, started_at=started_at, dry_run=bool(dry_run))
             s.add(r)
             s.flush()
@@ -356,7 +382,7 @@ class Store(JournalMixin, LeaseMixin, GpuMixin, OffsetsMixin):
         """Complete a round: any of ``duration`` (s), ``objective``, ``jobs``, ``actions``,
         ``slurm_calls`` (counts), ``policy_seconds`` (s), ``error`` (text)."""
         check_keys("end_round", fields, _ROUND_END_FIELDS)
-        with self._write() as s:
+        with self._write(durable=False) as s:
             r = s.get(Round, round_id)
             if r is None:
                 raise KeyError(f"no round {round_id}")
