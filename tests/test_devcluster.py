@@ -535,3 +535,17 @@ def test_sacct_records_the_job(cluster, gpu_job):
     _, nnodes, tres = wait_for(accounted, 30, f"sacct to show job {gpu_job.id} COMPLETED").split("|")
     assert nnodes == "2"
     assert "gres/gpu=8" in tres.split(",")
+
+
+@pytest.mark.slurm
+def test_mariadb_keeps_its_temporary_files_in_the_clusters_own_directory(devcluster):
+    """Each dev cluster's MariaDB has a tmpdir of its own: two clusters initialised at the same
+    second in a shared /tmp failed each other's bootstrap (a test run, 2026-11-30)."""
+    from hpcsched.slurm.devcluster.base import Layout
+
+    layout = Layout(dc.default_state_dir())
+    pid = processes.read_pid(layout.pidfile("mariadb"))
+    assert pid, "MariaDB runs"
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    assert f"--tmpdir={layout.db_tmp}" in args
+    assert layout.db_tmp.is_dir() and (layout.db_tmp.stat().st_mode & 0o077) == 0

@@ -157,6 +157,9 @@ class Layout:
         self.db = self.root / "db"
         self.datadir = self.db / "data"
         self.db_socket = self.db / "mysqld.sock"
+        # MariaDB's temporary files, this cluster's own: two clusters initialised at the same
+        # second in a shared /tmp failed ("Could not remove temporary table '/tmp/#sql-...'")
+        self.db_tmp = self.db / "tmp"
         self.slurm_conf = self.etc / "slurm.conf"
         self.manifest = self.root / "cluster.json"
         self.ports = self.root / "ports.json"

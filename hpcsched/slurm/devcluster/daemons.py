@@ -95,19 +95,23 @@ def start_mariadb(layout: Layout, port: int) -> None:
         logger.info("initialising MariaDB in %s", layout.datadir)
         shutil.rmtree(layout.datadir, ignore_errors=True)
         layout.datadir.mkdir(parents=True)
+        layout.db_tmp.mkdir(mode=0o700, exist_ok=True)
         try:
             run_cmd([need_bin("mariadb-install-db"), "--no-defaults", "--user=root",
-                  f"--datadir={layout.datadir}", "--auth-root-authentication-method=normal"], timeout=180)
+                     f"--datadir={layout.datadir}", f"--tmpdir={layout.db_tmp}",
+                     "--auth-root-authentication-method=normal"], timeout=180)
         except DevClusterError:
             shutil.rmtree(layout.datadir, ignore_errors=True)
             raise
+    layout.db_tmp.mkdir(mode=0o700, exist_ok=True)   # a cluster initialised before it existed
     pidfile = layout.pidfile("mariadb")
     with contextlib.suppress(FileNotFoundError):
         pidfile.unlink()
     log = layout.log / "mariadb.log"
     # mariadbd does not daemonize: `setsid --fork` detaches it so that it outlives this process.
     spawn([need_bin("setsid"), "--fork", need_bin("mariadbd"), "--no-defaults", "--user=root",
-            f"--datadir={layout.datadir}", f"--socket={layout.db_socket}", "--bind-address=127.0.0.1",
+            f"--datadir={layout.datadir}", f"--tmpdir={layout.db_tmp}",
+            f"--socket={layout.db_socket}", "--bind-address=127.0.0.1",
             f"--port={port}", f"--pid-file={pidfile}", f"--log-error={log}",
             "--innodb-buffer-pool-size=64M"], layout.log / "mariadb.out")
 
