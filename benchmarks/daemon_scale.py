@@ -26,8 +26,9 @@ scheduling passes (their number, mean and longest: a pass holds the locks every 
 submitted, ``--ctld-rt`` puts slurmctld and munged in the real-time class: a controller tuned, and with
 cores of its own, as a site of that size runs it (docs/daemon.md, "At scale"); the daemon then
 runs at real-time priority 2, above them, as on a login node of its own. ``--jobs-fs GIB`` puts
-the job directories on a file system of their own (:func:`jobs_file_system`), as on a cluster,
-where the jobs write to the shared file system and not to the login node's disk.
+the job directories on a file system of their own (:func:`jobs_file_system`), a diagnosis of
+what the jobs' writes do to the daemon's synced ones (docs/daemon.md, "At scale": the store's
+commits stopped waiting, but the loop device fell behind the jobs' writes after 15 minutes).
 
 Targets (issue 36, at 256 x 4): round time excluding the policy <= 2 s median, <= 5 s max;
 policy <= 1 s; Slurm calls per round <= 3 + one per change; RSS growth < 10% over the run;
@@ -564,8 +565,8 @@ def main() -> int:
                         "scheduling passes hold the job locks an squeue waits for")
     p.add_argument("--jobs-fs", type=int, default=0, metavar="GIB",
                    help="put the job directories on an ext4 file system of their own (a loop device over a "
-                        "file of GIB GiB, data=writeback), as on a cluster where the jobs write to the shared "
-                        "file system and not to the daemon's disk (default 0: on the daemon's disk)")
+                        "file of GIB GiB, data=writeback): a diagnosis of what the jobs' writes do to the "
+                        "daemon's synced ones (default 0: on the daemon's disk)")
     p.add_argument("--keep", action="store_true",
                    help="leave the dev cluster and the last scale's jobs running at the end")
     p.add_argument("--job-output", action="store_true",
