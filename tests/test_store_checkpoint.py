@@ -52,10 +52,13 @@ def test_the_stores_connections_checkpoint_only_a_larger_wal(tmp_path):
     try:
         with store.engine.connect() as conn:
             assert conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 1000
+        listeners = len(store.engine.pool.dispatch.connect)
         BackgroundCheckpoint(store)
         with store.engine.connect() as conn:
             assert conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == \
                 AUTOCHECKPOINT_PAGES
+        BackgroundCheckpoint(store)   # a reloaded daemon's, on the same store: no second one
+        assert len(store.engine.pool.dispatch.connect) == listeners + 1
     finally:
         store.close()
 

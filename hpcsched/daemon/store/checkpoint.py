@@ -54,7 +54,8 @@ class BackgroundCheckpoint:
         # a connection of its own for each checkpoint, never one of the store's pool: the
         # store's queries keep to its one connection and its prepared statements
         self._engine = make_engine(store.url, poolclass=NullPool) if self.enabled else None
-        if self.enabled:
+        if self.enabled and not event.contains(store.engine, "connect", _fewer_autocheckpoints):
+            # once per engine (a reloaded daemon makes a new checkpointer on the same store)
             event.listen(store.engine, "connect", _fewer_autocheckpoints)
             store.engine.dispose()   # pooled connections were opened with SQLite's default
 
