@@ -391,14 +391,16 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
         options = conn.get_execution_options()
+        if not options.get("hpcsched_write", False):
+            conn.exec_driver_sql("BEGIN")
+            return
         # SQLite reads the level when the transaction commits: FULL syncs the WAL on every
         # commit; NORMAL leaves it to the next checkpoint or FULL commit (sqlite.org/pragma.html
         # #pragma_synchronous), a commit that survives a killed process but may be lost with
-        # the host
+        # the host. A read commits nothing, so only writes set it.
         durable = options.get("hpcsched_durable", True)
         conn.exec_driver_sql(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if options.get("hpcsched_write", False)
-                             else "BEGIN")
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
 

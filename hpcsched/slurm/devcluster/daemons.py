@@ -91,11 +91,11 @@ def _start_munged(layout: Layout) -> bool:
 def start_mariadb(layout: Layout, port: int) -> None:
     """Initialise (once) and start MariaDB on its own datadir/socket and TCP ``port``, create the
     slurm user."""
+    layout.db_tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not (layout.datadir / "mysql").is_dir():
         logger.info("initialising MariaDB in %s", layout.datadir)
         shutil.rmtree(layout.datadir, ignore_errors=True)
         layout.datadir.mkdir(parents=True)
-        layout.db_tmp.mkdir(mode=0o700, exist_ok=True)
         try:
             run_cmd([need_bin("mariadb-install-db"), "--no-defaults", "--user=root",
                      f"--datadir={layout.datadir}", f"--tmpdir={layout.db_tmp}",
@@ -103,7 +103,6 @@ def start_mariadb(layout: Layout, port: int) -> None:
         except DevClusterError:
             shutil.rmtree(layout.datadir, ignore_errors=True)
             raise
-    layout.db_tmp.mkdir(mode=0o700, exist_ok=True)   # a cluster initialised before it existed
     pidfile = layout.pidfile("mariadb")
     with contextlib.suppress(FileNotFoundError):
         pidfile.unlink()
