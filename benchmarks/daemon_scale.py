@@ -56,6 +56,7 @@ import sys
 import threading
 import time
 import tracemalloc
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -86,16 +87,22 @@ def cpu_seconds() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
+def _over_threads(name: str, field: Callable[[str], int]) -> int:
+    """``field`` of ``/proc/self/task/<tid>/<name>``, summed over this process's threads (those
+    that ended are not counted; a thread that ends while it is read counts nothing)."""
+    total = 0
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += field(Path(f"/proc/self/task/{task}/{name}").read_text())
+    return total
+
+
 def run_queue_seconds() -> float:
     """Seconds this process's threads have waited on a run queue, ready but not running
     (``/proc/<pid>/task/*/schedstat``, second field, in ns; threads that have ended are not
     counted): the part of a round's wall time the host's other processes took, apart from its
     CPU time and what it waited for (Slurm's answers, the disk)."""
-    total = 0
-    for task in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            total += int(Path(f"/proc/self/task/{task}/schedstat").read_text().split()[1])
-    return total / 1e9
+    return _over_threads("schedstat", lambda text: int(text.split()[1])) / 1e9
 
 
 DELAYACCT = Path("/proc/sys/kernel/task_delayacct")
@@ -108,11 +115,8 @@ def io_wait_seconds() -> float | None:
     (:func:`delay_accounting`); threads that have ended are not counted."""
     if DELAYACCT.exists() and DELAYACCT.read_text().strip() != "1":
         return None
-    ticks = 0
-    for task in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            stat = Path(f"/proc/self/task/{task}/stat").read_text()
-            ticks += int(stat.rsplit(")", 1)[1].split()[39])   # fields from the 3rd on
+    # the fields after the command name's closing parenthesis are the 3rd on
+    ticks = _over_threads("stat", lambda text: int(text.rsplit(")", 1)[1].split()[39]))
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
@@ -414,19 +418,17 @@ def summarise(rounds: list[dict]) -> dict:
     """Medians and maxima per phase, the Slurm-call check, RSS growth."""
     ok = [r for r in rounds if r["error"] is None] or rounds
     nopol = [r["duration"] - r["policy"] for r in ok]
-    phases = {p: {"median": statistics.median(r["phases"].get(p, 0.0) for r in ok),
-                  "max": max(r["phases"].get(p, 0.0) for r in ok)} for p in PHASES}
+    phases = {p: _spread([r["phases"].get(p, 0.0) for r in ok]) for p in PHASES}
     over = [r["slurm_calls"] - 3 - r["changes"] for r in ok]
     steady = ok[1:] or ok   # the first round builds the store and imports the policy
     warm = next((r for r in steady if r["t"] >= steady[0]["t"] + (steady[-1]["t"] - steady[0]["t"]) / 10),
                 steady[0])
     return {
         "rounds": len(rounds), "errors": len(rounds) - len([r for r in rounds if r["error"] is None]),
-        "round_without_policy_s": {"median": statistics.median(nopol), "max": max(nopol)},
-        "policy_s": {"median": statistics.median(r["policy"] for r in ok), "max": max(r["policy"] for r in ok)},
-        "cpu_s": {"median": statistics.median(r["cpu"] for r in ok), "max": max(r["cpu"] for r in ok)},
-        "run_queue_s": {"median": statistics.median(r.get("run_queue", 0.0) for r in ok),
-                        "max": max(r.get("run_queue", 0.0) for r in ok)},
+        "round_without_policy_s": _spread(nopol),
+        "policy_s": _spread([r["policy"] for r in ok]),
+        "cpu_s": _spread([r["cpu"] for r in ok]),
+        "run_queue_s": _spread([r.get("run_queue", 0.0) for r in ok]),
         **{f"{k}_s": _spread([r[k] for r in ok if r.get(k) is not None])
            for k in ("io_wait", "io_pressure")},
         "phases_s": phases,
@@ -442,6 +444,7 @@ def summarise(rounds: list[dict]) -> dict:
 
 
 def _spread(values: list[float]) -> dict | None:
+    """``{"median", "max"}`` of ``values``; None for none (a figure this host did not give)."""
     return {"median": statistics.median(values), "max": max(values)} if values else None
 
 
@@ -507,25 +510,19 @@ def _run_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, conf: P
             "memory_growth": growth}
 
 
-def _pair(spread: dict | None) -> tuple[float, float] | None:
-    return None if spread is None else (spread["median"], spread["max"])
-
-
 def print_table(results: list[dict]) -> None:
     print(f"\n{'part of the round (s)':<24}" + "".join(f"{r['gpus']:>8} GPUs med/max" for r in results))
     for p in PHASES:
         cells = (r["summary"]["phases_s"][p] for r in results)
         print(f"{p:<24}" + "".join(f"{c['median']:>11.3f}/{c['max']:<7.3f}" for c in cells))
-    rows = [("round w/o policy", lambda s: (s["round_without_policy_s"]["median"], s["round_without_policy_s"]["max"])),
-            ("policy", lambda s: (s["policy_s"]["median"], s["policy_s"]["max"])),
-            ("round's CPU", lambda s: (s["cpu_s"]["median"], s["cpu_s"]["max"])),
-            ("round's run-queue wait", lambda s: (s["run_queue_s"]["median"], s["run_queue_s"]["max"])),
-            ("round's I/O wait", lambda s: _pair(s.get("io_wait_s"))),
-            ("host's I/O stall", lambda s: _pair(s.get("io_pressure_s")))]
-    for name, f in rows:
-        if any(f(r["summary"]) is None for r in results):
+    rows = [("round w/o policy", "round_without_policy_s"), ("policy", "policy_s"), ("round's CPU", "cpu_s"),
+            ("round's run-queue wait", "run_queue_s"), ("round's I/O wait", "io_wait_s"),
+            ("host's I/O stall", "io_pressure_s")]
+    for name, key in rows:
+        cells = [r["summary"].get(key) for r in results]
+        if any(c is None for c in cells):   # a figure some host did not give
             continue
-        print(f"{name:<24}" + "".join(f"{f(r['summary'])[0]:>11.3f}/{f(r['summary'])[1]:<7.3f}" for r in results))
+        print(f"{name:<24}" + "".join(f"{c['median']:>11.3f}/{c['max']:<7.3f}" for c in cells))
     for r in results:
         s, q = r["summary"], r["rpcs"]
         print(f"{r['gpus']} GPUs: {s['rounds']} rounds, running {s['running']['median']:.0f} / pending "
