@@ -19,6 +19,7 @@ from hpcsched import slurm
 from hpcsched.daemon import service as daemon_service
 from hpcsched.daemon.between import SubmitStamp
 from hpcsched.daemon.config import ConfigError, DaemonSettings, load
+from hpcsched.daemon.driving import Steps
 from hpcsched.daemon.events import foreign_event, round_event
 from hpcsched.daemon.round import Daemon
 from hpcsched.daemon.store import Store
@@ -196,7 +197,7 @@ def test_an_early_round_keeps_the_periodic_rounds_times(tmp_path, monkeypatch):
         policy, backend, control_dir = EventPolicy(), FakeCluster(), tmp_path
 
         def __init__(self, settings, **kw):
-            pass
+            self.steps = Steps()   # the stop waits for the steps under way (none here)
 
         def round(self):
             time.sleep(0.01)

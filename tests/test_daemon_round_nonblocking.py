@@ -7,6 +7,7 @@ The same scenario runs on the dev cluster in ``tests/test_daemon_actuation_slurm
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from dataclasses import replace
 
@@ -17,6 +18,7 @@ from hpcsched.daemon import round as daemon_round
 from hpcsched.daemon import service as daemon_service
 from hpcsched.daemon.actuator import Actuator
 from hpcsched.daemon.config import load
+from hpcsched.daemon.driving import IN_FLIGHT
 from hpcsched.daemon.phases import PATHS, Timeouts
 from hpcsched.daemon.round import Daemon
 from hpcsched.daemon.store import Store
@@ -183,6 +185,56 @@ def test_actuate_between_rounds_advances_open_resizes_and_decides_nothing(daemon
     assert len(observed) == 1 + len(phases)
 
 
+def test_a_step_the_round_stopped_waiting_for_is_left_to_its_thread(daemon, control_dir,
+                                                                   monkeypatch):
+    """Job 8's control file cannot be written for a while (a file system that stalls): the
+    round waits ``step_wait`` for it, then returns with job 7's step done; later rounds leave
+    job 8's action to the step under way (not taken twice, the job busy); the tick after it
+    ends journals it, and the next round takes the action's next step."""
+    d, cluster, shift = daemon
+    jobs = {"7": make_job(control_dir, "7"), "8": make_job(control_dir, "8")}
+    d.settings = replace(d.settings, daemon=replace(d.settings.daemon, step_wait=0.3))
+    gate, steps = threading.Event(), []
+    real_advance = d.actuator.advance
+
+    def advance(action, *args, **kw):
+        steps.append(action.job_id)
+        if action.job_id == "8" and steps.count("8") == 1:
+            assert gate.wait(30)
+        return real_advance(action, *args, **kw)
+
+    monkeypatch.setattr(d.actuator, "advance", advance)
+    snapshots = []
+
+    def decide(snapshot, policy, costs, seed):
+        snapshots.append(snapshot)
+        return RoundDecision(None, (Change("7", "batch", 1, 1, 64, 128, "test: batch"),
+                                    Change("8", "batch", 1, 1, 64, 128, "test: batch"))
+                             if len(snapshots) == 1 else (), ())
+
+    monkeypatch.setattr(daemon_round, "decide_round", decide)
+    rep = d.round()
+    assert rep.outcomes == {"7": "requested", "8": IN_FLIGHT}
+    assert 0.3 <= rep.step_waited < 5 and rep.duration < 10
+    assert ctl.read_control(jobs["8"].control_path, jobs["8"].uid) is None
+    answer(jobs["7"], cluster, "7")
+    rep = d.round()
+    assert rep.outcomes == {"7": "running", "8": IN_FLIGHT}
+    assert steps == ["7", "8", "7"], "a step under way is not taken again"
+    assert {j.job_id: j.busy for j in snapshots[-1].jobs} == {"7": True, "8": True}
+    gate.set()
+    deadline = time.monotonic() + 30
+    while not (out := d.actuate()):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert out == {"8": "requested"}
+    assert ctl.read_control(jobs["8"].control_path, jobs["8"].uid).generation == 1
+    answer(jobs["8"], cluster, "8")
+    rep = d.round()
+    assert rep.outcomes == {"8": "running"} and steps == ["7", "8", "7", "8"]
+    assert {a.job_id: a.phase for a in d.store.actions()} == {"7": "running", "8": "running"}
+
+
 def test_a_tick_asks_slurm_nothing_while_every_resize_waits_for_its_job(daemon, control_dir,
                                                                          monkeypatch):
     """A resize waiting for the job's acknowledgement needs no Slurm: ticks stat the job's
@@ -221,7 +273,7 @@ def test_the_resize_journal_is_synced_and_the_bookkeeping_is_not(daemon, control
         None, (Change("7", "grow", 1, 2, 64, 64, "test: grow"),), ()))
     levels: dict[str, set] = {}
     real_commit = d.store._commit
-    committers = ("begin_round", "end_round", "sweep", "_keep_up", "drive_all", "_round")
+    committers = ("begin_round", "end_round", "sweep", "_keep_up", "_land", "_round")
 
     def commit(s):   # who commits, and the level it commits at
         level = s.execute(text("PRAGMA synchronous")).scalar_one()
@@ -253,7 +305,7 @@ def test_the_resize_journal_is_synced_and_the_bookkeeping_is_not(daemon, control
     assert levels["plan_action"] == levels["set_action_phase"] == {2}
     levels.pop("sweep", None)   # the hourly sweep of old jobs' rows: as any other write
     assert levels == {"plan_action": {2}, "set_action_phase": {2},
-                      "_round": {2}, "drive_all": {2},   # the journal's two commits
+                      "_round": {2}, "_land": {2},   # the journal's two commits
                       "begin_round": {1}, "_keep_up": {1}, "end_round": {1}}, levels
     assert d.store.commit_seconds > 0
     # and after each round, the WAL is copied into the database file in a thread of its own

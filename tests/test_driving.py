@@ -1,19 +1,22 @@
 """A round's resize steps side by side (:mod:`hpcsched.daemon.driving`), over a fake Slurm
 (tests/fakes.py) with real job files and a real journal: the steps of different jobs wait for
 Slurm together, their transitions are journaled in one commit and in order, and a step that
-fails (Slurm not answering, or a bug) leaves the others' journaled. The same path against the
-real Slurm: ``tests/test_daemon_actuation_slurm.py`` (two resizes in one round)."""
+fails (Slurm not answering, or a bug) leaves the others' journaled; a step still under way when
+the round stops waiting is carried over, journaled once it ends and never taken twice at once.
+The same path against the real Slurm: ``tests/test_daemon_actuation_slurm.py`` (two resizes in
+one round) and ``tests/test_driving_slurm.py`` (a step carried over a stopped slurmctld)."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from sqlalchemy import event
 
 from hpcsched import slurm
 from hpcsched.daemon.actuator import Action, Actuator
-from hpcsched.daemon.driving import STEP_THREADS, Drive, drive_all
+from hpcsched.daemon.driving import IN_FLIGHT, STEP_THREADS, Drive, Steps, drive_all
 from hpcsched.daemon.phases import History, ResizePhase, Timeouts
 from hpcsched.daemon.store import Store
 from hpcsched.protocol import files as ctl
@@ -147,3 +150,73 @@ def test_a_bug_in_one_step_is_raised_after_the_others_are_journaled(control_dir,
     with pytest.raises(RuntimeError, match="a bug"):
         drive_all(Broken(sl, Timeouts()), store, drives)
     assert _phases(store) == {"1": "requested", "2": "running", "3": "running"}
+
+
+class _Gated(Actuator):
+    """The real actuator, whose step of job ``held`` waits until ``gate`` is set (a control
+    file on a file system that stalls, say); ``steps`` counts each job's steps."""
+
+    def __init__(self, sl, held: str):
+        super().__init__(sl, Timeouts())
+        self.held, self.gate, self.steps = held, threading.Event(), {}
+
+    def advance(self, action, *args, **kw):
+        self.steps[action.job_id] = self.steps.get(action.job_id, 0) + 1
+        if action.job_id == self.held:
+            assert self.gate.wait(30), "the test never let the step go"
+        return super().advance(action, *args, **kw)
+
+
+def _landed(steps: Steps, store: Store) -> dict[str, str]:
+    deadline = time.monotonic() + 30
+    while not (out := steps.land(store)):
+        assert time.monotonic() < deadline, "the carried-over step never landed"
+        time.sleep(0.01)
+    return out
+
+
+def test_a_step_still_under_way_is_carried_over_and_journaled_once_it_ends(control_dir, store):
+    """Job 2's step waits: the call returns after its wait with job 1's step journaled and job
+    2's action as it was; once the step ends, :meth:`Steps.land` journals its transition."""
+    drives = _drives(control_dir, store, 2, written=True)
+    act = _Gated(FakeSlurm(*(d.info for d in drives)), held="2")
+    steps = Steps()
+    t = time.monotonic()
+    assert steps.take(act, store, drives, 0.2) == ["running", IN_FLIGHT]
+    assert time.monotonic() - t < 10
+    assert _phases(store) == {"1": "running", "2": "requested"}
+    assert steps.in_flight() == {drives[1].action_id}
+    assert steps.land(store) == {}, "nothing has ended"
+    act.gate.set()
+    assert _landed(steps, store) == {"2": "running"}
+    assert _phases(store) == {"1": "running", "2": "running"}
+    assert steps.in_flight() == frozenset()
+    assert act.steps == {"1": 1, "2": 1}
+    steps.close(store, 0.0)
+
+
+def test_a_carried_over_step_lands_with_the_next_steps_in_one_commit(control_dir, store):
+    drives = _drives(control_dir, store, 3, written=True)
+    act = _Gated(FakeSlurm(*(d.info for d in drives)), held="1")
+    steps = Steps()
+    assert steps.take(act, store, drives[:1], 0.05) == [IN_FLIGHT]
+    act.gate.set()
+    while not all(f.done() for _, _, f in steps._flying.values()):
+        time.sleep(0.01)
+    commits = []
+    event.listen(store.engine, "commit", lambda conn: commits.append(1))
+    assert steps.take(act, store, drives[1:], None) == ["running", "running"]
+    assert len(commits) == 1
+    assert _phases(store) == {"1": "running", "2": "running", "3": "running"}
+    steps.close(store, 0.0)
+
+
+def test_the_stop_journals_the_steps_that_end_within_its_wait(control_dir, store):
+    drives = _drives(control_dir, store, 2, written=True)
+    act = _Gated(FakeSlurm(*(d.info for d in drives)), held="2")
+    steps = Steps()
+    assert steps.take(act, store, drives, 0.05) == ["running", IN_FLIGHT]
+    threading.Timer(0.2, act.gate.set).start()
+    steps.close(store, 30.0)
+    assert _phases(store) == {"1": "running", "2": "running"}
+    assert steps.in_flight() == frozenset()

@@ -48,7 +48,7 @@ class SubmitStamp:
 
 class BetweenRounds:
     """The daemon's between-rounds work; the attributes it uses (``store``, ``backend``,
-    ``managed``, ``settings``, ``metrics``, ``_resume``, the last round's states and the jobs'
+    ``managed``, ``settings``, ``metrics``, ``steps``, ``_resume``, the last round's states and the jobs'
     ``ack.json`` stamps) are :class:`~hpcsched.daemon.round.Daemon`'s."""
 
     def actuate(self) -> dict[str, str]:
@@ -64,15 +64,19 @@ class BetweenRounds:
         """
         from hpcsched.daemon.round import RoundReport  # the module that inherits this one
 
-        open_actions = self.store.open_actions()
-        if not open_actions or not self._tick_needs_slurm(open_actions):
-            return {}
         rep = RoundReport(0, time.time())
-        try:
-            managed = self.managed.find(self.backend.observe())
-            self._resume(managed, rep)
-        except slurm.SlurmError as exc:
-            log.warning("resizes in flight not advanced: Slurm: %s; next round or tick retries", exc)
+        # the steps a round or tick stopped waiting for that have ended: journaled, no Slurm call
+        rep.outcomes.update(self.steps.land(self.store))
+        open_actions = self.store.open_actions()
+        if open_actions and self._tick_needs_slurm(open_actions):
+            try:
+                managed = self.managed.find(self.backend.observe())
+                self._resume(managed, rep)
+            except slurm.SlurmError as exc:
+                log.warning("resizes in flight not advanced: Slurm: %s; next round or tick "
+                            "retries", exc)
+        elif not rep.outcomes:
+            return {}
         if self.metrics is not None:
             self.metrics.record_actions(rep)
         return rep.outcomes

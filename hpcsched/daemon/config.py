@@ -243,6 +243,12 @@ class DaemonSettings:
     ack_timeout: float = _opt(
         180.0, _number(gt=0),
         "seconds to wait for a job to acknowledge a control change (> 0)")
+    step_wait: float = _opt(
+        2.0, _number(gt=0),
+        "seconds a round (or an actuation tick) waits in all for its resize steps -- control "
+        "files written, Slurm commands for them; a step still under way then (a file system "
+        "that stalls, a slow slurmctld) goes on in its own thread, its job left alone, and the "
+        "next round or tick journals it (> 0)")
     actuation_interval: float = _opt(
         1.0, _number(gt=0),
         "seconds between steps of resizes in flight, between rounds (one Slurm observation "

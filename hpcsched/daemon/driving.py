@@ -18,6 +18,13 @@ allows for at every step: a step taken again repeats no effect that is not idemp
 (:class:`~hpcsched.daemon.actuator.Actuator`; ``tests/test_actuator.py`` kills between every
 two transitions).
 
+A round waits for its steps only so long (:class:`Steps`, ``[daemon] step_wait``): a step
+still under way then -- its control file on a file system that stalls (a busy or hung NFS
+server, a disk the jobs keep busy), or slurmctld slow to answer -- goes on in its thread and
+is journaled by the first round or tick after it ends, its action stepped again only then.
+The journal is as write-ahead as before: a carried-over step's transitions are committed
+after its effects, one round later; a daemon killed meanwhile takes the step again.
+
 Nothing here touches the store from a thread: the threads run the steps, the caller's thread
 writes the journal.
 """
@@ -25,7 +32,7 @@ writes the journal.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from hpcsched import slurm
@@ -61,6 +68,93 @@ class _Driven:
     error: BaseException | None = None
 
 
+#: the outcome of a step still under way when its round stopped waiting for it
+IN_FLIGHT = "in flight"
+
+
+class Steps:
+    """Resize steps on up to :data:`STEP_THREADS` threads of their own, which a round waits for
+    only so long (module docstring): a step still under way is carried over, and its
+    transitions are journaled by the first :meth:`take` or :meth:`land` after it ends.
+
+    The daemon keeps one for its life (a ``SIGHUP`` reload hands it to the new
+    :class:`~hpcsched.daemon.round.Daemon`), so that a step is never taken twice at once: the
+    caller leaves the actions of :meth:`in_flight` alone until they have landed.
+    """
+
+    def __init__(self, threads: int = STEP_THREADS):
+        self._threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+        self._flying: dict[int, tuple[Drive, _Driven, Future]] = {}
+
+    def in_flight(self) -> frozenset[int]:
+        """Journal ids of the actions whose step has not landed (under way or not journaled)."""
+        return frozenset(self._flying)
+
+    def take(self, actuator: Actuator, store: Store, drives: list[Drive],
+             wait_s: float | None) -> list[str]:
+        """Take one step of each of ``drives`` (different jobs, none in flight) side by side,
+        wait up to ``wait_s`` seconds (None: until all are done) and journal the steps that are
+        done, with any earlier one that has ended meanwhile, in one transaction.
+
+        Returns each drive's outcome, in order: as :func:`drive_all`'s, or :data:`IN_FLIGHT`.
+
+        Raises:
+            Exception: what a step raised that is not Slurm's (a bug), once every step that is
+                done is journaled.
+        """
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="hpcsched-step")
+        for d in drives:
+            out = _Driven()
+            self._flying[d.action_id] = (d, out, self._pool.submit(_step, actuator, d, out))
+        wait([self._flying[d.action_id][2] for d in drives], timeout=wait_s)
+        landed = {d.action_id: outcome for d, outcome in self._land(store)}
+        return [landed.get(d.action_id, IN_FLIGHT) for d in drives]
+
+    def land(self, store: Store) -> dict[str, str]:
+        """Journal the carried-over steps that have ended (one transaction); their outcomes by
+        job id.
+
+        Raises:
+            Exception: as :meth:`take`.
+        """
+        return {d.action.job_id: outcome for d, outcome in self._land(store)}
+
+    def close(self, store: Store, wait_s: float) -> None:
+        """At the daemon's stop: wait up to ``wait_s`` seconds for the steps under way,
+        journal those that ended, and let the threads go (a step still under way ends in its
+        thread unjournaled: the next daemon takes it again)."""
+        if self._flying:
+            log.info("waiting up to %.0f s for %d resize step(s) under way", wait_s,
+                     len(self._flying))
+            wait([f for _, _, f in self._flying.values()], timeout=wait_s)
+            try:
+                self._land(store)
+            except Exception:  # noqa: BLE001 - a bug in a step, at the stop: logged, not raised
+                log.exception("a resize step failed")
+            if self._flying:
+                log.warning("%d resize step(s) still under way at the stop, not journaled: "
+                            "the next daemon takes them again", len(self._flying))
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+    def _land(self, store: Store) -> list[tuple[Drive, str]]:
+        """Journal every ended step's transitions in one transaction, in the order the steps
+        were taken; each ended step, with its outcome, is no longer in flight."""
+        done = [self._flying.pop(aid)[:2] for aid in
+                [aid for aid, (_, _, f) in self._flying.items() if f.done()]]
+        if any(out.transitions for _, out in done):   # no write transaction (its lock) for none
+            with store.batch():
+                for d, out in done:
+                    _journal(store, d, out)
+        for _, out in done:
+            if out.error is not None:
+                raise out.error
+        return [(d, out.outcome) for d, out in done]
+
+
 def drive_all(actuator: Actuator, store: Store, drives: list[Drive]) -> list[str]:
     """Take one step of each of ``drives`` (different jobs), up to :data:`STEP_THREADS` at
     once, then journal their transitions in one transaction.
@@ -73,26 +167,15 @@ def drive_all(actuator: Actuator, store: Store, drives: list[Drive]) -> list[str
         Exception: what a step raised that is not Slurm's (a bug), once every other step is
             done and every transition journaled.
     """
-    done = [_Driven() for _ in drives]
-    if len(drives) > 1:
-        with ThreadPoolExecutor(min(STEP_THREADS, len(drives)),
-                                thread_name_prefix="hpcsched-step") as pool:
-            list(pool.map(lambda i: _step(actuator, drives[i], done[i]), range(len(drives))))
-    else:
-        for d, out in zip(drives, done):
-            _step(actuator, d, out)
-    if any(out.transitions for out in done):   # no write transaction (its lock) for none
-        with store.batch():
-            for d, out in zip(drives, done):
-                _journal(store, d, out)
-    for out in done:
-        if out.error is not None:
-            raise out.error
-    return [out.outcome for out in done]
+    steps = Steps()
+    try:
+        return steps.take(actuator, store, drives, None)
+    finally:
+        steps.close(store, 0.0)
 
 
 def _step(actuator: Actuator, d: Drive, out: _Driven) -> None:
-    """One step of ``d`` into ``out`` (never raises: an error is kept for :func:`drive_all`)."""
+    """One step of ``d`` into ``out`` (never raises: an error is kept for :class:`Steps`)."""
     def journal(phase: ResizePhase, at: float, why: str) -> None:
         out.transitions.append((phase, at, why))
 
@@ -104,7 +187,7 @@ def _step(actuator: Actuator, d: Drive, out: _Driven) -> None:
         log.warning("job %s: %s interrupted, Slurm did not answer (%s); resumes next round",
                     d.action.job_id, d.action.kind, exc)
         out.outcome = "interrupted"
-    except Exception as exc:  # noqa: BLE001 - raised by drive_all once the others are journaled
+    except Exception as exc:  # noqa: BLE001 - raised by Steps once the others are journaled
         out.error = exc
 
 

@@ -64,7 +64,7 @@ from hpcsched.daemon.actuator import (
 from hpcsched.daemon.between import BetweenRounds, mtime_ns
 from hpcsched.daemon.config import Settings
 from hpcsched.daemon.costs import measured_costs
-from hpcsched.daemon.driving import Drive, drive_all
+from hpcsched.daemon.driving import IN_FLIGHT, Drive, Steps
 from hpcsched.daemon.gpu_status import gpu_rows
 from hpcsched.daemon.ingest import Pending, ingest_jobs
 from hpcsched.daemon.layouts import batch_layout, layout_in_force, reform_layout
@@ -111,9 +111,11 @@ class RoundReport:
     policy_seconds: float = 0.0
     jobs: int = 0
     changes: list[Change] = field(default_factory=list)
-    # job_id -> the phase its action reached this round, "failed: <why>", or "interrupted"
-    # (Slurm did not answer an effect: the step is taken again next round)
+    # job_id -> the phase its action reached this round, "failed: <why>", "interrupted"
+    # (Slurm did not answer an effect: the step is taken again next round) or "in flight" (its
+    # step still under way when the round stopped waiting: hpcsched.daemon.driving)
     outcomes: dict[str, str] = field(default_factory=dict)
+    step_waited: float = 0.0   # seconds the round has waited for resize steps (daemon.step_wait)
     kinds: dict[str, str] = field(default_factory=dict)   # job_id -> journal kind of its outcome
     notes: list[str] = field(default_factory=list)
     # orphaned extension jobs whose scancel ended since the last round (it runs in a thread)
@@ -161,11 +163,24 @@ def _log_change(round_id: int, c: Change, dry_run: bool) -> None:
              c.from_nodes, c.to_nodes, gpus, c.from_batch_size, c.to_batch_size, c.reason)
 
 
+def _with_planned_nodes(backend: Backend, obs, round_id: int):
+    """``obs`` with backfill's planned nodes (Slurm 22.05: one more ``squeue``), or as it is
+    when Slurm does not give them: the round goes on, other users' waiting jobs then claim
+    no GPUs for their plans (:mod:`hpcsched.policies.neighbours`), as before plans were read."""
+    try:
+        return backend.with_planned_nodes(obs)
+    except slurm.SlurmError as exc:
+        log.warning("round %d: other users' planned starts not read (%s); their nodes are not "
+                    "kept this round", round_id, exc)
+        return obs
+
+
 class Daemon(BetweenRounds):
     """The round loop (see module docstring). Collaborators can be injected for tests."""
 
     def __init__(self, settings: Settings, *, backend: Backend | None = None,
-                 store: Store | None = None, metrics: DaemonMetrics | None = None):
+                 store: Store | None = None, metrics: DaemonMetrics | None = None,
+                 steps: Steps | None = None):
         self.settings = settings
         self.metrics = metrics   # Prometheus recorder (hpcsched.daemon.metrics); None: off
         d = settings.daemon
@@ -178,6 +193,8 @@ class Daemon(BetweenRounds):
         self.actuator = Actuator(CLISlurmControl(timeout=d.slurm_timeout),
                                  Timeouts(ack=d.ack_timeout, start=max(300.0, d.ack_timeout),
                                           hold=d.preemption_deadline))
+        # resize steps on threads of their own, carried over rounds; a reloaded daemon keeps them
+        self.steps = steps or Steps()
         self._stepped: set[int] = set()   # journal ids this process has advanced
         self._acks: dict[str, tuple[Path, int | None]] = {}   # job -> its ack.json, mtime at its last step
         self._recorded: dict[str, tuple[str, str, str]] = {}   # job -> (uid, user, state) last written
@@ -269,7 +286,7 @@ class Daemon(BetweenRounds):
             obs = self.backend.observe()
             managed = self.managed.find(obs)
             if views.plans_unread(obs, managed, self.settings.daemon.partitions):
-                obs = self._with_planned_nodes(obs, rep)
+                obs = _with_planned_nodes(self.backend, obs, rep.round_id)
         rep.slurm_states = {job_id: info.state for job_id, (_, _, info) in managed.items()}
         self._keep_up(obs, managed, rep)
         with _timed(rep, "resume", self.store):
@@ -303,17 +320,6 @@ class Daemon(BetweenRounds):
             with self.store.batch():   # every change journaled `requested`, one commit, first
                 drives = [self._plan(c, *managed[c.job_id], rep) for c in decision.changes]
             self._drive_all(drives, rep)
-
-    def _with_planned_nodes(self, obs, rep: RoundReport):
-        """``obs`` with backfill's planned nodes (Slurm 22.05: one more ``squeue``), or as it is
-        when Slurm does not give them: the round goes on, other users' waiting jobs then claim
-        no GPUs for their plans (:mod:`hpcsched.policies.neighbours`), as before plans were read."""
-        try:
-            return self.backend.with_planned_nodes(obs)
-        except slurm.SlurmError as exc:
-            log.warning("round %d: other users' planned starts not read (%s); their nodes are not "
-                        "kept this round", rep.round_id, exc)
-            return obs
 
     def _keep_up(self, obs, managed, rep: RoundReport) -> None:
         """The round's bookkeeping on observation ``obs``: each managed job recorded and, while
@@ -422,21 +428,32 @@ class Daemon(BetweenRounds):
                              spec.limits.workers_per_node)
 
     def _drive_all(self, drives: list[Drive], rep: RoundReport) -> None:
-        """One step of each of ``drives`` (:func:`~hpcsched.daemon.driving.drive_all`: side by
-        side, journaled in one commit); each job's outcome into ``rep.outcomes``."""
+        """One step of each of ``drives`` (:class:`~hpcsched.daemon.driving.Steps`: side by side,
+        journaled in one commit, waited for up to what is left of ``daemon.step_wait``); each
+        job's outcome into ``rep.outcomes``."""
         for d in drives:   # answered as of this step
             self._acks[d.action.job_id] = (d.jd.ack_path, mtime_ns(d.jd.ack_path))
-        for d, outcome in zip(drives, drive_all(self.actuator, self.store, drives)):
-            rep.outcomes[d.action.job_id] = outcome
+        t, wait_s = time.monotonic(), max(0.0, self.settings.daemon.step_wait - rep.step_waited)
+        try:
+            rep.outcomes.update(zip((d.action.job_id for d in drives),
+                                    self.steps.take(self.actuator, self.store, drives, wait_s)))
+        finally:
+            rep.step_waited += time.monotonic() - t
 
     def _resume(self, managed, rep: RoundReport) -> set[str]:
-        """Advance every open action one step; returns their jobs (busy for the policy)."""
+        """Advance every open action one step (one whose last step is still under way is left
+        to it); returns their jobs (busy for the policy)."""
         touched, drives = set(), []
+        rep.outcomes.update(self.steps.land(self.store))   # the steps that ended since
+        flying = self.steps.in_flight()
         open_actions = self.store.open_actions()
         self._stepped &= {a.id for a in open_actions}   # an ended action is never resumed
         for a in open_actions:
             touched.add(a.job_id)
             rep.kinds[a.job_id] = a.kind
+            if a.id in flying:
+                rep.outcomes[a.job_id] = IN_FLIGHT
+                continue
             if a.job_id not in managed:
                 why = "job no longer known to Slurm"
                 self.store.set_action_phase(a.id, ResizePhase.FAILED, error=why)

@@ -166,7 +166,8 @@ def _reload_settings(config, overrides: dict, settings: Settings, daemon: Daemon
     ``settings`` and ``daemon``, with an error logged, when the new configuration is bad."""
     try:
         settings = _load_settings(config, overrides)
-        daemon = Daemon(settings, store=store, metrics=metrics)   # same endpoint
+        # same endpoint, and the resize steps under way
+        daemon = Daemon(settings, store=store, metrics=metrics, steps=daemon.steps)
         log.info("SIGHUP: configuration reloaded (policy %s, every %.0f s)",
                  daemon.policy.name, settings.daemon.round_interval)
     except (ConfigError, PolicyError) as exc:
@@ -246,5 +247,6 @@ def daemon_command(config, once, interval, dry_run, metrics_port, metrics_addr):
         early = _between_rounds(daemon, settings.daemon, t0, state, lead.hold, stamp)
         if state["stop"]:
             break
+    daemon.steps.close(store, settings.daemon.slurm_timeout)
     lead.release()
     log.info("hpcsched daemon stopped")
