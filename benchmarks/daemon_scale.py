@@ -70,6 +70,7 @@ from _scale_jobs import plan_jobs  # noqa: E402
 from hpcsched import slurm  # noqa: E402
 from hpcsched.daemon import service  # noqa: E402
 from hpcsched.daemon.config import defaults  # noqa: E402
+from hpcsched.daemon.driving import IN_FLIGHT  # noqa: E402
 from hpcsched.daemon.round import PHASES, Daemon  # noqa: E402
 from hpcsched.daemon.store import Store  # noqa: E402
 from hpcsched.slurm import commands, devcluster, observe  # noqa: E402
@@ -157,12 +158,18 @@ def jobs_file_system(path: Path, gib: int):
     store syncs to, and with ext4's default ``data=ordered`` a commit of the store's journal
     waits for their data too. The loop device gives their writes a journal of their own, and
     ``data=writeback`` orders no file's data before another's commit (ext4(5)); the disk under
-    it is the same one. The image is removed at the end."""
+    it is the same one, and the image is written through before it is used (no extent of it
+    is allocated during the run). The image is removed at the end."""
     if gib <= 0:
         yield
         return
     image = path.parent / f".{path.name}.ext4"
-    subprocess.run(["fallocate", "-l", f"{gib}G", str(image)], check=True)
+    # written through once (zeros, direct I/O: about 25 s for 24 GiB here), not fallocate'd:
+    # the loop's first write into an unwritten extent of the image is a metadata change in the
+    # journal of the disk's file system -- the one the store syncs to -- and the loop device
+    # fell behind after 15 minutes of them (eleventh run, docs/daemon.md)
+    subprocess.run(["dd", "if=/dev/zero", f"of={image}", "bs=16M", f"count={gib * 64}",
+                    "oflag=direct", "status=none"], check=True)
     dev = subprocess.run(["losetup", "--find", "--show", "--direct-io=on", str(image)], check=True,
                          capture_output=True, text=True).stdout.strip()
     try:
@@ -392,6 +399,9 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
             "t": round(time.time(), 3), "duration": rep.duration, "policy": rep.policy_seconds, "cpu": cpu,
             "run_queue": queued, "io_wait": io, "io_pressure": stall,
             "phases": rep.phases, "slurm_calls": rep.slurm_calls, "changes": len(rep.changes),
+            # resize steps the round stopped waiting for (daemon.step_wait), and its wait
+            "in_flight": sum(o == IN_FLIGHT for o in rep.outcomes.values()),
+            "step_waited": rep.step_waited,
             "commands": dict(cmds.counts - before), "error": rep.error, "jobs": rep.jobs,
             "running": states.get("RUNNING", 0), "pending": states.get("PENDING", 0),
             "rss_mib": rss_mib(),
@@ -410,6 +420,7 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
         r["between_calls"], r["next"] = commands.calls() - calls0 - r["slurm_calls"], why or "interval"
     growth = traced_growth(tracemalloc.take_snapshot(), trace) if tracemalloc.is_tracing() else []
     tracemalloc.stop()
+    daemon.steps.close(store, settings.daemon.slurm_timeout)   # as hpcsched daemon does at its stop
     store.close()
     return rounds, growth
 
@@ -434,6 +445,10 @@ def summarise(rounds: list[dict]) -> dict:
         "phases_s": phases,
         "slurm_calls": {"max": max(r["slurm_calls"] for r in ok), "max_over_3_plus_changes": max(over)},
         "changes": {"total": sum(r["changes"] for r in ok), "max": max(r["changes"] for r in ok)},
+        # steps carried over a round (daemon.step_wait); older records have none
+        "in_flight": {"total": sum(r.get("in_flight", 0) for r in ok),
+                      "rounds": sum(1 for r in ok if r.get("in_flight"))},
+        "step_waited_s": _spread([r["step_waited"] for r in ok if "step_waited" in r]),
         "running": {"median": statistics.median(r["running"] for r in ok), "max": max(r["running"] for r in ok)},
         "pending": {"median": statistics.median(r["pending"] for r in ok), "max": max(r["pending"] for r in ok)},
         "rss_mib": {"first": steady[0]["rss_mib"], "last": steady[-1]["rss_mib"],
@@ -530,6 +545,8 @@ def print_table(results: list[dict]) -> None:
               f"{s['slurm_calls']['max']} (max over 3 + changes: {s['slurm_calls']['max_over_3_plus_changes']}); "
               f"RSS {s['rss_mib']['first']:.0f} -> {s['rss_mib']['last']:.0f} MiB "
               f"({100 * s['rss_mib']['growth']:+.1f}%); "
+              f"steps carried over a round: {s['in_flight']['total']} in {s['in_flight']['rounds']} "
+              f"round(s); "
               f"slurmctld {q['total']} RPCs ({q['per_s']:.1f}/s), daemon {100 * q['daemon_share']:.1f}%"
               + ("" if q["jobs_share"] is None else f", the jobs {100 * q['jobs_share']:.1f}%"))
         for kind, c in r["scheduler_cycles"].items():
