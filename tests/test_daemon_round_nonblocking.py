@@ -235,6 +235,48 @@ def test_a_step_the_round_stopped_waiting_for_is_left_to_its_thread(daemon, cont
     assert {a.job_id: a.phase for a in d.store.actions()} == {"7": "running", "8": "running"}
 
 
+def test_a_tick_asks_slurm_nothing_for_a_resize_whose_step_is_under_way(daemon, control_dir,
+                                                                       monkeypatch):
+    """A grow past ``requested`` needs Slurm at every tick, but not while its step is still
+    under way in its thread: the tick then neither observes Slurm nor steps it."""
+    d, cluster, shift = daemon
+    jd = make_job(control_dir, "7")
+    make_job(control_dir, "8")
+    d.settings = replace(d.settings, daemon=replace(d.settings.daemon, step_wait=0.2))
+    gate, steps = threading.Event(), []
+    real_advance = d.actuator.advance
+
+    def advance(*args, **kw):
+        steps.append(1)
+        if len(steps) == 3:   # the grow's third step: requeued, waiting for the job to pend
+            assert gate.wait(30)
+        return real_advance(*args, **kw)
+
+    monkeypatch.setattr(d.actuator, "advance", advance)
+    monkeypatch.setattr(daemon_round, "decide_round", lambda *a: RoundDecision(
+        None, (Change("7", "grow", 1, 2, 64, 64, "test: grow"),), ()))
+    d.round()
+    monkeypatch.setattr(daemon_round, "decide_round", lambda *a: RoundDecision(None, (), ()))
+    answer(jd, cluster, "7")
+    shift[0] += 1.5
+    assert d.round().outcomes == {"7": "requeued"}
+    shift[0] += 1.5
+    assert d.round().outcomes == {"7": IN_FLIGHT}
+    observed = []
+    real_observe = cluster.observe
+    monkeypatch.setattr(cluster, "observe", lambda: observed.append(1) or real_observe())
+    assert d.actuate() == {} and observed == [] and len(steps) == 3
+    gate.set()
+    deadline = time.monotonic() + 30
+    while not (out := d.actuate()):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    # the step that was under way journaled (released), and the next one taken at once
+    assert out == {"7": "rescheduled"} and observed == [1] and len(steps) == 4
+    assert [p for p, _ in d.store.actions()[0].history][-2:] == ["released", "rescheduled"]
+    assert d.actuate() != {} and observed == [1, 1], "then every tick observes"
+
+
 def test_a_tick_asks_slurm_nothing_while_every_resize_waits_for_its_job(daemon, control_dir,
                                                                          monkeypatch):
     """A resize waiting for the job's acknowledgement needs no Slurm: ticks stat the job's

@@ -85,10 +85,11 @@ class BetweenRounds:
         """Whether a tick must observe Slurm to advance ``actions`` (the open resizes): one is
         past ``requested`` (its next step waits on Slurm's state or acts through it) or due to
         time out, or a job has answered since its last step (its ``ack.json`` changed). A resize
-        waiting for its job's answer needs nothing from Slurm; a job that ends meanwhile is
-        seen by the next round (an early one: ``event_rounds``)."""
-        now = time.time()
-        for a in actions:
+        waiting for its job's answer needs nothing from Slurm, nor does one whose step is still
+        under way (``steps``); a job that ends meanwhile is seen by the next round (an early
+        one: ``event_rounds``)."""
+        now, flying = time.time(), self.steps.in_flight()
+        for a in (a for a in actions if a.id not in flying):
             if a.phase != ResizePhase.REQUESTED or now - a.updated_at >= self.settings.daemon.ack_timeout:
                 return True
             seen = self._acks.get(a.job_id)
