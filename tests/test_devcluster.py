@@ -8,6 +8,7 @@ modules share it, so nothing here ever calls ``down`` on it.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -225,6 +226,35 @@ def test_slurmdbd_that_failed_its_first_queries_is_started_once_more(monkeypatch
         with pytest.raises(dc.DevClusterError, match="Unable to initialize"):
             daemons.start_accounting(layout, 1, 2)
     assert calls == ["mariadb", "slurmdbd", "sleep 2", "slurmdbd"]
+
+
+def test_stopping_slurmd_kills_the_steps_it_left_and_no_other_clusters(tmp_path):
+    """Two processes named ``slurmstepd`` (copies of bash(1)), each with a job process below it;
+    one has this cluster's ``SLURM_CONF`` in its environment, as slurmd passes it on, one
+    another cluster's: stopping the cluster's slurmd kills the first and its job only."""
+    layout = daemons.Layout(tmp_path / "mine")
+    stepd = tmp_path / "slurmstepd"
+    stepd.write_bytes(Path("/bin/bash").read_bytes())
+    stepd.chmod(0o755)
+    procs = {name: subprocess.Popen([str(stepd), "-c", "sleep 300 & echo $!; wait"],
+                                    env={"SLURM_CONF": str(conf), "PATH": "/usr/bin:/bin"},
+                                    stdout=subprocess.PIPE, text=True)
+             for name, conf in (("mine", layout.slurm_conf),
+                                ("other", tmp_path / "other" / "etc" / "slurm.conf"))}
+    jobs = {name: int(p.stdout.readline()) for name, p in procs.items()}
+    try:
+        assert {p.pid for p in procs.values()} <= set(processes.find_procs("slurmstepd"))
+        layout.run.mkdir(parents=True)
+        processes.stop_all(layout)   # no daemon of its own: its steps alone are left
+        assert procs["mine"].wait(timeout=10) == -9
+        wait_for(lambda: not processes.alive(jobs["mine"]), 10, "the step's job to be killed")
+        assert procs["other"].poll() is None and processes.alive(jobs["other"])
+    finally:
+        for name, p in procs.items():
+            p.kill()
+            p.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(jobs[name], 9)
 
 
 def test_down_and_status_when_down(tmp_path):
