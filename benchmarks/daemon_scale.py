@@ -25,10 +25,12 @@ scheduling passes (their number, mean and longest: a pass holds the locks every 
 ``--sched-params`` appends to the cluster's ``SchedulerParameters`` before the jobs are
 submitted, ``--ctld-rt`` puts slurmctld and munged in the real-time class: a controller tuned, and with
 cores of its own, as a site of that size runs it (docs/daemon.md, "At scale"); the daemon then
-runs at real-time priority 2, above them, as on a login node of its own. ``--jobs-fs GIB`` puts
-the job directories on a file system of their own (:func:`jobs_file_system`), a diagnosis of
-what the jobs' writes do to the daemon's synced ones (docs/daemon.md, "At scale": the store's
-commits stopped waiting, but the loop device fell behind the jobs' writes after 15 minutes).
+runs at real-time priority 2, above them, as on a login node of its own. ``--store-fs GIB``
+puts the daemon's store on a file system of its own (:func:`own_file_system`), as a login
+node's local disk is to the shared file system the jobs write to: the store's synced commits
+then no longer wait for the jobs' data in one file system journal. ``--jobs-fs GIB`` does the
+same for the job directories instead, a diagnosis that the jobs' writes through a loop device
+stall every read and write of their files (docs/daemon.md, "At scale").
 
 Targets (issue 36, at 256 x 4): round time excluding the policy <= 2 s median, <= 5 s max;
 policy <= 1 s; Slurm calls per round <= 3 + one per change; RSS growth < 10% over the run;
@@ -148,26 +150,27 @@ def delay_accounting():
 
 
 @contextlib.contextmanager
-def jobs_file_system(path: Path, gib: int):
+def own_file_system(path: Path, gib: int, options: str = "noatime", mode: int = 0o1777):
     """``path`` on an ext4 file system of its own for the block (``gib`` > 0; nothing when 0):
-    a loop device (direct I/O) over a file of ``gib`` GiB beside it, mounted ``data=writeback``.
+    a loop device (direct I/O) over a file of ``gib`` GiB beside it, mounted with ``options``,
+    its root given ``mode``. The image is written through before it is used (no extent of it
+    is allocated during the run) and removed at the end.
 
-    On a cluster the jobs' directories are on the shared file system (NFS, Lustre), not on the
-    login node's disk, and a file's ``fsync`` there waits for that file alone. Here 900
-    stand-ins write their metrics (about 7 MB/s, 13 GB in 30 minutes) on the disk the daemon's
-    store syncs to, and with ext4's default ``data=ordered`` a commit of the store's journal
-    waits for their data too. The loop device gives their writes a journal of their own, and
-    ``data=writeback`` orders no file's data before another's commit (ext4(5)); the disk under
-    it is the same one, and the image is written through before it is used (no extent of it
-    is allocated during the run). The image is removed at the end."""
+    On a cluster the jobs' directories are on the shared file system (NFS, Lustre) and the
+    daemon's store on the login node's own disk. Here 900 stand-ins write their metrics (about
+    7 MB/s, 13 GB in 30 minutes) to the disk the store syncs to, and with ext4's default
+    ``data=ordered`` a commit of the store's journal waits for their data too (tenth run). Either
+    side on a file system of its own gets a journal of its own; the disk under both is the same.
+    The store's side is the light one: its loop device carries the store's writes alone. The
+    jobs' side through a loop device (``data=writeback``: eleventh and twelfth runs) stalled
+    every read and write of their files once the jobs' writes queued on it."""
     if gib <= 0:
         yield
         return
     image = path.parent / f".{path.name}.ext4"
     # written through once (zeros, direct I/O: about 25 s for 24 GiB here), not fallocate'd:
     # the loop's first write into an unwritten extent of the image is a metadata change in the
-    # journal of the disk's file system -- the one the store syncs to -- and the loop device
-    # fell behind after 15 minutes of them (eleventh run, docs/daemon.md)
+    # journal of the disk's file system
     subprocess.run(["dd", "if=/dev/zero", f"of={image}", "bs=16M", f"count={gib * 64}",
                     "oflag=direct", "status=none"], check=True)
     dev = subprocess.run(["losetup", "--find", "--show", "--direct-io=on", str(image)], check=True,
@@ -175,8 +178,8 @@ def jobs_file_system(path: Path, gib: int):
     try:
         subprocess.run(["mkfs.ext4", "-q", "-F", dev], check=True)
         path.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["mount", "-o", "data=writeback,noatime", dev, str(path)], check=True)
-        path.chmod(0o1777)
+        subprocess.run(["mount", "-o", options, dev, str(path)], check=True)
+        path.chmod(mode)
         try:
             yield
         finally:
@@ -378,7 +381,7 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
     (``tracemalloc``, 5 frames; it slows the daemon, so its times then are not the figures)."""
     base = defaults()
     settings = replace(base, daemon=replace(base.daemon, partitions=(), control_dir=str(control),
-                                            database_url=f"sqlite:///{WORK}/daemon.db",
+                                            database_url=f"sqlite:///{WORK}/store/daemon.db",
                                             lock_file=str(WORK / "daemon.lock")))
     service.steady_heap()   # as hpcsched daemon does
     store = Store(settings.daemon.database_url)
@@ -488,7 +491,9 @@ def one_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, args) ->
     control.mkdir(parents=True)
     for d in (WORK, control):
         d.chmod(0o1777)
-    with jobs_file_system(control, args.jobs_fs):
+    (WORK / "store").mkdir(mode=0o700)
+    with own_file_system(control, args.jobs_fs, "data=writeback,noatime"), \
+            own_file_system(WORK / "store", args.store_fs, mode=0o700):
         return _run_scale(gpus, gpus_per_node, jobs, minutes, conf, control, args)
 
 
@@ -581,6 +586,10 @@ def main() -> int:
                    help="put the job directories on an ext4 file system of their own (a loop device over a "
                         "file of GIB GiB, data=writeback): a diagnosis of what the jobs' writes do to the "
                         "daemon's synced ones (default 0: on the daemon's disk)")
+    p.add_argument("--store-fs", type=int, default=0, metavar="GIB",
+                   help="put the daemon's store on an ext4 file system of its own (a loop device over a "
+                        "file of GIB GiB), as a login node's local disk is to the jobs' shared file "
+                        "system (default 0: on the jobs' disk)")
     p.add_argument("--keep", action="store_true",
                    help="leave the dev cluster and the last scale's jobs running at the end")
     p.add_argument("--job-output", action="store_true",
