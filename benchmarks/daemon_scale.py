@@ -310,13 +310,15 @@ def calibrate() -> dict[str, int]:
 
 class CommandLog:
     """Counts the daemon's Slurm commands by their first two words (``squeue --json``, ``scontrol
-    update``): wraps ``hpcsched.slurm.commands.run`` where the daemon's modules call it, for this
-    benchmark only (:meth:`close` puts it back)."""
+    update``), and the seconds they took (Slurm's answer, before the daemon parses it): wraps
+    ``hpcsched.slurm.commands.run`` where the daemon's modules call it, for this benchmark only
+    (:meth:`close` puts it back)."""
 
     PLACES = (commands, slurm, observe)   # the modules that hold a reference to run
 
     def __init__(self):
         self.counts: collections.Counter[str] = collections.Counter()
+        self.seconds: collections.Counter[str] = collections.Counter()
         self._run = commands.run
         lock = threading.Lock()   # a round's steps run their commands side by side (driving.py)
 
@@ -324,7 +326,12 @@ class CommandLog:
             key = command_kind(args)
             with lock:
                 self.counts[key] += 1
-            return self._run(args, *a, **k)
+            t = time.monotonic()
+            try:
+                return self._run(args, *a, **k)
+            finally:
+                with lock:
+                    self.seconds[key] += time.monotonic() - t
 
         for module in self.PLACES:
             module.run = run
@@ -391,7 +398,7 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
     while time.monotonic() < end:
         t0, calls0, cpu0, queued0 = time.monotonic(), commands.calls(), cpu_seconds(), run_queue_seconds()
         io0, stall0 = io_wait_seconds(), io_pressure_seconds()
-        before = collections.Counter(cmds.counts)
+        before, before_s = collections.Counter(cmds.counts), collections.Counter(cmds.seconds)
         rep = daemon.round()
         cpu, queued = cpu_seconds() - cpu0, run_queue_seconds() - queued0
         io, stall = _delta(io_wait_seconds(), io0), _delta(io_pressure_seconds(), stall0)
@@ -406,6 +413,9 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
             "in_flight": sum(o == IN_FLIGHT for o in rep.outcomes.values()),
             "step_waited": rep.step_waited,
             "commands": dict(cmds.counts - before), "error": rep.error, "jobs": rep.jobs,
+            # seconds in Slurm's commands during the round, by kind (a step carried over may
+            # add its command's to a later round's)
+            "command_s": {k: round(v, 3) for k, v in (cmds.seconds - before_s).items()},
             "running": states.get("RUNNING", 0), "pending": states.get("PENDING", 0),
             "rss_mib": rss_mib(),
             "traced_mib": tracemalloc.get_traced_memory()[0] / 2 ** 20 if tracemalloc.is_tracing() else None})
@@ -452,6 +462,9 @@ def summarise(rounds: list[dict]) -> dict:
         "in_flight": {"total": sum(r.get("in_flight", 0) for r in ok),
                       "rounds": sum(1 for r in ok if r.get("in_flight"))},
         "step_waited_s": _spread([r["step_waited"] for r in ok if "step_waited" in r]),
+        # of the observation, the seconds Slurm took to answer (squeue and sinfo)
+        "observe_commands_s": _spread([r["command_s"].get("squeue", 0) + r["command_s"].get("sinfo", 0)
+                                       for r in ok if "command_s" in r]),
         "running": {"median": statistics.median(r["running"] for r in ok), "max": max(r["running"] for r in ok)},
         "pending": {"median": statistics.median(r["pending"] for r in ok), "max": max(r["pending"] for r in ok)},
         "rss_mib": {"first": steady[0]["rss_mib"], "last": steady[-1]["rss_mib"],
@@ -537,7 +550,7 @@ def print_table(results: list[dict]) -> None:
         print(f"{p:<24}" + "".join(f"{c['median']:>11.3f}/{c['max']:<7.3f}" for c in cells))
     rows = [("round w/o policy", "round_without_policy_s"), ("policy", "policy_s"), ("round's CPU", "cpu_s"),
             ("round's run-queue wait", "run_queue_s"), ("round's I/O wait", "io_wait_s"),
-            ("host's I/O stall", "io_pressure_s")]
+            ("host's I/O stall", "io_pressure_s"), ("observe: Slurm's answers", "observe_commands_s")]
     for name, key in rows:
         cells = [r["summary"].get(key) for r in results]
         if any(c is None for c in cells):   # a figure some host did not give
