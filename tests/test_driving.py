@@ -1,4 +1,4 @@
-"""A round's resize steps side by side (:mod:`hpcsched.daemon.driving`), over a fake Slurm
+"""A round's resize steps side by side (:class:`hpcsched.daemon.driving.Steps`), over a fake Slurm
 (tests/fakes.py) with real job files and a real journal: the steps of different jobs wait for
 Slurm together, their transitions are journaled in one commit and in order, and a step that
 fails (Slurm not answering, or a bug) leaves the others' journaled; a step still under way when
@@ -16,7 +16,7 @@ from sqlalchemy import event
 
 from hpcsched import slurm
 from hpcsched.daemon.actuator import Action, Actuator
-from hpcsched.daemon.driving import IN_FLIGHT, STEP_THREADS, Drive, Steps, drive_all
+from hpcsched.daemon.driving import IN_FLIGHT, STEP_THREADS, Drive, Steps
 from hpcsched.daemon.phases import History, ResizePhase, Timeouts
 from hpcsched.daemon.store import Store
 from hpcsched.protocol import files as ctl
@@ -77,6 +77,15 @@ def _drives(control_dir, store: Store, n: int, *, written: bool = False) -> list
                                 reason="test", created_at=1.0)
         out.append(Drive(aid, action, History.begin(1.0), jd, spec, _pending(job_id)))
     return out
+
+
+def drive_all(actuator: Actuator, store: Store, drives: list[Drive]) -> list[str]:
+    """The steps of ``drives``, waited for until all are done (no wait limit)."""
+    steps = Steps()
+    try:
+        return steps.take(actuator, store, drives, None)
+    finally:
+        steps.close(store, 0.0)
 
 
 def _phases(store: Store) -> dict[str, str]:

@@ -5,7 +5,7 @@ only: it writes that job's control file and may run one or two Slurm commands fo
 (``scontrol update`` of a pending job's size or start time, ``scontrol requeue``). Taken one after another, a
 round's steps wait for slurmctld in turn: on the 1,024-GPU dev cluster, with slurmctld's
 backfill holding its locks, ten ``scontrol update`` took 1-2.6 s each and 25.7 s together
-(``docs/daemon.md``, "At scale"). :func:`drive_all` takes them on up to :data:`STEP_THREADS`
+(``docs/daemon.md``, "At scale"). :class:`Steps` takes them on up to :data:`STEP_THREADS`
 threads, so a round waits about as long as its slowest command, and journals every transition
 they made in one transaction (one ``fsync``, not one per transition), in each action's order.
 
@@ -97,7 +97,10 @@ class Steps:
         wait up to ``wait_s`` seconds (None: until all are done) and journal the steps that are
         done, with any earlier one that has ended meanwhile, in one transaction.
 
-        Returns each drive's outcome, in order: as :func:`drive_all`'s, or :data:`IN_FLIGHT`.
+        Returns each drive's outcome, in order: the phase its action reached, ``failed:
+        <why>``, ``interrupted`` (Slurm did not answer an effect: the transitions observed before
+        it are journaled, the step itself is not, and the next round takes it again), or
+        :data:`IN_FLIGHT`.
 
         Raises:
             Exception: what a step raised that is not Slurm's (a bug), once every step that is
@@ -153,25 +156,6 @@ class Steps:
             if out.error is not None:
                 raise out.error
         return [(d, out.outcome) for d, out in done]
-
-
-def drive_all(actuator: Actuator, store: Store, drives: list[Drive]) -> list[str]:
-    """Take one step of each of ``drives`` (different jobs), up to :data:`STEP_THREADS` at
-    once, then journal their transitions in one transaction.
-
-    Returns each drive's outcome, in order: the phase its action reached, ``failed: <why>``, or
-    ``interrupted`` (Slurm did not answer an effect: the transitions observed before it are
-    journaled, the step itself is not, and the next round takes it again).
-
-    Raises:
-        Exception: what a step raised that is not Slurm's (a bug), once every other step is
-            done and every transition journaled.
-    """
-    steps = Steps()
-    try:
-        return steps.take(actuator, store, drives, None)
-    finally:
-        steps.close(store, 0.0)
 
 
 def _step(actuator: Actuator, d: Drive, out: _Driven) -> None:
