@@ -184,8 +184,9 @@ def own_file_system(path: Path, gib: int, options: str = "noatime", mode: int = 
         try:
             yield
         finally:
-            # the jobs' processes are gone by now (scancel, or the dev cluster stopped); a
-            # straggler keeps the lazy unmount from freeing the device until it exits
+            # its writers are gone by now (the jobs scancelled or the dev cluster stopped, the
+            # store closed); a straggler keeps the lazy unmount from freeing the device until
+            # it exits
             subprocess.run(["umount", "--lazy", str(path)], capture_output=True)
     finally:
         subprocess.run(["losetup", "--detach", dev], capture_output=True)

@@ -25,17 +25,24 @@ _KILL_DEADLINE_S = 5.0
 
 
 
-def proc_state(pid: int) -> tuple[str, str] | None:
-    """``(comm, state letter)`` of a process, or None when there is no such process."""
+def _proc_stat(pid: int | str) -> tuple[str, list[str]] | None:
+    """``(comm, the fields after it)`` of ``/proc/<pid>/stat`` (proc(5): state, ppid, ...), or
+    None when there is no such process."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except (OSError, ValueError):
         return None
-    # Format: "PID (comm) S ..."; comm may contain spaces and parentheses.
+    # Format: "PID (comm) S PPID ..."; comm may contain spaces and parentheses.
     lpar, rpar = raw.find("("), raw.rfind(")")
     if lpar < 0 or rpar < 0:
         return None
-    return raw[lpar + 1:rpar], raw[rpar + 2:rpar + 3]
+    return raw[lpar + 1:rpar], raw[rpar + 2:].split()
+
+
+def proc_state(pid: int) -> tuple[str, str] | None:
+    """``(comm, state letter)`` of a process, or None when there is no such process."""
+    st = _proc_stat(pid)
+    return None if st is None or not st[1] else (st[0], st[1][0])
 
 
 def alive(pid: int | None, comm: str | None = None) -> bool:
@@ -161,11 +168,9 @@ def _with_descendants(pids: list[int]) -> list[int]:
     """``pids`` and every live process below them (``/proc/<pid>/stat``'s parent)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            if entry.isdigit():
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-                children.setdefault(ppid, []).append(int(entry))
+        st = _proc_stat(entry) if entry.isdigit() else None
+        if st is not None and len(st[1]) > 1:
+            children.setdefault(int(st[1][1]), []).append(int(entry))
     out, todo = [], list(pids)
     while todo:
         pid = todo.pop()
