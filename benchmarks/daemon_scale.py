@@ -124,13 +124,28 @@ def io_wait_seconds() -> float | None:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def io_pressure_seconds() -> float | None:
-    """Seconds in which at least one task on the host was stalled on I/O (the kernel's pressure
-    stall information, ``/proc/pressure/io``, ``some`` ``total`` in us); None where there is none."""
+def pressure_seconds(resource: str) -> float | None:
+    """Seconds in which at least one task on the host was stalled on ``resource`` (``io`` or
+    ``memory``: the kernel's pressure stall information, ``/proc/pressure/<resource>``, ``some``
+    ``total`` in us); None where there is none. A task that waits for a page of a file the
+    kernel evicted under memory pressure counts as stalled on both."""
     with contextlib.suppress(OSError, ValueError, IndexError):
-        some = Path("/proc/pressure/io").read_text().splitlines()[0]
+        some = Path(f"/proc/pressure/{resource}").read_text().splitlines()[0]
         return int(some.rsplit("total=", 1)[1]) / 1e6
     return None
+
+
+def host_memory_mib() -> dict[str, float]:
+    """The host's ``MemAvailable``, ``Cached``, ``Dirty`` and ``Writeback`` (``/proc/meminfo``,
+    proc(5)), MiB: whether the host was short of memory, so that files' pages were read
+    again from disk."""
+    fields = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            name, _, rest = line.partition(":")
+            if name in ("MemAvailable", "Cached", "Dirty", "Writeback"):
+                fields[name] = round(int(rest.split()[0]) / 1024, 1)
+    return fields
 
 
 @contextlib.contextmanager
@@ -399,17 +414,19 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
     rounds, state, end = [], {"stop": False, "reload": False}, time.monotonic() + 60 * minutes
     while time.monotonic() < end:
         t0, calls0, cpu0, queued0 = time.monotonic(), commands.calls(), cpu_seconds(), run_queue_seconds()
-        io0, stall0 = io_wait_seconds(), io_pressure_seconds()
+        io0, stall0, mem0 = io_wait_seconds(), pressure_seconds("io"), pressure_seconds("memory")
         before, before_s = collections.Counter(cmds.counts), collections.Counter(cmds.seconds)
         rep = daemon.round()
         cpu, queued = cpu_seconds() - cpu0, run_queue_seconds() - queued0
-        io, stall = _delta(io_wait_seconds(), io0), _delta(io_pressure_seconds(), stall0)
+        io, stall = _delta(io_wait_seconds(), io0), _delta(pressure_seconds("io"), stall0)
+        mem_stall = _delta(pressure_seconds("memory"), mem0)
         if trace and len(rounds) == 1:   # after the second round, as the RSS growth is counted
             tracemalloc.start(5)
         states = collections.Counter(rep.slurm_states.values())
         rounds.append({
             "t": round(time.time(), 3), "duration": rep.duration, "policy": rep.policy_seconds, "cpu": cpu,
-            "run_queue": queued, "io_wait": io, "io_pressure": stall,
+            "run_queue": queued, "io_wait": io, "io_pressure": stall, "memory_pressure": mem_stall,
+            "host_mib": host_memory_mib(),
             "phases": rep.phases, "slurm_calls": rep.slurm_calls, "changes": len(rep.changes),
             # resize steps the round stopped waiting for (daemon.step_wait), and its wait
             "in_flight": sum(o == IN_FLIGHT for o in rep.outcomes.values()),
@@ -425,7 +442,10 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
         print(f"  round {len(rounds):3d}: {r['duration']:6.2f} s (policy {r['policy']:5.2f}, CPU {cpu:5.2f}, "
               f"run queue {queued:5.2f}"
               + ("" if io is None else f", I/O wait {io:5.2f}")
-              + ("" if stall is None else f", host I/O stall {stall:5.2f}") + "), "
+              + ("" if stall is None else f", host I/O stall {stall:5.2f}")
+              + ("" if mem_stall is None else f", memory stall {mem_stall:5.2f}")
+              + (f", {r['host_mib']['MemAvailable']:.0f} MiB available" if "MemAvailable" in r["host_mib"] else "")
+              + "), "
               f"{r['slurm_calls']} calls, {r['changes']} changes, {r['running']} running / "
               f"{r['pending']} pending, RSS {r['rss_mib']:.0f} MiB" + (f", error {r['error']}" if r["error"] else ""),
               flush=True)
@@ -456,7 +476,9 @@ def summarise(rounds: list[dict]) -> dict:
         "cpu_s": _spread([r["cpu"] for r in ok]),
         "run_queue_s": _spread([r.get("run_queue", 0.0) for r in ok]),
         **{f"{k}_s": _spread([r[k] for r in ok if r.get(k) is not None])
-           for k in ("io_wait", "io_pressure")},
+           for k in ("io_wait", "io_pressure", "memory_pressure")},
+        "host_available_mib": _spread([r["host_mib"]["MemAvailable"] for r in ok
+                                       if "MemAvailable" in r.get("host_mib", {})], low=True),
         "phases_s": phases,
         "slurm_calls": {"max": max(r["slurm_calls"] for r in ok), "max_over_3_plus_changes": max(over)},
         "changes": {"total": sum(r["changes"] for r in ok), "max": max(r["changes"] for r in ok)},
@@ -476,9 +498,13 @@ def summarise(rounds: list[dict]) -> dict:
     }
 
 
-def _spread(values: list[float]) -> dict | None:
-    """``{"median", "max"}`` of ``values``; None for none (a figure this host did not give)."""
-    return {"median": statistics.median(values), "max": max(values)} if values else None
+def _spread(values: list[float], low: bool = False) -> dict | None:
+    """``{"median", "max"}`` of ``values`` (with ``low`` also ``"min"``); None for none (a figure
+    this host did not give)."""
+    if not values:
+        return None
+    out = {"median": statistics.median(values), "max": max(values)}
+    return {**out, "min": min(values)} if low else out
 
 
 def rpc_share(rpcs: dict, cmds: CommandLog, user: str, span_s: float, cost: dict[str, int]) -> dict:
@@ -552,12 +578,17 @@ def print_table(results: list[dict]) -> None:
         print(f"{p:<24}" + "".join(f"{c['median']:>11.3f}/{c['max']:<7.3f}" for c in cells))
     rows = [("round w/o policy", "round_without_policy_s"), ("policy", "policy_s"), ("round's CPU", "cpu_s"),
             ("round's run-queue wait", "run_queue_s"), ("round's I/O wait", "io_wait_s"),
-            ("host's I/O stall", "io_pressure_s"), ("observe: Slurm's answers", "observe_commands_s")]
+            ("host's I/O stall", "io_pressure_s"), ("host's memory stall", "memory_pressure_s"),
+            ("observe: Slurm's answers", "observe_commands_s")]
     for name, key in rows:
         cells = [r["summary"].get(key) for r in results]
         if any(c is None for c in cells):   # a figure some host did not give
             continue
         print(f"{name:<24}" + "".join(f"{c['median']:>11.3f}/{c['max']:<7.3f}" for c in cells))
+    cells = [r["summary"].get("host_available_mib") for r in results]
+    if all(cells):
+        print(f"{'host memory avail. (MiB)':<24}"
+              + "".join(f"{c['median']:>11.0f}/min {c['min']:<7.0f}" for c in cells))
     for r in results:
         s, q = r["summary"], r["rpcs"]
         print(f"{r['gpus']} GPUs: {s['rounds']} rounds, running {s['running']['median']:.0f} / pending "
