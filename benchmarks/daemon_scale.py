@@ -585,10 +585,10 @@ def print_table(results: list[dict]) -> None:
         if any(c is None for c in cells):   # a figure some host did not give
             continue
         print(f"{name:<24}" + "".join(f"{c['median']:>11.3f}/{c['max']:<7.3f}" for c in cells))
-    cells = [r["summary"].get("host_available_mib") for r in results]
-    if all(cells):
+    available = [r["summary"].get("host_available_mib") for r in results]
+    if all(available):
         print(f"{'host memory avail. (MiB)':<24}"
-              + "".join(f"{c['median']:>11.0f}/min {c['min']:<7.0f}" for c in cells))
+              + "".join(f"{c['median']:>11.0f}/min {c['min']:<7.0f}" for c in available))
     for r in results:
         s, q = r["summary"], r["rpcs"]
         print(f"{r['gpus']} GPUs: {s['rounds']} rounds, running {s['running']['median']:.0f} / pending "
