@@ -135,6 +135,26 @@ def pressure_seconds(resource: str) -> float | None:
     return None
 
 
+def disk_counters() -> dict[str, float]:
+    """The host's whole disks' counters (``/proc/diskstats``, the kernel's
+    Documentation/admin-guide/iostats.rst; partitions, loop and RAM devices left out), summed:
+    ``writes`` and ``flushes`` completed, and the milliseconds spent writing, flushing and
+    discarding. A round's difference says whether the disk under the store was slow to answer
+    its syncs (a flush on a virtual disk is a sync of its image on the machine below)."""
+    keys = {"writes": 7, "write_ms": 10, "discard_ms": 17, "flushes": 18, "flush_ms": 19}
+    out = dict.fromkeys(keys, 0.0)
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/diskstats").read_text().splitlines():
+            f = line.split()
+            name = f[2] if len(f) > 2 else ""
+            if len(f) < 20 or name.startswith(("loop", "ram", "zram", "dm-")) \
+                    or not Path(f"/sys/block/{name}").exists():
+                continue
+            for k, i in keys.items():
+                out[k] += float(f[i])
+    return out
+
+
 def host_memory_mib() -> dict[str, float]:
     """The host's ``MemAvailable``, ``Cached``, ``Dirty`` and ``Writeback`` (``/proc/meminfo``,
     proc(5)), MiB: whether the host was short of memory, so that files' pages were read
@@ -291,20 +311,23 @@ def scheduler_parameters(conf: Path, extra: str) -> str:
     return line
 
 
-def rpc_cost(argv: list[str], tries: int = 3) -> int:
+def rpc_cost(argv: list[str], tries: int = 5) -> int:
     """slurmctld RPCs of one run of ``argv`` (``sdiag`` before and after; its own
-    ``REQUEST_STATS_INFO`` not counted), the fewest of ``tries`` runs: RPCs of others that
-    arrive meanwhile (the nodes' registrations, just after the cluster starts) only add,
-    and once counted them made ``squeue`` 4 RPCs and ``sinfo`` 2 (a run on 2026-11-30)."""
-    def count() -> int:
-        return sum(n for t, n in sdiag()["types"].items() if t != "REQUEST_STATS_INFO")
+    ``REQUEST_STATS_INFO`` not counted): per RPC type the fewest over ``tries`` runs, summed.
+    RPCs of others that arrive meanwhile (the nodes' registrations and pings, just after the
+    cluster starts) only add; counted as a whole, the fewest of three runs once made ``squeue`` 4
+    RPCs and ``sinfo`` 2, and in another run ``sinfo`` 4 and ``scontrol update`` 2 (2026-11-30),
+    where alone on a small cluster they are 1, 2 and 1."""
+    def count() -> collections.Counter:
+        return collections.Counter({t: n for t, n in sdiag()["types"].items() if t != "REQUEST_STATS_INFO"})
 
-    def once() -> int:
+    def once() -> collections.Counter:
         before = count()
         subprocess.run(argv, capture_output=True, timeout=60)
         return count() - before
 
-    return min(once() for _ in range(tries))
+    runs = [once() for _ in range(tries)]
+    return sum(min(r.get(t, 0) for r in runs) for t in set().union(*runs))
 
 
 def command_kind(args) -> str:
@@ -415,18 +438,20 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
     while time.monotonic() < end:
         t0, calls0, cpu0, queued0 = time.monotonic(), commands.calls(), cpu_seconds(), run_queue_seconds()
         io0, stall0, mem0 = io_wait_seconds(), pressure_seconds("io"), pressure_seconds("memory")
+        disk0 = disk_counters()
         before, before_s = collections.Counter(cmds.counts), collections.Counter(cmds.seconds)
         rep = daemon.round()
         cpu, queued = cpu_seconds() - cpu0, run_queue_seconds() - queued0
         io, stall = _delta(io_wait_seconds(), io0), _delta(pressure_seconds("io"), stall0)
         mem_stall = _delta(pressure_seconds("memory"), mem0)
+        disk = {k: v - disk0[k] for k, v in disk_counters().items()}
         if trace and len(rounds) == 1:   # after the second round, as the RSS growth is counted
             tracemalloc.start(5)
         states = collections.Counter(rep.slurm_states.values())
         rounds.append({
             "t": round(time.time(), 3), "duration": rep.duration, "policy": rep.policy_seconds, "cpu": cpu,
             "run_queue": queued, "io_wait": io, "io_pressure": stall, "memory_pressure": mem_stall,
-            "host_mib": host_memory_mib(),
+            "host_mib": host_memory_mib(), "disk": disk,
             "phases": rep.phases, "slurm_calls": rep.slurm_calls, "changes": len(rep.changes),
             # resize steps the round stopped waiting for (daemon.step_wait), and its wait
             "in_flight": sum(o == IN_FLIGHT for o in rep.outcomes.values()),
@@ -477,6 +502,9 @@ def summarise(rounds: list[dict]) -> dict:
         "run_queue_s": _spread([r.get("run_queue", 0.0) for r in ok]),
         **{f"{k}_s": _spread([r[k] for r in ok if r.get(k) is not None])
            for k in ("io_wait", "io_pressure", "memory_pressure")},
+        # the host disk's mean latency per write and per flush in each round, ms
+        "disk_write_ms": _spread(_per_round(ok, "write_ms", "writes")),
+        "disk_flush_ms": _spread(_per_round(ok, "flush_ms", "flushes")),
         "host_available_mib": _spread([r["host_mib"]["MemAvailable"] for r in ok
                                        if "MemAvailable" in r.get("host_mib", {})], low=True),
         "phases_s": phases,
@@ -496,6 +524,11 @@ def summarise(rounds: list[dict]) -> dict:
                     # from the first round after a tenth of the run: caches filled once
                     "growth_after_warmup": steady[-1]["rss_mib"] / warm["rss_mib"] - 1},
     }
+
+
+def _per_round(rounds: list[dict], ms: str, count: str) -> list[float]:
+    """Each round's ``disk[ms] / disk[count]`` (:func:`disk_counters`), where it counted any."""
+    return [r["disk"][ms] / r["disk"][count] for r in rounds if r.get("disk", {}).get(count)]
 
 
 def _spread(values: list[float], low: bool = False) -> dict | None:
@@ -579,6 +612,7 @@ def print_table(results: list[dict]) -> None:
     rows = [("round w/o policy", "round_without_policy_s"), ("policy", "policy_s"), ("round's CPU", "cpu_s"),
             ("round's run-queue wait", "run_queue_s"), ("round's I/O wait", "io_wait_s"),
             ("host's I/O stall", "io_pressure_s"), ("host's memory stall", "memory_pressure_s"),
+            ("disk: ms per write", "disk_write_ms"), ("disk: ms per flush", "disk_flush_ms"),
             ("observe: Slurm's answers", "observe_commands_s")]
     for name, key in rows:
         cells = [r["summary"].get(key) for r in results]
