@@ -579,3 +579,32 @@ def test_mariadb_keeps_its_temporary_files_in_the_clusters_own_directory(devclus
     args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
     assert f"--tmpdir={layout.db_tmp}" in args
     assert layout.db_tmp.is_dir() and (layout.db_tmp.stat().st_mode & 0o077) == 0
+
+
+def test_a_daemon_that_outlives_sigkill_does_not_keep_the_others_running(tmp_path, monkeypatch):
+    """slurmd still there after SIGKILL (seen: 256 of them in uninterruptible sleep on a stalled
+    disk) is an error, but only once slurmctld, after it in the order, has been stopped too."""
+    layout = daemons.Layout(tmp_path)
+    layout.run.mkdir(parents=True)
+    ctld = tmp_path / "slurmctld"
+    ctld.write_bytes(Path("/bin/sleep").read_bytes())
+    ctld.chmod(0o755)
+    proc = subprocess.Popen([str(ctld), "300"])
+    layout.pidfile("slurmctld").write_text(f"{proc.pid}\n")
+    layout.pidfile("slurmd-n1").write_text(f"{os.getpid()}\n")   # any live process will do
+    real = processes._stop_group
+
+    def stop(group):
+        if any(processes.daemon_kind(n) == "slurmd" for n in group):
+            raise dc.DevClusterError("timed out after 30 s waiting for slurmd to die after SIGKILL")
+        return real(group)
+
+    monkeypatch.setattr(processes, "_stop_group", stop)
+    try:
+        with pytest.raises(dc.DevClusterError, match=r"slurmd to die .*\(the other daemons were stopped\)"):
+            processes.stop_all(layout)
+        assert proc.wait(timeout=30) is not None
+        assert layout.pidfile("slurmd-n1").exists() and not layout.pidfile("slurmctld").exists()
+    finally:
+        proc.kill()
+        proc.wait()
