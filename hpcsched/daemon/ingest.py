@@ -40,7 +40,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Container, Iterable, Mapping
+from typing import Iterable
 
 from hpcsched.protocol.files import ProtocolError, open_regular
 
@@ -59,10 +59,6 @@ MAX_ROUND_BYTES = 4 << 20
 #: minute (``benchmarks/daemon_scale.py``, ``docs/daemon.md``, "At scale")
 FRESH_BYTES = 16 << 10
 MIN_FILE_WINDOW = 2 << 10
-#: seconds :data:`FRESH_BYTES` is the budget of (:func:`fresh_budget`): a pass sooner after the
-#: job's last one reads in proportion, so that rounds at events, which come every few seconds
-#: on a large cluster, do not each read a full window of every job
-FRESH_PERIOD = 60.0
 #: the longest metrics line read (bytes); a longer one is skipped whole, even across passes
 MAX_LINE_BYTES = 64 << 10
 #: metrics files read per job and pass (one per launch and rank; more are left for later passes)
@@ -469,72 +465,29 @@ def ingest_job(store, job_id: str, job_dir: Path, app_class: str = "",
     return found
 
 
-def fresh_budget(since: float | None, period: float = FRESH_PERIOD) -> int:
-    """Bytes of a job's newest lines to read in a pass ``since`` seconds after its last one
-    (None: it has had none): :data:`FRESH_BYTES` once ``period`` seconds or more have passed,
-    that share of it sooner (at least :data:`MIN_FILE_WINDOW`). So a job's ingest costs about
-    :data:`FRESH_BYTES` per ``period`` however often rounds come."""
-    if since is None or since >= period:
-        return FRESH_BYTES
-    return max(MIN_FILE_WINDOW, int(FRESH_BYTES * max(0.0, since) / period))
-
-
-class Budgets:
-    """Each job's budget for a pass (:func:`fresh_budget`) from the time since its last one,
-    for a caller that passes over the same jobs again and again (the daemon's rounds): the
-    full window for a job it has not read yet or that ended (its last pass), in proportion
-    otherwise. ``period``: seconds the full window is the budget of (the daemon's
-    ``round_interval``); ``clock``: seconds, monotonic."""
-
-    def __init__(self, period: float = FRESH_PERIOD, clock: Callable[[], float] = time.monotonic):
-        self.period, self._clock = period, clock
-        self._last: dict[str, float] = {}   # job id -> its last pass
-
-    def take(self, job_ids: Iterable[str], ended: Container[str] = ()) -> dict[str, int]:
-        """Bytes of each of ``job_ids``' newest lines to read now (the jobs in ``ended``: the
-        full window), each taken as read now."""
-        now, out = self._clock(), {}
-        for job_id in job_ids:
-            last = None if job_id in ended else self._last.get(job_id)
-            out[job_id] = fresh_budget(None if last is None else now - last, self.period)
-            self._last[job_id] = now
-        return out
-
-    def keep(self, job_ids: Container[str]) -> None:
-        """Forget every job but ``job_ids`` (those Slurm still lists): nothing is kept forever."""
-        self._last = {j: t for j, t in self._last.items() if j in job_ids}
-
-    def __contains__(self, job_id: object) -> bool:
-        return job_id in self._last
-
-
-def ingest_jobs(store, jobs: Iterable[tuple[str, Path, str]], sink: Pending,
-                budgets: Mapping[str, int] | None = None) -> dict[str, tuple[int, int]]:
+def ingest_jobs(store, jobs: Iterable[tuple[str, Path, str]], sink: Pending) -> dict[str, tuple[int, int]]:
     """:func:`ingest_job` of each (Slurm job id, job directory, application class) into
     ``sink``, with the stored offsets of all their files read in one query (a round of a
     thousand jobs asked the store a thousand times); per job id, (profile rows, GPU rows)
-    found. ``budgets``: job id -> bytes of its newest lines read in all (:func:`fresh_budget`;
-    :data:`FRESH_BYTES` for a job it lacks)."""
+    found."""
     listed = [(job_id, Path(job_dir) / "metrics", app) for job_id, job_dir, app in jobs]
     names = {job_id: _metrics_files(job_id, metrics) for job_id, metrics, _ in listed}
     offsets = store.ingest_offsets([str(metrics / n) for job_id, metrics, _ in listed
                                     for n in names[job_id]])
-    now, budgets = time.time(), budgets or {}
-    return {job_id: _ingest_files(job_id, metrics, names[job_id], offsets, app, sink, now,
-                                  budgets.get(job_id, FRESH_BYTES))
+    now = time.time()
+    return {job_id: _ingest_files(job_id, metrics, names[job_id], offsets, app, sink, now)
             if names[job_id] else (0, 0) for job_id, metrics, app in listed}
 
 
 def _ingest_files(job_id: str, metrics: Path, names: list[str], offsets: dict[str, int],
-                  app_class: str, sink: Pending, now: float, budget: int) -> tuple[int, int]:
+                  app_class: str, sink: Pending, now: float) -> tuple[int, int]:
     """One job's part of :func:`ingest_jobs`: its files ``names`` in ``metrics/`` read from
-    ``offsets`` (keyed by path) into ``sink``, about ``budget`` bytes of their newest lines in
-    all (each file at least :data:`MIN_FILE_WINDOW`)."""
+    ``offsets`` (keyed by path) into ``sink``."""
     dfd = _open_metrics_dir(job_id, metrics)
     if dfd is None:
         return 0, 0
     records = []
-    share = max(MIN_FILE_WINDOW, budget // max(1, len(names)))
+    share = max(MIN_FILE_WINDOW, FRESH_BYTES // max(1, len(names)))
     try:
         for name in names:
             key = str(metrics / name)  # the store's key: the file's path, as before
