@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hpcsched.model.snapshot import JobView, ProfilePoint
@@ -253,6 +253,7 @@ def test_efficiency_limits_follow_the_formula():
 @settings(max_examples=80, deadline=None)
 @given(sqr=st.floats(0, 1e6), var=st.floats(0, 1e6), m0=st.integers(1, 4096),
        m=st.integers(1, 100_000), dm=st.integers(0, 10_000))
+@example(sqr=5e-324, var=5e-324, m0=2, m=3, dm=1)   # subnormal statistics (found by hypothesis)
 def test_efficiency_is_in_unit_interval_and_never_rises_with_batch(sqr, var, m0, m, dm):
     e = efficiency(sqr, var, m0, m)
     assert 0.0 < e <= 1.0

@@ -242,8 +242,13 @@ def gain(grad_sqr: float, grad_var: float, scale: float) -> float:
     a step at ``M0`` (AdaptDL's gain; module docstring). Negative statistics count as 0; 1 when
     both are 0."""
     sqr, var = max(0.0, grad_sqr), max(0.0, grad_var)
-    denom = var / scale + sqr
-    return (var + sqr) / denom if denom > 0 else 1.0
+    top = max(sqr, var)
+    if not top > 0:
+        return 1.0
+    # over the larger statistic: the same ratio, without subnormal quotients (var / scale of
+    # 5e-324 rounds, and the gain then rose with the batch size: found by hypothesis)
+    sqr, var = sqr / top, var / top
+    return (var + sqr) / (var / scale + sqr)
 
 
 def noise_known(grad_noise: tuple[float | None, float | None] | None
@@ -278,9 +283,10 @@ def efficiencies(grad_sqr: float | np.ndarray, grad_var: float | np.ndarray,
     shape: several jobs' candidates at once)."""
     scale = batch_sizes / init_batch_size
     sqr, var = np.maximum(0.0, grad_sqr), np.maximum(0.0, grad_var)
-    denom = var / scale + sqr
+    top = np.maximum(sqr, var)
     with np.errstate(divide="ignore", invalid="ignore"):
-        g = np.where(denom > 0, (var + sqr) / denom, 1.0)
+        sqr, var = sqr / top, var / top   # as gain: over the larger statistic
+        g = np.where(top > 0, (var + sqr) / (var / scale + sqr), 1.0)
     return np.minimum(1.0, g / scale)
 
 
