@@ -146,9 +146,8 @@ def disk_counters() -> dict[str, float]:
     with contextlib.suppress(OSError):
         for line in Path("/proc/diskstats").read_text().splitlines():
             f = line.split()
-            name = f[2] if len(f) > 2 else ""
-            if len(f) < 20 or name.startswith(("loop", "ram", "zram", "dm-")) \
-                    or not Path(f"/sys/block/{name}").exists():
+            if len(f) < 20 or f[2].startswith(("loop", "ram", "zram", "dm-")) \
+                    or not Path(f"/sys/block/{f[2]}").exists():
                 continue
             for k, i in keys.items():
                 out[k] += float(f[i])
