@@ -14,6 +14,7 @@ from dataclasses import replace
 import pytest
 
 from hpcsched import slurm
+from hpcsched.daemon import ingest
 from hpcsched.daemon import round as daemon_round
 from hpcsched.daemon import service as daemon_service
 from hpcsched.daemon.actuator import Actuator
@@ -598,3 +599,22 @@ def test_the_round_reads_another_users_planned_nodes_and_goes_on_without(
     (foreign,) = rep.snapshot.foreign_pending
     assert foreign.scheduled_nodes == (("n2",) if slurm_answers else ())
     assert ("planned starts not read" in caplog.text) is not slurm_answers
+
+
+def test_the_round_reads_its_running_jobs_metrics_within_their_budgets_and_forgets_ended_jobs(
+        daemon, control_dir, monkeypatch):
+    """Each round reads every running job's newest metrics within its budget
+    (:class:`~hpcsched.daemon.ingest.Budgets`), and remembers no job Slurm no longer lists."""
+    d, cluster, _ = daemon
+    make_job(control_dir, "7"), make_job(control_dir, "8")
+    asked = []
+    real = daemon_round.ingest_jobs
+    monkeypatch.setattr(daemon_round, "ingest_jobs",
+                        lambda store, jobs, sink, budgets: asked.append(budgets) or real(store, jobs, sink, budgets))
+    d.round()
+    assert asked[-1] == {"7": ingest.FRESH_BYTES, "8": ingest.FRESH_BYTES}   # first seen: the full window
+    d.round()   # at once: each job's least
+    assert asked[-1] == {"7": ingest.MIN_FILE_WINDOW, "8": ingest.MIN_FILE_WINDOW}
+    cluster.jobs.pop("8")
+    d.round()
+    assert "7" in d.budgets and "8" not in d.budgets

@@ -395,3 +395,82 @@ def test_ingest_job_rejects_and_logs_impossible_records_and_keeps_the_rest(tmp_p
     (row,) = store.profile("7")
     assert row.steps == 5 - WARMUP_STEPS
     assert "job 7" in caplog.text and "rejected 2 impossible record(s)" in caplog.text
+
+
+def test_a_pass_soon_after_the_last_reads_in_proportion_to_the_time_since():
+    full, period = ingest.FRESH_BYTES, 60.0
+    assert ingest.fresh_budget(None, period) == full                # first pass
+    assert ingest.fresh_budget(period, period) == full              # a round interval on
+    assert ingest.fresh_budget(10 * period, period) == full         # never more than the window
+    assert ingest.fresh_budget(period / 4, period) == full // 4     # a round at an event
+    assert ingest.fresh_budget(0.0, period) == ingest.MIN_FILE_WINDOW   # at least a file's least
+    assert ingest.fresh_budget(-5.0, period) == ingest.MIN_FILE_WINDOW  # a clock step back
+
+
+def test_ingest_jobs_reads_each_job_within_its_budget(tmp_path, store):
+    """A job given a smaller budget reads fewer of its newest lines (its mean step time is
+    over its last steps only); one the budgets do not name reads the full window. Both count
+    every step they ran, read or passed over."""
+    store.upsert_job(job_id="8", job_uid="u8", workers_per_node=1, min_nodes=1, max_nodes=1,
+                     min_batch_size=16, max_batch_size=16, base_batch_size=16)
+    jobs = []
+    for j in ("7", "8"):
+        (tmp_path / j / "metrics").mkdir(parents=True)
+        _write(tmp_path / j / "metrics" / "launch-1-rank-0.jsonl",
+               [rec(s, step_time=0.2 if s < 190 else 0.1) for s in range(200)])
+        jobs.append((j, tmp_path / j, "B"))
+    found = Pending()
+    ingest_jobs(store, jobs, found, {"7": ingest.MIN_FILE_WINDOW})
+    found.flush(store)
+    line = len(json.dumps(rec(100)).encode()) + 1
+    assert 10 * line > ingest.MIN_FILE_WINDOW and 40 * line < ingest.FRESH_BYTES
+    (seven,), (eight,) = store.profile("7"), store.profile("8")
+    assert seven.step_time == pytest.approx(0.1)          # its last 10 steps' only
+    assert eight.step_time > 0.15                          # the full window's: older ones too
+    for row in (seven, eight):                             # the first read's warm-up aside
+        assert abs(row.steps - (200 - WARMUP_STEPS)) <= 2
+
+
+def test_the_steps_a_pass_passes_over_count_in_the_jobs_attained_service(tmp_path, store):
+    """Passes of the least budget over a job that writes far more between them: its profile's
+    steps (its attained service) are those it ran, not those read; its other ranks' lines
+    passed over count nowhere (a step is counted once, by rank 0)."""
+    metrics = tmp_path / "7" / "metrics"
+    metrics.mkdir(parents=True)
+    written = 0
+    for _ in range(3):
+        recs = two_ranks(written + 150, 0.1, 0.1)[2 * written:]
+        for rank in (0, 1):
+            _write(metrics / f"launch-1-rank-{rank}.jsonl", [r for r in recs if r["rank"] == rank])
+        written += 150
+        found = Pending()
+        ingest_jobs(store, [("7", tmp_path / "7", "B")], found, {"7": ingest.MIN_FILE_WINDOW})
+        found.flush(store)
+    (row,) = store.profile("7")
+    assert row.samples == 3
+    assert abs(row.steps - (written - 3 * WARMUP_STEPS)) <= 3
+
+
+@pytest.mark.parametrize("passed, read, lines, want", [
+    (1000, 500, 5, 10),     # lines of 100 bytes
+    (1050, 500, 5, 10),     # a line's few digits more or less
+    (0, 500, 5, 0),         # nothing passed over
+    (1000, 0, 0, 0),        # nothing read to go by
+    (-10, 500, 5, 0),
+])
+def test_passed_over_lines(passed, read, lines, want):
+    assert ingest.passed_over_lines(passed, read, lines) == want
+
+
+def test_budgets_follow_the_time_since_each_jobs_last_pass():
+    clock = [100.0]
+    b = ingest.Budgets(60.0, clock=lambda: clock[0])
+    full = ingest.FRESH_BYTES
+    assert b.take(["7", "8"]) == {"7": full, "8": full}   # not read yet
+    clock[0] += 15.0
+    assert b.take(["7"]) == {"7": full // 4}
+    clock[0] += 15.0   # job 8 last read 30 s ago; job 7 ended: its last pass reads it all
+    assert b.take(["7", "8"], ended={"7"}) == {"7": full, "8": full // 2}
+    b.keep({"8"})
+    assert "7" not in b and "8" in b
+    assert b.take(["7"]) == {"7": full}   # forgotten: read as new

@@ -20,12 +20,13 @@ its last complete line, so a line being written is never half-read and nothing i
 bounds and never raises for what they hold (see :func:`read_new_lines` and the metrics section of
 ``docs/daemon.md``): a file is opened without following a symbolic link and only if it is a
 regular file (:func:`hpcsched.protocol.files.open_regular`); about :data:`FRESH_BYTES` of a
-job's newest metrics lines are read per pass (older unread ones are passed over: the daemon's
-ingest costs the same however fast the jobs step), lines over :data:`MAX_LINE_BYTES` are skipped
-whole, lines that are not UTF-8 or not JSON are skipped, and the stored offset always moves past
-what was read, so no line is read twice, garbage included. The records are then **claims**, checked by
-:func:`claim_problems` before they count; every skipped line or rejected record is a warning
-naming the job and the file.
+job's newest metrics lines are read per pass, less for a pass soon after the job's last
+(:class:`Budgets`; older unread ones are passed over: the daemon's ingest costs the same however
+fast the jobs step, and rank 0's passed-over lines still count as the job's steps), lines over
+:data:`MAX_LINE_BYTES` are skipped whole, lines that are not UTF-8 or not JSON are skipped, and
+the stored offset always moves past what was read, so no line is read twice, garbage included.
+The records are then **claims**, checked by :func:`claim_problems` before they count; every
+skipped line or rejected record is a warning naming the job and the file.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Container, Iterable, Mapping
 
 from hpcsched.protocol.files import ProtocolError, open_regular
 
@@ -59,6 +60,10 @@ MAX_ROUND_BYTES = 4 << 20
 #: minute (``benchmarks/daemon_scale.py``, ``docs/daemon.md``, "At scale")
 FRESH_BYTES = 16 << 10
 MIN_FILE_WINDOW = 2 << 10
+#: seconds :data:`FRESH_BYTES` is the budget of (:func:`fresh_budget`): a pass sooner after the
+#: job's last one reads in proportion, so that rounds at events, which come every few seconds
+#: on a large cluster, do not each read a full window of every job
+FRESH_PERIOD = 60.0
 #: the longest metrics line read (bytes); a longer one is skipped whole, even across passes
 MAX_LINE_BYTES = 64 << 10
 #: metrics files read per job and pass (one per launch and rank; more are left for later passes)
@@ -76,30 +81,40 @@ CLOCK_SKEW = 300.0
 METRICS_NAME = re.compile(r"launch-\d{1,9}(-ext-\d{1,12})?-rank-\d{1,9}\.jsonl")
 
 
-def aggregate(records: Iterable[dict], job_id: str, app_class: str = "") -> tuple[list[dict], list[dict]]:
+def aggregate(records: Iterable[dict], job_id: str, app_class: str = "",
+              passed_over: Mapping[int, int] | None = None) -> tuple[list[dict], list[dict]]:
     """(profile sample rows, GPU measurement rows) from step records of one job.
 
     ``records`` are the metrics lines (any order, any ranks); those without ``step`` and
     ``rank`` are ignored. Rows are dicts with the store's column names
     (:meth:`hpcsched.daemon.store.Store.add_profile_samples`, ``add_gpu_measurements``); see the
-    module docstring for what they hold.
+    module docstring for what they hold. ``passed_over``: launch -> rank 0's steps of that
+    launch a pass did not read, just before its first record here (:func:`passed_over_lines`);
+    they count in the ``steps`` of that record's configuration (the job ran them: its attained
+    service is summed over the rows' steps), not in its means.
     """
     recs = [r for r in records if isinstance(r, dict) and "step" in r and "rank" in r]
-    return _profile_rows(recs, job_id), _gpu_rows(recs, job_id, app_class)
+    return _profile_rows(recs, job_id, passed_over or {}), _gpu_rows(recs, job_id, app_class)
 
 
-def _profile_rows(recs: list[dict], job_id: str) -> list[dict]:
+def _profile_rows(recs: list[dict], job_id: str, passed_over: Mapping[int, int]) -> list[dict]:
     """One row per configuration of rank 0's steps: mean step time (s) and throughput
-    (samples/s) over the steps after the first :data:`WARMUP_STEPS`, with a positive step time."""
+    (samples/s) over the steps after the first :data:`WARMUP_STEPS`, with a positive step time;
+    ``steps`` counts them and, in the configuration of a launch's first record, the steps
+    ``passed_over`` before it."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
+    first: dict[int, tuple] = {}   # launch -> the configuration of its earliest record here
     for r in sorted(recs, key=lambda r: (r.get("launch", 0), r["step"])):
         if r["rank"] != 0:
             continue
         key = (r.get("launch", 0), r.get("generation", 0), r["world_size"], r.get("nodes", 1),
                r["local_batch_size"], r.get("accumulation_steps", 1))
+        first.setdefault(key[0], key)
         groups[key].append(r)
+    extra = {first[launch]: n for launch, n in passed_over.items() if launch in first and n > 0}
     profile = []
-    for (launch, gen, world, nodes, local, accum), rs in groups.items():
+    for key, rs in groups.items():
+        launch, gen, world, nodes, local, accum = key
         rs = [r for r in rs[WARMUP_STEPS:] if r.get("step_time", 0) > 0]
         if not rs:
             continue
@@ -109,7 +124,8 @@ def _profile_rows(recs: list[dict], job_id: str) -> list[dict]:
             "job_id": job_id, "time": max(r.get("t", 0.0) for r in rs), "launch": launch,
             "generation": gen, "world_size": world, "nodes": nodes, "local_batch_size": local,
             "accumulation_steps": accum, "global_batch_size": rs[-1].get("global_batch_size", 0),
-            "step_time": total_t / len(rs), "throughput": samples / total_t, "steps": len(rs),
+            "step_time": total_t / len(rs), "throughput": samples / total_t,
+            "steps": len(rs) + extra.get(key, 0),
         })
     return profile
 
@@ -465,29 +481,82 @@ def ingest_job(store, job_id: str, job_dir: Path, app_class: str = "",
     return found
 
 
-def ingest_jobs(store, jobs: Iterable[tuple[str, Path, str]], sink: Pending) -> dict[str, tuple[int, int]]:
+def passed_over_lines(passed: int, read: int, lines: int) -> int:
+    """How many lines ``passed`` bytes that a pass did not read hold, estimated from the
+    ``lines`` lines in the ``read`` bytes after them (a rank's lines have the same fields, so
+    about the same length: a few digits apart); 0 when nothing was read to go by."""
+    if passed <= 0 or read <= 0 or lines <= 0:
+        return 0
+    return round(passed * lines / read)
+
+
+def fresh_budget(since: float | None, period: float = FRESH_PERIOD) -> int:
+    """Bytes of a job's newest lines to read in a pass ``since`` seconds after its last one
+    (None: it has had none): :data:`FRESH_BYTES` once ``period`` seconds or more have passed,
+    that share of it sooner (at least :data:`MIN_FILE_WINDOW`). So a job's ingest costs about
+    :data:`FRESH_BYTES` per ``period`` however often rounds come."""
+    if since is None or since >= period:
+        return FRESH_BYTES
+    return max(MIN_FILE_WINDOW, int(FRESH_BYTES * max(0.0, since) / period))
+
+
+class Budgets:
+    """Each job's budget for a pass (:func:`fresh_budget`) from the time since its last one,
+    for a caller that passes over the same jobs again and again (the daemon's rounds): the
+    full window for a job it has not read yet or that ended (its last pass), in proportion
+    otherwise. ``period``: seconds the full window is the budget of (the daemon's
+    ``round_interval``); ``clock``: seconds, monotonic."""
+
+    def __init__(self, period: float = FRESH_PERIOD, clock: Callable[[], float] = time.monotonic):
+        self.period, self._clock = period, clock
+        self._last: dict[str, float] = {}   # job id -> its last pass
+
+    def take(self, job_ids: Iterable[str], ended: Container[str] = ()) -> dict[str, int]:
+        """Bytes of each of ``job_ids``' newest lines to read now (the jobs in ``ended``: the
+        full window), each taken as read now."""
+        now, out = self._clock(), {}
+        for job_id in job_ids:
+            last = None if job_id in ended else self._last.get(job_id)
+            out[job_id] = fresh_budget(None if last is None else now - last, self.period)
+            self._last[job_id] = now
+        return out
+
+    def keep(self, job_ids: Container[str]) -> None:
+        """Forget every job but ``job_ids`` (those Slurm still lists): nothing is kept forever."""
+        self._last = {j: t for j, t in self._last.items() if j in job_ids}
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._last
+
+
+def ingest_jobs(store, jobs: Iterable[tuple[str, Path, str]], sink: Pending,
+                budgets: Mapping[str, int] | None = None) -> dict[str, tuple[int, int]]:
     """:func:`ingest_job` of each (Slurm job id, job directory, application class) into
     ``sink``, with the stored offsets of all their files read in one query (a round of a
     thousand jobs asked the store a thousand times); per job id, (profile rows, GPU rows)
-    found."""
+    found. ``budgets``: job id -> bytes of its newest lines read in all (:func:`fresh_budget`;
+    :data:`FRESH_BYTES` for a job it lacks)."""
     listed = [(job_id, Path(job_dir) / "metrics", app) for job_id, job_dir, app in jobs]
     names = {job_id: _metrics_files(job_id, metrics) for job_id, metrics, _ in listed}
     offsets = store.ingest_offsets([str(metrics / n) for job_id, metrics, _ in listed
                                     for n in names[job_id]])
-    now = time.time()
-    return {job_id: _ingest_files(job_id, metrics, names[job_id], offsets, app, sink, now)
+    now, budgets = time.time(), budgets or {}
+    return {job_id: _ingest_files(job_id, metrics, names[job_id], offsets, app, sink, now,
+                                  budgets.get(job_id, FRESH_BYTES))
             if names[job_id] else (0, 0) for job_id, metrics, app in listed}
 
 
 def _ingest_files(job_id: str, metrics: Path, names: list[str], offsets: dict[str, int],
-                  app_class: str, sink: Pending, now: float) -> tuple[int, int]:
+                  app_class: str, sink: Pending, now: float, budget: int) -> tuple[int, int]:
     """One job's part of :func:`ingest_jobs`: its files ``names`` in ``metrics/`` read from
-    ``offsets`` (keyed by path) into ``sink``."""
+    ``offsets`` (keyed by path) into ``sink``, about ``budget`` bytes of their newest lines in
+    all (each file at least :data:`MIN_FILE_WINDOW`); rank 0's lines passed over count as
+    steps (:func:`passed_over_lines`, :func:`aggregate`)."""
     dfd = _open_metrics_dir(job_id, metrics)
     if dfd is None:
         return 0, 0
-    records = []
-    share = max(MIN_FILE_WINDOW, FRESH_BYTES // max(1, len(names)))
+    records, passed = [], Counter()
+    share = max(MIN_FILE_WINDOW, budget // max(1, len(names)))
     try:
         for name in names:
             key = str(metrics / name)  # the store's key: the file's path, as before
@@ -505,10 +574,14 @@ def _ingest_files(job_id: str, metrics: Path, names: list[str], offsets: dict[st
                             ", ".join(f"{n} {why}" for why, n in sorted(skipped.items())))
             if new_off != off:
                 sink.offsets[key] = new_off
-            records.extend(credible(values, job_id, key, now))
+            ok = credible(values, job_id, key, now)
+            if start > off and ok and ok[0]["rank"] == 0:
+                passed[ok[0].get("launch", 0)] += passed_over_lines(
+                    start - off, new_off - start, len(values) + sum(skipped.values()))
+            records.extend(ok)
     finally:
         os.close(dfd)
-    profile, gpus = aggregate(records, job_id, app_class)
+    profile, gpus = aggregate(records, job_id, app_class, passed)
     sink.profile += profile
     sink.gpus += gpus
     return len(profile), len(gpus)

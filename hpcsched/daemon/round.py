@@ -66,7 +66,7 @@ from hpcsched.daemon.config import Settings
 from hpcsched.daemon.costs import measured_costs
 from hpcsched.daemon.driving import IN_FLIGHT, Drive, Steps
 from hpcsched.daemon.gpu_status import gpu_rows
-from hpcsched.daemon.ingest import Pending, ingest_jobs
+from hpcsched.daemon.ingest import Budgets, Pending, ingest_jobs
 from hpcsched.daemon.layouts import batch_layout, layout_in_force, reform_layout
 from hpcsched.daemon.metrics import DaemonMetrics
 from hpcsched.daemon.phases import REQUEUES, History, ResizePhase, Timeouts
@@ -150,6 +150,14 @@ def _timed(rep: RoundReport, phase: str, store: Store) -> Iterator[None]:
         rep.phases[phase] = rep.phases.get(phase, 0.0) + spent
 
 
+def _stepping(managed) -> tuple[list[tuple[str, Path, str]], set[str]]:
+    """The managed jobs whose metrics a round reads, ``(job id, job directory, application)``:
+    those running, and those that ended (their last steps); and the ids of those that ended."""
+    stepping = [(job_id, jd.path, application_of(spec)) for job_id, (jd, spec, info) in managed.items()
+                if info.state in (SlurmState.RUNNING, SlurmState.COMPLETING) or not info.active]
+    return stepping, {job_id for job_id, _, _ in stepping if not managed[job_id][2].active}
+
+
 def _log_change(round_id: int, c: Change, dry_run: bool) -> None:
     """Log change ``c`` of round ``round_id``: what the daemon will (would, in a dry run) do
     to which job, nodes and batch before and after, GPUs, layout and mechanism for a
@@ -198,6 +206,8 @@ class Daemon(BetweenRounds):
         self._stepped: set[int] = set()   # journal ids this process has advanced
         self._acks: dict[str, tuple[Path, int | None]] = {}   # job -> its ack.json, mtime at its last step
         self._recorded: dict[str, tuple[str, str, str]] = {}   # job -> (uid, user, state) last written
+        # each job's metrics read in proportion to the time since its last pass
+        self.budgets = Budgets(d.round_interval)
         self.control_dir = settings.control_dir_path()
         # a plan's 0 GPUs for a running job is applied (checkpoint, requeue, hold with a deadline)
         self.costs = Costs(restart_cost=d.restart_cost, shrink_cost=d.shrink_cost,
@@ -330,20 +340,21 @@ class Daemon(BetweenRounds):
         # what this process remembers of jobs: those Slurm still lists
         self._recorded = {j: v for j, v in self._recorded.items() if j in managed}
         self._acks = {j: v for j, v in self._acks.items() if j in managed}
+        self.budgets.keep(managed)
         # one commit for every job's record and metrics, not synced: a host crash may lose the
         # last rounds' of them, which the next rounds write again from Slurm and from the
         # metrics files (their offsets are lost with them)
         with self.store.batch(managed, durable=False):
-            unchanged, found, stepping = [], Pending(), []
+            unchanged, found = [], Pending()
             with _timed(rep, "record", self.store):
                 for job_id, (jd, spec, info) in managed.items():
                     if not self._record_job(jd, spec, info, obs.time):
                         unchanged.append(job_id)
-                    if info.state in (SlurmState.RUNNING, SlurmState.COMPLETING) or not info.active:
-                        stepping.append((job_id, jd.path, application_of(spec)))
                 self.store.touch_jobs(unchanged, obs.time)
             with _timed(rep, "ingest", self.store):
-                ingest_jobs(self.store, stepping, found)
+                stepping, ended = _stepping(managed)
+                ingest_jobs(self.store, stepping, found,
+                            self.budgets.take((j for j, _, _ in stepping), ended))
                 found.flush(self.store)
         with _timed(rep, "probes", self.store):
             self.probes.round()
