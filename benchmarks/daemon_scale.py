@@ -16,7 +16,7 @@ seconds the host had a task stalled on I/O (``/proc/pressure/io``), the Slurm
 commands it issued, the changes applied, the jobs running and pending, the daemon's RSS. The
 daemon runs in the real-time ``SCHED_RR`` class (``--no-daemon-rt``: at nice ``--login-nice``)
 and slurmctld and munged at nice ``--login-nice`` (-20), the emulated compute nodes (slurmd and the jobs)
-at 0: on a real cluster the jobs do not share the login node's or the controller's cores.
+at ``--compute-nice`` (0): on a real cluster the jobs do not share the login node's or the controller's cores.
 At the end, slurmctld's RPCs from ``sdiag`` (reset at the start),
 by message type and by user, with slurmctld's mean time per RPC type (its lock waits included);
 hpcsched's share: the daemon's commands (counted per command) x their RPCs each (measured with
@@ -259,6 +259,25 @@ def login_priority(nice: int, realtime: bool, ctld_realtime: bool = False) -> No
     elif nice:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
 
+
+def compute_priority(nice: int) -> int:
+    """Put the emulated compute nodes (every thread of every slurmd) at nice ``nice``; the jobs
+    they start inherit it (slurm.conf(5), ``PropagatePrioProcess=0``: tasks inherit slurmd's
+    scheduling priority). Returns how many threads were set.
+
+    On a real cluster the jobs run on other hosts; here 900 stand-ins share two cores with the
+    kernel's own threads at nice 0: the store's loop device's workers and its file system's
+    journal thread (``jbd2``), which the daemon's synced commits wait for and which a real-time
+    daemon does not lift. A nice above 0 leaves them the CPU before the jobs, as their own hosts
+    would."""
+    count = 0
+    for pid in find_procs("slurmd"):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):   # a thread that ended
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.setpriority(os.PRIO_PROCESS, int(task), nice)
+                    count += 1
+    return count
 
 
 def sdiag_text() -> str:
@@ -578,6 +597,9 @@ def _run_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, conf: P
     if args.sched_params:
         print(scheduler_parameters(conf, args.sched_params), flush=True)
     login_priority(args.login_nice, args.daemon_rt, args.ctld_rt)
+    if args.compute_nice:
+        print(f"compute nodes at nice {args.compute_nice}: {compute_priority(args.compute_nice)} slurmd "
+              "threads", flush=True)
     cost = calibrate()
     plan = plan_jobs(jobs, gpus_per_node, seed=args.seed,
                      output=str(WORK / "out" / "slurm-%j.out") if args.job_output else "/dev/null")
@@ -657,6 +679,10 @@ def main() -> int:
     p.add_argument("--ctld-rt", action=argparse.BooleanOptionalAction, default=False,
                    help="run slurmctld (and munged) in the SCHED_RR class too, as on a controller of its own "
                         "(default: at --login-nice only)")
+    p.add_argument("--compute-nice", type=int, default=0, metavar="N",
+                   help="run the emulated compute nodes (slurmd, and so the jobs) at nice N: below the "
+                        "kernel's own threads (the store's loop device and file system journal), as on "
+                        "hosts of their own (default 0)")
     p.add_argument("--sched-params", default="", metavar="PARAMS",
                    help="append to the dev cluster's SchedulerParameters (then scontrol reconfigure), "
                         "e.g. max_sched_time=1,bf_yield_interval=500000: how long slurmctld's "

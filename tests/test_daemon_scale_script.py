@@ -1,7 +1,11 @@
-"""benchmarks/daemon_scale.py's pure parts: what its --tracemalloc diagnosis reports."""
+"""benchmarks/daemon_scale.py's own parts: what its --tracemalloc diagnosis reports, and how it
+puts the compute nodes below the kernel's threads (--compute-nice)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import tracemalloc
 
 from tests.bench_scripts import load
@@ -27,3 +31,22 @@ def test_the_places_that_grew_most_are_reported_first_with_their_callers():
     assert growth[1]["where"] != growth[0]["where"]                # called from another line
     assert 90 <= growth[1]["kib"] < 200
     assert len(big) + len(small) == 2100
+
+
+def test_compute_priority_renices_every_thread_of_the_compute_nodes_daemons(monkeypatch):
+    """Every thread of each slurmd is set, so a job forked from any of them inherits the nice
+    value (here a child with three threads stands in for a slurmd)."""
+    bench = load("daemon_scale")
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import threading, time\n"
+                              "for _ in 'ab': threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+                              "print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "up\n"
+        monkeypatch.setattr(bench, "find_procs", lambda comm: [child.pid] if comm == "slurmd" else [])
+        assert bench.compute_priority(7) == 3
+        tasks = os.listdir(f"/proc/{child.pid}/task")
+        assert len(tasks) == 3 and all(os.getpriority(os.PRIO_PROCESS, int(t)) == 7 for t in tasks)
+    finally:
+        child.kill()
+        child.wait()
