@@ -59,7 +59,6 @@ import sys
 import threading
 import time
 import tracemalloc
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -67,6 +66,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _host_probes import (  # noqa: E402
+    BlockedStacks,
+    cpu_seconds,
+    delay_accounting,
+    disk_counters,
+    host_memory_mib,
+    io_wait_seconds,
+    pressure_seconds,
+    run_queue_seconds,
+)
 from _report import rss_mib, write_report  # noqa: E402
 from _scale_jobs import plan_jobs  # noqa: E402
 
@@ -82,106 +91,6 @@ from hpcsched.slurm.devcluster.processes import find_procs, read_pid  # noqa: E4
 
 STATE_DIR = Path("/var/lib/hpcsched/devcluster-scale")
 WORK = Path("/var/tmp/hpcsched-scale")
-
-
-def cpu_seconds() -> float:
-    """CPU seconds this process (the daemon) and the children it waited for (its Slurm
-    commands) have used: the round's cost apart from what else the host runs."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
-def _over_threads(name: str, field: Callable[[str], int]) -> int:
-    """``field`` of ``/proc/self/task/<tid>/<name>``, summed over this process's threads (those
-    that ended are not counted; a thread that ends while it is read counts nothing)."""
-    total = 0
-    for task in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            total += field(Path(f"/proc/self/task/{task}/{name}").read_text())
-    return total
-
-
-def run_queue_seconds() -> float:
-    """Seconds this process's threads have waited on a run queue, ready but not running
-    (``/proc/<pid>/task/*/schedstat``, second field, in ns; threads that have ended are not
-    counted): the part of a round's wall time the host's other processes took, apart from its
-    CPU time and what it waited for (Slurm's answers, the disk)."""
-    return _over_threads("schedstat", lambda text: int(text.split()[1])) / 1e9
-
-
-DELAYACCT = Path("/proc/sys/kernel/task_delayacct")
-
-
-def io_wait_seconds() -> float | None:
-    """Seconds this process's threads have waited for block I/O (``delayacct_blkio_ticks``,
-    field 42 of ``/proc/<pid>/task/*/stat``, proc(5), in clock ticks): a page read from disk,
-    a write-back an ``fsync`` waits for. None unless the kernel's delay accounting is on
-    (:func:`delay_accounting`); threads that have ended are not counted."""
-    if DELAYACCT.exists() and DELAYACCT.read_text().strip() != "1":
-        return None
-    # the fields after the command name's closing parenthesis are the 3rd on
-    ticks = _over_threads("stat", lambda text: int(text.rsplit(")", 1)[1].split()[39]))
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def pressure_seconds(resource: str) -> float | None:
-    """Seconds in which at least one task on the host was stalled on ``resource`` (``io`` or
-    ``memory``: the kernel's pressure stall information, ``/proc/pressure/<resource>``, ``some``
-    ``total`` in us); None where there is none. A task that waits for a page of a file the
-    kernel evicted under memory pressure counts as stalled on both."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        some = Path(f"/proc/pressure/{resource}").read_text().splitlines()[0]
-        return int(some.rsplit("total=", 1)[1]) / 1e6
-    return None
-
-
-def disk_counters() -> dict[str, float]:
-    """The host's whole disks' counters (``/proc/diskstats``, the kernel's
-    Documentation/admin-guide/iostats.rst; partitions, loop and RAM devices left out), summed:
-    ``writes`` and ``flushes`` completed, and the milliseconds spent writing, flushing and
-    discarding. A round's difference says whether the disk under the store was slow to answer
-    its syncs (a flush on a virtual disk is a sync of its image on the machine below)."""
-    keys = {"writes": 7, "write_ms": 10, "discard_ms": 17, "flushes": 18, "flush_ms": 19}
-    out = dict.fromkeys(keys, 0.0)
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/diskstats").read_text().splitlines():
-            f = line.split()
-            if len(f) < 20 or f[2].startswith(("loop", "ram", "zram", "dm-")) \
-                    or not Path(f"/sys/block/{f[2]}").exists():
-                continue
-            for k, i in keys.items():
-                out[k] += float(f[i])
-    return out
-
-
-def host_memory_mib() -> dict[str, float]:
-    """The host's ``MemAvailable``, ``Cached``, ``Dirty`` and ``Writeback`` (``/proc/meminfo``,
-    proc(5)), MiB: whether the host was short of memory, so that files' pages were read
-    again from disk."""
-    fields = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            name, _, rest = line.partition(":")
-            if name in ("MemAvailable", "Cached", "Dirty", "Writeback"):
-                fields[name] = round(int(rest.split()[0]) / 1024, 1)
-    return fields
-
-
-@contextlib.contextmanager
-def delay_accounting():
-    """The kernel's per-task delay accounting on (``kernel.task_delayacct``, off by default
-    since Linux 5.14) for the block, then as it was; nothing where it cannot be set."""
-    try:
-        before = DELAYACCT.read_text().strip()
-        DELAYACCT.write_text("1")
-    except OSError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            DELAYACCT.write_text(before)
 
 
 @contextlib.contextmanager
@@ -453,12 +362,15 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
     store.upgrade()
     daemon = Daemon(settings, store=store)
     rounds, state, end = [], {"stop": False, "reload": False}, time.monotonic() + 60 * minutes
+    blocked = BlockedStacks().start()
     while time.monotonic() < end:
         t0, calls0, cpu0, queued0 = time.monotonic(), commands.calls(), cpu_seconds(), run_queue_seconds()
         io0, stall0, mem0 = io_wait_seconds(), pressure_seconds("io"), pressure_seconds("memory")
         disk0 = disk_counters()
         before, before_s = collections.Counter(cmds.counts), collections.Counter(cmds.seconds)
+        blocked.take()   # what the threads did between rounds is not the round's
         rep = daemon.round()
+        stacks = blocked.take()
         cpu, queued = cpu_seconds() - cpu0, run_queue_seconds() - queued0
         io, stall = _delta(io_wait_seconds(), io0), _delta(pressure_seconds("io"), stall0)
         mem_stall = _delta(pressure_seconds("memory"), mem0)
@@ -469,7 +381,7 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
         rounds.append({
             "t": round(time.time(), 3), "duration": rep.duration, "policy": rep.policy_seconds, "cpu": cpu,
             "run_queue": queued, "io_wait": io, "io_pressure": stall, "memory_pressure": mem_stall,
-            "host_mib": host_memory_mib(), "disk": disk,
+            "host_mib": host_memory_mib(), "disk": disk, "blocked": stacks,
             "phases": rep.phases, "slurm_calls": rep.slurm_calls, "changes": len(rep.changes),
             # resize steps the round stopped waiting for (daemon.step_wait), and its wait
             "in_flight": sum(o == IN_FLIGHT for o in rep.outcomes.values()),
@@ -492,10 +404,14 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
               f"{r['slurm_calls']} calls, {r['changes']} changes, {r['running']} running / "
               f"{r['pending']} pending, RSS {r['rss_mib']:.0f} MiB" + (f", error {r['error']}" if r["error"] else ""),
               flush=True)
+        if r["duration"] - r["policy"] > 5:
+            for b in stacks[:3]:
+                print(f"    blocked {b['s']:5.2f} s ({b['thread']}): {b['stack']}", flush=True)
         del rep
         service.trim_heap()   # as hpcsched daemon does after each round
         why = service._between_rounds(daemon, settings.daemon, t0, state)
         r["between_calls"], r["next"] = commands.calls() - calls0 - r["slurm_calls"], why or "interval"
+    blocked.stop()
     growth = traced_growth(tracemalloc.take_snapshot(), trace) if tracemalloc.is_tracing() else []
     tracemalloc.stop()
     daemon.steps.close(store, settings.daemon.slurm_timeout)   # as hpcsched daemon does at its stop
@@ -526,6 +442,8 @@ def summarise(rounds: list[dict]) -> dict:
         "host_available_mib": _spread([r["host_mib"]["MemAvailable"] for r in ok
                                        if "MemAvailable" in r.get("host_mib", {})], low=True),
         "phases_s": phases,
+        # where the daemon's threads were blocked in the rounds over 5 s without the policy
+        "blocked_in_long_rounds": blocked_in(r for r in ok if r["duration"] - r["policy"] > 5),
         "slurm_calls": {"max": max(r["slurm_calls"] for r in ok), "max_over_3_plus_changes": max(over)},
         "changes": {"total": sum(r["changes"] for r in ok), "max": max(r["changes"] for r in ok)},
         # steps carried over a round (daemon.step_wait); older records have none
@@ -542,6 +460,16 @@ def summarise(rounds: list[dict]) -> dict:
                     # from the first round after a tenth of the run: caches filled once
                     "growth_after_warmup": steady[-1]["rss_mib"] / warm["rss_mib"] - 1},
     }
+
+
+def blocked_in(rounds, top: int = 8) -> list[dict]:
+    """The ``top`` (thread, kernel stack) pairs by seconds blocked over ``rounds``
+    (:class:`~_host_probes.BlockedStacks`), ``{"thread", "stack", "s"}``."""
+    total: collections.Counter = collections.Counter()
+    for r in rounds:
+        for b in r.get("blocked", ()):
+            total[(b["thread"], b["stack"])] += b["s"]
+    return [{"thread": t, "stack": k, "s": round(v, 2)} for (t, k), v in total.most_common(top)]
 
 
 def _per_round(rounds: list[dict], ms: str, count: str) -> list[float]:

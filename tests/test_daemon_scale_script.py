@@ -50,3 +50,25 @@ def test_compute_priority_renices_every_thread_of_the_compute_nodes_daemons(monk
     finally:
         child.kill()
         child.wait()
+
+
+def test_blocked_stacks_names_the_kernel_stack_a_thread_waits_at():
+    """A thread blocked in a kernel wait shows up with its stack; frames that say only that it
+    sleeps are left out of the key, and a take empties what was seen."""
+    probes = load("_host_probes")
+    key = probes._stack_key("[<0>] __schedule+0x1/0x2\n[<0>] schedule+0x1/0x2\n"
+                            "[<0>] jbd2_log_wait_commit+0x9f/0x120\n[<0>] ext4_sync_file+0x1/0x2\n"
+                            "[<0>] do_syscall_64+0x71/0x290\n")
+    assert key == "jbd2_log_wait_commit < ext4_sync_file"
+    seen = probes.BlockedStacks(interval=0.01)
+    seen._seen[("other", key)] += 30
+    assert seen.take() == [{"thread": "other", "stack": key, "s": 0.3}]
+    assert seen.take() == []
+
+
+def test_blocked_time_over_the_long_rounds_is_summed_per_stack():
+    bench = load("daemon_scale")
+    rounds = [{"blocked": [{"thread": "round", "stack": "a", "s": 1.0}, {"thread": "other", "stack": "b", "s": 0.5}]},
+              {"blocked": [{"thread": "round", "stack": "a", "s": 2.0}]}, {}]
+    assert bench.blocked_in(rounds) == [{"thread": "round", "stack": "a", "s": 3.0},
+                                        {"thread": "other", "stack": "b", "s": 0.5}]
