@@ -645,10 +645,15 @@ def main() -> int:
                          options={k: str(v) for k, v in vars(args).items()})
     finally:
         if not args.keep:
-            devcluster.down(STATE_DIR)
-            # stand-ins whose slurmstepd went down with the cluster before they saw their
-            # scancel (seen after the 1,024-GPU run: four extension stand-ins left)
-            subprocess.run(["pkill", "-u", args.user, "-f", "hpcsched.job.standin"], capture_output=True)
+            if args.compute_nice:   # slurmd at nice 19 among 900 stand-ins outlived SIGKILL by 30 s
+                compute_priority(0)
+            try:
+                devcluster.down(STATE_DIR)
+            finally:
+                # stand-ins whose slurmstepd went down with the cluster before they saw their
+                # scancel (seen after the 1,024-GPU run: four extension stand-ins left; 624
+                # when the cluster's stop failed)
+                subprocess.run(["pkill", "-u", args.user, "-f", "hpcsched.job.standin"], capture_output=True)
     print_table(results)
     for r in results:
         for g in r["memory_growth"]:
