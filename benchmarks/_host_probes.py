@@ -8,7 +8,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import re
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -126,16 +128,38 @@ def _stack_key(text: str, depth: int = 4) -> str:
     return " < ".join(names[:depth]) or "?"
 
 
+def kernel_threads() -> list[int]:
+    """PIDs of the host's kernel threads (children of ``kthreadd``, PID 2; proc(5)): among them
+    the workers that carry a loop device's I/O and flushes (``kworker/...-loopN``) and the file
+    systems' journal threads (``jbd2/...``)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                if Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1] == "2":
+                    pids.append(int(entry))
+    return pids
+
+
+def thread_kind(comm: str) -> str:
+    """A kernel thread's name with its numbers as ``N`` (``kworker/u8:2-loop0`` ->
+    ``kworker/uN:N-loopN``): kernel workers are many and come and go, their kinds are few."""
+    return "kernel " + re.sub(r"\d+", "N", comm.strip())
+
+
 class BlockedStacks:
     """Samples, every ``interval`` seconds on a thread of its own, which of this process's
-    threads are in uninterruptible sleep (state ``D``, proc(5): waiting for I/O or a kernel
-    lock) and at which kernel stack (``/proc/self/task/<tid>/stack``, root only); :meth:`take`
-    returns the seconds per (thread kind, stack) since the last take. The thread kind is
-    ``round`` for the main thread (the daemon's round), else ``other`` (its step and checkpoint
-    threads). Answers where a synced commit or a command waited, which wall time cannot."""
+    threads, and of the host's kernel threads, are in uninterruptible sleep (state ``D``,
+    proc(5): waiting for I/O or a kernel lock) and at which kernel stack
+    (``/proc/<pid>/task/<tid>/stack``, root only); :meth:`take` returns the seconds per (thread
+    kind, stack) since the last take. The thread kind is ``round`` for the main thread (the
+    daemon's round), ``other`` for its other threads (step and checkpoint threads), and
+    :func:`thread_kind` for a kernel thread (the list of them renewed every ``refresh``
+    seconds). Answers where a synced commit or a command waited, which wall time cannot, and
+    what the kernel's workers under it were waiting for."""
 
-    def __init__(self, interval: float = 0.05):
-        self.interval = interval
+    def __init__(self, interval: float = 0.05, refresh: float = 5.0):
+        self.interval, self.refresh = interval, refresh
         self._main = threading.main_thread().native_id
         self._seen: collections.Counter = collections.Counter()
         self._lock = threading.Lock()
@@ -151,17 +175,18 @@ class BlockedStacks:
         self._thread.join()
 
     def _run(self) -> None:
-        me = threading.get_native_id()
+        me, kernel, listed = threading.get_native_id(), [], 0.0
         while not self._stop.wait(self.interval):
-            for task in os.listdir("/proc/self/task"):
-                if int(task) == me:
-                    continue
+            if time.monotonic() - listed >= self.refresh:
+                kernel, listed = kernel_threads(), time.monotonic()
+            own = [(f"/proc/self/task/{t}", "round" if int(t) == self._main else "other")
+                   for t in os.listdir("/proc/self/task") if int(t) != me]
+            for where, kind in own + [(f"/proc/{pid}", None) for pid in kernel]:
                 with contextlib.suppress(OSError, IndexError):
-                    state = Path(f"/proc/self/task/{task}/stat").read_text().rsplit(")", 1)[1].split()[0]
-                    if state != "D":
+                    if Path(f"{where}/stat").read_text().rsplit(")", 1)[1].split()[0] != "D":
                         continue
-                    key = ("round" if int(task) == self._main else "other",
-                           _stack_key(Path(f"/proc/self/task/{task}/stack").read_text()))
+                    key = (kind or thread_kind(Path(f"{where}/comm").read_text()),
+                           _stack_key(Path(f"{where}/stack").read_text()))
                     with self._lock:
                         self._seen[key] += 1
 

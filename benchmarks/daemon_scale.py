@@ -370,7 +370,7 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
         before, before_s = collections.Counter(cmds.counts), collections.Counter(cmds.seconds)
         blocked.take()   # what the threads did between rounds is not the round's
         rep = daemon.round()
-        stacks = blocked.take()
+        stacks = blocked.take(top=8)
         cpu, queued = cpu_seconds() - cpu0, run_queue_seconds() - queued0
         io, stall = _delta(io_wait_seconds(), io0), _delta(pressure_seconds("io"), stall0)
         mem_stall = _delta(pressure_seconds("memory"), mem0)
@@ -405,7 +405,7 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
               f"{r['pending']} pending, RSS {r['rss_mib']:.0f} MiB" + (f", error {r['error']}" if r["error"] else ""),
               flush=True)
         if r["duration"] - r["policy"] > 5:
-            for b in stacks[:3]:
+            for b in stacks[:5]:
                 print(f"    blocked {b['s']:5.2f} s ({b['thread']}): {b['stack']}", flush=True)
         del rep
         service.trim_heap()   # as hpcsched daemon does after each round

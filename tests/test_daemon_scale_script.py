@@ -72,3 +72,13 @@ def test_blocked_time_over_the_long_rounds_is_summed_per_stack():
               {"blocked": [{"thread": "round", "stack": "a", "s": 2.0}]}, {}]
     assert bench.blocked_in(rounds) == [{"thread": "round", "stack": "a", "s": 3.0},
                                         {"thread": "other", "stack": "b", "s": 0.5}]
+
+
+def test_kernel_threads_are_named_by_kind_and_listed_from_kthreadd():
+    probes = load("_host_probes")
+    assert probes.thread_kind("kworker/u8:2-loop0\n") == "kernel kworker/uN:N-loopN"
+    assert probes.thread_kind("jbd2/loop0-8") == "kernel jbdN/loopN-N"
+    pids = probes.kernel_threads()
+    assert pids and os.getpid() not in pids      # a Linux host always has some; this is none
+    assert all(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == "2"
+               for p in pids[:20] if os.path.exists(f"/proc/{p}"))
