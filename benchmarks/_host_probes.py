@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from hpcsched.slurm.devcluster.processes import proc_stat, proc_state
+
 
 def cpu_seconds() -> float:
     """CPU seconds this process (the daemon) and the children it waited for (its Slurm
@@ -132,13 +134,8 @@ def kernel_threads() -> list[int]:
     """PIDs of the host's kernel threads (children of ``kthreadd``, PID 2; proc(5)): among them
     the workers that carry a loop device's I/O and flushes (``kworker/...-loopN``) and the file
     systems' journal threads (``jbd2/...``)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                if Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1] == "2":
-                    pids.append(int(entry))
-    return pids
+    stats = {int(e): proc_stat(e) for e in os.listdir("/proc") if e.isdigit()}
+    return [pid for pid, st in stats.items() if st is not None and st[1][1:2] == ["2"]]
 
 
 def thread_kind(comm: str) -> str:
@@ -179,14 +176,16 @@ class BlockedStacks:
         while not self._stop.wait(self.interval):
             if time.monotonic() - listed >= self.refresh:
                 kernel, listed = kernel_threads(), time.monotonic()
-            own = [(f"/proc/self/task/{t}", "round" if int(t) == self._main else "other")
-                   for t in os.listdir("/proc/self/task") if int(t) != me]
-            for where, kind in own + [(f"/proc/{pid}", None) for pid in kernel]:
-                with contextlib.suppress(OSError, IndexError):
-                    if Path(f"{where}/stat").read_text().rsplit(")", 1)[1].split()[0] != "D":
-                        continue
-                    key = (kind or thread_kind(Path(f"{where}/comm").read_text()),
-                           _stack_key(Path(f"{where}/stack").read_text()))
+            # a thread's /proc/<tid> is there beside its process's, though /proc does not list it
+            own = {int(t): "round" if int(t) == self._main else "other"
+                   for t in os.listdir("/proc/self/task") if int(t) != me}
+            for tid in [*own, *kernel]:
+                st = proc_state(tid)
+                if st is None or st[1] != "D":
+                    continue
+                with contextlib.suppress(OSError):   # a thread that ended meanwhile
+                    key = (own.get(tid) or thread_kind(st[0]),
+                           _stack_key(Path(f"/proc/{tid}/stack").read_text()))
                     with self._lock:
                         self._seen[key] += 1
 

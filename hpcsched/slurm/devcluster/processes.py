@@ -27,7 +27,7 @@ _KILL_DEADLINE_S = 30.0
 
 
 
-def _proc_stat(pid: int | str) -> tuple[str, list[str]] | None:
+def proc_stat(pid: int | str) -> tuple[str, list[str]] | None:
     """``(comm, the fields after it)`` of ``/proc/<pid>/stat`` (proc(5): state, ppid, ...), or
     None when there is no such process."""
     try:
@@ -43,7 +43,7 @@ def _proc_stat(pid: int | str) -> tuple[str, list[str]] | None:
 
 def proc_state(pid: int) -> tuple[str, str] | None:
     """``(comm, state letter)`` of a process, or None when there is no such process."""
-    st = _proc_stat(pid)
+    st = proc_stat(pid)
     return None if st is None or not st[1] else (st[0], st[1][0])
 
 
@@ -178,7 +178,7 @@ def _with_descendants(pids: list[int]) -> list[int]:
     """``pids`` and every live process below them (``/proc/<pid>/stat``'s parent)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        st = _proc_stat(entry) if entry.isdigit() else None
+        st = proc_stat(entry) if entry.isdigit() else None
         if st is not None and len(st[1]) > 1:
             children.setdefault(int(st[1][1]), []).append(int(entry))
     out, todo = [], list(pids)
