@@ -157,12 +157,12 @@ def login_priority(nice: int, realtime: bool, ctld_realtime: bool = False) -> No
     it failed slurmctld's pings, and slurmctld then took half the nodes for dead ("NODE
     FAILURE", then "Kill task failed" drains: a run on 2026-11-30)."""
     pids = [read_pid(Layout(STATE_DIR).pidfile("slurmctld")), *find_procs("munged")]
-    for task in [t for pid in pids if pid for t in os.listdir(f"/proc/{pid}/task")]:
+    for task in threads_of(pids):
         with contextlib.suppress(ProcessLookupError):   # a thread that ended meanwhile
             if nice:
-                os.setpriority(os.PRIO_PROCESS, int(task), nice)
+                os.setpriority(os.PRIO_PROCESS, task, nice)
             if ctld_realtime:
-                os.sched_setscheduler(int(task), os.SCHED_RR, os.sched_param(1))
+                os.sched_setscheduler(task, os.SCHED_RR, os.sched_param(1))
     if realtime:   # above slurmctld's threads when they are real-time too: hosts of their own
         os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(2 if ctld_realtime else 1))
     elif nice:
@@ -180,13 +180,21 @@ def compute_priority(nice: int) -> int:
     daemon does not lift. A nice above 0 leaves them the CPU before the jobs, as their own hosts
     would."""
     count = 0
-    for pid in find_procs("slurmd"):
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):   # a thread that ended
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(ProcessLookupError):
-                    os.setpriority(os.PRIO_PROCESS, int(task), nice)
-                    count += 1
+    for task in threads_of(find_procs("slurmd")):
+        with contextlib.suppress(ProcessLookupError):   # a thread that ended meanwhile
+            os.setpriority(os.PRIO_PROCESS, task, nice)
+            count += 1
     return count
+
+
+def threads_of(pids) -> list[int]:
+    """The thread ids of the processes ``pids`` (``/proc/<pid>/task``; a None or a process
+    that ended meanwhile has none)."""
+    out = []
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            out += [int(t) for t in os.listdir(f"/proc/{pid}/task")] if pid else []
+    return out
 
 
 def sdiag_text() -> str:
