@@ -16,12 +16,11 @@ from hpcsched.daemon.ingest import (
     WARMUP_STEPS,
     Pending,
     aggregate,
-    claim_problem,
     ingest_job,
     ingest_jobs,
     read_new_lines,
-    sequence_problems,
 )
+from hpcsched.daemon.record_claims import claim_problem, sequence_problems
 from hpcsched.daemon.store import Store
 from hpcsched.daemon.store import lists as store_lists
 from hpcsched.protocol.files import ProtocolError

@@ -42,13 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Container, Iterable, Mapping
 
-from hpcsched.daemon.record_claims import (  # noqa: F401  (ingest's interface, as before)
-    CLOCK_SKEW,
-    THROUGHPUT_SLACK,
-    claim_problem,
-    credible,
-    sequence_problems,
-)
+from hpcsched.daemon.record_claims import credible
 from hpcsched.protocol.files import ProtocolError, open_regular
 
 log = logging.getLogger("hpcsched.daemon.ingest")

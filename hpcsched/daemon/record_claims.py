@@ -16,7 +16,7 @@ import statistics
 import time
 from collections import defaultdict
 
-log = logging.getLogger("hpcsched.daemon.ingest")
+log = logging.getLogger("hpcsched.daemon.ingest")   # ingest's warnings, under its name as before
 
 #: a claimed throughput may exceed what the records' own clock allows (global batch size / the
 #: median time per step between consecutive records) by at most this factor (the time between
@@ -25,7 +25,7 @@ THROUGHPUT_SLACK = 10.0
 #: seconds a record's time may lie ahead of the daemon's clock (clock skew between nodes)
 CLOCK_SKEW = 300.0
 
-_COUNTS = {  # field: (required, minimum) of the integer fields aggregate reads
+_COUNTS = {  # field: (required, minimum) of the integer fields ingest.aggregate reads
     "step": (True, 0), "rank": (True, 0), "world_size": (True, 1), "local_batch_size": (True, 1),
     "launch": (False, 0), "generation": (False, 0), "nodes": (False, 1),
     "accumulation_steps": (False, 1), "global_batch_size": (False, 1), "global_samples": (False, 0),
@@ -50,7 +50,7 @@ def claim_problem(r: dict, now: float | None = None) -> str | None:
 
     A record is rejected when:
 
-    * a field :func:`aggregate` reads is missing or not a number of its kind (counts: integers
+    * a field :func:`hpcsched.daemon.ingest.aggregate` reads is missing or not a number of its kind (counts: integers
       within their range; ``t``, ``step_time``, ``compute_time``: finite numbers), or ``device``
       is not an object of short strings and integers;
     * ``step_time`` < 0 or ``compute_time`` < 0 (seconds);
