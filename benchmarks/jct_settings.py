@@ -7,8 +7,9 @@ Pollux's workloads 1-8 at ``gpu`` granularity (the setting of ``docs/evaluation.
 through the evaluation's runner and its cache) and the anchors ``pollux``, ``sia`` and ``wham``
 beside it, then prints the means over the workloads of average JCT, p99 JCT and makespan as
 ratios to ``pollux``'s, and whether the setting meets issue 35's three targets at that load
-(:func:`verdict`): average JCT at most ``wham``'s and 0.85 x min(``pollux``, ``sia``); p99 at
-most every anchor's; makespan at most 1.02 x ``pollux``'s. Section 13 of
+(``anchors.verdict``, as ``benchmarks/anchors.py`` judges): average JCT at most ``wham``'s
+and 0.85 x min(``pollux``, ``sia``); p99 at most every anchor's; makespan at most 1.02 x
+``pollux``'s. Section 13 of
 ``docs/evaluation.md`` is made of these rows.
 
     .venv/bin/python benchmarks/jct_settings.py --loads 2.0 \\
@@ -33,22 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _evaluation_runs import execute_all, make_run  # noqa: E402
 from _report import write_report  # noqa: E402
 from _run_cache import RunCache, code_version  # noqa: E402
+from anchors import FIGURES, WORKLOADS, verdict  # noqa: E402
 
 from hpcsched.sim.cli import single_threaded_blas  # noqa: E402
 
-WORKLOADS = range(1, 9)
-FIGURES = ("avg_jct", "p99_jct", "makespan")
 ANCHORS = ("pollux", "sia", "wham")
-
-
-def verdict(jct: dict, anchors: dict[str, dict]) -> dict[str, bool]:
-    """Issue 35's targets for one setting at one load: ``jct`` and each of ``anchors``
-    (``pollux``, ``sia``, ``wham``) are ``{figure: mean over the workloads}``."""
-    return {"avg <= 0.85 x min(pollux, sia)":
-            jct["avg_jct"] <= 0.85 * min(anchors["pollux"]["avg_jct"], anchors["sia"]["avg_jct"]),
-            "avg <= wham": jct["avg_jct"] <= anchors["wham"]["avg_jct"],
-            "p99 <= every anchor's": jct["p99_jct"] <= min(a["p99_jct"] for a in anchors.values()),
-            "makespan <= 1.02 x pollux": jct["makespan"] <= 1.02 * anchors["pollux"]["makespan"]}
 
 
 def label(setting: dict) -> str:

@@ -1,5 +1,5 @@
-"""benchmarks/jct_settings.py's judgement of one jct setting against issue 35's targets, and
-the short names of its rows."""
+"""The judgement of one jct setting against issue 35's targets at one load (anchors.verdict,
+which benchmarks/jct_settings.py prints), and the short names of jct_settings' rows."""
 
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ def test_a_setting_at_every_bound_meets_all_and_one_beyond_any_misses_that_one()
     assert all(bench.verdict(_jct(), ANCHORS).values())
     # 0.85 x min(pollux, sia) = 807.5 is above wham's 800: wham's bounds the average here
     assert bench.verdict(_jct(avg=800.1), ANCHORS) == {
-        "avg <= 0.85 x min(pollux, sia)": True, "avg <= wham": False,
-        "p99 <= every anchor's": True, "makespan <= 1.02 x pollux": True}
+        "avg JCT <= 0.85 x min(pollux, sia)": True, "avg JCT <= wham's": False,
+        "p99 JCT <= every anchor's": True, "makespan <= 1.02 x pollux": True}
     # with sia at 900, 0.85 x min(pollux, sia) = 765 bounds it, and 800 misses that one only
     slower_wham = {**ANCHORS, "sia": {**ANCHORS["sia"], "avg_jct": 900.0},
                    "wham": {**ANCHORS["wham"], "avg_jct": 900.0}}
     got = bench.verdict(_jct(), slower_wham)
-    assert not got["avg <= 0.85 x min(pollux, sia)"] and got["avg <= wham"]
-    assert not bench.verdict(_jct(p99=980.1), ANCHORS)["p99 <= every anchor's"]   # sia's 980
+    assert not got["avg JCT <= 0.85 x min(pollux, sia)"] and got["avg JCT <= wham's"]
+    assert not bench.verdict(_jct(p99=980.1), ANCHORS)["p99 JCT <= every anchor's"]   # sia's 980
     assert not bench.verdict(_jct(makespan=1020.1), ANCHORS)["makespan <= 1.02 x pollux"]
 
 
