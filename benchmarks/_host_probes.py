@@ -144,19 +144,34 @@ def thread_kind(comm: str) -> str:
     return "kernel " + re.sub(r"\d+", "N", comm.strip())
 
 
+def threads_of(pids) -> list[int]:
+    """The thread ids of the processes ``pids`` (``/proc/<pid>/task``; a None or a process
+    that ended meanwhile has none)."""
+    out = []
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            out += [int(t) for t in os.listdir(f"/proc/{pid}/task")] if pid else []
+    return out
+
+
 class BlockedStacks:
     """Samples, every ``interval`` seconds on a thread of its own, which of this process's
     threads, and of the host's kernel threads, are in uninterruptible sleep (state ``D``,
     proc(5): waiting for I/O or a kernel lock) and at which kernel stack
     (``/proc/<pid>/task/<tid>/stack``, root only); :meth:`take` returns the seconds per (thread
     kind, stack) since the last take. The thread kind is ``round`` for the main thread (the
-    daemon's round), ``other`` for its other threads (step and checkpoint threads), and
-    :func:`thread_kind` for a kernel thread (the list of them renewed every ``refresh``
-    seconds). Answers where a synced commit or a command waited, which wall time cannot, and
-    what the kernel's workers under it were waiting for."""
+    daemon's round), ``other`` for its other threads (step and checkpoint threads),
+    :func:`thread_kind` for a kernel thread, and the name given in ``processes`` (``name ->
+    pid``, e.g. ``{"slurmctld": pid}``) for every thread of that process (the lists of kernel
+    threads and of those processes' threads renewed every ``refresh`` seconds). Answers where
+    a synced commit or a command waited, which wall time cannot, what the kernel's workers
+    under it were waiting for, and whether slurmctld's threads were waiting on its disk
+    while a command waited for its answer."""
 
-    def __init__(self, interval: float = 0.05, refresh: float = 5.0):
+    def __init__(self, interval: float = 0.05, refresh: float = 5.0,
+                 processes: dict[str, int] | None = None):
         self.interval, self.refresh = interval, refresh
+        self.processes = dict(processes or {})
         self._main = threading.main_thread().native_id
         self._seen: collections.Counter = collections.Counter()
         self._lock = threading.Lock()
@@ -172,13 +187,15 @@ class BlockedStacks:
         self._thread.join()
 
     def _run(self) -> None:
-        me, kernel, listed = threading.get_native_id(), [], 0.0
+        me, kernel, watched, listed = threading.get_native_id(), [], {}, 0.0
         while not self._stop.wait(self.interval):
             if time.monotonic() - listed >= self.refresh:
                 kernel, listed = kernel_threads(), time.monotonic()
+                watched = {t: name for name, pid in self.processes.items() for t in threads_of([pid])}
             # a thread's /proc/<tid> is there beside its process's, though /proc does not list it
             own = {int(t): "round" if int(t) == self._main else "other"
                    for t in os.listdir("/proc/self/task") if int(t) != me}
+            own.update(watched)
             for tid in [*own, *kernel]:
                 st = proc_state(tid)
                 if st is None or st[1] != "D":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import tracemalloc
 
 from tests.bench_scripts import load
@@ -82,3 +83,30 @@ def test_kernel_threads_are_named_by_kind_and_listed_from_kthreadd():
     assert pids and os.getpid() not in pids      # a Linux host always has some; this is none
     assert all(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == "2"
                for p in pids[:20] if os.path.exists(f"/proc/{p}"))
+
+
+def test_blocked_stacks_samples_every_thread_of_a_named_process(monkeypatch):
+    """The threads of a process given by name (slurmctld in the benchmark) are sampled under
+    that name; a thread not in uninterruptible sleep is not counted."""
+    probes = load("_host_probes")
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import threading, time\n"
+                              "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+                              "print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "up\n"
+        tids = {int(t) for t in os.listdir(f"/proc/{child.pid}/task")}
+        assert len(tids) == 2 and sorted(probes.threads_of([child.pid, None])) == sorted(tids)
+        real = probes.proc_state
+        # the child's threads sleep interruptibly (S); one of them is taken for blocked (D)
+        blocked_tid = max(tids)
+        monkeypatch.setattr(probes, "proc_state",
+                            lambda tid: ("python3", "D") if tid == blocked_tid else real(tid))
+        seen = probes.BlockedStacks(interval=0.01, processes={"slurmctld": child.pid}).start()
+        time.sleep(0.3)
+        seen.stop()
+        got = seen.take()
+        assert [g["thread"] for g in got] == ["slurmctld"] and got[0]["s"] >= 0.05
+    finally:
+        child.kill()
+        child.wait()
