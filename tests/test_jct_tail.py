@@ -83,6 +83,24 @@ def test_in_the_tail_the_long_job_is_not_left_behind():
     assert decide(pending, **free, makespan_guard=1.0) == decide(pending, **free)
 
 
+def test_with_tail_pending_the_backlog_is_a_fixed_set_and_gets_its_floors():
+    """``tail_pending``: the tail begins with a job pending. S and L as above and P pending
+    with 1e5 samples: the earliest common finish (guard 1) is L on 12 GPUs (1e6 / 6000 = 167 s; on 13,
+    S and P would need 2 each, 17 GPUs in all), S and P 2 each: P is admitted at its floor."""
+    short = _job("S", remaining=1e5, batch=2048, bmin=64)
+    long_ = _job("L", remaining=1e6, batch=2048, bmin=64)
+    waiting = _job("P", state="PENDING", remaining=1e5, batch=2048, bmin=64)
+    assert in_tail([short, waiting], now=1e6, tail_after=0.0, pending=True)
+    assert not in_tail([short, waiting], now=1e6, tail_after=0.0)
+    assert not in_tail([short, waiting], now=10.0, tail_after=60.0, pending=True)
+    snap = _snap([short, long_, waiting], nodes=4, granularity="gpu")
+    free = {"restart_cost": 0.0, "shrink_cost": 0.0}
+    plan = decide(snap, **free, makespan_guard=1.0, tail_pending=True)
+    assert {t.job_id: t.gpus for t in plan.targets} == {"S": 2, "L": 12, "P": 2}
+    # without it a job pending means no tail: P, short, goes first and L waits (jct's SRPT order)
+    assert {t.job_id: t.gpus for t in decide(snap, **free, makespan_guard=1.0).targets}["L"] < 12
+
+
 @pytest.mark.parametrize("bad", [{"makespan_guard": 0.5}, {"tail_after": -1}])
 def test_the_guard_parameters_are_checked(bad):
     with pytest.raises(PolicyError):

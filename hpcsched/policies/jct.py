@@ -135,6 +135,7 @@ class JCTParams(Params):
     work_known: bool = True
     makespan_guard: float | None = None   # >= 1: the tail's floors (jct_tail); None: off
     tail_after: float = 0.0               # s without a submission before the tail begins
+    tail_pending: bool = False            # the tail may begin with jobs pending (jct_tail.in_tail)
 
     def check(self) -> None:
         if self.hesrpt is not None and not 0 < self.hesrpt < 1 or not 0 <= self.tempering <= 1 \
@@ -216,7 +217,8 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
            unknown_remaining: float = 3600.0, max_options: int = 24, tempering: float = 0.0,
            hesrpt: float | None = 0.5, speedup_at: str = "fair", noise_growth: float = 2.0,
            work_noise: float = 0.0, work_known: bool = True,
-           makespan_guard: float | None = None, tail_after: float = 0.0) -> Plan:
+           makespan_guard: float | None = None, tail_after: float = 0.0,
+           tail_pending: bool = False) -> Plan:
     """The ``jct`` plan for ``snapshot`` (module docstring). ``seed`` is unused (the search is
     exact).
 
@@ -250,6 +252,8 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
             once nothing is pending and nothing was submitted for ``tail_after`` seconds, each
             job is given at least the GPUs that end it within ``makespan_guard`` (``>= 1``)
             times the jobs' earliest common finish; ``None``: off.
+        tail_pending: the tail begins ``tail_after`` seconds after the last submission even
+            with jobs pending (the backlog is then a fixed set of jobs: :func:`~.jct_tail.in_tail`).
 
     Raises:
         ValueError: a value :class:`JCTParams` refuses (the :class:`JCT` policy checks them
@@ -266,7 +270,7 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
     _curves([j for j in jobs if not j.busy], snapshot, p)
     if hesrpt:
         p = replace(p, rank=_rank_weights(jobs, snapshot, p, hesrpt))
-    p = _with_floors(p, jobs, snapshot, k, makespan_guard, tail_after)
+    p = _with_floors(p, jobs, snapshot, k, makespan_guard, tail_after, tail_pending)
     forced = _overdue(snapshot, jobs, max_wait)
     sol, opts, info, notes = _search(jobs, snapshot, forced, p, k)
     if sol is None:
@@ -282,10 +286,10 @@ def decide(snapshot: ClusterSnapshot, seed: int = 0, *, restart_cost: float | No
 
 
 def _with_floors(p: _Params, jobs: list[JobView], snapshot: ClusterSnapshot, k: int,
-                 guard: float | None, tail_after: float) -> _Params:
+                 guard: float | None, tail_after: float, tail_pending: bool = False) -> _Params:
     """``p`` with the makespan guard's floors when it is on and the queue has drained
     (:mod:`hpcsched.policies.jct_tail`)."""
-    if not guard or not in_tail(jobs, snapshot.time, tail_after):
+    if not guard or not in_tail(jobs, snapshot.time, tail_after, tail_pending):
         return p
     return replace(p, floors=critical_floors(jobs, p.curves, lambda j, m: _remaining(j, m, p),
                                              k, guard))

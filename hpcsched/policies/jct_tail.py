@@ -7,7 +7,8 @@ a size where its speedup has flattened, and the makespan stretches (``jct`` +6-8
 ``pollux`` at loads 1.0-2.0 on Pollux's workloads: docs/evaluation.md). For a fixed set of
 malleable jobs with concave speedups the makespan-optimal allocation ends them all at the same
 time (Berg, Vesilo, Harchol-Balter, heSRPT, SIGMETRICS'20, §3, the makespan case). So in the
-tail (:func:`in_tail`: nothing pending and nothing submitted for ``tail_after`` seconds) each
+tail (:func:`in_tail`: nothing pending, unless ``tail_pending``, and nothing submitted for
+``tail_after`` seconds) each
 job's options are floored at the fewest GPUs that end it within ``guard x T*``, ``T*`` the
 earliest common finish (:func:`critical_floors`); ``jct``'s search places the GPUs above the
 floors as before, so the shorter jobs still go first where that costs the last job nothing.
@@ -87,9 +88,13 @@ def _floors_at(times: dict[str, list[tuple[float, int]]], horizon: float, k: int
     return out if sum(out.values()) <= k else None
 
 
-def in_tail(jobs: Sequence[JobView], now: float, tail_after: float) -> bool:
+def in_tail(jobs: Sequence[JobView], now: float, tail_after: float, pending: bool = False) -> bool:
     """Whether the queue has drained: no job pending, and none of ``jobs`` submitted within the
-    last ``tail_after`` seconds (``now``: the snapshot's time, Unix seconds)."""
-    if any(j.state == SlurmState.PENDING for j in jobs):
+    last ``tail_after`` seconds (``now``: the snapshot's time, Unix seconds). With ``pending``
+    the jobs pending do not stop the tail: the set of jobs is taken as fixed once nothing was
+    submitted for ``tail_after`` seconds, backlog and all (heSRPT's makespan case is a fixed
+    set of jobs, not an empty queue); a pending job then has its floor like a running one, so
+    the floors admit it when they fit."""
+    if not pending and any(j.state == SlurmState.PENDING for j in jobs):
         return False
     return not jobs or now - max(j.submit_time for j in jobs) >= tail_after
