@@ -285,6 +285,27 @@ def test_a_job_id_slurm_reuses_starts_fresh(db, caplog):
     assert "Slurm job id 1 now names another job" in caplog.text
 
 
+def test_upsert_jobs_writes_new_and_known_jobs_in_one_write_and_all_or_none(db):
+    """New jobs (one already finished: a field the others lack) and a known one, in one call
+    inside a batch; a call with one bad row writes none of its rows and leaves the batch's
+    other writes alone."""
+    _job(db, "1", last_seen=100.0)
+    rows = [{**JOB, "job_id": "2", "job_uid": "uid-2", "last_seen": 200.0},
+            {**JOB, "job_id": "3", "job_uid": "uid-3", "last_seen": 200.0, "state": "COMPLETED",
+             "finished_at": 199.0},
+            {"job_id": "1", "state": "RUNNING", "last_seen": 200.0}]
+    with db.batch(["1", "2", "3"]):
+        db.upsert_jobs(rows)
+        bad = [{**JOB, "job_id": "4", "job_uid": "uid-4"}, {"job_id": "5", "job_uid": "uid-5"}]
+        with pytest.raises(ValueError, match="missing field"):
+            db.upsert_jobs(bad)
+    assert (db.job("1").state, db.job("1").first_seen, db.job("1").last_seen) == ("RUNNING", 100.0, 200.0)
+    assert (db.job("2").first_seen, db.job("2").finished_at) == (200.0, None)
+    assert (db.job("3").state, db.job("3").finished_at) == ("COMPLETED", 199.0)
+    assert db.job("4") is None and db.job("5") is None
+    db.upsert_jobs([])
+
+
 def test_upsert_job_validation(db):
     with pytest.raises(ValueError, match="missing field.*workers_per_node"):
         db.upsert_job(job_id="2", job_uid="u2", min_nodes=1, max_nodes=1, min_batch_size=1,

@@ -234,13 +234,9 @@ class Daemon(BetweenRounds):
         self._round_foreign: frozenset[str] = frozenset()
 
     # ----------------------------------------------------------------- jobs
-    def _record_job(self, jd: JobDir, spec: JobSpec, info: slurm.JobInfo, now: float) -> bool:
-        """Write the job's row (spec, limits, Slurm state) to the store; False, writing nothing,
-        when this process last wrote it with the same job directory, user and state (the
-        caller renews ``last_seen`` of those in one statement: :meth:`Store.touch_jobs`)."""
-        seen = (jd.uid, info.user, str(info.state))
-        if self._recorded.get(info.job_id) == seen:
-            return False
+    @staticmethod
+    def _job_row(jd: JobDir, spec: JobSpec, info: slurm.JobInfo, now: float) -> dict:
+        """The job's row for the store: spec, limits, Slurm state."""
         # the store's job columns are JobLimits' fields, by name
         fields = dict(job_id=info.job_id, job_uid=jd.uid, user=info.user, script=spec.script,
                       **dataclasses.asdict(spec.limits),
@@ -249,9 +245,22 @@ class Daemon(BetweenRounds):
                       app_class=application_of(spec))
         if not info.active:
             fields["finished_at"] = now
-        self.store.upsert_job(**fields)
-        self._recorded[info.job_id] = seen
-        return True
+        return fields
+
+    def _record_jobs(self, managed, now: float) -> None:
+        """Every managed job's row written, all in one write (:meth:`Store.upsert_jobs`); one
+        this process last wrote with the same job directory, user and state only has its
+        ``last_seen`` renewed, in one statement (:meth:`Store.touch_jobs`)."""
+        rows, unchanged = {}, []
+        for job_id, (jd, spec, info) in managed.items():
+            seen = (jd.uid, info.user, str(info.state))
+            if self._recorded.get(job_id) == seen:
+                unchanged.append(job_id)
+            else:
+                rows[job_id] = (self._job_row(jd, spec, info, now), seen)
+        self.store.upsert_jobs(row for row, _ in rows.values())
+        self._recorded.update((job_id, seen) for job_id, (_, seen) in rows.items())
+        self.store.touch_jobs(unchanged, now)
 
     # ---------------------------------------------------------------- round
     def round(self) -> RoundReport:
@@ -345,12 +354,9 @@ class Daemon(BetweenRounds):
         # last rounds' of them, which the next rounds write again from Slurm and from the
         # metrics files (their offsets are lost with them)
         with self.store.batch(managed, durable=False):
-            unchanged, found = [], Pending()
+            found = Pending()
             with _timed(rep, "record", self.store):
-                for job_id, (jd, spec, info) in managed.items():
-                    if not self._record_job(jd, spec, info, obs.time):
-                        unchanged.append(job_id)
-                self.store.touch_jobs(unchanged, obs.time)
+                self._record_jobs(managed, obs.time)
             with _timed(rep, "ingest", self.store):
                 stepping, ended = _stepping(managed)
                 ingest_jobs(self.store, stepping, found,

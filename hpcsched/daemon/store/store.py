@@ -49,7 +49,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Self
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from hpcsched.daemon.store.gpus import GpuMixin
@@ -93,6 +93,32 @@ _ROUND_END_FIELDS = {"duration", "objective", "jobs", "actions", "slurm_calls",
 def _write_options(durable: bool) -> dict[str, bool]:
     """A write transaction's options (:func:`~hpcsched.daemon.store.schema.make_engine`)."""
     return {"hpcsched_write": True, "hpcsched_durable": durable}
+
+
+def _upsert_all(s: Session, rows: list[dict[str, Any]]) -> None:
+    """The jobs' rows in session ``s`` (:meth:`Store.upsert_jobs`; each of ``rows`` checked and
+    with ``last_seen``): the rows there are read in one query and updated, the new ones
+    inserted in one statement (executemany)."""
+    have = {j.job_id: j for j in s.scalars(select(Job).where(among(Job.job_id, [f["job_id"] for f in rows])))}
+    new = []
+    for fields in rows:
+        job = have.get(fields["job_id"])
+        if job is not None and fields.get("job_uid") not in (None, job.job_uid):
+            log.warning("Slurm job id %s now names another job (job directory %s, was %s): "
+                        "the earlier job's history is dropped", job.job_id,
+                        fields["job_uid"], job.job_uid)
+            s.delete(job)
+            s.flush()
+            job = None
+        if job is None:
+            require(f"upsert_job: new job {fields['job_id']}", fields, _JOB_REQUIRED)
+            new.append({"first_seen": fields["last_seen"], **fields})
+        else:
+            for k, v in fields.items():
+                if k != "first_seen":
+                    setattr(job, k, v)
+    if new:
+        s.execute(insert(Job), new)
 
 
 class Store(JournalMixin, LeaseMixin, GpuMixin, OffsetsMixin):
@@ -238,27 +264,28 @@ class Store(JournalMixin, LeaseMixin, GpuMixin, OffsetsMixin):
         history (profile, GPU measurements and journal: ``ON DELETE CASCADE``) before the new
         job is inserted, so a reused id starts fresh. Logged as a warning.
         """
-        check_keys("upsert_job", fields, columns(Job))
-        require("upsert_job", fields, ["job_id"])
-        fields = dict(fields)
-        fields.setdefault("last_seen", time.time())
+        self.upsert_jobs([fields])
+
+    def upsert_jobs(self, rows: Iterable[dict[str, Any]]) -> None:
+        """:meth:`upsert_job` for each of ``rows`` (dicts of its fields), in one write: inside
+        a :meth:`batch`, one savepoint for them all, not one each, the rows there read in one
+        query and the new ones inserted in one statement (a daemon's first round writes every
+        job's row: 2,000 at the scale of ``benchmarks/daemon_scale.py``).
+        A row that fails leaves none of them written.
+
+        Raises:
+            ValueError: a field that is not a job column, a row without ``job_id``, or a new
+                job without the fields :meth:`upsert_job` names.
+        """
+        checked = []
+        for fields in rows:
+            check_keys("upsert_job", fields, columns(Job))
+            require("upsert_job", fields, ["job_id"])
+            checked.append({"last_seen": time.time(), **fields})
+        if not checked:
+            return
         with self._write() as s:
-            job = s.get(Job, fields["job_id"])
-            if job is not None and fields.get("job_uid") not in (None, job.job_uid):
-                log.warning("Slurm job id %s now names another job (job directory %s, was %s): "
-                            "the earlier job's history is dropped", job.job_id,
-                            fields["job_uid"], job.job_uid)
-                s.delete(job)
-                s.flush()
-                job = None
-            if job is None:
-                require(f"upsert_job: new job {fields['job_id']}", fields, _JOB_REQUIRED)
-                fields.setdefault("first_seen", fields["last_seen"])
-                s.add(Job(**fields))
-            else:
-                fields.pop("first_seen", None)
-                for k, v in fields.items():
-                    setattr(job, k, v)
+            _upsert_all(s, checked)
 
     def touch_jobs(self, job_ids: Iterable[str], at: float | None = None) -> None:
         """Set ``last_seen`` of the jobs ``job_ids`` (those that exist) to ``at`` (Unix s,
