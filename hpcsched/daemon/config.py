@@ -244,7 +244,7 @@ class DaemonSettings:
         180.0, _number(gt=0),
         "seconds to wait for a job to acknowledge a control change (> 0)")
     step_wait: float = _opt(
-        2.0, _number(gt=0),
+        1.0, _number(gt=0),
         "seconds a round (or an actuation tick) waits in all for its resize steps -- control "
         "files written, Slurm commands for them; a step still under way then (a file system "
         "that stalls, a slow slurmctld) goes on in its own thread, its job left alone, and the "
