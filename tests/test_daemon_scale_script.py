@@ -3,6 +3,7 @@ puts the compute nodes below the kernel's threads (--compute-nice)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -34,23 +35,31 @@ def test_the_places_that_grew_most_are_reported_first_with_their_callers():
     assert len(big) + len(small) == 2100
 
 
+@contextlib.contextmanager
+def _threaded_child(threads: int):
+    """A child process with ``threads`` threads in all, each asleep; killed on exit."""
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import threading, time\n"
+                              f"for _ in range({threads - 1}):\n"
+                              "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+                              "print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "up\n"
+        yield child
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_compute_priority_renices_every_thread_of_the_compute_nodes_daemons(monkeypatch):
     """Every thread of each slurmd is set, so a job forked from any of them inherits the nice
     value (here a child with three threads stands in for a slurmd)."""
     bench = load("daemon_scale")
-    child = subprocess.Popen([sys.executable, "-c",
-                              "import threading, time\n"
-                              "for _ in 'ab': threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
-                              "print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline() == "up\n"
+    with _threaded_child(3) as child:
         monkeypatch.setattr(bench, "find_procs", lambda comm: [child.pid] if comm == "slurmd" else [])
         assert bench.compute_priority(7) == 3
         tasks = os.listdir(f"/proc/{child.pid}/task")
         assert len(tasks) == 3 and all(os.getpriority(os.PRIO_PROCESS, int(t)) == 7 for t in tasks)
-    finally:
-        child.kill()
-        child.wait()
 
 
 def test_blocked_stacks_names_the_kernel_stack_a_thread_waits_at():
@@ -89,12 +98,7 @@ def test_blocked_stacks_samples_every_thread_of_a_named_process(monkeypatch):
     """The threads of a process given by name (slurmctld in the benchmark) are sampled under
     that name; a thread not in uninterruptible sleep is not counted."""
     probes = load("_host_probes")
-    child = subprocess.Popen([sys.executable, "-c",
-                              "import threading, time\n"
-                              "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
-                              "print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline() == "up\n"
+    with _threaded_child(2) as child:
         tids = {int(t) for t in os.listdir(f"/proc/{child.pid}/task")}
         assert len(tids) == 2 and sorted(probes.threads_of([child.pid, None])) == sorted(tids)
         real = probes.proc_state
@@ -107,6 +111,3 @@ def test_blocked_stacks_samples_every_thread_of_a_named_process(monkeypatch):
         seen.stop()
         got = seen.take()
         assert [g["thread"] for g in got] == ["slurmctld"] and got[0]["s"] >= 0.05
-    finally:
-        child.kill()
-        child.wait()
