@@ -183,6 +183,19 @@ def _with_planned_nodes(backend: Backend, obs, round_id: int):
         return obs
 
 
+def _job_row(jd: JobDir, spec: JobSpec, info: slurm.JobInfo, now: float) -> dict:
+    """The job's row for the store (:meth:`Store.upsert_jobs`): spec, limits, Slurm state."""
+    # the store's job columns are JobLimits' fields, by name
+    fields = dict(job_id=info.job_id, job_uid=jd.uid, user=info.user, script=spec.script,
+                  **dataclasses.asdict(spec.limits),
+                  spec_json=json.dumps(spec.to_json()), state=info.state,
+                  submit_time=spec.created_at or None, last_seen=now,
+                  app_class=application_of(spec))
+    if not info.active:
+        fields["finished_at"] = now
+    return fields
+
+
 class Daemon(BetweenRounds):
     """The round loop (see module docstring). Collaborators can be injected for tests."""
 
@@ -234,19 +247,6 @@ class Daemon(BetweenRounds):
         self._round_foreign: frozenset[str] = frozenset()
 
     # ----------------------------------------------------------------- jobs
-    @staticmethod
-    def _job_row(jd: JobDir, spec: JobSpec, info: slurm.JobInfo, now: float) -> dict:
-        """The job's row for the store: spec, limits, Slurm state."""
-        # the store's job columns are JobLimits' fields, by name
-        fields = dict(job_id=info.job_id, job_uid=jd.uid, user=info.user, script=spec.script,
-                      **dataclasses.asdict(spec.limits),
-                      spec_json=json.dumps(spec.to_json()), state=info.state,
-                      submit_time=spec.created_at or None, last_seen=now,
-                      app_class=application_of(spec))
-        if not info.active:
-            fields["finished_at"] = now
-        return fields
-
     def _record_jobs(self, managed, now: float) -> None:
         """Every managed job's row written, all in one write (:meth:`Store.upsert_jobs`); one
         this process last wrote with the same job directory, user and state only has its
@@ -257,7 +257,7 @@ class Daemon(BetweenRounds):
             if self._recorded.get(job_id) == seen:
                 unchanged.append(job_id)
             else:
-                rows[job_id] = (self._job_row(jd, spec, info, now), seen)
+                rows[job_id] = (_job_row(jd, spec, info, now), seen)
         self.store.upsert_jobs(row for row, _ in rows.values())
         self._recorded.update((job_id, seen) for job_id, (_, seen) in rows.items())
         self.store.touch_jobs(unchanged, now)
