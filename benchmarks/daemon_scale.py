@@ -29,7 +29,8 @@ runs at real-time priority 2, above them, as on a login node of its own. ``--sto
 puts the daemon's store on a file system of its own (:func:`own_file_system`), as a login
 node's local disk is to the shared file system the jobs write to: the store's synced commits
 then no longer wait for the jobs' data in one file system journal, but still queue behind
-their writes at the disk under both (fourteenth run: 23.8 s once). ``--jobs-fs GIB`` does the
+their writes at the disk under both (fourteenth run: 23.8 s once); ``--store-in-memory`` puts that
+file system's image in ``/dev/shm``, a device of its own (nineteenth run). ``--jobs-fs GIB`` does the
 same for the job directories instead, a diagnosis that the jobs' writes through a loop device
 stall every read and write of their files (docs/daemon.md, "At scale").
 
