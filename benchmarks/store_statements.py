@@ -49,9 +49,7 @@ def one_way(padded: bool, jobs: int, rounds: int, seed: int) -> dict:
         store = Store(f"sqlite:///{tmp}/hpcsched.db")
         store.upgrade()
         ids = [str(100000 + i) for i in range(jobs)]
-        with store.batch(ids):
-            for j in ids:
-                store.upsert_job(job_id=j, **{**JOB, "job_uid": f"uid-{j}"})
+        store.upsert_jobs({**JOB, "job_id": j, "job_uid": f"uid-{j}"} for j in ids)
         texts: set[str] = set()
         event.listen(store.engine, "before_cursor_execute",
                      lambda conn, cursor, statement, *rest: " IN (" in statement and texts.add(statement))

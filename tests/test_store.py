@@ -294,7 +294,7 @@ def test_upsert_jobs_writes_new_and_known_jobs_in_one_write_and_all_or_none(db):
             {**JOB, "job_id": "3", "job_uid": "uid-3", "last_seen": 200.0, "state": "COMPLETED",
              "finished_at": 199.0},
             {"job_id": "1", "state": "RUNNING", "last_seen": 200.0}]
-    with db.batch(["1", "2", "3"]):
+    with db.batch():
         db.upsert_jobs(rows)
         bad = [{**JOB, "job_id": "4", "job_uid": "uid-4"}, {"job_id": "5", "job_uid": "uid-5"}]
         with pytest.raises(ValueError, match="missing field"):

@@ -353,7 +353,7 @@ class Daemon(BetweenRounds):
         # one commit for every job's record and metrics, not synced: a host crash may lose the
         # last rounds' of them, which the next rounds write again from Slurm and from the
         # metrics files (their offsets are lost with them)
-        with self.store.batch(managed, durable=False):
+        with self.store.batch(durable=False):
             found = Pending()
             with _timed(rep, "record", self.store):
                 self._record_jobs(managed, obs.time)

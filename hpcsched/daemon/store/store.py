@@ -156,14 +156,13 @@ class Store(JournalMixin, LeaseMixin, GpuMixin, OffsetsMixin):
         self.close()
 
     @contextmanager
-    def batch(self, jobs: Iterable[str] = (), durable: bool = True) -> Iterator[None]:
+    def batch(self, durable: bool = True) -> Iterator[None]:
         """Every read and write of this store inside the block is one transaction, committed at
         its end: the round's bookkeeping of thousands of jobs costs one commit (one ``fsync``),
-        not one per job; the rows of ``jobs`` (Slurm job ids) are read up front, in one query.
-        A write that fails inside is rolled back alone (a savepoint) and its exception
-        propagates as without a batch; an exception that leaves the block rolls the whole batch
-        back. A batch inside a batch is part of the outer one. Not for threads sharing one
-        Store.
+        not one per job (their rows themselves in one write: :meth:`upsert_jobs`). A write that
+        fails inside is rolled back alone (a savepoint) and its exception propagates as without
+        a batch; an exception that leaves the block rolls the whole batch back. A batch inside
+        a batch is part of the outer one. Not for threads sharing one Store.
 
         ``durable=False`` (SQLite): the commit is not synced (``synchronous=NORMAL`` under WAL);
         it survives the process being killed, and is synced with the next durable commit or
@@ -176,10 +175,6 @@ class Store(JournalMixin, LeaseMixin, GpuMixin, OffsetsMixin):
         with self._sessions() as s:
             s.connection(execution_options=_write_options(durable))
             self._batch = s
-            ids = list(jobs)
-            # into the session's identity map, where upsert_job's get() finds them without a
-            # query each; the map holds them weakly, so ``held`` keeps them for the batch
-            held = s.scalars(select(Job).where(among(Job.job_id, ids))).all() if ids else []
             try:
                 yield
                 self._commit(s)
@@ -188,7 +183,6 @@ class Store(JournalMixin, LeaseMixin, GpuMixin, OffsetsMixin):
                 raise
             finally:
                 self._batch = None
-                del held
 
     @contextmanager
     def _read(self) -> Iterator[Session]:
