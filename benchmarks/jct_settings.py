@@ -34,11 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _evaluation_runs import execute_all, make_run  # noqa: E402
 from _report import write_report  # noqa: E402
 from _run_cache import RunCache, code_version  # noqa: E402
-from anchors import FIGURES, WORKLOADS, verdict  # noqa: E402
+from anchors import ANCHORS, FIGURES, WORKLOADS, verdict  # noqa: E402
 
 from hpcsched.sim.cli import single_threaded_blas  # noqa: E402
-
-ANCHORS = ("pollux", "sia", "wham")
 
 
 def label(setting: dict) -> str:
