@@ -1,5 +1,6 @@
-"""benchmarks/daemon_scale.py's own parts: what its --tracemalloc diagnosis reports, and how it
-puts the compute nodes below the kernel's threads (--compute-nice)."""
+"""benchmarks/daemon_scale.py's own parts: what its --tracemalloc diagnosis reports, how it
+puts the compute nodes below the kernel's threads (--compute-nice) and slurmctld's state on a
+file system of its own (--ctld-state-fs)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import subprocess
 import sys
 import time
 import tracemalloc
+
+import pytest
 
 from tests.bench_scripts import load
 
@@ -111,3 +114,30 @@ def test_blocked_stacks_samples_every_thread_of_a_named_process(monkeypatch):
         seen.stop()
         got = seen.take()
         assert [g["thread"] for g in got] == ["slurmctld"] and got[0]["s"] >= 0.05
+
+
+def test_controller_state_mounts_the_state_directory_in_memory_and_stops_the_cluster_first(
+        monkeypatch, tmp_path):
+    """--ctld-state-fs: slurmctld's state directory is a mount of its own (ext4 on a loop device
+    over an image in /dev/shm) for the block; the cluster is stopped before it is unmounted,
+    and the image and loop device are gone after (a real mount; needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a loop device needs root")
+    bench = load("daemon_scale")
+    monkeypatch.setattr(bench, "STATE_DIR", tmp_path)
+    state = bench.Layout(tmp_path).state
+    order = []
+    monkeypatch.setattr(bench, "stop_cluster", lambda user: order.append(("stop", os.path.ismount(state))))
+    image = "/dev/shm/hpcsched-bench-state.ext4"
+    with bench.controller_state(1, keep=False, user="nobody"):
+        assert os.path.ismount(state) and os.path.exists(image)
+        backing = subprocess.run(["losetup", "--associated", image], capture_output=True, text=True).stdout
+        assert backing.strip()
+        (state / "job_state").write_bytes(b"x" * 4096)
+        os.sync()
+    assert order == [("stop", True)]            # the cluster stopped while its state was still there
+    assert not os.path.ismount(state) and not os.path.exists(image)
+    assert not subprocess.run(["losetup", "--associated", image], capture_output=True, text=True).stdout.strip()
+    with bench.controller_state(0, keep=False, user="nobody"):
+        assert not os.path.ismount(state)
+    assert order == [("stop", True)]            # with 0 nothing is mounted and nothing stopped
