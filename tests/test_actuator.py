@@ -701,12 +701,15 @@ def test_cancel_after_ack_timeout_writes_a_continue_generation(jd, store, writes
     a = Action(JOB, ChangeKind.BATCH, 1, 1, 128, 0, "bigger", "test")
     actuator = Actuator(FakeSlurm(info()), TO, clock)
     h = actuator.advance(a, History.begin(T0), jd, spec, info()).history
+    first = ctl.read_control(jd.control_path, jd.uid)
+    assert first.ack_by == first.issued_at + TO.ack   # the deadline the job answers by
     clock.t += 181
     adv = actuator.advance(a, h, jd, spec, info())
     assert adv.phase == P.FAILED and "did not acknowledge" in adv.why
     c = ctl.read_control(jd.control_path, jd.uid)
     assert (c.generation, c.action, c.nodes, c.global_batch_size) == (2, "continue", 1, 64)
     assert c.reason.startswith("cancelled: ") and writes == [1, 2]
+    assert c.ack_by == 0.0   # nothing waits for the cancelling generation's answer
 
 
 # -- planning --------------------------------------------------------------------------------------

@@ -82,6 +82,8 @@ def test_malformed_files_are_refused(tmp_path, content, message):
     ("nodes", -1, "'nodes' must be >= 1"),
     ("lr_scale", 0, "'lr_scale' must be > 0"),
     ("global_batch_size", 65, "global_batch_size 65 !="),
+    ("ack_by", -1.0, "'ack_by' must be >= 0"),
+    ("ack_by", "soon", "'ack_by' must be int/float"),
 ])
 def test_invalid_values_are_refused(tmp_path, field, value, message):
     p = tmp_path / "control.json"
@@ -110,6 +112,18 @@ def test_files_written_before_the_layout_field_are_read(tmp_path):
         p = tmp_path / name
         p.write_text(json.dumps(obj))
         assert read(p, "abc123").layout == {}
+
+
+def test_files_written_before_the_ack_by_field_have_no_deadline(tmp_path):
+    """A control without ``ack_by`` (hpcsched before it): read as 0, no deadline; with one it
+    round-trips."""
+    p = tmp_path / "control.json"
+    obj = asdict(_control())
+    del obj["ack_by"]
+    p.write_text(json.dumps(obj))
+    assert ctl.read_control(p, "abc123").ack_by == 0.0
+    ctl.write_control(p, _control(generation=2, ack_by=181.0))
+    assert ctl.read_control(p, "abc123").ack_by == 181.0
 
 
 def test_foreign_job_file_is_refused(tmp_path):

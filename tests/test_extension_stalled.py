@@ -7,6 +7,8 @@ dev-cluster tests are ``tests/test_extensions_slurm.py``'s ``timeout`` and ``blo
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from hpcsched import slurm
@@ -115,3 +117,27 @@ def test_an_unanswered_squeue_waits_until_the_timeout():
     why = m.stalled(("12",), extension.EXTENSION_TIMEOUT + 1)
     assert why is not None and why.startswith("extension job(s) 12 did not start within") \
         and "Slurm did not answer: squeue: timed out" in why, why
+
+
+def test_a_grow_is_given_up_in_time_to_answer_before_hpcscheds_deadline(nodes):
+    """The control's ``ack_by``: an extension Slurm keeps pending (its node has room) is given
+    up ACK_MARGIN_S before hpcsched stops waiting, with Slurm's reason, well within
+    EXTENSION_TIMEOUT; no deadline (0, a control written before the field existed) or a far
+    one leaves the grow waiting."""
+    nodes["nodes"] = (NodeView("n4", 4, 0, "idle"),)
+    m = _Extender({"12": _job("12", "PENDING", "Priority")}, [_ext("12", "n4", 3)])
+    now = time.time()
+    for ack_by in (0.0, now + extension.ACK_MARGIN_S + 60):
+        assert m.stalled(("12",), 150.0, ack_by) is None
+    why = m.stalled(("12",), 150.0, now + extension.ACK_MARGIN_S - 1)
+    assert why == ("extension job 12 did not start within 150 s, by when hpcsched needs the "
+                   "job's answer (Slurm: PENDING, reason Priority)")
+
+
+def test_out_of_time_is_the_earlier_of_the_timeout_and_the_deadline_less_its_margin():
+    t, margin = extension.EXTENSION_TIMEOUT, extension.ACK_MARGIN_S
+    assert extension.out_of_time(t, 0.0, 1000.0) == ""
+    assert extension.out_of_time(t + 1, 0.0, 1000.0) == f"within {t:.0f} s"
+    assert extension.out_of_time(t + 1, 5000.0, 1000.0) == f"within {t:.0f} s"   # timeout first
+    assert extension.out_of_time(10.0, 1000.0 + margin + 0.5, 1000.0) == ""
+    assert extension.out_of_time(10.0, 1000.0 + margin, 1000.0).startswith("within 10 s, by when")

@@ -267,24 +267,32 @@ def test_an_extension_slurm_ends_while_its_workers_join_joins_then_leaves(
     assert _none_active(jd)
 
 
-@pytest.mark.parametrize("rule", ["timeout", "blocked"])
+@pytest.mark.parametrize("rule", ["timeout", "deadline", "blocked"])
 def test_an_extension_that_cannot_start_is_reported_and_the_job_keeps_its_size(
         devcluster, control_dir, tmp_path, slurm_jobs, rule):
     """``timeout``: the extension did not start in time (Slurm's reason is reported);
+    ``deadline``: nor before hpcsched's deadline for an answer (the control's ``ack_by``,
+    here ``resize --timeout 26``), long before the job's own timeout: the job answers with
+    Slurm's reason rather than hpcsched timing it out without one;
     ``blocked``: it pends on a node another job holds, found by the job at once (the grow's
     other extension, on n3, would otherwise hold its GPU idle until the timeout; its
     newcomer, ready and waiting to join, leaves as soon as rank 0 calls the grow off)."""
     _hold(tmp_path, slurm_jobs, "n2", 4)               # n2 full: the extension must wait
-    env = {**os.environ, **({"HPCSCHED_EXTENSION_TIMEOUT": "6", "HPCSCHED_EXTENSION_BLOCKED": "600"}
-                            if rule == "timeout" else {"HPCSCHED_EXTENSION_BLOCKED": "15",
-                                                       "HPCSCHED_LOG_LEVEL": "info"})}
+    env = {**os.environ, **{
+        "timeout": {"HPCSCHED_EXTENSION_TIMEOUT": "6", "HPCSCHED_EXTENSION_BLOCKED": "600"},
+        "deadline": {"HPCSCHED_EXTENSION_BLOCKED": "600"},
+        "blocked": {"HPCSCHED_EXTENSION_BLOCKED": "15", "HPCSCHED_LOG_LEVEL": "info"}}[rule]}
     job_id, jd = _submit(tmp_path, slurm_jobs, epochs=20, env=env)
-    layout = "n1:4,n2:2" if rule == "timeout" else "n1:4,n2:2,n3:1"
-    r = cli("hpcsched", "resize", job_id, "--layout", layout, check=False)
+    layout = "n1:4,n2:2,n3:1" if rule == "blocked" else "n1:4,n2:2"
+    timeout = ["--timeout", "26"] if rule == "deadline" else []
+    r = cli("hpcsched", "resize", job_id, "--layout", layout, *timeout, check=False)
     assert r.returncode == 1 and "rejected generation 1" in r.stderr, r.stderr
     if rule == "timeout":
         assert "did not start within 6 s" in r.stderr, r.stderr
         assert "Resources" in r.stderr      # Slurm's reason for the pending extension
+    elif rule == "deadline":
+        assert "by when hpcsched needs the job's answer" in r.stderr, r.stderr
+        assert "Resources" in r.stderr and "did not acknowledge" not in r.stderr, r.stderr
     else:
         assert "cannot start: n2 has 0 free GPU(s), it needs 2" in r.stderr, r.stderr
     assert {e.state for e in _extensions(jd)} == {"refused"}, _extensions(jd)

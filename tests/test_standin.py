@@ -12,12 +12,13 @@ import os
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from hpcsched import slurm
 from hpcsched.job import standin
-from hpcsched.job.extension import EXTENSION_BLOCKED, EXTENSION_TIMEOUT
+from hpcsched.job.extension import ACK_MARGIN_S, EXTENSION_BLOCKED, EXTENSION_TIMEOUT
 from hpcsched.job.standin import PRIMARY_STALE_S, Extension, StepPhysics
 from hpcsched.job.submit import submit as hpcsub
 from hpcsched.model.snapshot import NodeView
@@ -95,7 +96,8 @@ def test_a_slurm_that_does_not_answer_leaves_a_waiting_grow_waiting(tmp_path, mo
     joined = standin.Joined(jd, None, "5000")
     monkeypatch.setattr(joined.extender, "slurm_states", unanswered)
     now = time.time()
-    joined.pending = ("control", "plan", now, now - standin.EXTENSION_POLL_S - 1)
+    control = SimpleNamespace(ack_by=0.0)        # no deadline given: EXTENSION_TIMEOUT applies
+    joined.pending = (control, "plan", now, now - standin.EXTENSION_POLL_S - 1)
     assert joined._stalled(["6606"], now) == ""
     assert len(calls) == 1
     assert joined.pending[3] == now                         # asked again at the next poll
@@ -116,10 +118,34 @@ def test_the_stand_in_gives_up_a_grow_another_job_got_ahead_of(tmp_path, monkeyp
     monkeypatch.setattr(joined.extender, "slurm_states", lambda: {"6606": pending})
     monkeypatch.setattr(slurm, "nodes", lambda timeout=None: (NodeView("n4", 4, 3, "mixed"),))
     now = time.time()
-    joined.pending = ("control", "plan", now - EXTENSION_BLOCKED, 0.0)
+    joined.pending = (SimpleNamespace(ack_by=0.0), "plan", now - EXTENSION_BLOCKED, 0.0)
     assert joined._stalled(["6606"], now) == (
         f"extension job 6606 cannot start: n4 has 1 free GPU(s), it needs 2 (other jobs hold "
         f"them; pending over {EXTENSION_BLOCKED:.0f} s)")
+
+
+def test_the_stand_in_gives_up_a_grow_in_time_to_answer_by_the_controls_deadline(tmp_path, monkeypatch):
+    """An extension Slurm keeps behind other jobs (reason ``Priority``: extension jobs come
+    last) is given up ``ACK_MARGIN_S`` before the control's ``ack_by``, with Slurm's reason,
+    where the daemon would time the generation out without one (1,024-GPU run: 203 extension
+    jobs pending for Priority)."""
+    jd = JobDir.create(tmp_path / "jobs")
+    joined = standin.Joined(jd, None, "5000")
+    joined.extender.items = [ExtensionEntry("6606", "n4", 2, 1, ExtensionState.SUBMITTED, 0.0, 0.0)]
+    pending = JobInfo(job_id="6606", name="x+ext", user="alice", state="PENDING",
+                      state_reason="Priority", partition="gpu", nodes="", node_count=1,
+                      gpus_per_node=0, restarts=0, batch_host="", priority=1)
+    monkeypatch.setattr(joined.extender, "slurm_states", lambda: {"6606": pending})
+    monkeypatch.setattr(slurm, "nodes", lambda timeout=None: (NodeView("n4", 4, 0, "idle"),))
+    now = time.time()
+    control = SimpleNamespace(ack_by=now + ACK_MARGIN_S + 30)
+    joined.pending = (control, "plan", now - 150, 0.0)
+    assert joined._stalled(["6606"], now) == ""                        # 30 s to spare
+    control.ack_by = now + ACK_MARGIN_S - 1
+    joined.pending = (control, "plan", now - 150, 0.0)
+    assert joined._stalled(["6606"], now) == (
+        "extension job 6606 did not start within 150 s, by when hpcsched needs the job's answer "
+        "(Slurm: PENDING, reason Priority)")
 
 
 def test_the_table_is_refused_for_a_bad_geometry():

@@ -447,13 +447,14 @@ class Actuator:
         layout, wpn = _control_layout(e.layout, e.action, spec.limits.workers_per_node)
         batch = (spec.limits.fit_batch_gpus(e.global_batch_size, sum(layout.values())) if layout
                  else spec.limits.fit_batch(e.global_batch_size, e.nodes))
+        now = self.clock()
         ctl.write_control(jd.control_path, ctl.Control(
             job_uid=jd.uid, generation=e.generation, action=e.action, nodes=e.nodes,
             workers_per_node=wpn, global_batch_size=batch.global_batch_size,
             local_batch_size=batch.local_batch_size, accumulation_steps=batch.accumulation_steps,
             lr_scale=spec.limits.lr_scale(batch.global_batch_size),
-            issued_at=self.clock(), issued_by=action.issued_by, reason=action.reason,
-            layout=layout))
+            issued_at=now, issued_by=action.issued_by, reason=action.reason,
+            layout=layout, ack_by=now + self.timeouts.ack))
 
     def _cancel(self, action: Action, e: CancelGeneration, jd: JobDir, spec: JobSpec) -> None:
         layout, wpn = _control_layout(e.layout, e.action, spec.limits.workers_per_node)

@@ -44,6 +44,11 @@ EXTENSION_TIMEOUT = float(os.environ.get("HPCSCHED_EXTENSION_TIMEOUT", "300"))
 #: (``HPCSCHED_EXTENSION_BLOCKED``): until a job there ends, the grow's other extensions would
 #: hold their GPUs idle, from this job and from everyone else's
 EXTENSION_BLOCKED = float(os.environ.get("HPCSCHED_EXTENSION_BLOCKED", "10"))
+#: seconds before hpcsched's deadline for an answer (``Control.ack_by``) at which a grow still
+#: waiting for its extensions is given up, so that the refusal, with Slurm's reason, is read
+#: before the daemon stops waiting: the job's next look at Slurm (every 2 s; the scale
+#: stand-in's every 15 s), its acknowledgement, and the daemon's next look at it (a tick, 1 s)
+ACK_MARGIN_S = 20.0
 
 #: Slurm job states in which an extension's workers may still come (``squeue --json``)
 WAITING = (SlurmState.PENDING, SlurmState.CONFIGURING, SlurmState.RUNNING, SlurmState.REQUEUED, SlurmState.RESIZING)
@@ -239,7 +244,7 @@ class Extender:
         jobs = slurm.squeue()
         return {e.job_id: jobs[e.job_id] for e in self.active if e.job_id in jobs}
 
-    def stalled(self, job_ids: Sequence[str], waited: float) -> str | None:
+    def stalled(self, job_ids: Sequence[str], waited: float, ack_by: float = 0.0) -> str | None:
         """Why a grow can wait no longer for its extension jobs ``job_ids`` (submitted
         ``waited`` seconds ago, their workers not all ready), or None. The real job
         (:class:`hpcsched.job.membership.Membership`) and the scale stand-in
@@ -247,28 +252,30 @@ class Extender:
         and one ``sinfo`` only when one of them has pended :data:`EXTENSION_BLOCKED` seconds.
 
         A grow is given up when one of them ended before its workers joined (Slurm no longer
-        lists it, or lists it ended), did not start within :data:`EXTENSION_TIMEOUT` seconds
-        (Slurm's state and reason are given), or has pended :data:`EXTENSION_BLOCKED` seconds
+        lists it, or lists it ended), did not start in time (Slurm's state and reason are
+        given: :func:`out_of_time`, :data:`EXTENSION_TIMEOUT` seconds or less, to answer before
+        ``ack_by``, the control's deadline), or has pended :data:`EXTENSION_BLOCKED` seconds
         on a node with fewer free GPUs than it asks for (another job took them after the grow
         was planned: until that job ends the grow's other extensions would hold their GPUs
         idle). A Slurm that does not answer is no reason before the timeout: the caller asks
         again at its next look.
         """
+        late = out_of_time(waited, ack_by, time.time())
         try:
             states = self.slurm_states()
         except slurm.SlurmError as exc:
             log.warning("cannot look at the extension jobs: %s", exc)
-            if waited > EXTENSION_TIMEOUT:
-                return (f"extension job(s) {', '.join(job_ids)} did not start within "
-                        f"{EXTENSION_TIMEOUT:.0f} s (Slurm did not answer: {exc})")
+            if late:
+                return (f"extension job(s) {', '.join(job_ids)} did not start {late} "
+                        f"(Slurm did not answer: {exc})")
             return None
         for job_id in job_ids:
             info = states.get(job_id)
             if info is None or info.state not in WAITING:
                 state = info.state if info else "gone"
                 return f"extension job {job_id} is {state} before its workers joined"
-            if waited > EXTENSION_TIMEOUT:
-                return (f"extension job {job_id} did not start within {EXTENSION_TIMEOUT:.0f} s "
+            if late:
+                return (f"extension job {job_id} did not start {late} "
                         f"(Slurm: {info.state}, reason {info.state_reason or 'none'})")
         pending = [j for j in job_ids if states[j].state == SlurmState.PENDING]
         if pending and waited >= EXTENSION_BLOCKED:
@@ -294,6 +301,21 @@ class Extender:
                         f"it needs {e.gpus} (other jobs hold them; pending over "
                         f"{EXTENSION_BLOCKED:.0f} s)")
         return None
+
+
+def out_of_time(waited: float, ack_by: float, now: float) -> str:
+    """Why a grow whose extensions were submitted ``waited`` seconds ago may wait no longer for
+    them at Unix time ``now`` ("within N s", for a message), or "": past
+    :data:`EXTENSION_TIMEOUT`, or within :data:`ACK_MARGIN_S` of ``ack_by`` (``Control.ack_by``,
+    Unix seconds; 0: none), when hpcsched stops waiting for the job's answer. A job that gives
+    up by then answers ``rejected`` with Slurm's reason, where hpcsched would otherwise time
+    the generation out without one (``hpcsched.daemon.phases``: 385 such time-outs in a
+    1,024-GPU run, where the job's own limit was 300 s and hpcsched's 180 s)."""
+    if waited > EXTENSION_TIMEOUT:
+        return f"within {EXTENSION_TIMEOUT:.0f} s"
+    if ack_by > 0 and now >= ack_by - ACK_MARGIN_S:
+        return f"within {waited:.0f} s, by when hpcsched needs the job's answer"
+    return ""
 
 
 def cancel_all(jd: JobDir) -> list[str]:

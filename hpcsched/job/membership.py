@@ -142,7 +142,7 @@ class Membership:
         now = time.monotonic()
         if now - p.looked >= SLURM_LOOK_S:
             p.looked = now
-            why = self.extender.stalled(p.submitted, now - p.since)
+            why = self.extender.stalled(p.submitted, now - p.since, p.control.ack_by)
             if why:
                 self.abandon(why)
                 raise Refused(why)

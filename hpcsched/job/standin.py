@@ -472,7 +472,7 @@ class Joined:
         if now - polled <= EXTENSION_POLL_S:
             return ""
         self.pending = (control, plan, since, now)
-        return self.extender.stalled(waiting, now - since) or ""
+        return self.extender.stalled(waiting, now - since, control.ack_by) or ""
 
     def give_up(self, why: str):
         """Cancel the pending reform's newcomers; returns its control."""

@@ -251,6 +251,10 @@ class Control:
         layout: ``{node: GPUs}``, the whole allocation the job should run on (the primary's
             GPUs and any extension allocations'); required by ``reform``, empty otherwise.
             With a layout the world size is its sum and ``nodes`` the number of its nodes.
+        ack_by: Unix time (seconds) after which hpcsched stops waiting for the job's
+            acknowledgement (``issued_at`` + ``daemon.ack_timeout``); 0: no deadline given
+            (files written before it existed). A grow that cannot be done by then is refused
+            with its reason (:func:`hpcsched.job.extension.out_of_time`).
     """
 
     job_uid: str
@@ -266,6 +270,7 @@ class Control:
     issued_by: str = ""
     reason: str = ""
     layout: dict[str, int] = field(default_factory=dict)
+    ack_by: float = 0.0
     schema: str = CONTROL_SCHEMA
 
     @property
@@ -284,6 +289,7 @@ class Control:
         if not self.lr_scale > 0:
             raise ProtocolError(f"{path}: field 'lr_scale' must be > 0, got {self.lr_scale!r}")
         _expect(path, "issued_at", self.issued_at, (int, float))
+        _expect(path, "ack_by", self.ack_by, (int, float), 0)
         check_layout(path, self.layout)
         if self.action == ControlAction.REFORM and not self.layout:
             raise ProtocolError(f"{path}: action 'reform' needs a layout")
