@@ -309,8 +309,9 @@ def out_of_time(waited: float, ack_by: float, now: float) -> str:
     :data:`EXTENSION_TIMEOUT`, or within :data:`ACK_MARGIN_S` of ``ack_by`` (``Control.ack_by``,
     Unix seconds; 0: none), when hpcsched stops waiting for the job's answer. A job that gives
     up by then answers ``rejected`` with Slurm's reason, where hpcsched would otherwise time
-    the generation out without one (``hpcsched.daemon.phases``: 385 such time-outs in a
-    1,024-GPU run, where the job's own limit was 300 s and hpcsched's 180 s)."""
+    the generation out without one (``hpcsched.daemon.phases``): in a 1,024-GPU run
+    (``benchmarks/daemon_scale.py``) 355 grows ended so, their extension jobs pending for
+    ``Priority`` (they come after every other job) past hpcsched's 180 s, within the job's 300."""
     if waited > EXTENSION_TIMEOUT:
         return f"within {EXTENSION_TIMEOUT:.0f} s"
     if ack_by > 0 and now >= ack_by - ACK_MARGIN_S:
