@@ -106,17 +106,24 @@ def test_a_slurm_that_does_not_answer_leaves_a_waiting_grow_waiting(tmp_path, mo
     assert "did not start within" in joined._stalled(["6606"], late)
 
 
+def _joined_with_an_extension_pending(tmp_path, monkeypatch, reason: str, n4: NodeView):
+    """A stand-in's rank 0 whose extension 6606 (2 GPUs on n4) Slurm lists pending for
+    ``reason``, with ``n4`` as sinfo shows it."""
+    joined = standin.Joined(JobDir.create(tmp_path / "jobs"), None, "5000")
+    joined.extender.items = [ExtensionEntry("6606", "n4", 2, 1, ExtensionState.SUBMITTED, 0.0, 0.0)]
+    pending = JobInfo(job_id="6606", name="x+ext", user="alice", state="PENDING",
+                      state_reason=reason, partition="gpu", nodes="", node_count=1,
+                      gpus_per_node=0, restarts=0, batch_host="", priority=1)
+    monkeypatch.setattr(joined.extender, "slurm_states", lambda: {"6606": pending})
+    monkeypatch.setattr(slurm, "nodes", lambda timeout=None: (n4,))
+    return joined
+
+
 def test_the_stand_in_gives_up_a_grow_another_job_got_ahead_of(tmp_path, monkeypatch):
     """The real job's rule (``Extender.stalled``): an extension pending on a node whose GPUs
     another job took is given up after ``EXTENSION_BLOCKED`` seconds, not the timeout."""
-    jd = JobDir.create(tmp_path / "jobs")
-    joined = standin.Joined(jd, None, "5000")
-    joined.extender.items = [ExtensionEntry("6606", "n4", 2, 1, ExtensionState.SUBMITTED, 0.0, 0.0)]
-    pending = JobInfo(job_id="6606", name="x+ext", user="alice", state="PENDING",
-                      state_reason="Resources", partition="gpu", nodes="", node_count=1,
-                      gpus_per_node=0, restarts=0, batch_host="", priority=1)
-    monkeypatch.setattr(joined.extender, "slurm_states", lambda: {"6606": pending})
-    monkeypatch.setattr(slurm, "nodes", lambda timeout=None: (NodeView("n4", 4, 3, "mixed"),))
+    joined = _joined_with_an_extension_pending(tmp_path, monkeypatch, "Resources",
+                                               NodeView("n4", 4, 3, "mixed"))
     now = time.time()
     joined.pending = (SimpleNamespace(ack_by=0.0), "plan", now - EXTENSION_BLOCKED, 0.0)
     assert joined._stalled(["6606"], now) == (
@@ -129,14 +136,8 @@ def test_the_stand_in_gives_up_a_grow_in_time_to_answer_by_the_controls_deadline
     last) is given up ``ACK_MARGIN_S`` before the control's ``ack_by``, with Slurm's reason,
     where the daemon would time the generation out without one (1,024-GPU run: 203 extension
     jobs pending for Priority)."""
-    jd = JobDir.create(tmp_path / "jobs")
-    joined = standin.Joined(jd, None, "5000")
-    joined.extender.items = [ExtensionEntry("6606", "n4", 2, 1, ExtensionState.SUBMITTED, 0.0, 0.0)]
-    pending = JobInfo(job_id="6606", name="x+ext", user="alice", state="PENDING",
-                      state_reason="Priority", partition="gpu", nodes="", node_count=1,
-                      gpus_per_node=0, restarts=0, batch_host="", priority=1)
-    monkeypatch.setattr(joined.extender, "slurm_states", lambda: {"6606": pending})
-    monkeypatch.setattr(slurm, "nodes", lambda timeout=None: (NodeView("n4", 4, 0, "idle"),))
+    joined = _joined_with_an_extension_pending(tmp_path, monkeypatch, "Priority",
+                                               NodeView("n4", 4, 0, "idle"))
     now = time.time()
     control = SimpleNamespace(ack_by=now + ACK_MARGIN_S + 30)
     joined.pending = (control, "plan", now - 150, 0.0)
