@@ -143,10 +143,14 @@ def test_the_stand_in_gives_up_a_grow_in_time_to_answer_by_the_controls_deadline
     joined.pending = (control, "plan", now - 150, 0.0)
     assert joined._stalled(["6606"], now) == ""                        # 30 s to spare
     control.ack_by = now + ACK_MARGIN_S - 1
-    joined.pending = (control, "plan", now - 150, 0.0)
-    assert joined._stalled(["6606"], now) == (
+    joined.pending = (control, "plan", now - 150, now - 2)      # looked 2 s ago: it looks again
+    assert joined._stalled(["6606"], now) == (                   # at once, its deadline come
         "extension job 6606 did not start within 150 s, by when hpcsched needs the job's answer "
         "(Slurm: PENDING, reason Priority)")
+    looks = []
+    monkeypatch.setattr(joined.extender, "stalled", lambda *a: looks.append(a) or "")
+    joined.pending = (control, "plan", now - 150, now - 0.5)    # already past it at that look:
+    assert joined._stalled(["6606"], now) == "" and looks == []  # the 15-s interval again
 
 
 def test_the_table_is_refused_for_a_bad_geometry():

@@ -54,7 +54,7 @@ from pathlib import Path
 
 from hpcsched import slurm
 from hpcsched.job.allocation import shrink_from_inside
-from hpcsched.job.extension import Extender, LayoutRefused, cancel_all, plan_layout
+from hpcsched.job.extension import Extender, LayoutRefused, cancel_all, out_of_time, plan_layout
 from hpcsched.job.launcher import LaunchConfig, effective_config, launch_batch
 from hpcsched.protocol import files as ctl
 from hpcsched.protocol.extensions import ExtensionState
@@ -467,9 +467,14 @@ class Joined:
     def _stalled(self, waiting: list[str], now: float) -> str:
         """Why the reform cannot wait longer for the extension jobs ``waiting``, or "": the
         real job's rule (:meth:`hpcsched.job.extension.Extender.stalled`: ended, not started
-        in time, or pending on a node others hold), asked every ``EXTENSION_POLL_S``."""
+        in time, or pending on a node others hold), asked every ``EXTENSION_POLL_S``, and at
+        once when the control's deadline has come within its margin since the last look
+        (:func:`hpcsched.job.extension.out_of_time`): a look due up to 15 s later answered
+        after the daemon had stopped waiting (18 grows in a 1,024-GPU run)."""
         control, plan, since, polled = self.pending
-        if now - polled <= EXTENSION_POLL_S:
+        due = out_of_time(now - since, control.ack_by, now) and not out_of_time(
+            polled - since, control.ack_by, polled)
+        if now - polled <= EXTENSION_POLL_S and not due:
             return ""
         self.pending = (control, plan, since, now)
         return self.extender.stalled(waiting, now - since, control.ack_by) or ""
