@@ -1,9 +1,10 @@
 """When a pending grow is given up (``Extender.stalled``, ``hpcsched.job.extension``, the rule
 the real job and the scale stand-in share): an extension that ended, one that did not start in
-``EXTENSION_TIMEOUT`` seconds, and one that cannot start because another job holds its node's
-GPUs, once it has pended ``EXTENSION_BLOCKED`` seconds, so that the grow's other extensions do
-not hold their GPUs idle until the timeout. Slurm is faked here (its answers only); the
-dev-cluster tests are ``tests/test_extensions_slurm.py``'s ``timeout`` and ``blocked``."""
+``EXTENSION_TIMEOUT`` seconds or by ``ACK_MARGIN_S`` before the control's ``ack_by``, and one
+that cannot start because another job holds its node's GPUs, once it has pended
+``EXTENSION_BLOCKED`` seconds, so that the grow's other extensions do not hold their GPUs idle
+until the timeout. Slurm is faked here (its answers only); the dev-cluster tests are
+``tests/test_extensions_slurm.py``'s ``timeout``, ``deadline`` and ``blocked``."""
 
 from __future__ import annotations
 
