@@ -275,18 +275,59 @@ def test_the_daemon_reads_the_planned_nodes_of_other_users_pending_jobs():
     obs = Observation(time.time(), (), MappingProxyType({"1": planned, "2": bad}), 2)
     got = {f.job_id: f.scheduled_nodes for f in foreign_pending(obs, mine=())}
     assert got == {"1": ("n2", "n3"), "2": ()}
-    assert not plans_unread(obs, mine=())
+    assert not plans_unread(obs)
 
 
-def test_slurm_is_asked_for_planned_nodes_only_for_another_users_planned_job():
-    """22.05's JSON: a planned start, nodes unknown (None). Only a foreign job that Slurm could
-    start makes the daemon ask: not its own jobs, held ones, or jobs without a planned start."""
+def test_slurm_is_asked_for_planned_nodes_only_for_a_planned_job_it_could_start():
+    """22.05's JSON: a planned start, nodes unknown (None). A pending job Slurm could start,
+    another user's or hpcsched's own, makes the daemon ask: not an extension job, a held job,
+    a job without a planned start, or one in a partition it does not manage."""
     unread = replace(_info("1"), start_time=600.0)
     assert unread.scheduled_nodes is None
     def obs(*jobs):
         return Observation(time.time(), (), MappingProxyType({i.job_id: i for i in jobs}), 2)
-    assert plans_unread(obs(unread), mine=())
-    assert not plans_unread(obs(unread), mine={"1"})                              # hpcsched's
-    assert not plans_unread(obs(replace(unread, state_reason="JobHeldUser")), mine=())
-    assert not plans_unread(obs(replace(unread, start_time=None)), mine=())
-    assert not plans_unread(obs(replace(unread, scheduled_nodes="")), mine=())  # 23.02+: read
+    assert plans_unread(obs(unread)) and plans_unread(obs(unread), partitions=("gpu",))
+    assert not plans_unread(obs(unread), partitions=("cpu",))
+    assert not plans_unread(obs(replace(unread, comment=extension_comment("10", "u-10", 1))))
+    assert not plans_unread(obs(replace(unread, state_reason="JobHeldUser")))
+    assert not plans_unread(obs(replace(unread, start_time=None)))
+    assert not plans_unread(obs(replace(unread, scheduled_nodes="")))  # 23.02+: read
+
+
+def _planned_own(job_id="P", gpus=4, nodes=("n2",), priority=200) -> JobView:
+    """hpcsched's own pending 1-node job that Slurm's backfill plans onto ``nodes``."""
+    return replace(_pending(job_id, gpus, priority), scheduled_nodes=tuple(nodes))
+
+
+def test_own_pending_jobs_keep_the_free_gpus_slurm_plans_them_onto():
+    """Seen at 1,024 GPUs: jct grew J into the GPUs Slurm kept for hpcsched's own waiting job
+    P, and J's extension job pended for Priority until the daemon gave the grow up. P (4 GPUs,
+    planned onto n2, which has 3 free beside another job's 1) keeps n2's 3 free GPUs; n3's stay
+    free for J's grow, and J grows only there."""
+    used = (("n1", 4), ("n2", 1), ("n3", 0))
+    other = (("n2", 1),)
+    snap = _snap([_job(), _planned_own()], used, other=other)
+    planned, releases, notes = yield_to_foreign(snap)
+    assert releases == [] and {n.name: n.gpus_free for n in planned.nodes} == {
+        "n1": 0, "n2": 0, "n3": 4}
+    assert notes == ["hpcsched's pending jobs: 3 free GPU(s) kept on the nodes Slurm plans them "
+                     "onto, where no grow's extension job would start: P (3)"]
+    d = decide_round(snap, make_policy("jct"), DAEMON, 0)
+    grows = [c for c in d.changes if c.kind != ChangeKind.PENDING and c.to_gpus > c.from_gpus]
+    assert grows and all(dict(c.layout).get("n2", 0) == 0 for c in grows), d.changes
+    alone = decide_round(replace(snap, jobs=(_job(),)), make_policy("jct"), DAEMON, 0)
+    assert any(dict(c.layout).get("n2", 0) for c in alone.changes), alone.changes
+
+
+def test_own_pending_jobs_without_a_plan_or_started_first_keep_nothing():
+    """No planned nodes: nothing kept (the simulator's Slurm plans none). A held job is left
+    alone (whoever held it decides). An own job Slurm starts ahead of another user's, on free
+    GPUs, takes them as a start, not as a plan."""
+    used = (("n1", 4), ("n2", 0), ("n3", 0))
+    for own in (_pending(), replace(_planned_own(), held=True)):
+        planned, _, notes = yield_to_foreign(_snap([_job(), own], used))
+        assert notes == [] and planned.free_gpus == {"n1": 0, "n2": 4, "n3": 4}
+    started = _planned_own(gpus=4, nodes=("n2",), priority=200)
+    snap = _snap([_job(), started], used, [ForeignJob("97", "bob", 1, 4, 100)])
+    planned, _, notes = yield_to_foreign(snap)
+    assert len(notes) == 1 and "after hpcsched's P" in notes[0], notes

@@ -8,16 +8,18 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from hpcsched import slurm
-from hpcsched.daemon.views import foreign_pending, plans_unread
+from hpcsched.daemon.views import JobFacts, foreign_pending, job_view, plans_unread
 from hpcsched.model.snapshot import ClusterSnapshot
 from hpcsched.policies.neighbours import yield_to_foreign
 from hpcsched.protocol.extensions import parse_extension_comment
 from hpcsched.protocol.jobdir import JobDir
+from hpcsched.protocol.limits import JobLimits
 from hpcsched.slurm.observe import SlurmCLIBackend
 from tests.conftest import (
     daemon_store,
@@ -57,7 +59,8 @@ def test_the_free_gpus_slurm_plans_a_waiting_job_onto_are_kept(devcluster, slurm
     """Slurm 22.05's backfill plans another user's 4 x 4 job, which waits for a job on n2, onto
     n[1-4]: the daemon reads that plan (a third ``squeue``, ``%Y``) and the planner keeps
     the 12 free GPUs of n1, n3 and n4 for it, where Slurm would start no extension job that
-    outlives the planned start (hpcsched.policies.neighbours)."""
+    outlives the planned start (hpcsched.policies.neighbours); and so for the same job as
+    one of hpcsched's own, whose view carries the plan."""
     slurm_jobs.append(_sbatch(tmp_path, "-N1", "-w", "n2", "--gres=gpu:4", "--time=5",
                               "--wrap", "sleep 300"))
     big = _sbatch(tmp_path, "-N4", "--gres=gpu:4", "--time=5", "--wrap", "sleep 1")
@@ -66,7 +69,7 @@ def test_the_free_gpus_slurm_plans_a_waiting_job_onto_are_kept(devcluster, slurm
 
     def planned():
         obs = backend.observe()   # as the daemon's round: more only for a plan it cannot see
-        return plans_unread(obs, ()) and (o := backend.with_planned_nodes(obs)).jobs[big].scheduled_nodes and o
+        return plans_unread(obs) and (o := backend.with_planned_nodes(obs)).jobs[big].scheduled_nodes and o
 
     obs = wait_for(planned, 90, "Slurm's backfill to plan the 4-node job")
     assert obs.calls == 3 and obs.jobs[big].start_time and obs.jobs[big].scheduled_nodes == "n[1-4]"
@@ -77,6 +80,17 @@ def test_the_free_gpus_slurm_plans_a_waiting_job_onto_are_kept(devcluster, slurm
     planned, releases, notes = yield_to_foreign(snapshot)
     assert releases == [] and sum(n.gpus_free for n in planned.nodes) == 0
     assert "12 free GPU(s) kept for them (12 on nodes Slurm plans them onto)" in notes[0], notes
+    # the same waiting job as one of hpcsched's own: its view carries the plan, and the same
+    # 12 GPUs are kept out of grows, whose extension jobs Slurm would not start there
+    own = job_view(JobFacts(info=obs.jobs[big], limits=JobLimits(4, 1, 4, 32, 4096, 64, 128),
+                            nodes=4, batch_size=128, generation=0, submit_time=0.0,
+                            application="sleep"))
+    assert own.scheduled_nodes == ("n1", "n2", "n3", "n4") and own.slurm_priority > 0
+    snapshot = replace(snapshot, jobs=(own,), foreign_pending=())
+    planned, releases, notes = yield_to_foreign(snapshot)
+    assert releases == [] and sum(n.gpus_free for n in planned.nodes) == 0
+    assert notes == [f"hpcsched's pending jobs: 12 free GPU(s) kept on the nodes Slurm plans them "
+                     f"onto, where no grow's extension job would start: {big} (12)"], notes
 
 
 @pytest.mark.slow

@@ -173,12 +173,13 @@ def _log_change(round_id: int, c: Change, dry_run: bool) -> None:
 
 def _with_planned_nodes(backend: Backend, obs, round_id: int):
     """``obs`` with backfill's planned nodes (Slurm 22.05: one more ``squeue``), or as it is
-    when Slurm does not give them: the round goes on, other users' waiting jobs then claim
-    no GPUs for their plans (:mod:`hpcsched.policies.neighbours`), as before plans were read."""
+    when Slurm does not give them: the round goes on, and waiting jobs (other users' and
+    hpcsched's own) then claim no GPUs for their plans (:mod:`hpcsched.policies.neighbours`),
+    as before plans were read."""
     try:
         return backend.with_planned_nodes(obs)
     except slurm.SlurmError as exc:
-        log.warning("round %d: other users' planned starts not read (%s); their nodes are not "
+        log.warning("round %d: pending jobs' planned starts not read (%s); their nodes are not "
                     "kept this round", round_id, exc)
         return obs
 
@@ -303,9 +304,9 @@ class Daemon(BetweenRounds):
         :meth:`_drive_all`)."""
         with _timed(rep, "observe", self.store):
             obs = self.backend.observe()
-            managed = self.managed.find(obs)
-            if views.plans_unread(obs, managed, self.settings.daemon.partitions):
+            if views.plans_unread(obs, self.settings.daemon.partitions):
                 obs = _with_planned_nodes(self.backend, obs, rep.round_id)
+            managed = self.managed.find(obs)     # its pending jobs' planned nodes read too
         rep.slurm_states = {job_id: info.state for job_id, (_, _, info) in managed.items()}
         self._keep_up(obs, managed, rep)
         with _timed(rep, "resume", self.store):

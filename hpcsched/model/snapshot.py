@@ -204,6 +204,10 @@ class JobView:
     #: The grow is not tried again within reconcile's hold (:func:`held_reversal`): a refused
     #: grow retried every round is one more submission a round that Slurm refuses
     grow_failed_at: float | None = None
+    #: the nodes Slurm's backfill plans this pending job onto, where it has planned its start
+    #: (``squeue -o %Y``; :mod:`hpcsched.policies.neighbours` keeps their free GPUs out of grows,
+    #: which Slurm would not start there); empty: none planned, or running
+    scheduled_nodes: tuple[str, ...] = ()
     #: what the jobs of its application measured on this cluster against the application's
     #: prior (:mod:`hpcsched.perf.shared`); ``None``: not gathered (the job's model is then fitted
     #: to its own measurements alone)

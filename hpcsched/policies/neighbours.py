@@ -46,6 +46,18 @@ gain for waits shorter than other users' jobs get without hpcsched.
 GPUs of a primary job are never taken back for a foreign job: that would be preemption, which
 Slurm's own QOS and partition rules decide.
 
+**hpcsched's own pending jobs** are Slurm's pending jobs too: backfill plans their starts
+(:attr:`~hpcsched.model.snapshot.JobView.scheduled_nodes`) and keeps those nodes' free GPUs for
+them just as for other users' jobs, and an extension job, which comes after every other job
+(``sbatch --nice``), pends there for ``Priority`` until the daemon gives the grow up: 40% of
+the changes at 1,024 GPUs were such grows (``docs/daemon.md``, "At scale"). So after other
+users' jobs are served, each own pending job this pass does not start keeps the free GPUs on
+its planned nodes, up to its GPUs per node, in Slurm's order. They are counted as other jobs'
+in the snapshot the policy plans on, so the policy does not plan the job's own start onto
+them either: it may start the job elsewhere (a ``pending`` change), or leave its request as it
+is, and Slurm starts it there as planned. The simulator's Slurm plans no starts (a pending job
+starts whenever it fits), so this changes nothing there.
+
 **GPUs kept free** (``keep_free``, ``daemon.keep_free_gpus``; off by default): lent GPUs go back
 at the lender's next step boundary, so a foreign job that needs them waits a step of the lender
 and the lender's exit on top of Slurm's own reaction (up to 5.6 s on the dev cluster,
@@ -86,12 +98,14 @@ def yield_to_foreign(snapshot: ClusterSnapshot, keep_free: int = 0
         release marked busy; ``releases``, one ``shrink`` by ``release`` per such job, its
         layout without the claimed GPUs; a note per foreign job served or waiting.
     """
-    if not snapshot.foreign_pending and keep_free <= 0:
+    own_plans = any(j.scheduled_nodes for j in snapshot.jobs if j.state == SlurmState.PENDING)
+    if not snapshot.foreign_pending and keep_free <= 0 and not own_plans:
         return snapshot, [], []
     q = _SlurmQueue(snapshot)
     for f in sorted(snapshot.foreign_pending, key=_queue_key):
         q.serve(f)
     yielded = set(q.taken)
+    q.keep_own_planned()
     if keep_free > 0:
         q.keep_free(keep_free)
     releases = []
@@ -99,7 +113,10 @@ def yield_to_foreign(snapshot: ClusterSnapshot, keep_free: int = 0
         job = snapshot.job(job_id)
         assert job is not None, job_id      # taken from snapshot.jobs (_extension_gpus)
         releases.append(_release(job, per, KEEP_FREE_REASON if job_id not in yielded else None))
-    return _planned_on(snapshot, q.claimed, set(q.taken)), releases, [q.note()]
+    notes = [q.note()] if snapshot.foreign_pending or keep_free > 0 else []
+    if q.own_planned:
+        notes.append(_own_note(q.own_planned))
+    return _planned_on(snapshot, q.claimed, set(q.taken)), releases, notes
 
 
 #: the reason of a release for other users' pending jobs
@@ -124,8 +141,10 @@ class _SlurmQueue:
 
     Attributes (node -> GPUs unless said): ``free``, free GPUs not yet taken in the pass;
     ``opened``, released GPUs not yet taken; ``spare``, extension GPUs that may be released
-    (:func:`_extension_gpus`); ``claimed``, free GPUs other users' jobs take (counted as theirs
-    in the snapshot the policy plans on); ``taken``, job id -> node -> GPUs it releases.
+    (:func:`_extension_gpus`); ``claimed``, free GPUs other users' jobs take, or Slurm keeps
+    for hpcsched's own pending jobs (counted as other jobs' in the snapshot the policy plans
+    on); ``taken``, job id -> node -> GPUs it releases; ``own_planned``, own pending job id ->
+    GPUs kept for it (:meth:`keep_own_planned`).
     """
 
     def __init__(self, snapshot: ClusterSnapshot):
@@ -138,6 +157,7 @@ class _SlurmQueue:
         self.own = _own_pending(snapshot)
         self.own_first: list[str] = []      # own jobs Slurm starts ahead of a served one
         self.served: list[str] = []
+        self.own_planned: dict[str, int] = {}
         self.waiting = self.planned = self.kept_free = self.kept_lent = 0
 
     def serve(self, f: ForeignJob) -> None:
@@ -147,9 +167,23 @@ class _SlurmQueue:
         if nodes is None:
             self.waiting += 1
             usable = {n.name for n in self.nodes if n.name in self.free and f.may_use(n)}
-            self.planned += _keep_planned(f, usable, self.free, self.claimed)
+            if f.start_time:       # nodes without a planned start are not a plan
+                self.planned += _keep_planned(f, usable, self.free, self.claimed)
         else:
             self.served.append(f"{f.job_id} ({f.user}, priority {f.priority}) on {','.join(nodes)}")
+
+    def keep_own_planned(self) -> None:
+        """Keep for each of hpcsched's own pending jobs that this pass does not start, in
+        Slurm's order, the free GPUs on the nodes Slurm's backfill plans it onto, up to its
+        GPUs per node (module docstring): an extension job or a later start there would not
+        run before it."""
+        for job, allowed in self.own:
+            if job.job_id in self.own_first or not job.scheduled_nodes:
+                continue
+            usable = {n.name for n in self.nodes if n.name in self.free and job.may_use(n)
+                      and (allowed is None or n.name in allowed)}
+            if kept := _keep_planned(job, usable, self.free, self.claimed):
+                self.own_planned[job.job_id] = kept
 
     def keep_free(self, gpus: int) -> None:
         """Keep ``gpus`` GPUs free for jobs not yet submitted, on as few nodes as hold them:
@@ -240,26 +274,28 @@ class _SlurmQueue:
 
 def _own_pending(snapshot: ClusterSnapshot) -> list[tuple[ForeignJob, frozenset[str] | None]]:
     """hpcsched's pending jobs Slurm may start, as Slurm's queue sees them (what they ask for,
-    their priority), each with the nodes it asks for by name (``None``: any), in Slurm's order;
-    a held job, or one whose priority is unknown (0), is left out."""
+    their priority, the nodes backfill plans them onto), each with the nodes it asks for by
+    name (``None``: any), in Slurm's order; a held job, or one whose priority is unknown (0),
+    is left out."""
     out = []
     for j in snapshot.jobs:
         if j.state != SlurmState.PENDING or j.held or j.slurm_priority <= 0 or j.gpus <= 0:
             continue
         nodes = max(1, j.nodes)
         ask = ForeignJob(j.job_id, j.user, nodes, -(-j.gpus // nodes), j.slurm_priority,
-                         j.submit_time, partition=j.partition)
+                         j.submit_time, partition=j.partition, scheduled_nodes=j.scheduled_nodes)
         out.append((ask, frozenset(j.node_names) if j.node_names else None))
     return sorted(out, key=lambda a: _queue_key(a[0]))
 
 
 def _keep_planned(f: ForeignJob, usable: set[str], free: dict[str, int],
                   claimed: dict[str, int]) -> int:
-    """Claim for waiting foreign job ``f`` the free GPUs, up to its GPUs per node, on the
-    ``usable`` nodes Slurm's backfill plans it onto (none without a planned start), taken from
-    ``free`` into ``claimed`` (node -> GPUs); returns how many (module docstring)."""
+    """Claim for waiting job ``f`` the free GPUs, up to its GPUs per node, on the ``usable``
+    nodes Slurm's backfill plans it onto (``scheduled_nodes``: another user's job's count only
+    with a planned start; hpcsched's own carry them only then), taken from ``free`` into
+    ``claimed`` (node -> GPUs); returns how many (module docstring)."""
     return sum(_claim(n, f.gpus_per_node, free, claimed)
-               for n in (f.scheduled_nodes if f.start_time else ()) if n in usable)
+               for n in f.scheduled_nodes if n in usable)
 
 
 def _claim(node: str, up_to: int, free: dict[str, int], claimed: dict[str, int]) -> int:
@@ -269,6 +305,15 @@ def _claim(node: str, up_to: int, free: dict[str, int], claimed: dict[str, int])
         free[node] -= use
         claimed[node] = claimed.get(node, 0) + use
     return use
+
+
+def _own_note(kept: dict[str, int]) -> str:
+    """The round's note on the free GPUs kept for hpcsched's own pending jobs (``kept``: job
+    id -> GPUs) on the nodes Slurm plans them onto."""
+    ids = sorted(kept, key=lambda j: (-kept[j], j))
+    return (f"hpcsched's pending jobs: {sum(kept.values())} free GPU(s) kept on the nodes Slurm "
+            f"plans them onto, where no grow's extension job would start: "
+            + ", ".join(f"{j} ({kept[j]})" for j in ids[:5]) + (" ..." if len(ids) > 5 else ""))
 
 
 def _released(taken: dict[str, dict[str, int]]) -> int:

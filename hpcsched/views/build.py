@@ -161,7 +161,8 @@ def job_view(f: JobFacts) -> JobView:
         resized_at=f.resized_at if f.resized_at is not None else (f.start_time if running else None),
         last_resize=f.last_resize, grow_failed_at=f.grow_failed_at,
         step_corrections=f.step_corrections,
-        gpus_held=(f.gpus_held or held_gpus((f.info,))) if running else ())
+        gpus_held=(f.gpus_held or held_gpus((f.info,))) if running else (),
+        scheduled_nodes=_planned_nodes(f.info) if f.info.state == SlurmState.PENDING else ())
 
 
 def _indexed(info: slurm.JobInfo) -> tuple[list[str], tuple[tuple[int, ...], ...] | None]:
@@ -267,18 +268,20 @@ def foreign_pending(obs: Observation, mine: Iterable[str], partitions: Sequence[
                  for i in _foreign(obs, mine, partitions))
 
 
-def plans_unread(obs: Observation, mine: Iterable[str], partitions: Sequence[str] = ()) -> bool:
-    """Whether one of :func:`foreign_pending`'s jobs has a planned start (backfill's) whose
-    nodes ``obs`` does not give (:attr:`~hpcsched.slurm.JobInfo.scheduled_nodes` None: Slurm
-    22.05's JSON): then the daemon asks Slurm for them
-    (:meth:`~hpcsched.slurm.observe.Backend.with_planned_nodes`). Pure."""
-    return any(i.start_time and i.scheduled_nodes is None for i in _foreign(obs, mine, partitions))
+def plans_unread(obs: Observation, partitions: Sequence[str] = ()) -> bool:
+    """Whether a pending GPU job Slurm could start (:func:`eligible`; not an extension job), in
+    ``partitions`` (all when empty), has a planned start (backfill's) whose nodes ``obs`` does
+    not give (:attr:`~hpcsched.slurm.JobInfo.scheduled_nodes` None: Slurm 22.05's JSON): then
+    the daemon asks Slurm for them (:meth:`~hpcsched.slurm.observe.Backend.with_planned_nodes`).
+    Other users' jobs (:func:`foreign_pending`) and hpcsched's own alike: the free GPUs on
+    either's planned nodes are kept out of grows (:mod:`hpcsched.policies.neighbours`). Pure."""
+    return any(i.start_time and i.scheduled_nodes is None for i in _foreign(obs, (), partitions))
 
 
 def _foreign(obs: Observation, mine: Iterable[str], partitions: Sequence[str]
              ) -> Iterator[slurm.JobInfo]:
     """The pending GPU jobs of ``obs`` :func:`foreign_pending` lists, one by one (so that
-    :func:`plans_unread` stops at the first)."""
+    :func:`plans_unread`, which passes no ``mine``, stops at the first)."""
     mine, parts = set(mine), set(partitions)
     return (i for i in obs.jobs.values()
             if i.state == SlurmState.PENDING and i.gpus_per_node > 0 and i.job_id not in mine
