@@ -125,8 +125,34 @@ def test_cli_backend_reads_backfills_planned_nodes_on_22_05(fake_slurm):
     assert obs.jobs["61"] == seen.jobs["61"] and obs.nodes == seen.nodes
     with pytest.raises(TypeError):
         obs.jobs["x"] = None  # read-only mapping, as observe's
+    # the next observation reads them beside squeue and sinfo, not after: still 3 calls
+    again = b.observe()
+    assert again.calls == 3 and b.calls == 6 and again.jobs["60"].scheduled_nodes is None
+    obs = b.with_planned_nodes(again)
+    assert obs.calls == 3 and b.calls == 6 and obs.jobs["60"].scheduled_nodes == "n[2-3]"
+    assert fake_slurm.calls().count("-h -t PENDING -o %i|%Y") == 2
     known = Observation(obs.time, obs.nodes, obs.jobs, 2)   # every pending job's nodes known
-    assert b.with_planned_nodes(known) is known and b.calls == 3
+    assert b.with_planned_nodes(known) is known and b.calls == 6
+    assert b.observe().calls == 2 and b.calls == 8      # not needed last time: not read
+
+
+def test_cli_backend_a_failed_read_beside_is_the_planned_nodes_error(fake_slurm):
+    """The planned nodes read beside squeue and sinfo fail: the observation stands, and
+    with_planned_nodes raises that error (the daemon's round goes on without the plans)."""
+    planned = SQUEUE_RUNNING.replace('"state_reason": "JobHeldUser", "name"',
+                                     '"state_reason": "Resources", "start_time": 1795928248, "name"')
+    assert planned != SQUEUE_RUNNING
+    fake_slurm.install("squeue", "if '--json' in sys.argv:\n    " + _serve(planned)
+                       + "else:\n    sys.stderr.write('slurm_load_jobs error: boom\\n')\n"
+                       + "    sys.exit(1)\n")
+    fake_slurm.install("sinfo", _serve(SINFO_RUNNING))
+    b = SlurmCLIBackend(timeout=10)
+    with pytest.raises(SlurmError):
+        b.with_planned_nodes(b.observe())
+    seen = b.observe()                    # read beside it now, and failed again
+    assert seen.calls == 3 and seen.jobs["60"].state == "PENDING"
+    with pytest.raises(SlurmError, match="boom"):
+        b.with_planned_nodes(seen)
 
 
 def test_cli_backend_partitions_filter(fake_slurm):

@@ -79,7 +79,8 @@ class Observation:
         jobs: every job Slurm reports, all states (finished ones too until ``MinJobAge``), by
             job id (a read-only mapping).
         calls: Slurm calls this observation cost (2 for both backends, 1 with ``jobs_only``;
-            one more where :meth:`Backend.with_planned_nodes` read the planned nodes).
+            one more where the planned nodes were read, beside the others or by
+            :meth:`Backend.with_planned_nodes`).
     """
 
     time: float
@@ -135,6 +136,12 @@ class SlurmCLIBackend:
     no planned nodes for pending jobs: :meth:`with_planned_nodes` reads them with a third
     command (``squeue -o %Y``, :func:`~hpcsched.slurm.parse.parse_scheduled_nodes`).
 
+    When the last observation's planned nodes had to be read, the next :meth:`observe` reads
+    them beside the other two commands (a third, side by side, not after them), and
+    :meth:`with_planned_nodes` uses that answer: on a busy controller each answer can take
+    seconds (``docs/daemon.md``, "At scale"). A round that then needs no plan has made one
+    call for nothing, and the next observation does not make it.
+
     Slurm 22.05's ``squeue --json`` ignores ``--jobs``/``--states`` and reports every job it
     still holds (:func:`hpcsched.slurm.job_info`), so no filter is passed; ``sinfo --json`` is filtered
     here (``partitions``), not with ``-p``.
@@ -162,18 +169,31 @@ class SlurmCLIBackend:
         self.env = dict(env) if env else None
         self.calls = 0
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="slurm-observe")
+        self._pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="slurm-observe")
+        #: whether the next observe reads the planned nodes beside the jobs and nodes
+        self._plans_wanted = False
+        #: the observation whose planned nodes were read beside it, and that answer (or why not)
+        self._plans: tuple[Observation, str | Exception] | None = None
 
     def __repr__(self) -> str:
         return f"SlurmCLIBackend(timeout={self.timeout:g}, partitions={list(self.partitions)})"
 
     def with_planned_nodes(self, obs: Observation) -> Observation:
+        read, self._plans = self._plans, None
         if not any(j.scheduled_nodes is None and j.state == SlurmState.PENDING
                    for j in obs.jobs.values()):
+            self._plans_wanted = False
             return obs   # 23.02+: the JSON has them
-        planned = parse_scheduled_nodes(self._run(list(SCHEDULED_NODES_ARGS)))
+        self._plans_wanted = True
+        if read is not None and read[0] is obs:     # read beside it (counted in its calls)
+            if isinstance(read[1], Exception):
+                raise read[1]
+            text, calls = read[1], obs.calls
+        else:
+            text, calls = self._run(list(SCHEDULED_NODES_ARGS)), obs.calls + 1
+        planned = parse_scheduled_nodes(text)
         return replace(obs, jobs=MappingProxyType(with_scheduled_nodes(obs.jobs, planned)),
-                       calls=obs.calls + 1)
+                       calls=calls)
 
     def _run(self, args: list[str]) -> str:
         with self._lock:
@@ -185,23 +205,28 @@ class SlurmCLIBackend:
         if jobs_only:   # squeue alone: 1 RPC where squeue + sinfo are 3 (benchmarks/daemon_scale.py)
             jobs = parse_squeue_json(self._run(["squeue", "--json", "--states=all"]))
             return Observation(time=t, nodes=(), jobs=MappingProxyType(jobs), calls=1)
-        fut_jobs = self._pool.submit(self._run, ["squeue", "--json", "--states=all"])
-        fut_nodes = self._pool.submit(self._run, ["sinfo", "--json"])
-        # Wait for both before raising, so no command outlives this call.
-        errors = []
-        results = []
-        for fut in (fut_jobs, fut_nodes):
+        self._plans = None
+        futs = [self._pool.submit(self._run, ["squeue", "--json", "--states=all"]),
+                self._pool.submit(self._run, ["sinfo", "--json"])]
+        if self._plans_wanted:
+            futs.append(self._pool.submit(self._run, list(SCHEDULED_NODES_ARGS)))
+        # Wait for all before raising, so no command outlives this call.
+        results: list[str | Exception] = []
+        for fut in futs:
             try:
                 results.append(fut.result())
-            except Exception as exc:  # noqa: BLE001 - re-raised below
-                errors.append(exc)
-        if errors:
+            except Exception as exc:  # noqa: BLE001 - re-raised below, or by with_planned_nodes
+                results.append(exc)
+        if errors := [r for r in results[:2] if isinstance(r, Exception)]:
             # An unreachable controller is the more useful thing to report.
             errors.sort(key=lambda e: not isinstance(e, SlurmUnavailable))
             raise errors[0]
-        jobs = parse_squeue_json(results[0])
-        nodes = _restrict(parse_sinfo_json(results[1]), self.partitions)
-        return Observation(time=t, nodes=nodes, jobs=MappingProxyType(jobs), calls=2)
+        jobs = parse_squeue_json(str(results[0]))
+        nodes = _restrict(parse_sinfo_json(str(results[1])), self.partitions)
+        obs = Observation(time=t, nodes=nodes, jobs=MappingProxyType(jobs), calls=len(futs))
+        if len(results) > 2:
+            self._plans = (obs, results[2])
+        return obs
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
