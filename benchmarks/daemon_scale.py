@@ -80,6 +80,7 @@ from _host_probes import (  # noqa: E402
     run_queue_seconds,
     threads_of,
 )
+from _journal import journal_outcomes  # noqa: E402
 from _report import rss_mib, write_report  # noqa: E402
 from _scale_jobs import plan_jobs  # noqa: E402
 
@@ -364,10 +365,11 @@ def traced_growth(snapshot: tracemalloc.Snapshot, top: int) -> list[dict]:
 
 
 def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
-               ) -> tuple[list[dict], list[dict]]:
-    """The daemon's rounds (default settings) for ``minutes``: one record per round and, with
-    ``trace``, the ``trace`` places whose memory grew most from the second round on
-    (``tracemalloc``, 5 frames; it slows the daemon, so its times then are not the figures)."""
+               ) -> tuple[list[dict], list[dict], dict]:
+    """The daemon's rounds (default settings) for ``minutes``: one record per round, with
+    ``trace`` the ``trace`` places whose memory grew most from the second round on
+    (``tracemalloc``, 5 frames; it slows the daemon, so its times then are not the figures),
+    and what became of its changes (:func:`journal_outcomes`)."""
     base = defaults()
     settings = replace(base, daemon=replace(base.daemon, partitions=(), control_dir=str(control),
                                             database_url=f"sqlite:///{WORK}/store/daemon.db",
@@ -430,8 +432,9 @@ def run_daemon(minutes: float, control: Path, cmds: CommandLog, trace: int = 0
     growth = traced_growth(tracemalloc.take_snapshot(), trace) if tracemalloc.is_tracing() else []
     tracemalloc.stop()
     daemon.steps.close(store, settings.daemon.slurm_timeout)   # as hpcsched daemon does at its stop
+    outcomes = journal_outcomes(store)
     store.close()
-    return rounds, growth
+    return rounds, growth, outcomes
 
 
 def summarise(rounds: list[dict]) -> dict:
@@ -590,7 +593,7 @@ def _run_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, conf: P
     cmds, t0 = CommandLog(), time.monotonic()
     try:
         with delay_accounting():
-            rounds, growth = run_daemon(minutes, control, cmds, args.tracemalloc)
+            rounds, growth, outcomes = run_daemon(minutes, control, cmds, args.tracemalloc)
         span = time.monotonic() - t0
         report = sdiag_text()
         rpcs, cycles = sdiag(report), sdiag_cycles(report)
@@ -603,7 +606,7 @@ def _run_scale(gpus: int, gpus_per_node: int, jobs: int, minutes: float, conf: P
     return {"gpus": gpus, "nodes": gpus // gpus_per_node, "jobs": jobs, "submitted": len(ids), "minutes": minutes,
             "submit_s": took,
             "summary": summarise(rounds), "rpcs": share, "scheduler_cycles": cycles, "rounds": rounds,
-            "memory_growth": growth}
+            "memory_growth": growth, "changes": outcomes}
 
 
 def print_table(results: list[dict]) -> None:
@@ -713,6 +716,10 @@ def main() -> int:
         for g in r["memory_growth"]:
             where = " <- ".join(reversed(g["where"]))   # the allocation first, then its callers
             print(f"{r['gpus']} GPUs: +{g['kib']:.0f} KiB in {g['blocks']} blocks at {where}")
+        ch = r.get("changes", {})
+        print(f"{r['gpus']} GPUs, the changes by kind and phase reached: {ch.get('by_kind_phase')}")
+        for why, n in ch.get("failed_reasons", {}).items():
+            print(f"  {n:5d} failed: {why}")
     return 0
 
 

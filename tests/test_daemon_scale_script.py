@@ -141,3 +141,26 @@ def test_controller_state_mounts_the_state_directory_in_memory_and_stops_the_clu
     with bench.controller_state(0, keep=False, user="nobody"):
         assert not os.path.ismount(state)
     assert order == [("stop", True)]            # with 0 nothing is mounted and nothing stopped
+
+
+def test_the_changes_are_summed_by_kind_and_phase_and_failures_by_reason(tmp_path):
+    """A real store's journal: two grows Slurm never started (their numbers differ) are one
+    reason; a running shrink is counted by its phase."""
+    from hpcsched.daemon.store import Store
+    bench = load("daemon_scale")
+    store = Store(f"sqlite:///{tmp_path}/d.db")
+    store.upgrade()
+    fields = dict(generation=1, from_nodes=1, to_nodes=2, from_batch_size=32, to_batch_size=64)
+    for job in ("7", "8", "9"):
+        store.upsert_job(job_id=job, job_uid=f"u{job}", workers_per_node=4, min_nodes=1,
+                         max_nodes=4, min_batch_size=32, max_batch_size=256, base_batch_size=32)
+    for job, wait in (("7", 174), ("8", 171)):
+        a = store.plan_action(job_id=job, kind="grow", **fields)
+        store.set_action_phase(a, "failed", f"extension job 9{job} did not start within {wait} s "
+                                            "(Slurm: PENDING, reason Priority)")
+    store.set_action_phase(store.plan_action(job_id="9", kind="shrink", **fields), "running")
+    got = bench.journal_outcomes(store)
+    store.close()
+    assert got == {"actions": 3, "by_kind_phase": {"grow failed": 2, "shrink running": 1},
+                   "failed_reasons": {"extension job N did not start within N s (Slurm: "
+                                      "PENDING, reason Priority)": 2}}
