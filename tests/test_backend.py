@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -115,7 +116,7 @@ def test_cli_backend_reads_backfills_planned_nodes_on_22_05(fake_slurm):
     fake_slurm.install("squeue", "if '--json' in sys.argv:\n    " + _serve(planned)
                        + "else:\n    sys.stdout.write('60|n[2-3]\\n77|(null)\\n')\n")
     fake_slurm.install("sinfo", _serve(SINFO_RUNNING))
-    b, before = SlurmCLIBackend(timeout=10), slurm.calls()
+    b, before = SlurmCLIBackend(timeout=10, plans_max_age=0), slurm.calls()
     seen = b.observe()
     assert seen.calls == 2 and seen.jobs["60"].scheduled_nodes is None
     obs = b.with_planned_nodes(seen)
@@ -136,6 +137,31 @@ def test_cli_backend_reads_backfills_planned_nodes_on_22_05(fake_slurm):
     assert b.observe().calls == 2 and b.calls == 8      # not needed last time: not read
 
 
+def test_cli_backend_uses_planned_nodes_for_a_backfill_cycle(fake_slurm):
+    """An answer of planned nodes is used for plans_max_age seconds (backfill plans once a
+    bf_interval): no call within it, neither beside the next observation nor after it; one
+    once it is older."""
+    planned = SQUEUE_RUNNING.replace(
+        '"state_reason": "JobHeldUser", "name": "wrap", "user_name": "root", "partition": "gpu", '
+        '"nodes": "", "node_count": 1, "tres_per_node": ""',
+        '"state_reason": "Resources", "start_time": 1795928248, "name": "wrap", "user_name": '
+        '"bob", "partition": "gpu", "nodes": "", "node_count": 2, "tres_per_node": "gres:gpu:4"')
+    fake_slurm.install("squeue", "if '--json' in sys.argv:\n    " + _serve(planned)
+                       + "else:\n    sys.stdout.write('60|n[2-3]\\n')\n")
+    fake_slurm.install("sinfo", _serve(SINFO_RUNNING))
+    b = SlurmCLIBackend(timeout=10, plans_max_age=30)
+    first = b.with_planned_nodes(b.observe())
+    assert (first.calls, b.calls) == (3, 3) and first.jobs["60"].scheduled_nodes == "n[2-3]"
+    again = b.observe()                                  # 30 s have not passed: not read
+    assert again.calls == 2 and b.with_planned_nodes(again).jobs["60"].scheduled_nodes == "n[2-3]"
+    assert b.calls == 5
+    later = b.with_planned_nodes(replace(again, time=first.time + 30))     # a cycle on: read
+    assert later.calls == 3 and b.calls == 6 and later.jobs["60"].scheduled_nodes == "n[2-3]"
+    assert fake_slurm.calls().count("-h -t PENDING -o %i|%Y") == 2
+    with pytest.raises(ValueError, match="plans_max_age"):
+        SlurmCLIBackend(plans_max_age=-1)
+
+
 def test_cli_backend_a_failed_read_beside_is_the_planned_nodes_error(fake_slurm):
     """The planned nodes read beside squeue and sinfo fail: the observation stands, and
     with_planned_nodes raises that error (the daemon's round goes on without the plans)."""
@@ -146,7 +172,7 @@ def test_cli_backend_a_failed_read_beside_is_the_planned_nodes_error(fake_slurm)
                        + "else:\n    sys.stderr.write('slurm_load_jobs error: boom\\n')\n"
                        + "    sys.exit(1)\n")
     fake_slurm.install("sinfo", _serve(SINFO_RUNNING))
-    b = SlurmCLIBackend(timeout=10)
+    b = SlurmCLIBackend(timeout=10, plans_max_age=0)
     with pytest.raises(SlurmError):
         b.with_planned_nodes(b.observe())
     seen = b.observe()                    # read beside it now, and failed again

@@ -65,7 +65,7 @@ def test_the_free_gpus_slurm_plans_a_waiting_job_onto_are_kept(devcluster, slurm
                               "--wrap", "sleep 300"))
     big = _sbatch(tmp_path, "-N4", "--gres=gpu:4", "--time=5", "--wrap", "sleep 1")
     slurm_jobs.append(big)
-    backend = SlurmCLIBackend()
+    backend = SlurmCLIBackend(plans_max_age=0)   # each look a fresh read
 
     def planned():
         obs = backend.observe()   # as the daemon's round: more only for a plan it cannot see

@@ -96,7 +96,9 @@ def yield_to_foreign(snapshot: ClusterSnapshot, keep_free: int = 0
         ``(snapshot, releases, notes)``: ``snapshot`` with the claimed free GPUs counted as
         other users' (``NodeView.gpus_allocated`` and ``other_gpus_allocated``) and the jobs that
         release marked busy; ``releases``, one ``shrink`` by ``release`` per such job, its
-        layout without the claimed GPUs; a note per foreign job served or waiting.
+        layout without the claimed GPUs; ``notes``: one on other users' pending jobs (where
+        there are any, or ``keep_free``), and one on the GPUs kept for hpcsched's own waiting
+        jobs (where any are).
     """
     own_plans = any(j.scheduled_nodes for j in snapshot.jobs if j.state == SlurmState.PENDING)
     if not snapshot.foreign_pending and keep_free <= 0 and not own_plans:
@@ -312,7 +314,7 @@ def _own_note(kept: dict[str, int]) -> str:
     id -> GPUs) on the nodes Slurm plans them onto."""
     ids = sorted(kept, key=lambda j: (-kept[j], j))
     return (f"hpcsched's pending jobs: {sum(kept.values())} free GPU(s) kept on the nodes Slurm "
-            f"plans them onto, where no grow's extension job would start: "
+            "plans them onto, where no grow's extension job would start: "
             + ", ".join(f"{j} ({kept[j]})" for j in ids[:5]) + (" ..." if len(ids) > 5 else ""))
 
 

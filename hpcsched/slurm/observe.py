@@ -130,17 +130,24 @@ def _restrict(nodes: tuple[NodeView, ...], partitions: Sequence[str]) -> tuple[N
 # --------------------------------------------------------------------------------------------
 
 
+#: seconds :class:`SlurmCLIBackend` uses an answer of planned nodes for: Slurm's backfill plans
+#: once a cycle, ``bf_interval`` (slurm.conf(5): 30 s by default)
+PLANS_MAX_AGE = 30.0
+
+
 class SlurmCLIBackend:
     """Observe Slurm through ``squeue --json`` and ``sinfo --json``: 2 commands per
     :meth:`observe`, whatever the number of jobs, started side by side. Slurm 22.05's JSON has
     no planned nodes for pending jobs: :meth:`with_planned_nodes` reads them with a third
     command (``squeue -o %Y``, :func:`~hpcsched.slurm.parse.parse_scheduled_nodes`).
 
-    When the last observation's planned nodes had to be read, the next :meth:`observe` reads
-    them beside the other two commands (a third, side by side, not after them), and
-    :meth:`with_planned_nodes` uses that answer: on a busy controller each answer can take
-    seconds (``docs/daemon.md``, "At scale"). A round that then needs no plan has made one
-    call for nothing, and the next observation does not make it.
+    Backfill plans once a cycle (``bf_interval``, 30 s by default, slurm.conf(5)), so an answer
+    is used for ``plans_max_age`` seconds: a job that pends since has no plan until the next
+    read. When the last observation needed the planned nodes and that answer is older by then,
+    the next :meth:`observe` reads them beside the other two commands (a third, side by side,
+    not after them), and :meth:`with_planned_nodes` uses that answer: on a busy controller each
+    answer can take seconds (``docs/daemon.md``, "At scale"). A round that then needs no plan
+    has made one call for nothing, and the next observation does not make it.
 
     Slurm 22.05's ``squeue --json`` ignores ``--jobs``/``--states`` and reports every job it
     still holds (:func:`hpcsched.slurm.job_info`), so no filter is passed; ``sinfo --json`` is filtered
@@ -154,14 +161,21 @@ class SlurmCLIBackend:
         partitions: keep only nodes in at least one of these partitions (empty: all nodes).
             Jobs are never filtered.
         env: extra environment for the commands (e.g. ``{"SLURM_CONF": ...}``).
+        plans_max_age: seconds an answer of planned nodes is used for (0: read every time).
+
+    Raises:
+        ValueError: a timeout that is not positive, or a negative ``plans_max_age``.
     """
 
     name = "cli"
 
     def __init__(self, timeout: float = DEFAULT_TIMEOUT, partitions: Sequence[str] = (),
-                 env: Mapping[str, str] | None = None):
+                 env: Mapping[str, str] | None = None, plans_max_age: float = PLANS_MAX_AGE):
         if timeout <= 0:
             raise ValueError("timeout must be positive (seconds)")
+        if plans_max_age < 0:
+            raise ValueError("plans_max_age must be >= 0 (seconds)")
+        self.plans_max_age = float(plans_max_age)
         if isinstance(partitions, str):
             partitions = [p for p in partitions.split(",") if p]
         self.timeout = float(timeout)
@@ -174,6 +188,8 @@ class SlurmCLIBackend:
         self._plans_wanted = False
         #: the observation whose planned nodes were read beside it, and that answer (or why not)
         self._plans: tuple[Observation, str | Exception] | None = None
+        #: the latest planned nodes read (job id -> hostlist) and when (its observation's time)
+        self._planned: tuple[float, dict[str, str]] | None = None
 
     def __repr__(self) -> str:
         return f"SlurmCLIBackend(timeout={self.timeout:g}, partitions={list(self.partitions)})"
@@ -185,15 +201,22 @@ class SlurmCLIBackend:
             self._plans_wanted = False
             return obs   # 23.02+: the JSON has them
         self._plans_wanted = True
+        calls = obs.calls
         if read is not None and read[0] is obs:     # read beside it (counted in its calls)
             if isinstance(read[1], Exception):
                 raise read[1]
-            text, calls = read[1], obs.calls
-        else:
-            text, calls = self._run(list(SCHEDULED_NODES_ARGS)), obs.calls + 1
-        planned = parse_scheduled_nodes(text)
-        return replace(obs, jobs=MappingProxyType(with_scheduled_nodes(obs.jobs, planned)),
+            self._planned = (obs.time, parse_scheduled_nodes(read[1]))
+        elif self._plans_stale(obs.time):
+            self._planned = (obs.time, parse_scheduled_nodes(self._run(list(SCHEDULED_NODES_ARGS))))
+            calls += 1
+        assert self._planned is not None    # read above, or recent enough
+        return replace(obs, jobs=MappingProxyType(with_scheduled_nodes(obs.jobs, self._planned[1])),
                        calls=calls)
+
+    def _plans_stale(self, t: float) -> bool:
+        """Whether the planned nodes last read are ``plans_max_age`` seconds older than ``t``
+        (or none were)."""
+        return self._planned is None or t - self._planned[0] >= self.plans_max_age
 
     def _run(self, args: list[str]) -> str:
         with self._lock:
@@ -208,7 +231,7 @@ class SlurmCLIBackend:
         self._plans = None
         futs = [self._pool.submit(self._run, ["squeue", "--json", "--states=all"]),
                 self._pool.submit(self._run, ["sinfo", "--json"])]
-        if self._plans_wanted:
+        if self._plans_wanted and self._plans_stale(t):
             futs.append(self._pool.submit(self._run, list(SCHEDULED_NODES_ARGS)))
         # Wait for all before raising, so no command outlives this call.
         results: list[str | Exception] = []
