@@ -179,11 +179,12 @@ class _SlurmQueue:
         Slurm's order, the free GPUs on the nodes Slurm's backfill plans it onto, up to its
         GPUs per node (module docstring): an extension job or a later start there would not
         run before it."""
+        by_name = {n.name: n for n in self.nodes}
         for job, allowed in self.own:
             if job.job_id in self.own_first or not job.scheduled_nodes:
                 continue
-            usable = {n.name for n in self.nodes if n.name in self.free and job.may_use(n)
-                      and (allowed is None or n.name in allowed)}
+            usable = {n for n in job.scheduled_nodes if n in self.free and n in by_name
+                      and job.may_use(by_name[n]) and (allowed is None or n in allowed)}
             if kept := _keep_planned(job, usable, self.free, self.claimed):
                 self.own_planned[job.job_id] = kept
 
