@@ -135,6 +135,9 @@ def test_cli_backend_reads_backfills_planned_nodes_on_22_05(fake_slurm):
     known = Observation(obs.time, obs.nodes, obs.jobs, 2)   # every pending job's nodes known
     assert b.with_planned_nodes(known) is known and b.calls == 6
     assert b.observe().calls == 2 and b.calls == 8      # not needed last time: not read
+    b.with_planned_nodes(b.observe())                   # needed again: read after (9, 10, 11)
+    assert b.observe().calls == 3 and b.calls == 14     # read beside, but not asked for
+    assert b.observe().calls == 2 and b.calls == 16     # so not read again
 
 
 def test_cli_backend_uses_planned_nodes_for_a_backfill_cycle(fake_slurm):

@@ -147,7 +147,8 @@ class SlurmCLIBackend:
     the next :meth:`observe` reads them beside the other two commands (a third, side by side,
     not after them), and :meth:`with_planned_nodes` uses that answer: on a busy controller each
     answer can take seconds (``docs/daemon.md``, "At scale"). A round that then needs no plan
-    has made one call for nothing, and the next observation does not make it.
+    (it does not call :meth:`with_planned_nodes`, or no pending job lacks its nodes) has made
+    one call for nothing, and the next observation does not make it.
 
     Slurm 22.05's ``squeue --json`` ignores ``--jobs``/``--states`` and reports every job it
     still holds (:func:`hpcsched.slurm.job_info`), so no filter is passed; ``sinfo --json`` is filtered
@@ -228,6 +229,8 @@ class SlurmCLIBackend:
         if jobs_only:   # squeue alone: 1 RPC where squeue + sinfo are 3 (benchmarks/daemon_scale.py)
             jobs = parse_squeue_json(self._run(["squeue", "--json", "--states=all"]))
             return Observation(time=t, nodes=(), jobs=MappingProxyType(jobs), calls=1)
+        if self._plans is not None:     # read beside the last observation, and not asked for
+            self._plans_wanted = False
         self._plans = None
         futs = [self._pool.submit(self._run, ["squeue", "--json", "--states=all"]),
                 self._pool.submit(self._run, ["sinfo", "--json"])]
