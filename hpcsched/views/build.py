@@ -265,7 +265,7 @@ def foreign_pending(obs: Observation, mine: Iterable[str], partitions: Sequence[
     (:mod:`hpcsched.policies.neighbours`). Pure."""
     return tuple(ForeignJob(i.job_id, i.user, max(1, i.node_count), i.gpus_per_node, i.priority,
                             i.submit_time or 0.0, i.start_time, i.partition, _planned_nodes(i))
-                 for i in _foreign(obs, mine, partitions))
+                 for i in _pending_gpu_jobs(obs, partitions, mine))
 
 
 def plans_unread(obs: Observation, partitions: Sequence[str] = ()) -> bool:
@@ -275,13 +275,15 @@ def plans_unread(obs: Observation, partitions: Sequence[str] = ()) -> bool:
     the daemon asks Slurm for them (:meth:`~hpcsched.slurm.observe.Backend.with_planned_nodes`).
     Other users' jobs (:func:`foreign_pending`) and hpcsched's own alike: the free GPUs on
     either's planned nodes are kept out of grows (:mod:`hpcsched.policies.neighbours`). Pure."""
-    return any(i.start_time and i.scheduled_nodes is None for i in _foreign(obs, (), partitions))
+    return any(i.start_time and i.scheduled_nodes is None for i in _pending_gpu_jobs(obs, partitions))
 
 
-def _foreign(obs: Observation, mine: Iterable[str], partitions: Sequence[str]
-             ) -> Iterator[slurm.JobInfo]:
-    """The pending GPU jobs of ``obs`` :func:`foreign_pending` lists, one by one (so that
-    :func:`plans_unread`, which passes no ``mine``, stops at the first)."""
+def _pending_gpu_jobs(obs: Observation, partitions: Sequence[str], mine: Iterable[str] = ()
+                      ) -> Iterator[slurm.JobInfo]:
+    """The pending GPU jobs of ``obs`` Slurm could start (:func:`eligible`; no extension job),
+    in ``partitions`` (all when empty), but those in ``mine``, one by one (so that
+    :func:`plans_unread` stops at the first): with hpcsched's jobs as ``mine``, the jobs
+    :func:`foreign_pending` lists."""
     mine, parts = set(mine), set(partitions)
     return (i for i in obs.jobs.values()
             if i.state == SlurmState.PENDING and i.gpus_per_node > 0 and i.job_id not in mine
