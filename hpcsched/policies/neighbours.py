@@ -183,7 +183,8 @@ class _SlurmQueue:
         for job, allowed in self.own:
             if job.job_id in self.own_first or not job.scheduled_nodes:
                 continue
-            usable = {n for n in job.scheduled_nodes if n in self.free   # usable nodes only
+            # self.free holds the snapshot's usable nodes only, so each is in by_name
+            usable = {n for n in job.scheduled_nodes if n in self.free
                       and job.may_use(by_name[n]) and (allowed is None or n in allowed)}
             if kept := _keep_planned(job, usable, self.free, self.claimed):
                 self.own_planned[job.job_id] = kept
